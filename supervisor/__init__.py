@@ -1,0 +1,1 @@
+"""remedy's Ray side: the supervisor actor, the worker group, the CLI."""

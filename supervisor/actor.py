@@ -1,0 +1,133 @@
+"""The supervisor: a Ray actor that runs the ranks and answers their reports.
+
+It owns the worker group and the `Controller` (engine, journal, command
+queue). Ranks call `report` with each batch and get back the commands they
+owe; `run` starts the group, watches it until every rank has finished, and
+writes the summary. Being an async actor, it serves reports while `run`
+waits, on one event loop, so controller state needs no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import ray
+import structlog
+
+from policies import AnomalyEvent, Engine, load_policy
+from supervisor.spec import RunSpec
+from supervisor.worker_group import WorkerGroup
+from workers.control import Controller
+from workers.logs import configure_logging
+from workers.rundir import RunDir
+
+log = structlog.get_logger("remedy.supervisor")
+
+POLL_S = 0.2
+
+
+@ray.remote(num_cpus=0)
+class SupervisorActor:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = RunSpec(**spec)
+        configure_logging(verbose=self.spec.verbose)
+        self.run_dir = RunDir(self.spec.run_dir, self.spec.run_id)
+        engine = Engine(load_policy(self.spec.policy), run_id=self.spec.run_id, dry_run=self.spec.dry_run)
+        self.controller = Controller(engine, world_size=self.spec.workers, run_dir=self.run_dir)
+        self.started = time.time()
+        self.state = "starting"
+        self.rank_results: dict[int, dict[str, Any]] = {}
+
+    async def report(self, batch: Any) -> list[dict[str, Any]]:
+        """A rank's report batch in; the commands that rank still owes out."""
+        return self.controller.ingest(batch)
+
+    async def status(self) -> dict[str, Any]:
+        c = self.controller
+        return {
+            "run_id": self.spec.run_id,
+            "state": self.state,
+            "step": dict(c.step_of),
+            "loss": c.final_loss(),
+            "anomalies": dict(c.anomaly_counts),
+            "actions": dict(c.action_counts),
+            "decisions": len(c.decisions),
+            "rejected_events": c.rejected_events,
+            "wall_s": round(time.time() - self.started, 1),
+        }
+
+    async def run(self) -> dict[str, Any]:
+        me = ray.get_runtime_context().current_actor
+        group = WorkerGroup(self.spec, supervisor=me)
+        self.state = "running"
+        try:
+            await group.start()
+            running = group.run_refs()
+            while running:
+                ready, running = ray.wait(running, num_returns=len(running), timeout=0)
+                for ref in ready:
+                    await self._rank_finished(group, ref)
+                await asyncio.sleep(POLL_S)
+        finally:
+            group.shutdown()
+        return self._finish()
+
+    async def _rank_finished(self, group: WorkerGroup, ref: ray.ObjectRef) -> None:
+        rank = group.rank_of(ref)
+        try:
+            result = await ref
+        except ray.exceptions.RayError as exc:
+            # The rank's process died: report it as an anomaly so the policy sees it.
+            result = {"rank": rank, "status": "failed", "error": f"rank process died: {exc}"}
+            ev = AnomalyEvent(
+                kind="rank_dead",
+                rank=rank,
+                step=self.controller.step_of.get(rank, 0),
+                tick=self.controller.tick_of.get(rank, 0),
+                severity="critical",
+                source="supervisor",
+                ts=time.time(),
+                details={"error": str(exc)[:300]},
+            )
+            self.controller.ingest({"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]})
+        self.rank_results[rank] = result
+
+    def _finish(self) -> dict[str, Any]:
+        c = self.controller
+        c.finish()
+        results = [self.rank_results[r] for r in sorted(self.rank_results)]
+        if c.abort_reason is not None:
+            status = "aborted"
+        elif results and all(r.get("status") == "completed" for r in results):
+            status = "completed"
+        else:
+            status = "failed"
+        lead = results[0] if results else {}
+        completed = int(lead.get("steps_completed", 0))
+        executed = int(lead.get("steps_executed", 0))
+        summary = {
+            "run_id": self.spec.run_id,
+            "status": status,
+            "abort_reason": c.abort_reason,
+            "steps_completed": completed,
+            "steps_executed": executed,
+            "goodput": round(completed / executed, 4) if executed else 0.0,
+            "final_loss": lead.get("final_loss"),
+            "actions": dict(c.action_counts),
+            "anomalies": dict(c.anomaly_counts),
+            "outcomes": dict(c.outcome_counts),
+            "decisions": len(c.decisions),
+            "rejected_events": c.rejected_events,
+            "rejected_batches": c.rejected_batches,
+            "skipped_batches": lead.get("skipped_batches", []),
+            "policy": self.spec.policy,
+            "workers": self.spec.workers,
+            "wall_s": round(time.time() - self.started, 2),
+            "ranks": results,
+        }
+        self.run_dir.write_summary(summary)
+        self.run_dir.close()
+        self.state = status
+        return summary

@@ -1,0 +1,200 @@
+"""The `remedy` command line.
+
+    remedy run TARGET [--policy FILE|NAME] [--workers N] [--run-dir DIR] [--chaos FILE]
+                      [--dry-run] [--quiet] [-- ARGS...]
+    remedy policy check FILE...      remedy policy test FILE...
+    remedy report RUN_DIR            remedy status            remedy chaos list
+
+Exit status: 0 completed, 3 aborted by policy, 1 failed, 2 usage.
+Bad input (a malformed policy or chaos file, an unknown target) is reported
+as located one-line errors before anything starts, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from supervisor.cluster import LOOPBACK_ENV
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED = 0, 1, 2, 3
+STATUS_EXIT = {"completed": EXIT_OK, "aborted": EXIT_ABORTED, "failed": EXIT_FAILED}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="remedy", description="Auto-remediation supervisor for PyTorch training on Ray.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a training function under supervision")
+    run.add_argument("target", help="path/to/file.py:function or module:function")
+    run.add_argument("--policy", default="default", help="policy file or bundled name (default: default)")
+    run.add_argument("--workers", type=int, default=1, help="number of ranks (default: 1)")
+    run.add_argument("--run-dir", default="", help="run directory (default: runs/<run_id>)")
+    run.add_argument("--chaos", help="chaos file of faults to inject")
+    run.add_argument("--dry-run", action="store_true", help="decide and journal, but do not act")
+    run.add_argument("--quiet", action="store_true", help="print only the final status line")
+    run.add_argument("--verbose", action="store_true", help="log every action in the ranks")
+    run.add_argument("--gpus-per-worker", type=float, default=None, help="GPUs per rank (default: 1 if any, else 0)")
+
+    pol = sub.add_parser("policy", help="check or test policy files")
+    pol_sub = pol.add_subparsers(dest="policy_command", required=True)
+    chk = pol_sub.add_parser("check", help="validate policy files")
+    chk.add_argument("files", nargs="+")
+    chk.add_argument("--strict", action="store_true", help="treat lint warnings as errors")
+    tst = pol_sub.add_parser("test", help="run policy test files")
+    tst.add_argument("files", nargs="+")
+
+    rep = sub.add_parser("report", help="summarize a run directory")
+    rep.add_argument("run_dir")
+    rep.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    sub.add_parser("status", help="show supervised runs on the current Ray cluster")
+
+    chaos = sub.add_parser("chaos", help="chaos faults")
+    chaos_sub = chaos.add_subparsers(dest="chaos_command", required=True)
+    chaos_sub.add_parser("list", help="list injectable faults")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after `--` belongs to the training function, untouched.
+    passthrough: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1 :]
+    # Set before Ray is imported anywhere in this process (see supervisor.cluster).
+    os.environ.setdefault(LOOPBACK_ENV, "0")
+    args = _parser().parse_args(argv)
+    args.args = passthrough
+    handlers = {"run": _run, "policy": _policy, "report": _report, "status": _status, "chaos": _chaos}
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:
+        print("remedy: interrupted", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _run(args: argparse.Namespace) -> int:
+    from policies import PolicyError, load_policy  # noqa: PLC0415 - keep `remedy --help` fast
+    from supervisor.exceptions import TargetError  # noqa: PLC0415
+    from supervisor.target import split_target  # noqa: PLC0415
+    from workers.chaos import load_chaos  # noqa: PLC0415
+    from workers.exceptions import ChaosConfigError  # noqa: PLC0415
+
+    if args.workers < 1:
+        print("remedy: error: --workers must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        split_target(args.target)
+        where = args.target.rpartition(":")[0]
+        if where.endswith(".py") and not Path(where).is_file():
+            raise TargetError(f"target file {where} does not exist")
+        # Validate everything before any training starts.
+        load_policy(args.policy)
+        faults = load_chaos(args.chaos) if args.chaos else []
+    except PolicyError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except (ChaosConfigError, TargetError) as exc:
+        print(f"remedy: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    from supervisor.cluster import connect  # noqa: PLC0415
+    from supervisor.runner import format_summary, print_progress, run_supervised  # noqa: PLC0415
+    from supervisor.spec import RunSpec  # noqa: PLC0415
+    from workers.rundir import read_jsonl  # noqa: PLC0415
+
+    passthrough = args.args
+    policy = str(Path(args.policy).resolve()) if Path(args.policy).is_file() else args.policy
+    target = args.target
+    if where.endswith(".py"):
+        target = f"{Path(where).resolve()}:{args.target.rpartition(':')[2]}"
+    mode = connect(workers=args.workers, quiet=True)
+    gpus = args.gpus_per_worker
+    if gpus is None:
+        import ray  # noqa: PLC0415
+
+        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= args.workers else 0.0
+    spec = RunSpec(
+        target=target,
+        policy=policy,
+        workers=args.workers,
+        run_dir=args.run_dir,
+        faults=[f.model_dump() for f in faults],
+        dry_run=args.dry_run,
+        argv=passthrough,
+        gpus_per_rank=gpus,
+        verbose=args.verbose,
+    )
+    if not args.quiet:
+        print(f"remedy: run {spec.run_id} on {mode} Ray, {args.workers} rank(s), run dir {spec.run_dir}", file=sys.stderr)
+    summary = run_supervised(spec, progress=None if args.quiet else print_progress)
+    if args.quiet:
+        print(f"{summary['status']} {spec.run_dir}")
+    else:
+        print(format_summary(summary, read_jsonl(Path(spec.run_dir) / "decisions.jsonl")))
+    return STATUS_EXIT.get(summary["status"], EXIT_FAILED)
+
+
+def _policy(args: argparse.Namespace) -> int:
+    from policies.cli import check_main, test_main  # noqa: PLC0415
+
+    if args.policy_command == "check":
+        return check_main(args.files, strict=args.strict)
+    return test_main(args.files)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from supervisor.runner import format_summary  # noqa: PLC0415
+    from workers.rundir import read_jsonl  # noqa: PLC0415
+
+    run_dir = Path(args.run_dir)
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        print(f"remedy: error: {summary_path} not found (is {run_dir} a run directory?)", file=sys.stderr)
+        return EXIT_USAGE
+    summary: dict[str, Any] = json.loads(summary_path.read_text())
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_summary(summary, read_jsonl(run_dir / "decisions.jsonl")))
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    import ray  # noqa: PLC0415
+
+    try:
+        ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+    except ConnectionError:
+        print("remedy: no Ray cluster is running here")
+        return EXIT_OK
+    from ray.util.state import list_actors  # noqa: PLC0415
+
+    found = 0
+    for actor in list_actors(filters=[("state", "=", "ALIVE")]):
+        name = actor.name or ""
+        if name.startswith("remedy-supervisor-"):
+            handle = ray.get_actor(name, namespace="remedy")
+            print(json.dumps(ray.get(handle.status.remote())))
+            found += 1
+    if not found:
+        print("remedy: no supervised runs on this cluster")
+    return EXIT_OK
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    from workers.chaos import FAULT_DESCRIPTIONS  # noqa: PLC0415
+
+    for kind, text in FAULT_DESCRIPTIONS.items():
+        print(f"{kind:<24} {text}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""Errors raised by the supervisor package; all derive from `SupervisorError`."""
+
+from __future__ import annotations
+
+
+class SupervisorError(Exception):
+    """Base class for every error the supervisor package raises."""
+
+    def __reduce__(self) -> tuple[type[SupervisorError], tuple[str]]:
+        return (type(self), (str(self),))
+
+
+class TargetError(SupervisorError):
+    """The training target cannot be found or imported."""
+
+
+class UsageError(SupervisorError):
+    """A command-line argument or input file is wrong; the message says which."""

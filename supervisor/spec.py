@@ -1,0 +1,40 @@
+"""What a supervised run is asked to do: the validated inputs of `remedy run`."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def new_run_id() -> str:
+    """Sortable and unique: UTC time plus a short random suffix."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+@dataclass
+class RunSpec:
+    target: str
+    policy: str = "default"
+    workers: int = 1
+    run_id: str = field(default_factory=new_run_id)
+    run_dir: str = ""
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    dry_run: bool = False
+    argv: list[str] = field(default_factory=list)
+    threads_per_rank: int | None = None
+    gpus_per_rank: float = 0.0
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.run_dir:
+            self.run_dir = os.path.join("runs", self.run_id)
+        self.run_dir = os.path.abspath(self.run_dir)
+        if self.threads_per_rank is None:
+            # Ranks of one node share its cores; oversubscribing them makes every rank slower.
+            self.threads_per_rank = max(1, (os.cpu_count() or 1) // max(self.workers, 1))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

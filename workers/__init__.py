@@ -1,0 +1,31 @@
+"""remedy's worker side: everything that runs inside a training process.
+
+The `Guard` wraps the user's model, optimizer, scheduler, scaler and data,
+measures each step, runs the detectors, and applies commands at step
+boundaries. It imports neither Ray nor the supervisor: with no supervisor
+attached it runs the policy engine in-process (single-process mode).
+"""
+
+from workers.chaos import Fault, FaultInjector, load_chaos
+from workers.commands import Command, Outcome
+from workers.context import WorkerContext, get_context, set_context
+from workers.guard import Guard, GuardConfig, StepResult
+from workers.snapshots import Snapshot, SnapshotRing
+from workers.stats import StepStats
+
+__all__ = [
+    "Command",
+    "Fault",
+    "FaultInjector",
+    "Guard",
+    "GuardConfig",
+    "Outcome",
+    "Snapshot",
+    "SnapshotRing",
+    "StepResult",
+    "StepStats",
+    "WorkerContext",
+    "get_context",
+    "load_chaos",
+    "set_context",
+]

@@ -1,0 +1,188 @@
+"""In-process actions: what a rank does when a command reaches its step boundary.
+
+Each applier is a function `(guard, params, command) -> result` that changes
+the running job in place and returns a JSON-able result for the journal.
+An applier raises `ActionError` when the action cannot be done (the engine
+then follows the rule's `on_failure`), or `TransientActionError` for
+failures worth retrying; `apply_command` retries those with tenacity within
+bounds before reporting failure.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import torch
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from workers.commands import Command, Outcome
+from workers.exceptions import ActionError, CheckpointError, TransientActionError
+
+if TYPE_CHECKING:
+    from workers.guard import Guard
+
+log = structlog.get_logger("remedy.actions")
+
+Applier = Callable[["Guard", dict[str, Any], Command], dict[str, Any]]
+APPLIERS: dict[str, Applier] = {}
+
+# Bounds on retrying a transient failure; a command that still fails is
+# reported as failed and the policy escalates.
+MAX_ATTEMPTS = 3
+RETRY_WAIT_S = (0.05, 1.0)
+
+
+def applier(name: str) -> Callable[[Applier], Applier]:
+    def register(fn: Applier) -> Applier:
+        APPLIERS[name] = fn
+        return fn
+
+    return register
+
+
+def apply_command(guard: Guard, command: Command) -> Outcome:
+    """Apply one command with bounded retries; never raises (errors become a failed outcome)."""
+    fn = APPLIERS.get(command.action)
+    step, tick = guard.step_count, guard.tick
+    if fn is None:
+        return Outcome(command.decision_id, guard.rank, "failed", step, tick, f"{command.action!r} is not an in-process action")
+    attempts = 0
+    try:
+        for attempt in Retrying(
+            stop=stop_after_attempt(MAX_ATTEMPTS),
+            wait=wait_exponential(min=RETRY_WAIT_S[0], max=RETRY_WAIT_S[1]),
+            retry=retry_if_exception_type(TransientActionError),
+            reraise=True,
+        ):
+            with attempt:
+                attempts = attempt.retry_state.attempt_number
+                result = fn(guard, dict(command.params), command)
+    except ActionError as exc:
+        log.warning("action_failed", action=command.action, decision_id=command.decision_id, error=str(exc))
+        return Outcome(command.decision_id, guard.rank, "failed", step, tick, str(exc), attempts=attempts)
+    except Exception as exc:  # an applier bug must not kill the training step
+        log.exception("action_crashed", action=command.action, decision_id=command.decision_id)
+        return Outcome(
+            command.decision_id, guard.rank, "failed", step, tick, f"{type(exc).__name__}: {exc}", attempts=attempts
+        )
+    return Outcome(command.decision_id, guard.rank, "applied", step, tick, result.pop("detail", ""), result, attempts)
+
+
+@applier("rollback")
+def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+    """Restore the newest snapshot at least `steps_back` before the anomaly, then skip batches."""
+    steps_back = int(params.get("steps_back", 100))
+    target = max(command.anomaly_step - steps_back, 0)
+    snap, source = guard.snapshots.newest_at_or_before(target), "memory"
+    if snap is None and guard.checkpoints is not None:
+        try:
+            snap, source = guard.checkpoints.load_latest(at_or_before=target), "disk"
+        except CheckpointError:
+            snap = None
+    if snap is None:
+        # Nothing that far back: the newest state from before the anomaly still beats going on.
+        snap, source = guard.snapshots.newest_at_or_before(command.anomaly_step), "memory"
+    if snap is None:
+        raise ActionError(f"no snapshot or checkpoint at or before step {command.anomaly_step} to roll back to")
+    from_step = guard.step_count
+    guard.restore(snap)
+    skipped = guard.skip_next(int(params.get("skip_batches", 0)))
+    return {
+        "from_step": from_step,
+        "restored_step": snap.step,
+        "target_step": target,
+        "source": source,
+        "skipped_batches": skipped,
+        "detail": f"restored step {snap.step} from {source}; skipped {len(skipped)} batches",
+    }
+
+
+@applier("skip_batches")
+def skip_batches(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+    skipped = guard.skip_next(int(params.get("count", 1)))
+    return {"skipped_batches": skipped, "detail": f"skipped {len(skipped)} batches"}
+
+
+@applier("shrink_lr")
+def shrink_lr(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+    """Scale every LR by `factor` (floored at `min_lr`), schedule included."""
+    factor = float(params.get("factor", 0.5))
+    min_lr = float(params.get("min_lr", 0.0))
+    if not 0 < factor <= 1:
+        raise ActionError(f"shrink_lr factor must be in (0, 1], got {factor}")
+    before = [g["lr"] for g in guard.optimizer.param_groups]
+    guard.scale_lr(factor, min_lr=min_lr)
+    after = [g["lr"] for g in guard.optimizer.param_groups]
+    return {"lr_before": before, "lr_after": after, "lr_scale": guard.lr_scale, "detail": f"lr {before[0]:.3g} -> {after[0]:.3g}"}
+
+
+@applier("rescale_grad_scaler")
+def rescale_grad_scaler(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+    """Set or multiply the GradScaler's scale; optionally change its growth settings."""
+    scaler = guard.scaler
+    if scaler is None or not scaler.is_enabled():
+        raise ActionError("rescale_grad_scaler needs an enabled GradScaler; this job has none")
+    before = float(scaler.get_scale())
+    new = before
+    if params.get("scale") is not None:
+        new = float(params["scale"])
+    if params.get("factor") is not None:
+        new *= float(params["factor"])
+    if new != before:
+        scaler.update(new_scale=torch.tensor(new, dtype=torch.float32, device=_scaler_device(scaler)))
+    if params.get("growth_interval") is not None:
+        scaler.set_growth_interval(int(params["growth_interval"]))
+    if params.get("growth_factor") is not None:
+        scaler.set_growth_factor(float(params["growth_factor"]))
+    if params.get("backoff_factor") is not None:
+        scaler.set_backoff_factor(float(params["backoff_factor"]))
+    return {"scale_before": before, "scale_after": float(scaler.get_scale()), "detail": f"scale {before:g} -> {new:g}"}
+
+
+def _scaler_device(scaler: torch.amp.GradScaler) -> str:
+    scale = getattr(scaler, "_scale", None)
+    return str(scale.device) if isinstance(scale, torch.Tensor) else str(getattr(scaler, "_device", "cpu"))
+
+
+@applier("checkpoint_now")
+def checkpoint_now(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+    if guard.checkpoints is None:
+        raise ActionError("checkpoint_now needs a run directory for durable checkpoints")
+    snap = guard.take_snapshot()
+    try:
+        path = guard.checkpoints.save_now(snap)
+    except OSError as exc:
+        raise TransientActionError(f"checkpoint write failed: {exc}") from exc
+    return {"path": str(path), "step": snap.step, "detail": f"checkpoint at step {snap.step}"}
+
+
+@applier("dump_diagnostics")
+def dump_diagnostics(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+    """Write per-module gradient norms and recent stats for a person to read."""
+    if guard.run_dir is None:
+        raise ActionError("dump_diagnostics needs a run directory")
+    out = guard.run_dir / "diagnostics" / f"step-{guard.step_count:08d}.rank{guard.rank}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "ts": time.time(),
+        "step": guard.step_count,
+        "rank": guard.rank,
+        "decision_id": command.decision_id,
+        "module_grad_norms": guard.module_grad_norms(),
+        "recent": [s.to_metrics() for s in guard.recent_stats],
+    }
+    try:
+        out.write_text(json.dumps(payload, indent=1, default=str))
+    except OSError as exc:
+        raise TransientActionError(f"cannot write diagnostics: {exc}") from exc
+    return {"path": str(out), "detail": f"diagnostics in {out.name}"}
+
+
+@applier("abort")
+def abort(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+    guard.request_stop(str(params.get("reason") or "aborted by policy"))
+    return {"detail": "training loop stopped"}

@@ -1,0 +1,258 @@
+"""The decision loop: report batches in, journaled decisions and commands out.
+
+One `Controller` serves a whole job. The Ray supervisor actor wraps it; in
+single-process mode the Guard drives one directly. Per batch it validates
+the untrusted input (a malformed event is rejected and counted, never
+raised), records anomalies and metrics, asks the policy engine, journals
+each decision before it is dispatched (write-ahead), queues in-process
+actions as commands for every rank, and resolves decisions once the ranks
+report how applying them went.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from policies import SUPERVISOR_ACTIONS, AnomalyEvent, Decision, Engine, EventError
+from workers.commands import Command, Outcome
+from workers.rundir import RunDir
+
+log = structlog.get_logger("remedy.control")
+
+# A group action (restart_rank) is carried out by whoever owns the ranks;
+# it returns (outcome, detail).
+GroupActionHook = Callable[[Decision], tuple[str, str]]
+
+
+@dataclass
+class _Pending:
+    decision: Decision
+    command: Command
+    targets: set[int]
+    dispatched_at: float
+    outcomes: dict[int, Outcome] = field(default_factory=dict)
+
+
+class Controller:
+    """Policy-driven decisions for one job, with their journal."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        world_size: int,
+        run_dir: RunDir | None = None,
+        group_action: GroupActionHook | None = None,
+        command_lead: int = 1,
+    ) -> None:
+        self.engine = engine
+        self.world_size = world_size
+        self.run_dir = run_dir
+        self.group_action = group_action
+        self.command_lead = command_lead
+        self.pending: dict[str, _Pending] = {}
+        self.step_of: dict[int, int] = {}
+        self.tick_of: dict[int, int] = {}
+        self.last_seen: dict[int, float] = {}
+        self.recent_loss: dict[int, deque[float]] = {}
+        self.rejected_events = 0
+        self.rejected_batches = 0
+        self.anomaly_counts: Counter[str] = Counter()
+        self.action_counts: Counter[str] = Counter()
+        self.outcome_counts: Counter[str] = Counter()
+        self.abort_reason: str | None = None
+        self.decisions: list[dict[str, Any]] = []  # journaled records, for the summary and tests
+
+    # ---------------------------------------------------------------- ingest
+    def ingest(self, batch: Any) -> list[dict[str, Any]]:
+        """Take one report batch from a rank; return the commands that rank still owes."""
+        rank = self._batch_rank(batch)
+        if rank is None:
+            self.rejected_batches += 1
+            log.warning("batch_rejected", reason="not a mapping with an integer rank and step")
+            return []
+        now = time.time()
+        self.last_seen[rank] = now
+        self.step_of[rank] = max(self.step_of.get(rank, 0), int(batch["step"]))
+        self.tick_of[rank] = int(batch.get("tick", batch["step"]))
+        for record in _list(batch.get("metrics")):
+            self._metrics(rank, record)
+        for raw in _list(batch.get("outcomes")):
+            self._outcome(raw)
+        events = self._events(_list(batch.get("events")))
+        if events:
+            self.handle(self.engine.decide(events, now=now))
+        return self.commands_for(rank)
+
+    def commands_for(self, rank: int) -> list[dict[str, Any]]:
+        return [p.command.to_dict() for p in self.pending.values() if rank in p.targets and rank not in p.outcomes]
+
+    @staticmethod
+    def _batch_rank(batch: Any) -> int | None:
+        if not isinstance(batch, dict):
+            return None
+        rank, step = batch.get("rank"), batch.get("step")
+        if not isinstance(rank, int) or not isinstance(step, int) or isinstance(rank, bool) or rank < 0:
+            return None
+        return rank
+
+    def _events(self, raw_events: Iterable[Any]) -> list[AnomalyEvent]:
+        out = []
+        for raw in raw_events:
+            try:
+                ev = AnomalyEvent.from_dict(raw)
+            except EventError as exc:
+                self.rejected_events += 1
+                log.warning("event_rejected", error=str(exc))
+                continue
+            out.append(ev)
+            self.anomaly_counts[ev.kind] += 1
+            if self.run_dir is not None:
+                self.run_dir.anomaly(ev.to_dict())
+        return out
+
+    def _metrics(self, rank: int, record: Any) -> None:
+        if not isinstance(record, dict):
+            return
+        loss = record.get("loss")
+        if isinstance(loss, int | float):
+            self.recent_loss.setdefault(rank, deque(maxlen=10)).append(float(loss))
+        if self.run_dir is not None:
+            self.run_dir.metrics(record)
+
+    # ------------------------------------------------------------- decisions
+    def handle(self, decisions: Iterable[Decision]) -> None:
+        """Journal and dispatch decisions from the engine (new ones or follow-ups)."""
+        for d in decisions:
+            if d.suppressed:
+                self._journal(d, "suppressed")
+            elif d.dry_run:
+                self._journal(d, "dry_run")
+            elif d.action in SUPERVISOR_ACTIONS:
+                self._supervisor_action(d)
+            else:
+                self._dispatch(d)
+
+    def _dispatch(self, d: Decision) -> None:
+        apply_at = max(self.step_of.values(), default=0) + self.command_lead
+        command = Command.from_decision(d, apply_at_step=apply_at, apply_at_tick=self._tick() + self.command_lead)
+        targets = set(range(self.world_size))
+        if self.run_dir is not None:
+            self.run_dir.wal({"type": "decided", "decision": d.to_dict(), "command": command.to_dict()})
+        self.pending[d.decision_id] = _Pending(d, command, targets, time.time())
+
+    def _supervisor_action(self, d: Decision) -> None:
+        if d.action == "notify":
+            log.warning("notify", rule=d.rule, reason=d.reason, message=d.params.get("message"))
+            self._resolve_now(d, "applied", "notification logged")
+        elif d.action == "abort":
+            self.abort_reason = str(d.params.get("reason") or d.reason)
+            if self.run_dir is not None:
+                self.run_dir.wal({"type": "decided", "decision": d.to_dict(), "command": None})
+            self._resolve_now(d, "applied", "run aborted")
+            # Ranks stop at their next boundary.
+            self._dispatch_stop(d)
+        elif self.group_action is None:
+            self._resolve_now(d, "failed", f"{d.action} needs a worker group; none is attached")
+        else:
+            if self.run_dir is not None:
+                self.run_dir.wal({"type": "decided", "decision": d.to_dict(), "command": None})
+            outcome, detail = self.group_action(d)
+            self._resolve_now(d, outcome, detail)
+
+    def _dispatch_stop(self, d: Decision) -> None:
+        apply_at = max(self.step_of.values(), default=0)
+        cmd = Command(d.decision_id + "-stop", "abort", dict(d.params), apply_at, d.anomaly.step, apply_at_tick=self._tick())
+        self.pending[cmd.decision_id] = _Pending(d, cmd, set(range(self.world_size)), time.time())
+
+    def _resolve_now(self, d: Decision, outcome: str, detail: str) -> None:
+        self._journal(d, outcome, detail=detail)
+        if outcome in ("applied", "failed"):
+            self.handle(self.engine.record_outcome(d.decision_id, outcome, tick=self._tick(), detail=detail))
+
+    def _tick(self) -> int:
+        return max(self.tick_of.values(), default=0)
+
+    # -------------------------------------------------------------- outcomes
+    def _outcome(self, raw: Any) -> None:
+        try:
+            outcome = Outcome.from_dict(raw)
+        except TypeError:
+            self.rejected_batches += 1
+            return
+        pending = self.pending.get(outcome.decision_id)
+        if pending is None or outcome.rank not in pending.targets:
+            return
+        pending.outcomes[outcome.rank] = outcome
+        if pending.command.action == "abort" and pending.command.decision_id.endswith("-stop"):
+            if set(pending.outcomes) >= pending.targets:
+                del self.pending[outcome.decision_id]
+            return
+        failed = [o for o in pending.outcomes.values() if o.outcome != "applied"]
+        if failed or set(pending.outcomes) >= pending.targets:
+            self._resolve(pending, failed)
+
+    def _resolve(self, pending: _Pending, failed: list[Outcome]) -> None:
+        del self.pending[pending.decision.decision_id]
+        d = pending.decision
+        first = next(iter(failed), None) or pending.outcomes[min(pending.outcomes)]
+        outcome = "failed" if failed else "applied"
+        if self.run_dir is not None:
+            self.run_dir.wal({"type": "resolved", "decision_id": d.decision_id, "outcome": outcome})
+        follow = self.engine.record_outcome(d.decision_id, outcome, tick=self._tick(), detail=first.detail)
+        journal_outcome = "escalated" if failed and follow else outcome
+        self._journal(
+            d,
+            journal_outcome,
+            detail=first.detail,
+            result=first.result,
+            applied_at_step=first.step,
+            apply_at_step=pending.command.apply_at_step,
+            latency_s=round(time.time() - pending.dispatched_at, 4),
+            attempts=first.attempts,
+        )
+        self.handle(follow)
+
+    def finish(self, reason: str = "the run ended before the ranks reported an outcome") -> None:
+        """Resolve every decision still pending as failed (nothing is lost from the journal)."""
+        for pending in list(self.pending.values()):
+            del self.pending[pending.command.decision_id]
+            if pending.command.decision_id.endswith("-stop"):
+                continue
+            self._journal(pending.decision, "failed", detail=reason, apply_at_step=pending.command.apply_at_step)
+
+    def _journal(self, d: Decision, outcome: str, *, detail: str = "", **extra: Any) -> None:
+        record = {
+            "decision_id": d.decision_id,
+            "step": d.step,
+            "ranks": list(d.ranks),
+            "rule": d.rule,
+            "anomaly": d.anomaly.to_dict(),
+            "action": d.action,
+            "params": dict(d.params),
+            "outcome": outcome,
+            "reason": d.reason,
+            "detail": detail,
+            "chain": {"id": d.chain_id, "index": d.chain_index, "length": d.chain_length},
+            **extra,
+        }
+        self.decisions.append(record)
+        self.outcome_counts[outcome] += 1
+        if outcome == "applied":
+            self.action_counts[d.action] += 1
+        if self.run_dir is not None:
+            self.run_dir.decision(record)
+
+    def final_loss(self, rank: int = 0) -> float | None:
+        losses = self.recent_loss.get(rank)
+        return sum(losses) / len(losses) if losses else None
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

@@ -1,0 +1,76 @@
+"""The detector plug-in shape: one small object, one call per step.
+
+A detector sees the `StepStats` of each executed step and returns the
+anomalies it found (usually none). Detectors keep their own rolling state;
+`reset()` clears it after a rollback so a window never mixes the abandoned
+timeline with the restored one. They must be cheap: they run every step on
+numbers the Guard already brought to the host.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from policies import AnomalyEvent
+from workers.stats import StepStats
+
+
+@runtime_checkable
+class Detector(Protocol):
+    """Anything with a `name`, `observe(stats)` and `reset()`."""
+
+    name: str
+
+    def observe(self, stats: StepStats) -> list[AnomalyEvent]:
+        """Events for this step; an empty list when all is well."""
+        ...
+
+    def reset(self) -> None:
+        """Forget rolling state (called after a rollback)."""
+        ...
+
+
+def event(
+    stats: StepStats,
+    kind: str,
+    *,
+    value: float | None,
+    threshold: float | None,
+    severity: str = "warning",
+    **details: Any,
+) -> AnomalyEvent:
+    """Build an event stamped with the step's rank, step and tick."""
+    return AnomalyEvent(
+        kind=kind,
+        rank=stats.rank,
+        step=stats.step,
+        tick=stats.tick,
+        value=value,
+        threshold=threshold,
+        severity=severity,
+        source="detector",
+        ts=time.time(),
+        details=details,
+    )
+
+
+class DetectorSuite:
+    """Runs a list of detectors in order and gathers their events."""
+
+    def __init__(self, detectors: Iterable[Detector]) -> None:
+        self.detectors: list[Detector] = list(detectors)
+
+    def observe(self, stats: StepStats) -> list[AnomalyEvent]:
+        out: list[AnomalyEvent] = []
+        for detector in self.detectors:
+            out.extend(detector.observe(stats))
+        return out
+
+    def reset(self) -> None:
+        for detector in self.detectors:
+            detector.reset()
+
+    def names(self) -> Sequence[str]:
+        return [d.name for d in self.detectors]

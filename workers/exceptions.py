@@ -1,0 +1,33 @@
+"""Errors raised inside training processes; all derive from `WorkerError`.
+
+They cross Ray actor boundaries, so each pickles with its message.
+"""
+
+from __future__ import annotations
+
+
+class WorkerError(Exception):
+    """Base class for every error the workers package raises."""
+
+    def __reduce__(self) -> tuple[type[WorkerError], tuple[str]]:
+        return (type(self), (str(self),))
+
+
+class ActionError(WorkerError):
+    """An action could not be applied; retrying will not help."""
+
+
+class TransientActionError(ActionError):
+    """An action failed for a reason that may pass (I/O, a busy resource); worth a retry."""
+
+
+class CheckpointError(WorkerError):
+    """No usable checkpoint: every candidate was missing or failed its checksum."""
+
+
+class ChaosConfigError(WorkerError):
+    """A chaos file is malformed; the message says where and how."""
+
+
+class RunAborted(WorkerError):
+    """The supervisor or the policy aborted the run; raised out of the training loop."""

@@ -1,0 +1,486 @@
+"""The Guard: instruments a training loop and applies remediations at step boundaries.
+
+The user keeps their loop; the Guard owns what happens around each step:
+
+    guard = Guard(model, optimizer, loss_fn=loss_fn, data=batches, scheduler=sched, max_steps=N)
+    for batch in guard:
+        guard.step(batch)
+
+`guard.step` runs forward, backward and the optimizer step with one host
+sync for the numbers the detectors need (loss and global gradient norm), and
+skips the optimizer step at once when either is non-finite, before the
+policy is even asked. Reports go to the supervisor without waiting;
+commands come back on the replies and are applied by `__iter__` at the next
+boundary at or after their `apply_at_tick` (after the optimizer step, before
+the next forward), the same boundary on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+
+from workers import actions
+from workers.chaos import Fault, FaultInjector
+from workers.checkpoint_store import CheckpointStore
+from workers.commands import Command, Outcome
+from workers.context import Reporter, WorkerContext, get_context
+from workers.data import BatchCursor
+from workers.detectors import Detector, DetectorSuite, default_detectors
+from workers.exceptions import RunAborted
+from workers.measure import first_nonfinite_param, global_grad_norm, memory_in_use, module_grad_norms
+from workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host, restore_rng
+from workers.stats import StepStats
+
+log = structlog.get_logger("remedy.guard")
+
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+
+
+@dataclass
+class GuardConfig:
+    """How often the Guard saves state and reports, and what it watches.
+
+    Defaults suit a job of a few hundred to many thousand steps; every
+    detector threshold lives on the detector objects in `detectors`.
+    """
+
+    snapshot_every: int = 10  # in-memory snapshot period, steps
+    snapshot_ring: int = 12  # in-memory snapshots kept
+    checkpoint_every: int = 100  # durable checkpoint period, steps (0: none)
+    checkpoint_keep: int = 3
+    heartbeat_s: float = 0.5  # longest quiet period between reports
+    grad_clip: float | None = None
+    amp_dtype: torch.dtype | None = None  # autocast dtype; None trains in full precision
+    micro_batches: int = 1  # gradient-accumulation chunks per batch
+    oom_retries: int = 2  # times a step that ran out of memory is retried after remediation
+    oom_wait_s: float = 10.0  # how long to wait for the policy's answer to an OOM
+    detectors: list[Detector] | None = None
+    policy: str | None = None  # single-process mode only: policy file or bundled name
+
+
+@dataclass
+class StepResult:
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    optimizer_skipped: bool
+    events: list[str] = field(default_factory=list)
+
+
+class Guard:
+    """Wraps model, optimizer, scheduler, scaler and data for one rank."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        loss_fn: LossFn,
+        data: Any,
+        max_steps: int,
+        scheduler: Any | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        config: GuardConfig | None = None,
+        context: WorkerContext | None = None,
+        run_dir: str | Path | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.max_steps = max_steps
+        self.config = config or GuardConfig()
+        ctx = context or get_context()
+        self._owns_controller = ctx is None or ctx.reporter is None
+        if ctx is None:
+            ctx = WorkerContext(run_dir=Path(run_dir) if run_dir else None)
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.run_dir = ctx.run_dir
+        self.reporter: Reporter = ctx.reporter or self._local_reporter(ctx)
+        self.injector = FaultInjector(ctx.faults, ctx.rank)
+        self.cursor = BatchCursor(data)
+        self.detectors = DetectorSuite(self.config.detectors or default_detectors())
+        self.snapshots = SnapshotRing(self.config.snapshot_ring)
+        self.checkpoints = (
+            CheckpointStore(self.run_dir / "checkpoints", rank=self.rank, keep=self.config.checkpoint_keep)
+            if self.run_dir is not None and self.config.checkpoint_every > 0
+            else None
+        )
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.micro_batches = self.config.micro_batches
+        self.step_count = 0
+        self.tick = 0
+        self.lr_scale = 1.0
+        self.recent_stats: deque[StepStats] = deque(maxlen=50)
+        self.kv_caches: list[Any] = []
+        self._queued: dict[str, Command] = {}
+        self._done_ids: set[str] = set()
+        self._outcomes: list[Outcome] = []
+        self._events: list[dict[str, Any]] = []
+        self._metrics: list[dict[str, Any]] = []
+        self._last_send = 0.0
+        self._stop_reason: str | None = None
+        self._batch_index = -1
+        self._loader_time = 0.0
+        self._closed = False
+        self.summary: dict[str, Any] = {}
+
+    # ------------------------------------------------------------- local mode
+    def _local_reporter(self, ctx: WorkerContext) -> Reporter:
+        from policies import Engine, load_policy  # noqa: PLC0415 - single-process mode only
+        from workers.control import Controller  # noqa: PLC0415
+        from workers.rundir import RunDir  # noqa: PLC0415
+
+        engine = Engine(load_policy(self.config.policy or "default"), run_id=ctx.run_id)
+        run_dir = RunDir(ctx.run_dir, ctx.run_id) if ctx.run_dir is not None else None
+        return LocalReporter(Controller(engine, world_size=1, run_dir=run_dir))
+
+    # ------------------------------------------------------------------ loop
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            while True:
+                self._boundary()
+                if self._stop_reason is not None or self.step_count >= self.max_steps:
+                    break
+                t0 = time.perf_counter()
+                self.injector.before_batch(self.step_count)
+                self._batch_index, batch = self.cursor.next()
+                self._loader_time = time.perf_counter() - t0
+                yield batch
+        finally:
+            self.close()
+
+    def _boundary(self) -> None:
+        """The safe point between steps: take commands, apply due ones, snapshot."""
+        for raw in self.reporter.poll():
+            cmd = Command.from_dict(raw)
+            if cmd.decision_id not in self._done_ids:
+                self._queued.setdefault(cmd.decision_id, cmd)
+        due = sorted(
+            (c for c in self._queued.values() if c.apply_at_tick <= self.tick),
+            key=lambda c: (c.apply_at_tick, c.chain_id, c.chain_index),
+        )
+        for cmd in due:
+            del self._queued[cmd.decision_id]
+            self._done_ids.add(cmd.decision_id)
+            outcome = actions.apply_command(self, cmd)
+            outcome.result.setdefault("late_by_ticks", self.tick - cmd.apply_at_tick)
+            self._outcomes.append(outcome)
+            log.info("action", action=cmd.action, outcome=outcome.outcome, detail=outcome.detail, rank=self.rank)
+        if due:
+            self._send(force=True)
+        if self.step_count % self.config.snapshot_every == 0 and (
+            not len(self.snapshots) or self.snapshots.steps()[-1] != self.step_count
+        ):
+            snap = self.take_snapshot()
+            self.snapshots.push(snap)
+            if self.checkpoints is not None and self.step_count % self.config.checkpoint_every == 0:
+                self.checkpoints.save(snap)
+
+    def step(self, batch: Any) -> StepResult:
+        """One training step on `batch`: forward, backward, checks, optimizer step, report."""
+        t0 = time.perf_counter()
+        step = self.step_count
+        for attempt in range(self.config.oom_retries + 1):
+            try:
+                self.injector.before_step(step)
+                loss = self._forward_backward(batch)
+                break
+            except torch.OutOfMemoryError as exc:
+                self.optimizer.zero_grad(set_to_none=True)
+                self._report_oom(step, str(exc), attempt)
+                if attempt == self.config.oom_retries or not self._await_commands():
+                    return self._finish_step(t0, math.nan, math.nan, skipped=True, oom=True)
+        self.injector.on_grads(step, self.params)
+        if self.scaler is not None and self.scaler.is_enabled():
+            self.scaler.unscale_(self.optimizer)
+        norm_t = global_grad_norm(self.params)
+        if self.config.grad_clip is not None:
+            coef = (self.config.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], coef)
+        loss_v, norm_v = torch.stack([loss.detach().float().reshape(()), norm_t.to(loss.device)]).tolist()
+        extra: dict[str, Any] = {}
+        if not math.isfinite(norm_v):
+            extra["nonfinite_param"] = first_nonfinite_param(self.model)
+        skipped = self._optimizer_step(loss_v, norm_v)
+        return self._finish_step(t0, loss_v, norm_v, skipped=skipped, extra=extra)
+
+    def _forward_backward(self, batch: Any) -> torch.Tensor:
+        chunks = _split(batch, self.micro_batches)
+        total: torch.Tensor | None = None
+        for chunk, weight in chunks:
+            ctx = (
+                torch.autocast(self.device.type, dtype=self.config.amp_dtype)
+                if self.config.amp_dtype is not None
+                else contextlib.nullcontext()
+            )
+            with ctx:
+                loss = self.loss_fn(self.model, chunk) * weight
+            loss = self.injector.on_loss(self.step_count, self._batch_index, loss)
+            scaled = self.scaler.scale(loss) if self.scaler is not None else loss
+            scaled.backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        assert total is not None
+        return total
+
+    def _optimizer_step(self, loss_v: float, norm_v: float) -> bool:
+        """Step unless something non-finite would be applied; True when skipped."""
+        if self.scaler is not None and self.scaler.is_enabled():
+            if not math.isfinite(loss_v):
+                # The scaler only checks gradients; a NaN loss must not reach the weights either.
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                return True
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < scale_before
+        elif not (math.isfinite(loss_v) and math.isfinite(norm_v)):
+            skipped = True
+        else:
+            self.optimizer.step()
+            skipped = False
+        if not skipped and self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return skipped
+
+    def _finish_step(
+        self,
+        t0: float,
+        loss_v: float,
+        norm_v: float,
+        *,
+        skipped: bool,
+        oom: bool = False,
+        extra: dict[str, Any] | None = None,
+    ) -> StepResult:
+        allocated, reserved, capacity = memory_in_use(self.device)
+        stats = StepStats(
+            step=self.step_count,
+            tick=self.tick,
+            rank=self.rank,
+            loss=loss_v,
+            grad_norm=norm_v,
+            lr=float(self.optimizer.param_groups[0]["lr"]),
+            step_time_s=time.perf_counter() - t0,
+            loader_time_s=self._loader_time,
+            batch_index=self._batch_index,
+            loss_scale=float(self.scaler.get_scale()) if self.scaler is not None and self.scaler.is_enabled() else None,
+            scaler_skipped=skipped and self.scaler is not None and math.isfinite(loss_v),
+            mem_bytes=allocated,
+            mem_reserved_bytes=reserved,
+            mem_capacity_bytes=capacity,
+            optimizer_skipped=skipped,
+            extra=extra or {},
+        )
+        events = [] if oom else self.detectors.observe(stats)
+        self.recent_stats.append(stats)
+        record = stats.to_metrics()
+        record.pop("nonfinite_param", None)
+        chaos = self.injector.drain_log()
+        if chaos:
+            record["chaos"] = chaos
+        self._metrics.append(record)
+        self._events.extend(e.to_dict() for e in events)
+        self.step_count += 1
+        self.tick += 1
+        self._send(force=bool(events))
+        return StepResult(stats.step, loss_v, norm_v, stats.lr, skipped, [e.kind for e in events])
+
+    # ------------------------------------------------------------- OOM path
+    def _report_oom(self, step: int, message: str, attempt: int) -> None:
+        from policies import AnomalyEvent  # noqa: PLC0415
+
+        ev = AnomalyEvent(
+            kind="oom",
+            rank=self.rank,
+            step=step,
+            tick=self.tick,
+            severity="critical",
+            ts=time.time(),
+            details={"message": message[:300], "attempt": attempt, "micro_batches": self.micro_batches},
+        )
+        self._events.append(ev.to_dict())
+        self._send(force=True)
+
+    def _await_commands(self) -> bool:
+        """After an OOM: wait for the policy's commands and apply them now; True if any applied."""
+        deadline = time.monotonic() + self.config.oom_wait_s
+        while time.monotonic() < deadline:
+            for raw in self.reporter.poll():
+                cmd = Command.from_dict(raw)
+                if cmd.decision_id not in self._done_ids:
+                    self._queued.setdefault(cmd.decision_id, cmd)
+            if self._queued:
+                for cmd in sorted(self._queued.values(), key=lambda c: (c.chain_id, c.chain_index)):
+                    self._done_ids.add(cmd.decision_id)
+                    self._outcomes.append(actions.apply_command(self, cmd))
+                self._queued.clear()
+                self._send(force=True)
+                return True
+            time.sleep(0.01)
+            self._send(force=True)
+        return False
+
+    # ------------------------------------------------------------- reporting
+    def _send(self, *, force: bool = False, wait: bool = False) -> None:
+        now = time.monotonic()
+        if not (force or wait or self._outcomes) and now - self._last_send < self.config.heartbeat_s:
+            return
+        batch = {
+            "rank": self.rank,
+            "step": self.step_count,
+            "tick": self.tick,
+            "ts": time.time(),
+            "events": self._events,
+            "metrics": self._metrics,
+            "outcomes": [o.to_dict() for o in self._outcomes],
+        }
+        self._events, self._metrics, self._outcomes = [], [], []
+        self._last_send = now
+        self.reporter.send(batch, wait=wait)
+
+    # ------------------------------------------------------- state handling
+    def take_snapshot(self) -> Snapshot:
+        return Snapshot(
+            step=self.step_count,
+            tick=self.tick,
+            cursor=self.cursor.position,
+            model=clone_to_host(self.model.state_dict()),
+            optimizer=clone_to_host(self.optimizer.state_dict()),
+            scheduler=clone_to_host(self.scheduler.state_dict()) if self.scheduler is not None else None,
+            scaler=self.scaler.state_dict() if self.scaler is not None else None,
+            rng=capture_rng(),
+            lr_scale=self.lr_scale,
+        )
+
+    def restore(self, snap: Snapshot) -> None:
+        """Put the loop back at the boundary before `snap.step`, keeping remediations in force."""
+        self.model.load_state_dict(snap.model)
+        # Loading may alias the given tensors; the snapshot must stay pristine for a second rollback.
+        self.optimizer.load_state_dict(clone_to_host(snap.optimizer))
+        if self.scheduler is not None and snap.scheduler is not None:
+            self.scheduler.load_state_dict(clone_to_host(snap.scheduler))
+        if self.scaler is not None and snap.scaler is not None:
+            self.scaler.load_state_dict(snap.scaler)
+        restore_rng(snap.rng)
+        self.step_count = snap.step
+        self.cursor.seek(snap.cursor)
+        if snap.lr_scale != self.lr_scale:
+            # An LR cut decided after the snapshot is a remediation, not training state: keep it.
+            self._scale_lr_raw(self.lr_scale / snap.lr_scale, min_lr=0.0)
+        self.snapshots.drop_after(snap.step)
+        self.detectors.reset()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None:
+        """Scale the LR of every group and the scheduler's base LRs, so the schedule keeps its shape."""
+        self._scale_lr_raw(factor, min_lr=min_lr)
+        self.lr_scale *= factor
+
+    def _scale_lr_raw(self, factor: float, *, min_lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = max(group["lr"] * factor, min_lr)
+            if "initial_lr" in group:
+                group["initial_lr"] = max(group["initial_lr"] * factor, min_lr)
+        sched = self.scheduler
+        if sched is not None and hasattr(sched, "base_lrs"):
+            sched.base_lrs = [max(b * factor, min_lr) for b in sched.base_lrs]
+            sched._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+    def skip_next(self, count: int) -> list[int]:
+        return self.cursor.skip_next(count)
+
+    def module_grad_norms(self) -> dict[str, float]:
+        return module_grad_norms(self.model)
+
+    def request_stop(self, reason: str) -> None:
+        self._stop_reason = reason
+
+    @property
+    def stopped(self) -> str | None:
+        return self._stop_reason
+
+    # ----------------------------------------------------------------- end
+    def close(self) -> dict[str, Any]:
+        """Flush reports and checkpoints; return this rank's summary. Idempotent."""
+        if self._closed:
+            return self.summary
+        self._closed = True
+        self._send(wait=True)
+        if self.checkpoints is not None:
+            self.checkpoints.close()
+        losses = [s.loss for s in list(self.recent_stats)[-10:] if math.isfinite(s.loss)]
+        self.summary = {
+            "rank": self.rank,
+            "status": "aborted" if self._stop_reason else "completed",
+            "stop_reason": self._stop_reason,
+            "steps_completed": self.step_count,
+            "steps_executed": self.tick,
+            "final_loss": sum(losses) / len(losses) if losses else None,
+            "skipped_batches": sorted(self.cursor.skipped),
+        }
+        self.ctx.summary = self.summary
+        if self._owns_controller:
+            self.reporter.close()
+        return self.summary
+
+    def raise_if_aborted(self) -> None:
+        if self._stop_reason is not None:
+            raise RunAborted(self._stop_reason)
+
+
+class LocalReporter:
+    """Single-process mode: the controller runs in this process."""
+
+    def __init__(self, controller: Any) -> None:
+        self.controller = controller
+        self._inbox: list[dict[str, Any]] = []
+
+    def send(self, batch: dict[str, Any], *, wait: bool = False) -> None:
+        self._inbox = self.controller.ingest(batch)
+
+    def poll(self) -> list[dict[str, Any]]:
+        out, self._inbox = self._inbox, []
+        return out
+
+    def close(self) -> None:
+        self.controller.finish()
+        if self.controller.run_dir is not None:
+            self.controller.run_dir.close()
+
+
+def _split(batch: Any, parts: int) -> list[tuple[Any, float]]:
+    """Split a batch along dim 0 into micro-batches with their loss weights."""
+    if parts <= 1:
+        return [(batch, 1.0)]
+    if isinstance(batch, torch.Tensor):
+        chunks = list(batch.chunk(parts))
+        n = batch.shape[0]
+        return [(c, c.shape[0] / n) for c in chunks]
+    if isinstance(batch, tuple | list):
+        columns = [list(t.chunk(parts)) for t in batch]
+        n = batch[0].shape[0]
+        return [(type(batch)(col[i] for col in columns), columns[0][i].shape[0] / n) for i in range(len(columns[0]))]
+    if isinstance(batch, dict):
+        keys = list(batch)
+        columns = {k: list(batch[k].chunk(parts)) for k in keys}
+        n = batch[keys[0]].shape[0]
+        count = len(columns[keys[0]])
+        return [({k: columns[k][i] for k in keys}, columns[keys[0]][i].shape[0] / n) for i in range(count)]
+    raise TypeError(f"cannot split a {type(batch).__name__} batch into micro-batches")

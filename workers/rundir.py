@@ -1,0 +1,94 @@
+"""The run directory: the files a person or a dashboard reads after a run.
+
+| file | one line / content |
+| `decisions.jsonl` | one decision with its outcome (structlog JSON) |
+| `anomalies.jsonl` | one anomaly event |
+| `metrics.jsonl` | one step of one rank |
+| `journal.wal` | write-ahead records: a decision before dispatch, its resolution after |
+| `summary.json` | the run's status and totals |
+| `checkpoints/` | durable checkpoints |
+
+Every line is flushed as it is written; write-ahead records are fsynced, so
+a supervisor that dies mid-decision can tell what it had promised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+
+
+def _jsonl_logger(fh: IO[str]) -> Any:
+    return structlog.wrap_logger(
+        structlog.WriteLogger(fh),
+        processors=[
+            structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+            structlog.processors.JSONRenderer(sort_keys=False, default=str),
+        ],
+        # Journals must never be filtered by the process's log level.
+        wrapper_class=structlog.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+
+
+class RunDir:
+    """Append-only writers for one run's files."""
+
+    def __init__(self, path: str | os.PathLike[str], run_id: str) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "checkpoints").mkdir(exist_ok=True)
+        self.run_id = run_id
+        self._files: dict[str, IO[str]] = {}
+        self._loggers: dict[str, Any] = {}
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def _logger(self, name: str) -> Any:
+        if name not in self._loggers:
+            fh = open(self.path / name, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives with the run
+            self._files[name] = fh
+            self._loggers[name] = _jsonl_logger(fh)
+        return self._loggers[name]
+
+    def decision(self, record: dict[str, Any]) -> None:
+        """One line of `decisions.jsonl`."""
+        self._logger("decisions.jsonl").msg("decision", run_id=self.run_id, **record)
+
+    def anomaly(self, record: dict[str, Any]) -> None:
+        self._logger("anomalies.jsonl").msg("anomaly", run_id=self.run_id, **record)
+
+    def metrics(self, record: dict[str, Any]) -> None:
+        self._logger("metrics.jsonl").msg("metrics", **record)
+
+    def wal(self, record: dict[str, Any]) -> None:
+        """A write-ahead record, on disk before this returns."""
+        self._logger("journal.wal").msg("wal", run_id=self.run_id, **record)
+        fh = self._files["journal.wal"]
+        fh.flush()
+        os.fsync(fh.fileno())
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        tmp = self.path / ".summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        os.replace(tmp, self.path / "summary.json")
+
+    def close(self) -> None:
+        for fh in self._files.values():
+            fh.close()
+        self._files.clear()
+        self._loggers.clear()
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every record of a JSON-lines file (a missing file reads as empty)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
