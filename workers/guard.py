@@ -65,6 +65,9 @@ class GuardConfig:
     oom_retries: int = 2  # times a step that ran out of memory is retried after remediation
     oom_wait_s: float = 10.0  # how long to wait for the policy's answer to an OOM
     detectors: list[Detector] | None = None
+    # Background producers of events (e.g. the NVML sampler): objects with
+    # `drain() -> list[AnomalyEvent]`, drained once per step.
+    event_sources: list[Any] = field(default_factory=list)
     policy: str | None = None  # single-process mode only: policy file or bundled name
 
 
@@ -113,6 +116,8 @@ class Guard:
         self.injector = FaultInjector(ctx.faults, ctx.rank)
         self.cursor = BatchCursor(data)
         self.detectors = DetectorSuite(self.config.detectors or default_detectors())
+        # Detectors that look at the batch itself (padding, duplicates) before the step.
+        self._batch_inspectors = [d for d in self.detectors.detectors if callable(getattr(d, "inspect_batch", None))]
         self.snapshots = SnapshotRing(self.config.snapshot_ring)
         self.checkpoints = (
             CheckpointStore(self.run_dir / "checkpoints", rank=self.rank, keep=self.config.checkpoint_keep)
@@ -160,6 +165,8 @@ class Guard:
                 self.injector.before_batch(self.step_count)
                 self._batch_index, batch = self.cursor.next()
                 self._loader_time = time.perf_counter() - t0
+                for inspector in self._batch_inspectors:
+                    inspector.inspect_batch(batch)
                 yield batch
         finally:
             self.close()
@@ -289,6 +296,8 @@ class Guard:
             extra=extra or {},
         )
         events = [] if oom else self.detectors.observe(stats)
+        for source in self.config.event_sources:
+            events.extend(source.drain())
         self.recent_stats.append(stats)
         record = stats.to_metrics()
         record.pop("nonfinite_param", None)

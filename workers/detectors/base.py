@@ -1,7 +1,9 @@
 """The detector plug-in shape: one small object, one call per step.
 
 A detector sees the `StepStats` of each executed step and returns the
-anomalies it found (usually none). Detectors keep their own rolling state;
+anomalies it found (usually none). A detector that needs the batch itself
+(padding share, near-duplicates) may also define `inspect_batch(batch)`,
+which the Guard calls when the batch is fetched, before the step. Detectors keep their own rolling state;
 `reset()` clears it after a rollback so a window never mixes the abandoned
 timeline with the restored one. They must be cheap: they run every step on
 numbers the Guard already brought to the host.
