@@ -135,6 +135,7 @@ class Guard:
         self._queued: dict[str, Command] = {}
         self._done_ids: set[str] = set()
         self._outcomes: list[Outcome] = []
+        self.history: deque[Outcome] = deque(maxlen=1000)  # every applied or failed command, newest last
         self._events: list[dict[str, Any]] = []
         self._metrics: list[dict[str, Any]] = []
         self._last_send = 0.0
@@ -187,6 +188,7 @@ class Guard:
             outcome = actions.apply_command(self, cmd)
             outcome.result.setdefault("late_by_ticks", self.tick - cmd.apply_at_tick)
             self._outcomes.append(outcome)
+            self.history.append(outcome)
             log.info("action", action=cmd.action, outcome=outcome.outcome, detail=outcome.detail, rank=self.rank)
         if due:
             self._send(force=True)
@@ -338,7 +340,9 @@ class Guard:
             if self._queued:
                 for cmd in sorted(self._queued.values(), key=lambda c: (c.chain_id, c.chain_index)):
                     self._done_ids.add(cmd.decision_id)
-                    self._outcomes.append(actions.apply_command(self, cmd))
+                    outcome = actions.apply_command(self, cmd)
+                    self._outcomes.append(outcome)
+                    self.history.append(outcome)
                 self._queued.clear()
                 self._send(force=True)
                 return True
@@ -411,6 +415,11 @@ class Guard:
         if sched is not None and hasattr(sched, "base_lrs"):
             sched.base_lrs = [max(b * factor, min_lr) for b in sched.base_lrs]
             sched._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+    def submit(self, command: Command) -> None:
+        """Queue a command by hand (an operator's intervention, a test); applied like any other."""
+        if command.decision_id not in self._done_ids:
+            self._queued.setdefault(command.decision_id, command)
 
     def skip_next(self, count: int) -> list[int]:
         return self.cursor.skip_next(count)
