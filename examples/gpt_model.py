@@ -153,7 +153,9 @@ class SyntheticCorpus:
         gen = torch.Generator().manual_seed(seed)
         # Token 0 separates words; words are 2-5 tokens drawn from the rest.
         words = [
-            torch.randint(1, vocab_size, (int(torch.randint(2, 6, (1,), generator=gen)),), generator=gen)
+            torch.randint(
+                1, vocab_size, (int(torch.randint(2, 6, (1,), generator=gen)),), generator=gen
+            )
             for _ in range(n_words)
         ]
         nxt = torch.randint(0, n_words, (n_words, successors), generator=gen)
@@ -169,7 +171,9 @@ class SyntheticCorpus:
     def batch(self, index: int) -> torch.Tensor:
         """The `index`-th batch: rows of block_size + 1 tokens at seeded offsets."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-        starts = torch.randint(0, len(self.tokens) - self.block_size - 1, (self.batch_size,), generator=gen)
+        starts = torch.randint(
+            0, len(self.tokens) - self.block_size - 1, (self.batch_size,), generator=gen
+        )
         return torch.stack([self.tokens[s : s + self.block_size + 1] for s in starts.tolist()])
 
     def __getitem__(self, index: int) -> torch.Tensor:

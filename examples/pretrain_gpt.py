@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
+
 from workers import Guard, GuardConfig, get_context
 
 
@@ -66,8 +66,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model: torch.nn.Module = GPT(cfg).to(device)
     if world > 1 and dist.is_initialized():
         model = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(args.warmup, args.steps))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95)
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, cosine_with_warmup(args.warmup, args.steps)
+    )
 
     # fp16 autocast with a GradScaler pays on GPU; on CPU it is ~10x slower, so train fp32 there.
     use_amp = device.type == "cuda"
@@ -98,15 +102,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     nonfinite = sum(int(not torch.isfinite(p).all()) for p in model.parameters())
     summary = guard.close()
     if ctx is None:
-        print(f"done: {summary['status']}, {summary['steps_completed']} steps, eval loss {eval_loss:.4f}")
+        print(
+            f"done: {summary['status']}, {summary['steps_completed']} steps, eval loss {eval_loss:.4f}"
+        )
     return {"eval_loss": eval_loss, "nonfinite_params": nonfinite}
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, corpus: SyntheticCorpus, device: torch.device, batches: int = 8) -> float:
+def evaluate(
+    model: torch.nn.Module, corpus: SyntheticCorpus, device: torch.device, batches: int = 8
+) -> float:
     """Mean loss on held-out batch indices far beyond any training index."""
     model.eval()
-    losses = [float(lm_loss(model, corpus.batch(10_000_000 + i).to(device))) for i in range(batches)]
+    losses = [
+        float(lm_loss(model, corpus.batch(10_000_000 + i).to(device))) for i in range(batches)
+    ]
     model.train()
     return sum(losses) / len(losses)
 

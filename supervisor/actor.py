@@ -34,7 +34,9 @@ class SupervisorActor:
         self.spec = RunSpec(**spec)
         configure_logging(verbose=self.spec.verbose)
         self.run_dir = RunDir(self.spec.run_dir, self.spec.run_id)
-        engine = Engine(load_policy(self.spec.policy), run_id=self.spec.run_id, dry_run=self.spec.dry_run)
+        engine = Engine(
+            load_policy(self.spec.policy), run_id=self.spec.run_id, dry_run=self.spec.dry_run
+        )
         self.controller = Controller(engine, world_size=self.spec.workers, run_dir=self.run_dir)
         self.started = time.time()
         self.state = "starting"
@@ -91,7 +93,9 @@ class SupervisorActor:
                 ts=time.time(),
                 details={"error": str(exc)[:300]},
             )
-            self.controller.ingest({"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]})
+            self.controller.ingest(
+                {"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]}
+            )
         self.rank_results[rank] = result
 
     def _finish(self) -> dict[str, Any]:

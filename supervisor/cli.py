@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -26,19 +27,28 @@ STATUS_EXIT = {"completed": EXIT_OK, "aborted": EXIT_ABORTED, "failed": EXIT_FAI
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="remedy", description="Auto-remediation supervisor for PyTorch training on Ray.")
+    p = argparse.ArgumentParser(
+        prog="remedy", description="Auto-remediation supervisor for PyTorch training on Ray."
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a training function under supervision")
     run.add_argument("target", help="path/to/file.py:function or module:function")
-    run.add_argument("--policy", default="default", help="policy file or bundled name (default: default)")
+    run.add_argument(
+        "--policy", default="default", help="policy file or bundled name (default: default)"
+    )
     run.add_argument("--workers", type=int, default=1, help="number of ranks (default: 1)")
     run.add_argument("--run-dir", default="", help="run directory (default: runs/<run_id>)")
     run.add_argument("--chaos", help="chaos file of faults to inject")
     run.add_argument("--dry-run", action="store_true", help="decide and journal, but do not act")
     run.add_argument("--quiet", action="store_true", help="print only the final status line")
     run.add_argument("--verbose", action="store_true", help="log every action in the ranks")
-    run.add_argument("--gpus-per-worker", type=float, default=None, help="GPUs per rank (default: 1 if any, else 0)")
+    run.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        default=None,
+        help="GPUs per rank (default: 1 if any, else 0)",
+    )
 
     pol = sub.add_parser("policy", help="check or test policy files")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True)
@@ -71,7 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(LOOPBACK_ENV, "0")
     args = _parser().parse_args(argv)
     args.args = passthrough
-    handlers = {"run": _run, "policy": _policy, "report": _report, "status": _status, "chaos": _chaos}
+    handlers = {
+        "run": _run,
+        "policy": _policy,
+        "report": _report,
+        "status": _status,
+        "chaos": _chaos,
+    }
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:
@@ -132,7 +148,10 @@ def _run(args: argparse.Namespace) -> int:
         verbose=args.verbose,
     )
     if not args.quiet:
-        print(f"remedy: run {spec.run_id} on {mode} Ray, {args.workers} rank(s), run dir {spec.run_dir}", file=sys.stderr)
+        print(
+            f"remedy: run {spec.run_id} on {mode} Ray, {args.workers} rank(s), run dir {spec.run_dir}",
+            file=sys.stderr,
+        )
     summary = run_supervised(spec, progress=None if args.quiet else print_progress)
     if args.quiet:
         print(f"{summary['status']} {spec.run_dir}")
@@ -156,7 +175,10 @@ def _report(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
-        print(f"remedy: error: {summary_path} not found (is {run_dir} a run directory?)", file=sys.stderr)
+        print(
+            f"remedy: error: {summary_path} not found (is {run_dir} a run directory?)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     summary: dict[str, Any] = json.loads(summary_path.read_text())
     if args.json:
@@ -170,7 +192,7 @@ def _status(args: argparse.Namespace) -> int:
     import ray  # noqa: PLC0415
 
     try:
-        ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+        ray.init(address="auto", logging_level=logging.ERROR, log_to_driver=False)
     except ConnectionError:
         print("remedy: no Ray cluster is running here")
         return EXIT_OK
@@ -180,8 +202,9 @@ def _status(args: argparse.Namespace) -> int:
     for actor in list_actors(filters=[("state", "=", "ALIVE")]):
         name = actor.name or ""
         if name.startswith("remedy-supervisor-"):
-            handle = ray.get_actor(name, namespace="remedy")
-            print(json.dumps(ray.get(handle.status.remote())))
+            handle: Any = ray.get_actor(name, namespace="remedy")
+            status: dict[str, Any] = ray.get(handle.status.remote())
+            print(json.dumps(status))
             found += 1
     if not found:
         print("remedy: no supervised runs on this cluster")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -21,7 +22,11 @@ def connect(*, workers: int, quiet: bool = True) -> str:
 
     if ray.is_initialized():
         return "cluster"
-    common: dict[str, Any] = {"log_to_driver": not quiet, "configure_logging": True, "logging_level": "ERROR"}
+    common: dict[str, Any] = {
+        "log_to_driver": not quiet,
+        "configure_logging": True,
+        "logging_level": logging.ERROR,
+    }
     try:
         ray.init(address="auto", **common)
         return "cluster"

@@ -40,7 +40,11 @@ class RayReporter:
 
     def _collect(self, *, timeout: float | None, everything: bool = False) -> None:
         n = len(self._in_flight) if everything else 1
-        ready, self._in_flight = ray.wait(self._in_flight, num_returns=n if timeout != 0 else len(self._in_flight), timeout=timeout)
+        ready, self._in_flight = ray.wait(
+            self._in_flight,
+            num_returns=n if timeout != 0 else len(self._in_flight),
+            timeout=timeout,
+        )
         for ref in ready:
             try:
                 self._inbox.extend(ray.get(ref))

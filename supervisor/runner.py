@@ -14,7 +14,9 @@ from supervisor.spec import RunSpec
 PROGRESS_EVERY_S = 5.0
 
 
-def run_supervised(spec: RunSpec, *, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run_supervised(
+    spec: RunSpec, *, progress: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
     """Run `spec` under a supervisor actor on the connected Ray cluster; block until it ends."""
     sup = SupervisorActor.options(  # type: ignore[attr-defined]
         name=f"remedy-supervisor-{spec.run_id}", namespace="remedy"
@@ -36,22 +38,29 @@ def print_progress(status: dict[str, Any]) -> None:
     loss = status["loss"]
     loss_s = f"{loss:.3f}" if isinstance(loss, float) else "-"
     acts = ", ".join(f"{k}×{v}" for k, v in sorted(status["actions"].items())) or "none"
-    print(f"[{status['wall_s']:6.1f}s] step {step:>6}  loss {loss_s}  actions: {acts}", file=sys.stderr)
+    print(
+        f"[{status['wall_s']:6.1f}s] step {step:>6}  loss {loss_s}  actions: {acts}",
+        file=sys.stderr,
+    )
 
 
 def format_summary(summary: dict[str, Any], decisions: list[dict[str, Any]]) -> str:
     """A short human summary: what was detected, what was done, how it ended."""
     lines = [
-        f"run {summary['run_id']}: {summary['status']} "
+        (f"run {summary['run_id']}: {summary['status']} "
         f"({summary['steps_completed']} steps, {summary['steps_executed']} executed, "
-        f"goodput {summary['goodput']:.1%}, {summary['wall_s']:.1f}s)",
+        f"goodput {summary['goodput']:.1%}, {summary['wall_s']:.1f}s)"),
     ]
     if summary.get("final_loss") is not None:
         lines.append(f"final loss {summary['final_loss']:.4f}")
     anomalies = summary.get("anomalies") or {}
-    lines.append("anomalies: " + (", ".join(f"{k}×{v}" for k, v in sorted(anomalies.items())) or "none"))
+    lines.append(
+        "anomalies: " + (", ".join(f"{k}×{v}" for k, v in sorted(anomalies.items())) or "none")
+    )
     for d in decisions:
-        lines.append(f"  [{d['outcome']:>10}] step {d['step']:>5} {d['rule']}: {d['action']} — {d['reason']}")
+        lines.append(
+            f"  [{d['outcome']:>10}] step {d['step']:>5} {d['rule']}: {d['action']} — {d['reason']}"
+        )
         if d.get("detail"):
             lines.append(f"               {d['detail']}")
     if summary.get("abort_reason"):

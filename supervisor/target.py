@@ -17,7 +17,9 @@ def split_target(target: str) -> tuple[str, str]:
     """Split TARGET into (module or file, function); raise TargetError if malformed."""
     where, sep, func = target.rpartition(":")
     if not sep or not where or not func.isidentifier():
-        raise TargetError(f"target {target!r} must look like path/to/file.py:function or module:function")
+        raise TargetError(
+            f"target {target!r} must look like path/to/file.py:function or module:function"
+        )
     return where, func
 
 
@@ -45,7 +47,7 @@ def load_target(target: str) -> Callable[..., Any]:
             module = importlib.import_module(where)
         except ImportError as exc:
             raise TargetError(f"cannot import {where}: {exc}") from exc
-    fn = getattr(module, func, None)
+    fn: Callable[..., Any] | None = getattr(module, func, None)
     if not callable(fn):
         raise TargetError(f"{where} has no function {func!r}")
     return fn

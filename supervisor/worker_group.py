@@ -39,7 +39,9 @@ class WorkerGroup:
         for rank in range(self.spec.workers):
             self.actors[rank] = self._make_actor(rank)
         addr, port = await self.actors[0].node_address.remote()
-        await asyncio.gather(*(a.init_process_group.remote(addr, port) for a in self.actors.values()))
+        await asyncio.gather(
+            *(a.init_process_group.remote(addr, port) for a in self.actors.values())
+        )
         for rank, actor in self.actors.items():
             self._refs[actor.run.remote(self.spec.target)] = rank
 

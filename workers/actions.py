@@ -49,7 +49,14 @@ def apply_command(guard: Guard, command: Command) -> Outcome:
     fn = APPLIERS.get(command.action)
     step, tick = guard.step_count, guard.tick
     if fn is None:
-        return Outcome(command.decision_id, guard.rank, "failed", step, tick, f"{command.action!r} is not an in-process action")
+        return Outcome(
+            command.decision_id,
+            guard.rank,
+            "failed",
+            step,
+            tick,
+            f"{command.action!r} is not an in-process action",
+        )
     attempts = 0
     try:
         for attempt in Retrying(
@@ -62,14 +69,33 @@ def apply_command(guard: Guard, command: Command) -> Outcome:
                 attempts = attempt.retry_state.attempt_number
                 result = fn(guard, dict(command.params), command)
     except ActionError as exc:
-        log.warning("action_failed", action=command.action, decision_id=command.decision_id, error=str(exc))
-        return Outcome(command.decision_id, guard.rank, "failed", step, tick, str(exc), attempts=attempts)
+        log.warning(
+            "action_failed", action=command.action, decision_id=command.decision_id, error=str(exc)
+        )
+        return Outcome(
+            command.decision_id, guard.rank, "failed", step, tick, str(exc), attempts=attempts
+        )
     except Exception as exc:  # an applier bug must not kill the training step
         log.exception("action_crashed", action=command.action, decision_id=command.decision_id)
         return Outcome(
-            command.decision_id, guard.rank, "failed", step, tick, f"{type(exc).__name__}: {exc}", attempts=attempts
+            command.decision_id,
+            guard.rank,
+            "failed",
+            step,
+            tick,
+            f"{type(exc).__name__}: {exc}",
+            attempts=attempts,
         )
-    return Outcome(command.decision_id, guard.rank, "applied", step, tick, result.pop("detail", ""), result, attempts)
+    return Outcome(
+        command.decision_id,
+        guard.rank,
+        "applied",
+        step,
+        tick,
+        result.pop("detail", ""),
+        result,
+        attempts,
+    )
 
 
 @applier("rollback")
@@ -87,7 +113,9 @@ def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str
         # Nothing that far back: the newest state from before the anomaly still beats going on.
         snap, source = guard.snapshots.newest_at_or_before(command.anomaly_step), "memory"
     if snap is None:
-        raise ActionError(f"no snapshot or checkpoint at or before step {command.anomaly_step} to roll back to")
+        raise ActionError(
+            f"no snapshot or checkpoint at or before step {command.anomaly_step} to roll back to"
+        )
     from_step = guard.step_count
     guard.restore(snap)
     skipped = guard.skip_next(int(params.get("skip_batches", 0)))
@@ -117,7 +145,12 @@ def shrink_lr(guard: Guard, params: dict[str, Any], command: Command) -> dict[st
     before = [g["lr"] for g in guard.optimizer.param_groups]
     guard.scale_lr(factor, min_lr=min_lr)
     after = [g["lr"] for g in guard.optimizer.param_groups]
-    return {"lr_before": before, "lr_after": after, "lr_scale": guard.lr_scale, "detail": f"lr {before[0]:.3g} -> {after[0]:.3g}"}
+    return {
+        "lr_before": before,
+        "lr_after": after,
+        "lr_scale": guard.lr_scale,
+        "detail": f"lr {before[0]:.3g} -> {after[0]:.3g}",
+    }
 
 
 @applier("rescale_grad_scaler")
@@ -133,19 +166,29 @@ def rescale_grad_scaler(guard: Guard, params: dict[str, Any], command: Command) 
     if params.get("factor") is not None:
         new *= float(params["factor"])
     if new != before:
-        scaler.update(new_scale=torch.tensor(new, dtype=torch.float32, device=_scaler_device(scaler)))
+        scaler.update(
+            new_scale=torch.tensor(new, dtype=torch.float32, device=_scaler_device(scaler))
+        )
     if params.get("growth_interval") is not None:
         scaler.set_growth_interval(int(params["growth_interval"]))
     if params.get("growth_factor") is not None:
         scaler.set_growth_factor(float(params["growth_factor"]))
     if params.get("backoff_factor") is not None:
         scaler.set_backoff_factor(float(params["backoff_factor"]))
-    return {"scale_before": before, "scale_after": float(scaler.get_scale()), "detail": f"scale {before:g} -> {new:g}"}
+    return {
+        "scale_before": before,
+        "scale_after": float(scaler.get_scale()),
+        "detail": f"scale {before:g} -> {new:g}",
+    }
 
 
 def _scaler_device(scaler: torch.amp.GradScaler) -> str:
     scale = getattr(scaler, "_scale", None)
-    return str(scale.device) if isinstance(scale, torch.Tensor) else str(getattr(scaler, "_device", "cpu"))
+    return (
+        str(scale.device)
+        if isinstance(scale, torch.Tensor)
+        else str(getattr(scaler, "_device", "cpu"))
+    )
 
 
 @applier("checkpoint_now")

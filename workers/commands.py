@@ -38,7 +38,9 @@ class Command:
         return cls(**data)
 
     @classmethod
-    def from_decision(cls, decision: Decision, *, apply_at_step: int, apply_at_tick: int) -> Command:
+    def from_decision(
+        cls, decision: Decision, *, apply_at_step: int, apply_at_tick: int
+    ) -> Command:
         return cls(
             decision_id=decision.decision_id,
             action=decision.action,

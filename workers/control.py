@@ -91,14 +91,23 @@ class Controller:
         return self.commands_for(rank)
 
     def commands_for(self, rank: int) -> list[dict[str, Any]]:
-        return [p.command.to_dict() for p in self.pending.values() if rank in p.targets and rank not in p.outcomes]
+        return [
+            p.command.to_dict()
+            for p in self.pending.values()
+            if rank in p.targets and rank not in p.outcomes
+        ]
 
     @staticmethod
     def _batch_rank(batch: Any) -> int | None:
         if not isinstance(batch, dict):
             return None
         rank, step = batch.get("rank"), batch.get("step")
-        if not isinstance(rank, int) or not isinstance(step, int) or isinstance(rank, bool) or rank < 0:
+        if (
+            not isinstance(rank, int)
+            or not isinstance(step, int)
+            or isinstance(rank, bool)
+            or rank < 0
+        ):
             return None
         return rank
 
@@ -141,10 +150,14 @@ class Controller:
 
     def _dispatch(self, d: Decision) -> None:
         apply_at = max(self.step_of.values(), default=0) + self.command_lead
-        command = Command.from_decision(d, apply_at_step=apply_at, apply_at_tick=self._tick() + self.command_lead)
+        command = Command.from_decision(
+            d, apply_at_step=apply_at, apply_at_tick=self._tick() + self.command_lead
+        )
         targets = set(range(self.world_size))
         if self.run_dir is not None:
-            self.run_dir.wal({"type": "decided", "decision": d.to_dict(), "command": command.to_dict()})
+            self.run_dir.wal(
+                {"type": "decided", "decision": d.to_dict(), "command": command.to_dict()}
+            )
         self.pending[d.decision_id] = _Pending(d, command, targets, time.time())
 
     def _supervisor_action(self, d: Decision) -> None:
@@ -168,13 +181,22 @@ class Controller:
 
     def _dispatch_stop(self, d: Decision) -> None:
         apply_at = max(self.step_of.values(), default=0)
-        cmd = Command(d.decision_id + "-stop", "abort", dict(d.params), apply_at, d.anomaly.step, apply_at_tick=self._tick())
+        cmd = Command(
+            d.decision_id + "-stop",
+            "abort",
+            dict(d.params),
+            apply_at,
+            d.anomaly.step,
+            apply_at_tick=self._tick(),
+        )
         self.pending[cmd.decision_id] = _Pending(d, cmd, set(range(self.world_size)), time.time())
 
     def _resolve_now(self, d: Decision, outcome: str, detail: str) -> None:
         self._journal(d, outcome, detail=detail)
         if outcome in ("applied", "failed"):
-            self.handle(self.engine.record_outcome(d.decision_id, outcome, tick=self._tick(), detail=detail))
+            self.handle(
+                self.engine.record_outcome(d.decision_id, outcome, tick=self._tick(), detail=detail)
+            )
 
     def _tick(self) -> int:
         return max(self.tick_of.values(), default=0)
@@ -205,7 +227,9 @@ class Controller:
         outcome = "failed" if failed else "applied"
         if self.run_dir is not None:
             self.run_dir.wal({"type": "resolved", "decision_id": d.decision_id, "outcome": outcome})
-        follow = self.engine.record_outcome(d.decision_id, outcome, tick=self._tick(), detail=first.detail)
+        follow = self.engine.record_outcome(
+            d.decision_id, outcome, tick=self._tick(), detail=first.detail
+        )
         journal_outcome = "escalated" if failed and follow else outcome
         self._journal(
             d,
@@ -225,7 +249,12 @@ class Controller:
             del self.pending[pending.command.decision_id]
             if pending.command.decision_id.endswith("-stop"):
                 continue
-            self._journal(pending.decision, "failed", detail=reason, apply_at_step=pending.command.apply_at_step)
+            self._journal(
+                pending.decision,
+                "failed",
+                detail=reason,
+                apply_at_step=pending.command.apply_at_step,
+            )
 
     def _journal(self, d: Decision, outcome: str, *, detail: str = "", **extra: Any) -> None:
         record = {

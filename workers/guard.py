@@ -30,14 +30,19 @@ import structlog
 import torch
 
 from workers import actions
-from workers.chaos import Fault, FaultInjector
+from workers.chaos import FaultInjector
 from workers.checkpoint_store import CheckpointStore
 from workers.commands import Command, Outcome
 from workers.context import Reporter, WorkerContext, get_context
 from workers.data import BatchCursor
 from workers.detectors import Detector, DetectorSuite, default_detectors
 from workers.exceptions import RunAborted
-from workers.measure import first_nonfinite_param, global_grad_norm, memory_in_use, module_grad_norms
+from workers.measure import (
+    first_nonfinite_param,
+    global_grad_norm,
+    memory_in_use,
+    module_grad_norms,
+)
 from workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host, restore_rng
 from workers.stats import StepStats
 
@@ -117,10 +122,14 @@ class Guard:
         self.cursor = BatchCursor(data)
         self.detectors = DetectorSuite(self.config.detectors or default_detectors())
         # Detectors that look at the batch itself (padding, duplicates) before the step.
-        self._batch_inspectors = [d for d in self.detectors.detectors if callable(getattr(d, "inspect_batch", None))]
+        self._batch_inspectors: list[Any] = [
+            d for d in self.detectors.detectors if callable(getattr(d, "inspect_batch", None))
+        ]
         self.snapshots = SnapshotRing(self.config.snapshot_ring)
         self.checkpoints = (
-            CheckpointStore(self.run_dir / "checkpoints", rank=self.rank, keep=self.config.checkpoint_keep)
+            CheckpointStore(
+                self.run_dir / "checkpoints", rank=self.rank, keep=self.config.checkpoint_keep
+            )
             if self.run_dir is not None and self.config.checkpoint_every > 0
             else None
         )
@@ -135,7 +144,9 @@ class Guard:
         self._queued: dict[str, Command] = {}
         self._done_ids: set[str] = set()
         self._outcomes: list[Outcome] = []
-        self.history: deque[Outcome] = deque(maxlen=1000)  # every applied or failed command, newest last
+        self.history: deque[Outcome] = deque(
+            maxlen=1000
+        )  # every applied or failed command, newest last
         self._events: list[dict[str, Any]] = []
         self._metrics: list[dict[str, Any]] = []
         self._last_send = 0.0
@@ -189,7 +200,13 @@ class Guard:
             outcome.result.setdefault("late_by_ticks", self.tick - cmd.apply_at_tick)
             self._outcomes.append(outcome)
             self.history.append(outcome)
-            log.info("action", action=cmd.action, outcome=outcome.outcome, detail=outcome.detail, rank=self.rank)
+            log.info(
+                "action",
+                action=cmd.action,
+                outcome=outcome.outcome,
+                detail=outcome.detail,
+                rank=self.rank,
+            )
         if due:
             self._send(force=True)
         if self.step_count % self.config.snapshot_every == 0 and (
@@ -221,7 +238,9 @@ class Guard:
         if self.config.grad_clip is not None:
             coef = (self.config.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
             torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], coef)
-        loss_v, norm_v = torch.stack([loss.detach().float().reshape(()), norm_t.to(loss.device)]).tolist()
+        loss_v, norm_v = torch.stack(
+            [loss.detach().float().reshape(()), norm_t.to(loss.device)]
+        ).tolist()
         extra: dict[str, Any] = {}
         if not math.isfinite(norm_v):
             extra["nonfinite_param"] = first_nonfinite_param(self.model)
@@ -289,7 +308,9 @@ class Guard:
             step_time_s=time.perf_counter() - t0,
             loader_time_s=self._loader_time,
             batch_index=self._batch_index,
-            loss_scale=float(self.scaler.get_scale()) if self.scaler is not None and self.scaler.is_enabled() else None,
+            loss_scale=float(self.scaler.get_scale())
+            if self.scaler is not None and self.scaler.is_enabled()
+            else None,
             scaler_skipped=skipped and self.scaler is not None and math.isfinite(loss_v),
             mem_bytes=allocated,
             mem_reserved_bytes=reserved,
@@ -324,7 +345,11 @@ class Guard:
             tick=self.tick,
             severity="critical",
             ts=time.time(),
-            details={"message": message[:300], "attempt": attempt, "micro_batches": self.micro_batches},
+            details={
+                "message": message[:300],
+                "attempt": attempt,
+                "micro_batches": self.micro_batches,
+            },
         )
         self._events.append(ev.to_dict())
         self._send(force=True)
@@ -353,7 +378,10 @@ class Guard:
     # ------------------------------------------------------------- reporting
     def _send(self, *, force: bool = False, wait: bool = False) -> None:
         now = time.monotonic()
-        if not (force or wait or self._outcomes) and now - self._last_send < self.config.heartbeat_s:
+        if (
+            not (force or wait or self._outcomes)
+            and now - self._last_send < self.config.heartbeat_s
+        ):
             return
         batch = {
             "rank": self.rank,
@@ -376,7 +404,9 @@ class Guard:
             cursor=self.cursor.position,
             model=clone_to_host(self.model.state_dict()),
             optimizer=clone_to_host(self.optimizer.state_dict()),
-            scheduler=clone_to_host(self.scheduler.state_dict()) if self.scheduler is not None else None,
+            scheduler=clone_to_host(self.scheduler.state_dict())
+            if self.scheduler is not None
+            else None,
             scaler=self.scaler.state_dict() if self.scaler is not None else None,
             rng=capture_rng(),
             lr_scale=self.lr_scale,
@@ -494,11 +524,17 @@ def _split(batch: Any, parts: int) -> list[tuple[Any, float]]:
     if isinstance(batch, tuple | list):
         columns = [list(t.chunk(parts)) for t in batch]
         n = batch[0].shape[0]
-        return [(type(batch)(col[i] for col in columns), columns[0][i].shape[0] / n) for i in range(len(columns[0]))]
+        return [
+            (type(batch)(col[i] for col in columns), columns[0][i].shape[0] / n)
+            for i in range(len(columns[0]))
+        ]
     if isinstance(batch, dict):
         keys = list(batch)
-        columns = {k: list(batch[k].chunk(parts)) for k in keys}
+        by_key = {k: list(batch[k].chunk(parts)) for k in keys}
         n = batch[keys[0]].shape[0]
-        count = len(columns[keys[0]])
-        return [({k: columns[k][i] for k in keys}, columns[keys[0]][i].shape[0] / n) for i in range(count)]
+        count = len(by_key[keys[0]])
+        return [
+            ({k: by_key[k][i] for k in keys}, by_key[keys[0]][i].shape[0] / n)
+            for i in range(count)
+        ]
     raise TypeError(f"cannot split a {type(batch).__name__} batch into micro-batches")

@@ -22,11 +22,12 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     by_device: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for g in grads:
         by_device.setdefault((g.device, g.dtype), []).append(g)
-    norms = []
+    norms: list[torch.Tensor] = []
     for group in by_device.values():
         norms.extend(n.float() for n in torch._foreach_norm(group, 2.0))
     device = grads[0].device
-    return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
+    total: torch.Tensor = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
+    return total
 
 
 def first_nonfinite_param(model: torch.nn.Module) -> str | None:
@@ -46,7 +47,9 @@ def module_grad_norms(model: torch.nn.Module) -> dict[str, float]:
     for name, module in model.named_modules():
         grads = [p.grad for p in module.parameters(recurse=False) if p.grad is not None]
         if grads:
-            out[name or "<root>"] = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+            out[name or "<root>"] = float(
+                torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
+            )
     return out
 
 

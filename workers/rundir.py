@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, TextIO
 
 import structlog
 
 
-def _jsonl_logger(fh: IO[str]) -> Any:
+def _jsonl_logger(fh: TextIO) -> Any:
     return structlog.wrap_logger(
         structlog.WriteLogger(fh),
         processors=[
@@ -43,7 +43,7 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "checkpoints").mkdir(exist_ok=True)
         self.run_id = run_id
-        self._files: dict[str, IO[str]] = {}
+        self._files: dict[str, TextIO] = {}
         self._loggers: dict[str, Any] = {}
 
     @property

@@ -17,14 +17,20 @@ TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
 
 def remedy(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "supervisor", *args], capture_output=True, text=True, timeout=120, cwd=cwd or REPO
+        [sys.executable, "-m", "supervisor", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd or REPO,
     )
 
 
 def test_malformed_policy_fails_before_training(tmp_path: Path) -> None:
     """`remedy run` with a malformed policy prints FILE:LINE:COL and exits 2 without starting a run."""
     bad = tmp_path / "bad.yaml"
-    bad.write_text("version: 1\nrules:\n  - name: x\n    when: {anomaly: nonfinite_los}\n    do: [rollback]\n")
+    bad.write_text(
+        "version: 1\nrules:\n  - name: x\n    when: {anomaly: nonfinite_los}\n    do: [rollback]\n"
+    )
     run_dir = tmp_path / "run"
     proc = remedy("run", TARGET, "--policy", str(bad), "--run-dir", str(run_dir))
     assert proc.returncode == 2
@@ -58,7 +64,9 @@ def test_chaos_list_names_faults(capsys: pytest.CaptureFixture[str]) -> None:
         assert kind in out
 
 
-def test_report_prints_summary_and_decisions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_prints_summary_and_decisions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`remedy report RUN_DIR` prints the run's status and each journaled decision."""
     (tmp_path / "summary.json").write_text(
         json.dumps(
@@ -74,7 +82,13 @@ def test_report_prints_summary_and_decisions(tmp_path: Path, capsys: pytest.Capt
             }
         )
     )
-    decision = {"outcome": "applied", "step": 5, "rule": "nan-rollback", "action": "rollback", "reason": "NaN seen."}
+    decision = {
+        "outcome": "applied",
+        "step": 5,
+        "rule": "nan-rollback",
+        "action": "rollback",
+        "reason": "NaN seen.",
+    }
     (tmp_path / "decisions.jsonl").write_text(json.dumps(decision) + "\n")
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -19,26 +20,41 @@ TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
 
 
 def run_demo(run_dir: Path, faults: list[dict[str, Any]], *, steps: int = 300) -> dict[str, Any]:
-    spec = RunSpec(target=TARGET, policy="default", workers=1, run_dir=str(run_dir), faults=faults, argv=["--steps", str(steps)])
+    spec = RunSpec(
+        target=TARGET,
+        policy="default",
+        workers=1,
+        run_dir=str(run_dir),
+        faults=faults,
+        argv=["--steps", str(steps)],
+    )
     return run_supervised(spec)
 
 
 @pytest.fixture(scope="module")
-def clean_run(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def clean_run(
+    ray_cluster: None, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, Any]]:
     run_dir = tmp_path_factory.mktemp("clean")
     return run_dir, run_demo(run_dir, [])
 
 
 @pytest.fixture(scope="module")
-def nan_run(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def nan_run(
+    ray_cluster: None, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, Any]]:
     run_dir = tmp_path_factory.mktemp("nan")
     return run_dir, run_demo(run_dir, [{"kind": "nan_loss", "at_step": 150, "rank": 0}])
 
 
 @pytest.fixture(scope="module")
-def spike_run(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def spike_run(
+    ray_cluster: None, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, Any]]:
     run_dir = tmp_path_factory.mktemp("spike")
-    return run_dir, run_demo(run_dir, [{"kind": "loss_spike", "at_step": 200, "rank": 0, "factor": 10, "duration": 2}])
+    return run_dir, run_demo(
+        run_dir, [{"kind": "loss_spike", "at_step": 200, "rank": 0, "factor": 10, "duration": 2}]
+    )
 
 
 def test_clean_run_completes_without_anomalies(clean_run: tuple[Path, dict[str, Any]]) -> None:
@@ -80,12 +96,32 @@ def test_nan_loss_is_rolled_back_and_run_matches_clean(
 def test_journal_lines_have_the_contract_fields(nan_run: tuple[Path, dict[str, Any]]) -> None:
     """Every decisions.jsonl line carries the fields ARCHITECTURE.md promises."""
     run_dir, _ = nan_run
-    required = {"ts", "run_id", "decision_id", "step", "ranks", "rule", "anomaly", "action", "params", "outcome", "reason"}
+    required = {
+        "ts",
+        "run_id",
+        "decision_id",
+        "step",
+        "ranks",
+        "rule",
+        "anomaly",
+        "action",
+        "params",
+        "outcome",
+        "reason",
+    }
     for line in read_jsonl(run_dir / "decisions.jsonl"):
         assert required <= set(line)
         assert {"kind", "rank", "step", "value", "threshold"} <= set(line["anomaly"])
     summary = (run_dir / "summary.json").read_text()
-    for key in ("status", "steps_completed", "steps_executed", "goodput", "final_loss", "actions", "wall_s"):
+    for key in (
+        "status",
+        "steps_completed",
+        "steps_executed",
+        "goodput",
+        "final_loss",
+        "actions",
+        "wall_s",
+    ):
         assert f'"{key}"' in summary
 
 
@@ -104,7 +140,11 @@ def test_loss_spike_rolls_back_and_skips_batches(spike_run: tuple[Path, dict[str
     poisoned = {m["batch_index"] for m in metrics if m.get("chaos")}
     assert poisoned and poisoned <= set(skipped)
     rolled_back_at = rollback["applied_at_step"]
-    after = [m for m in metrics if m["tick"] >= rollback_tick(metrics, rolled_back_at, rollback["result"]["restored_step"])]
+    after = [
+        m
+        for m in metrics
+        if m["tick"] >= rollback_tick(metrics, rolled_back_at, rollback["result"]["restored_step"])
+    ]
     assert after, "training continued after the rollback"
     assert not {m["batch_index"] for m in after} & set(skipped)
     assert summary["skipped_batches"] == sorted(skipped)
@@ -112,7 +152,7 @@ def test_loss_spike_rolls_back_and_skips_batches(spike_run: tuple[Path, dict[str
 
 def rollback_tick(metrics: list[dict[str, Any]], applied_at_step: int, restored_step: int) -> int:
     """The first tick after the rollback: where the step number went back to `restored_step`."""
-    for prev, cur in zip(metrics, metrics[1:], strict=False):
+    for prev, cur in itertools.pairwise(metrics):
         if cur["step"] == restored_step and prev["step"] >= restored_step:
             return int(cur["tick"])
     raise AssertionError(f"no rollback to step {restored_step} in metrics")

@@ -43,7 +43,9 @@ def plain_train(steps: int, seed: int = 0) -> list[dict[str, Any]]:
     return states
 
 
-def snapshot_state(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any) -> dict[str, Any]:
+def snapshot_state(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any
+) -> dict[str, Any]:
     return {
         "model": copy.deepcopy(model.state_dict()),
         "opt": copy.deepcopy(opt.state_dict()["state"]),
@@ -62,10 +64,21 @@ def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a["lr"] == b["lr"] and a["epoch"] == b["epoch"]
 
 
-def guarded(max_steps: int, tmp_path: Path | None = None, **cfg: Any) -> tuple[Guard, Iterator[Any]]:
+def guarded(
+    max_steps: int, tmp_path: Path | None = None, **cfg: Any
+) -> tuple[Guard, Iterator[Any]]:
     model, opt, sched, corpus = make_job()
     config = GuardConfig(snapshot_every=5, **cfg)
-    guard = Guard(model, opt, loss_fn=lm_loss, data=corpus, scheduler=sched, max_steps=max_steps, config=config, run_dir=tmp_path)
+    guard = Guard(
+        model,
+        opt,
+        loss_fn=lm_loss,
+        data=corpus,
+        scheduler=sched,
+        max_steps=max_steps,
+        config=config,
+        run_dir=tmp_path,
+    )
     return guard, iter(guard)
 
 
@@ -162,7 +175,9 @@ def test_shrink_lr_survives_a_later_rollback() -> None:
     guard.submit(command("rollback", anomaly_step=12, steps_back=2))
     next(it)
     assert guard.step_count == 10
-    assert guard.optimizer.param_groups[0]["lr"] == pytest.approx(0.25 * ref[10]["lr"][0], rel=1e-12)
+    assert guard.optimizer.param_groups[0]["lr"] == pytest.approx(
+        0.25 * ref[10]["lr"][0], rel=1e-12
+    )
     guard.close()
 
 
@@ -187,10 +202,20 @@ def test_rescale_grad_scaler_sets_and_multiplies() -> None:
     def loss_fn(m: torch.nn.Module, b: Any) -> torch.Tensor:
         return torch.nn.functional.mse_loss(m(b[0]), b[1])
 
-    guard = Guard(model, opt, loss_fn=loss_fn, data=data, scaler=scaler, max_steps=10, config=GuardConfig(amp_dtype=torch.float16))
+    guard = Guard(
+        model,
+        opt,
+        loss_fn=loss_fn,
+        data=data,
+        scaler=scaler,
+        max_steps=10,
+        config=GuardConfig(amp_dtype=torch.float16),
+    )
     it = iter(guard)
     guard.step(next(it))
-    guard.submit(command("rescale_grad_scaler", scale=1024.0, growth_interval=7, backoff_factor=0.25))
+    guard.submit(
+        command("rescale_grad_scaler", scale=1024.0, growth_interval=7, backoff_factor=0.25)
+    )
     next(it)
     assert last_outcome(guard).outcome == "applied"
     assert scaler.get_scale() == 1024.0
@@ -272,7 +297,9 @@ def test_nonfinite_loss_skips_the_optimizer_step() -> None:
 
     model, opt, sched, corpus = make_job()
     ctx = WorkerContext(faults=parse_chaos({"faults": [{"kind": "nan_loss", "at_step": 3}]}))
-    guard = Guard(model, opt, loss_fn=lm_loss, data=corpus, scheduler=sched, max_steps=10, context=ctx)
+    guard = Guard(
+        model, opt, loss_fn=lm_loss, data=corpus, scheduler=sched, max_steps=10, context=ctx
+    )
     it = iter(guard)
     train(guard, it, 3)
     before = copy.deepcopy(model.state_dict())

@@ -47,7 +47,12 @@ def test_nan_loss_fires_once_on_its_rank() -> None:
 
 def test_loss_spike_poisons_batches() -> None:
     """A spike poisons the batches it hits; they spike again whenever retrained, others never."""
-    inj = FaultInjector(parse_chaos({"faults": [{"kind": "loss_spike", "at_step": 10, "duration": 2, "factor": 4}]}), 0)
+    inj = FaultInjector(
+        parse_chaos(
+            {"faults": [{"kind": "loss_spike", "at_step": 10, "duration": 2, "factor": 4}]}
+        ),
+        0,
+    )
     loss = torch.tensor(1.0)
     assert float(inj.on_loss(9, 9, loss)) == 1.0
     assert float(inj.on_loss(10, 10, loss)) == 4.0
@@ -63,7 +68,14 @@ def test_grad_faults() -> None:
     p = torch.nn.Parameter(torch.ones(3))
     p.grad = torch.ones(3)
     inj = FaultInjector(
-        parse_chaos({"faults": [{"kind": "nan_grad", "at_step": 1}, {"kind": "grad_explosion", "at_step": 2, "factor": 100}]}),
+        parse_chaos(
+            {
+                "faults": [
+                    {"kind": "nan_grad", "at_step": 1},
+                    {"kind": "grad_explosion", "at_step": 2, "factor": 100},
+                ]
+            }
+        ),
         0,
     )
     inj.on_grads(1, [p])

@@ -41,7 +41,9 @@ def test_nonfinite_loss_fires(bad: float) -> None:
 
 def test_nonfinite_grad_names_parameter() -> None:
     """A non-finite gradient norm with a finite loss is nonfinite_grad, naming the parameter."""
-    (ev,) = NonFiniteDetector().observe(stats(3, grad_norm=math.nan, extra={"nonfinite_param": "blocks.0.attn.qkv.weight"}))
+    (ev,) = NonFiniteDetector().observe(
+        stats(3, grad_norm=math.nan, extra={"nonfinite_param": "blocks.0.attn.qkv.weight"})
+    )
     assert ev.kind == "nonfinite_grad"
     assert ev.details["param"] == "blocks.0.attn.qkv.weight"
 
@@ -89,14 +91,18 @@ def test_loss_spike_silent_on_clean_runs() -> None:
     """No spike is reported on 2000 steps of clean, noisy, decaying loss (several seeds)."""
     for seed in range(5):
         det = LossSpikeDetector()
-        events = [e for i, x in enumerate(clean_losses(2000, seed)) for e in det.observe(stats(i, loss=x))]
+        events = [
+            e for i, x in enumerate(clean_losses(2000, seed)) for e in det.observe(stats(i, loss=x))
+        ]
         assert events == [], f"seed {seed}: {events[:2]}"
 
 
 def test_loss_spike_ignores_drops_and_warmup() -> None:
     """Falling losses and the first `min_history` steps never fire."""
     det = LossSpikeDetector(min_history=20)
-    assert [e for i in range(19) for e in det.observe(stats(i, loss=100.0 if i == 10 else 2.0))] == []
+    assert [
+        e for i in range(19) for e in det.observe(stats(i, loss=100.0 if i == 10 else 2.0))
+    ] == []
     assert [e for i in range(19, 60) for e in det.observe(stats(i, loss=2.0 / (i - 17)))] == []
 
 

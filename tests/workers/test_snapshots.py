@@ -111,5 +111,8 @@ def test_atomic_write_leaves_no_temp_files(tmp_path: Path) -> None:
     """Completed writes leave only payloads and manifests behind."""
     store = CheckpointStore(tmp_path, rank=1)
     store.save_now(snap(5))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000005.rank1.json", "step-00000005.rank1.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000005.rank1.json",
+        "step-00000005.rank1.pt",
+    ]
     store.close()
