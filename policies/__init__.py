@@ -1,0 +1,60 @@
+"""The remedy policy language: load YAML policies, and run them over anomaly events.
+
+Pure Python (no Ray, no torch): the same event stream always gives the same
+decisions. See docs/policies.md for the language reference.
+"""
+
+from __future__ import annotations
+
+from policies._check import check_policy
+from policies._diagnostics import Diagnostic
+from policies._engine import Engine
+from policies._events import AnomalyEvent, Decision
+from policies._loader import bundled_policy_path, load_policy, load_policy_text
+from policies._rules import Policy, Rule, Step
+from policies._vocab import (
+    ACTIONS,
+    ANOMALY_KINDS,
+    DISRUPTIVE_ACTIONS,
+    OUTCOMES,
+    SEVERITIES,
+    SOURCES,
+    SUPERVISOR_ACTIONS,
+    severity_rank,
+)
+from policies.exceptions import (
+    EventError,
+    OutcomeError,
+    PolicyError,
+    PolicyPackageError,
+    PolicyTestError,
+    StateError,
+)
+
+__all__ = [
+    "ACTIONS",
+    "ANOMALY_KINDS",
+    "DISRUPTIVE_ACTIONS",
+    "OUTCOMES",
+    "SEVERITIES",
+    "SOURCES",
+    "SUPERVISOR_ACTIONS",
+    "AnomalyEvent",
+    "Decision",
+    "Diagnostic",
+    "Engine",
+    "EventError",
+    "OutcomeError",
+    "Policy",
+    "PolicyError",
+    "PolicyPackageError",
+    "PolicyTestError",
+    "Rule",
+    "StateError",
+    "Step",
+    "bundled_policy_path",
+    "check_policy",
+    "load_policy",
+    "load_policy_text",
+    "severity_rank",
+]

@@ -1,0 +1,10 @@
+"""`python -m policies check|test FILE...`."""
+
+from __future__ import annotations
+
+import sys
+
+from policies.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

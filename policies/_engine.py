@@ -1,0 +1,468 @@
+"""The engine: anomaly events in, decisions out.
+
+`Engine.decide` takes one batch of events (what the supervisor received
+together, from any ranks and steps), slices it by tick, and runs the rules
+in file order on each slice. A rule takes the events its `when` matches,
+groups them (`group_by`, by default kind and step: one decision for the
+same anomaly on many ranks), counts each group as one occurrence, and fires
+when its `count`/`within`/`persist` condition holds. The first rule that
+matches a group claims it, unless it says `continue: true`. Firing passes
+through the gates in this order: cooldown (with back-off), `max_fires`
+(escalating by `on_exhausted`), the disruption budget; a gate that stops a
+match records at most one suppressed decision per suppression period.
+
+Everything is deterministic: the same stream gives the same decisions and
+the same ids, which is what makes the journal replayable and the property
+tests possible.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from policies._budget import Budget
+from policies._engine_state import dump_state, load_state
+from policies._events import AnomalyEvent, Decision
+from policies._occurrence import Occurrence, Pending
+from policies._reasons import chain_text, condition, fires_text, fires_window, seen, sentence
+from policies._rules import Escalation, Policy, Rule, Step, thaw
+from policies._rulestate import GroupKey, RuleState
+from policies._vocab import DISRUPTIVE_ACTIONS, severity_rank
+from policies.exceptions import OutcomeError
+
+_MAX_PENDING = 4096
+_MAX_ESCALATION_DEPTH = 8
+
+
+class Engine:
+    """Runs a `Policy` over anomaly events; see the module docstring."""
+
+    def __init__(self, policy: Policy, *, run_id: str = "run", dry_run: bool = False) -> None:
+        self.run_id = run_id
+        self._dry_run_flag = dry_run
+        self._lock = threading.RLock()
+        self._seq = 0
+        self._tick = 0
+        self._ts = 0.0
+        self._budget = Budget()
+        self._pending: OrderedDict[str, Pending] = OrderedDict()
+        self._states: dict[str, RuleState] = {}
+        self._install(policy)
+
+    # -- configuration ---------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy:
+        """The policy in force."""
+        return self._policy
+
+    @property
+    def dry_run(self) -> bool:
+        """True when decisions are journaled but not carried out."""
+        return self._dry_run_flag or self._policy.dry_run
+
+    def reload(self, policy: Policy) -> None:
+        """Swap in a new policy atomically; counters and cooldowns survive for kept rule names."""
+        with self._lock:
+            self._install(policy)
+
+    def _install(self, policy: Policy) -> None:
+        states: dict[str, RuleState] = {}
+        for rule in policy.rules:
+            state = self._states.get(rule.name)
+            if state is None:
+                state = RuleState(rule)
+            else:
+                state.adapt(rule)
+            states[rule.name] = state
+        index: dict[str, list[int]] = {}
+        wildcard = [i for i, r in enumerate(policy.rules) if r.matcher.kinds is None]
+        for i, rule in enumerate(policy.rules):
+            for kind in rule.matcher.kinds or ():
+                index.setdefault(kind, []).append(i)
+        self._index = {k: sorted({*v, *wildcard}) for k, v in index.items()}
+        self._wildcard = wildcard
+        self._keys: list[Callable[[AnomalyEvent], GroupKey]] = [
+            operator.attrgetter(*r.group_by) for r in policy.rules
+        ]
+        self._policy, self._states = policy, states
+
+    # -- deciding --------------------------------------------------------------------
+
+    def decide(self, events: Sequence[AnomalyEvent], *, now: float | None = None) -> list[Decision]:
+        """Decisions for one batch of events, in order (see the module docstring)."""
+        with self._lock:
+            out: list[Decision] = []
+            if not events:
+                return out
+            first = events[0].tick
+            if all(e.tick == first for e in events):
+                self._run_slice(events, first, now, out)
+                return out
+            slices: dict[int, list[AnomalyEvent]] = {}
+            for event in events:
+                slices.setdefault(event.tick, []).append(event)
+            for tick in sorted(slices):
+                self._run_slice(slices[tick], tick, now, out)
+            return out
+
+    def _run_slice(
+        self, events: Sequence[AnomalyEvent], tick: int, now: float | None, out: list[Decision]
+    ) -> None:
+        ts = now if now is not None else max(e.ts for e in events)
+        self._tick = max(self._tick, tick)
+        self._ts = max(self._ts, ts)
+        pending: dict[str, list[AnomalyEvent]] = {}
+        for event in events:
+            bucket = pending.get(event.kind)
+            if bucket is None:
+                pending[event.kind] = [event]
+            else:
+                bucket.append(event)
+        candidates: set[int] = set()
+        for kind in pending:
+            candidates.update(self._index.get(kind, self._wildcard))
+        rules = self._policy.rules
+        for ri in sorted(candidates):
+            if not pending:
+                return
+            rule = rules[ri]
+            kinds = rule.matcher.kinds
+            key_of = self._keys[ri]
+            check = None if rule.matcher.trivial else rule.matcher
+            groups: dict[GroupKey, list[AnomalyEvent]] = {}
+            for kind, bucket in pending.items():
+                if kinds is not None and kind not in kinds:
+                    continue
+                for event in bucket:
+                    if check is None or check(event):
+                        key = key_of(event)
+                        members = groups.get(key)
+                        if members is None:
+                            groups[key] = [event]
+                        else:
+                            members.append(event)
+            for key, members in groups.items():
+                if self._evaluate(rule, key, members, tick, ts, out) and not rule.cont:
+                    _remove(pending, members)
+
+    def _evaluate(
+        self,
+        rule: Rule,
+        key: GroupKey,
+        members: list[AnomalyEvent],
+        tick: int,
+        ts: float,
+        out: list[Decision],
+    ) -> bool:
+        """Judge one group for one rule; return True when the rule claims it."""
+        state = self._states[rule.name]
+        ranks = {e.rank for e in members}
+        late = state.seen_group(key, ranks)
+        if late is not None:
+            return late
+        occ = Occurrence(_representative(members), tuple(sorted(ranks)), tick, ts)
+        inhibition = self._budget.inhibition(occ.event.kind, tick, self._policy.inhibit)
+        if inhibition is not None:
+            state.remember(key, ranks, True)
+            entry = inhibition.entry
+            after = f" and for {entry.warmup_steps} steps after" if entry.warmup_steps else ""
+            why = (
+                f" but {occ.event.kind} is inhibited while {entry.while_action} is in progress"
+                f"{after} ({inhibition.period}); not acting"
+            )
+            self._suppress(rule, state, occ, f"inhibit:{inhibition.period}", why, out)
+            return True
+        met = state.observe(rule, tick, ts)
+        # A rule claims what it matches when its condition holds, and while it cools down
+        # after firing (so the aftermath does not fall through to later rules); while it is
+        # still counting towards `count`/`persist`, the events go on to later rules.
+        claimed = met or state.cooldown_left(tick, ts) > 0
+        state.remember(key, ranks, claimed)
+        if met:
+            self._gate(rule, occ, out, prefix=None, depth=0)
+        return claimed
+
+    def _gate(
+        self, rule: Rule, occ: Occurrence, out: list[Decision], *, prefix: str | None, depth: int
+    ) -> None:
+        """Pass a match through cooldown, max_fires and the budget; fire or suppress."""
+        state = self._states[rule.name]
+        tick, ts = occ.tick, occ.ts
+        left = state.cooldown_left(tick, ts)
+        if left > 0 and state.last_fire is not None and state.cooldown is not None:
+            amount = f"{int(left)} more steps" if state.cooldown.steps else f"{left:g}s more"
+            why = (
+                f" but it is cooling down for {amount} (cooldown {state.cooldown.describe()} "
+                f"after firing at step {state.last_fire[2]}); not repeating {rule.steps[0].action}"
+            )
+            self._suppress(rule, state, occ, f"cooldown:{state.last_fire[0]}", why, out)
+            return
+        if state.exhausted(rule, tick, ts):
+            period = state.exhaustion_period()
+            if state.escalated == period:
+                why = (
+                    f" but it fired max_fires={rule.max_fires} times {fires_window(rule)} "
+                    "and has already escalated; not acting"
+                )
+                self._suppress(rule, state, occ, f"exhausted:{period}", why, out)
+                return
+            state.escalated = period
+            head = (
+                f"{seen(occ.event, occ.ranks)}: rule {rule.name!r} fired "
+                f"max_fires={rule.max_fires} times {fires_window(rule)}; "
+                f"escalating to {rule.on_exhausted.describe()}"
+            )
+            self._escalate(rule.name, rule.on_exhausted, occ, head, out, depth)
+            return
+        busy = self._budget.busy()
+        if busy is not None and rule.disruptive and not self.dry_run:
+            why = (
+                f" but {busy[1]} ({busy[0]}) is still in flight and only one disruptive "
+                f"action runs at a time; holding back {rule.steps[0].action}"
+            )
+            self._suppress(rule, state, occ, f"budget:{busy[0]}", why, out)
+            return
+        number = state.record_fire(rule, tick, ts, occ.event.step)
+        if prefix is None:
+            head = f"{seen(occ.event, occ.ranks)} matched rule {rule.name!r} {condition(rule)}; "
+        else:
+            head = f"{prefix}: "
+        tail = fires_text(rule, number)
+        self._emit(
+            rule.name,
+            rule.steps,
+            0,
+            occ,
+            lambda i: sentence(head, chain_text(rule, i, rule.steps), tail),
+            out,
+        )
+
+    def _escalate(
+        self,
+        origin: str,
+        target: Escalation,
+        occ: Occurrence,
+        head: str,
+        out: list[Decision],
+        depth: int,
+    ) -> None:
+        """Carry out an `on_exhausted` / `on_failure` target: abort, notify, or another rule."""
+        rule = self._policy.rule(target.rule) if target.rule is not None else None
+        if target.kind == "rule" and rule is not None and depth < _MAX_ESCALATION_DEPTH:
+            self._gate(rule, occ, out, prefix=head, depth=depth + 1)
+            return
+        action = "notify" if target.kind == "notify" else "abort"
+        text = sentence(head)
+        if target.kind == "rule":
+            text = sentence(head, " (rule unavailable or escalation too deep); aborting")
+        params = {"message": text} if action == "notify" else {"reason": text}
+        step = Step(action, params)
+        self._emit(origin, (step,), 0, occ, lambda _i: text, out)
+
+    def _suppress(
+        self,
+        rule: Rule,
+        state: RuleState,
+        occ: Occurrence,
+        marker: str,
+        why: str,
+        out: list[Decision],
+    ) -> None:
+        """Record one suppressed decision per rule per suppression period."""
+        if state.marker == marker:
+            return
+        state.marker = marker
+        reason = sentence(f"{seen(occ.event, occ.ranks)} matched rule {rule.name!r}", why)
+        step = rule.steps[0]
+        decision = self._make(rule.name, step, occ, reason, "", 0, 1, suppressed=True)
+        out.append(decision)
+
+    # -- emitting --------------------------------------------------------------------
+
+    def _emit(
+        self,
+        rule_name: str,
+        steps: Sequence[Step],
+        start: int,
+        occ: Occurrence,
+        reason: Callable[[int], str],
+        out: list[Decision],
+        chain_id: str = "",
+    ) -> None:
+        """Issue steps[start:] of a chain as decisions, tracking the ones carried out."""
+        for i in range(start, len(steps)):
+            step = steps[i]
+            decision = self._make(rule_name, step, occ, reason(i), chain_id, i, len(steps))
+            chain_id = decision.chain_id
+            out.append(decision)
+            if decision.dry_run:
+                continue
+            self._track(decision, step, occ)
+
+    def _make(
+        self,
+        rule_name: str,
+        step: Step,
+        occ: Occurrence,
+        reason: str,
+        chain_id: str,
+        index: int,
+        length: int,
+        *,
+        suppressed: bool = False,
+    ) -> Decision:
+        self._seq += 1
+        decision_id = f"{self.run_id}-d{self._seq:05d}"
+        return Decision(
+            decision_id=decision_id,
+            step=occ.event.step,
+            ranks=occ.ranks,
+            rule=rule_name,
+            anomaly=occ.event,
+            action=step.action,
+            params=thaw(step.params),
+            reason=reason,
+            chain_id=chain_id or decision_id,
+            chain_index=index,
+            chain_length=length,
+            dry_run=self.dry_run,
+            suppressed=suppressed,
+            disruptive=step.action in DISRUPTIVE_ACTIONS,
+        )
+
+    def _track(self, decision: Decision, step: Step, occ: Occurrence) -> None:
+        """Remember an issued decision until its outcome (budget, inhibit, on_failure)."""
+        inhibiting = any(e.while_action == step.action for e in self._policy.inhibit)
+        if decision.disruptive or inhibiting:
+            self._budget.take(
+                decision.decision_id, step.action, occ.tick, disruptive=decision.disruptive
+            )
+        self._pending[decision.decision_id] = Pending(
+            decision.rule,
+            decision.chain_id,
+            decision.chain_index,
+            decision.chain_length,
+            step.action,
+            occ,
+            step.on_failure,
+        )
+        while len(self._pending) > _MAX_PENDING:
+            oldest = next(iter(self._pending))
+            if oldest in self._budget.in_flight:
+                self._pending.move_to_end(oldest)
+                break
+            del self._pending[oldest]
+
+    # -- outcomes --------------------------------------------------------------------
+
+    def record_outcome(
+        self, decision_id: str, outcome: str, *, tick: int, detail: str = ""
+    ) -> list[Decision]:
+        """Learn how a decision went; free the budget, start warm-ups, return follow-ups."""
+        if outcome not in ("applied", "failed"):
+            raise OutcomeError(f"outcome must be 'applied' or 'failed', got {outcome!r}")
+        with self._lock:
+            self._tick = max(self._tick, tick)
+            pending = self._pending.pop(decision_id, None)
+            self._budget.release(decision_id)
+            if pending is None:
+                return []
+            if outcome == "applied":
+                if any(e.while_action == pending.action for e in self._policy.inhibit):
+                    self._budget.mark_applied(pending.action, tick, decision_id)
+                return []
+            # A failed step ends its chain: the dispatcher drops the later steps, so they
+            # will get no outcome; stop waiting for them (and free the budget they hold).
+            dropped = [
+                other_id
+                for other_id, other in self._pending.items()
+                if other.chain_id == pending.chain_id and other.chain_index > pending.chain_index
+            ]
+            for other_id in dropped:
+                del self._pending[other_id]
+                self._budget.release(other_id)
+            return self._follow_up(decision_id, pending, tick, detail)
+
+    def _follow_up(
+        self, decision_id: str, pending: Pending, tick: int, detail: str
+    ) -> list[Decision]:
+        out: list[Decision] = []
+        target = pending.on_failure
+        if target is None:
+            return out
+        occ = Occurrence(pending.occurrence.event, pending.occurrence.ranks, tick, self._ts)
+        failed = f"{pending.action} ({decision_id}) failed" + (f": {detail}" if detail else "")
+        if target.kind == "next":
+            rule = self._policy.rule(pending.rule)
+            if rule is None or pending.chain_index + 1 >= len(rule.steps):
+                return out
+            head = f"{failed}; rule {pending.rule!r} says on_failure: next, so continuing with "
+            start = pending.chain_index + 1
+            busy = self._budget.busy()
+            if (
+                busy is not None
+                and any(s.disruptive for s in rule.steps[start:])
+                and not self.dry_run
+            ):
+                state = self._states[rule.name]
+                why = (
+                    f" but {busy[1]} ({busy[0]}) is still in flight; "
+                    "holding back the rest of the chain"
+                )
+                self._suppress(rule, state, occ, f"budget:{busy[0]}", why, out)
+                return out
+            self._emit(
+                rule.name,
+                rule.steps,
+                start,
+                occ,
+                lambda i: sentence(head, chain_text(rule, i, rule.steps)),
+                out,
+                chain_id=pending.chain_id,
+            )
+            return out
+        head = f"{failed}; rule {pending.rule!r} says on_failure: {target.describe()}"
+        self._escalate(pending.rule, target, occ, head, out, depth=0)
+        return out
+
+    # -- persistence -----------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a restarted supervisor needs to carry on: JSON-able."""
+        with self._lock:
+            return dump_state(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore counters, cooldowns, budget and in-flight decisions from `state_dict`."""
+        with self._lock:
+            load_state(self, state)
+
+
+def _representative(members: list[AnomalyEvent]) -> AnomalyEvent:
+    best = members[0]
+    if len(members) > 1:
+        rank = severity_rank(best.severity)
+        for event in members:
+            r = severity_rank(event.severity)
+            if r > rank:
+                best, rank = event, r
+    return best
+
+
+def _remove(pending: dict[str, list[AnomalyEvent]], members: list[AnomalyEvent]) -> None:
+    kind = members[0].kind
+    if all(m.kind == kind for m in members) and len(pending.get(kind, ())) == len(members):
+        del pending[kind]
+        return
+    gone = {id(m) for m in members}
+    for k in {m.kind for m in members}:
+        left = [e for e in pending.get(k, ()) if id(e) not in gone]
+        if left:
+            pending[k] = left
+        else:
+            pending.pop(k, None)

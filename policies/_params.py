@@ -1,0 +1,165 @@
+"""Parameters of each action, validated per action.
+
+One frozen pydantic model per action in the vocabulary. Unknown parameters
+are rejected by name; defaults are filled in, and `Decision.params` carries
+the filled-in dict (`params_dict`), so the applier never guesses a default.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, PlainValidator, model_validator
+from pydantic_core import PydanticCustomError
+
+from policies._types import NonNegFloat, NonNegInt, name_validator, number_validator
+
+
+class ActionParams(BaseModel):
+    """Base of all parameter models: strict, immutable, no unknown keys."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+_OptPosFloat = Annotated[
+    float | None, PlainValidator(number_validator(lo=0, lo_open=True, optional=True))
+]
+_OptOpenFraction = Annotated[
+    float | None,
+    PlainValidator(number_validator(lo=0, hi=1, lo_open=True, hi_open=True, optional=True)),
+]
+_OptFraction = Annotated[
+    float | None, PlainValidator(number_validator(lo=0, hi=1, lo_open=True, optional=True))
+]
+_OptAboveOne = Annotated[
+    float | None, PlainValidator(number_validator(lo=1, lo_open=True, optional=True))
+]
+_OptPosInt = Annotated[
+    int | None, PlainValidator(number_validator(lo=1, integer=True, optional=True))
+]
+_Fraction = Annotated[
+    float, PlainValidator(number_validator(lo=0, hi=1, lo_open=True, hi_open=True))
+]
+
+
+def _opt_text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise PydanticCustomError("text", f"expected a string or null, got {value!r}")
+
+
+def _opt_text_list(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+        return list(value)
+    raise PydanticCustomError(
+        "text_list", f"expected a non-empty list of names or null, got {value!r}"
+    )
+
+
+_OptText = Annotated[str | None, PlainValidator(_opt_text)]
+
+
+class RollbackParams(ActionParams):
+    """Go back to the snapshot `steps_back` steps ago and skip the next batches."""
+
+    steps_back: NonNegInt = 100
+    skip_batches: NonNegInt = 0
+
+
+class ShrinkLrParams(ActionParams):
+    """Multiply the learning rate by `factor`, never below `min_lr`."""
+
+    factor: _Fraction = 0.5
+    min_lr: NonNegFloat = 0.0
+
+
+class RescaleGradScalerParams(ActionParams):
+    """Set (`scale`) or multiply (`factor`) the AMP loss scale; optionally retune growth."""
+
+    scale: _OptPosFloat = None
+    factor: _OptPosFloat = None
+    growth_interval: _OptPosInt = None
+    backoff_factor: _OptOpenFraction = None
+    growth_factor: _OptAboveOne = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RescaleGradScalerParams:
+        if self.scale is not None and self.factor is not None:
+            raise PydanticCustomError("conflict", "give `scale` or `factor`, not both")
+        return self
+
+
+class EnableActivationCheckpointingParams(ActionParams):
+    """Wrap modules in activation checkpointing: by class name, name glob, or a fraction."""
+
+    modules: Annotated[list[str] | None, PlainValidator(_opt_text_list)] = None
+    pattern: _OptText = None
+    fraction: _OptFraction = None
+
+
+class SwitchKvAllocatorParams(ActionParams):
+    """Switch the KV cache allocator."""
+
+    to: Annotated[
+        Literal["fixed", "pow2", "paged"],
+        PlainValidator(name_validator(("fixed", "pow2", "paged"), "allocator")),
+    ]
+
+
+class RestartRankParams(ActionParams):
+    """Kill and replace the ranks the decision names (no parameters)."""
+
+
+class SkipBatchesParams(ActionParams):
+    """Skip the next `count` batches."""
+
+    count: Annotated[int, PlainValidator(number_validator(lo=1, integer=True))]
+
+
+class ReduceMicrobatchParams(ActionParams):
+    """Divide the micro-batch size by `factor` (gradient accumulation keeps the global batch)."""
+
+    factor: Annotated[int, PlainValidator(number_validator(lo=2, integer=True))] = 2
+
+
+class CheckpointNowParams(ActionParams):
+    """Write a durable checkpoint now (no parameters)."""
+
+
+class DumpDiagnosticsParams(ActionParams):
+    """Dump stacks, memory and recent metrics for a post-mortem (no parameters)."""
+
+
+class NotifyParams(ActionParams):
+    """Tell a person; the decision's reason is the default message."""
+
+    message: _OptText = None
+
+
+class AbortParams(ActionParams):
+    """Stop the run (exit status 3); `reason` is shown to the user."""
+
+    reason: _OptText = None
+
+
+ACTION_PARAMS: dict[str, type[ActionParams]] = {
+    "rollback": RollbackParams,
+    "shrink_lr": ShrinkLrParams,
+    "rescale_grad_scaler": RescaleGradScalerParams,
+    "enable_activation_checkpointing": EnableActivationCheckpointingParams,
+    "switch_kv_allocator": SwitchKvAllocatorParams,
+    "restart_rank": RestartRankParams,
+    "skip_batches": SkipBatchesParams,
+    "reduce_microbatch": ReduceMicrobatchParams,
+    "checkpoint_now": CheckpointNowParams,
+    "dump_diagnostics": DumpDiagnosticsParams,
+    "notify": NotifyParams,
+    "abort": AbortParams,
+}
+
+
+def params_dict(params: ActionParams) -> dict[str, Any]:
+    """The JSON-able dict of an action's parameters, defaults filled in."""
+    return params.model_dump(mode="json")

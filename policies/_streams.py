@@ -1,0 +1,90 @@
+"""The compact per-step notation for synthetic anomaly streams.
+
+A pattern is a space-separated list of tokens, one step each: ``_`` means
+no event at that step, a number (``1``, ``5.0e4``, ``nan``, ``inf``) means
+an event whose `value` is that number. ``xN`` repeats a token N times:
+``"_x100 1x3 _x50"`` is nothing for 100 steps, the anomaly for 3 steps, then
+nothing for 50. Steps count from `start_step` (1 by default), and tick
+equals step: synthetic streams do not rewind.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from policies._events import AnomalyEvent
+from policies._vocab import ANOMALY_KINDS
+from policies.exceptions import PolicyTestError
+
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|[-+]?inf"
+_TOKEN = re.compile(rf"(?P<v>_|{_NUMBER})(?:x(?P<n>\d+))?")
+
+
+def parse_pattern(pattern: str) -> list[float | None]:
+    """One entry per step: the event value, or None for no event."""
+    out: list[float | None] = []
+    for token in pattern.split():
+        match = _TOKEN.fullmatch(token)
+        if match is None:
+            raise PolicyTestError(
+                f"bad token {token!r} in stream {pattern!r}: expected _ or a number, "
+                'optionally followed by xN (e.g. "_x100 1x3 5.0e4")'
+            )
+        value = None if match["v"] == "_" else float(match["v"])
+        out.extend([value] * (int(match["n"]) if match["n"] else 1))
+    return out
+
+
+def pattern_events(
+    kind: str,
+    pattern: str,
+    ranks: Iterable[int],
+    *,
+    start_step: int = 1,
+    severity: str = "warning",
+    threshold: float | None = None,
+    source: str = "detector",
+    step_seconds: float = 1.0,
+) -> list[AnomalyEvent]:
+    """Events of one kind on some ranks following `pattern`, ordered by step then rank."""
+    if kind not in ANOMALY_KINDS:
+        raise PolicyTestError(f"unknown anomaly kind {kind!r} (valid: {', '.join(ANOMALY_KINDS)})")
+    ranks = sorted(set(ranks))
+    events: list[AnomalyEvent] = []
+    for offset, value in enumerate(parse_pattern(pattern)):
+        if value is None:
+            continue
+        step = start_step + offset
+        for rank in ranks:
+            events.append(
+                AnomalyEvent(
+                    kind=kind,
+                    rank=rank,
+                    step=step,
+                    value=value,
+                    threshold=threshold,
+                    severity=severity,
+                    source=source,
+                    ts=step * step_seconds,
+                    tick=step,
+                )
+            )
+    return events
+
+
+_RANKS = re.compile(r"ranks?\s*(?P<a>\d+)(?:\s*-\s*(?P<b>\d+))?")
+
+
+def parse_ranks(key: str) -> list[int]:
+    """``rank0`` -> [0]; ``ranks0-3`` or ``rank 0-3`` -> [0, 1, 2, 3]."""
+    match = _RANKS.fullmatch(key.strip())
+    if match is None:
+        raise PolicyTestError(
+            f"bad stream key {key!r}: expected rankN or rankA-B (e.g. rank0, rank0-7)"
+        )
+    first = int(match["a"])
+    last = int(match["b"]) if match["b"] is not None else first
+    if last < first:
+        raise PolicyTestError(f"bad rank range {key!r}: {last} < {first}")
+    return list(range(first, last + 1))
