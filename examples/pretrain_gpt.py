@@ -25,6 +25,7 @@ import torch.distributed as dist
 from gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
 
 from workers import Guard, GuardConfig, get_context
+from workers.kv_cache import KVCache, generate, kv_fragmentation_event
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -37,6 +38,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--sample-every", type=int, default=100, help="generate evaluation samples every N steps"
+    )
+    p.add_argument(
+        "--activation-cap",
+        type=int,
+        default=None,
+        help="saved-activation bytes per micro-batch above which a step runs out of memory",
+    )
     p.add_argument("--policy", default=None, help="single-process mode only")
     p.add_argument("--run-dir", default=None, help="single-process mode only")
     return p.parse_args(argv)
@@ -90,13 +100,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         scheduler=scheduler,
         scaler=scaler,
         max_steps=args.steps,
-        config=GuardConfig(amp_dtype=torch.float16 if use_amp else None, policy=args.policy),
+        config=GuardConfig(
+            amp_dtype=torch.float16 if use_amp else None,
+            activation_cap_bytes=args.activation_cap,
+            policy=args.policy,
+        ),
         run_dir=args.run_dir,
     )
+    samples: dict[int, list[int]] = {}
     for batch_tokens in guard:
         result = guard.step(batch_tokens)
         if ctx is None and result.step % 50 == 0:
             print(f"step {result.step:4d}  loss {result.loss:.4f}  lr {result.lr:.2e}")
+        if args.sample_every and (result.step + 1) % args.sample_every == 0:
+            samples[result.step + 1] = sample(guard, model, corpus, rank, result.step + 1, device)
 
     eval_loss = evaluate(model, corpus, device)
     nonfinite = sum(int(not torch.isfinite(p).all()) for p in model.parameters())
@@ -105,7 +122,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(
             f"done: {summary['status']}, {summary['steps_completed']} steps, eval loss {eval_loss:.4f}"
         )
-    return {"eval_loss": eval_loss, "nonfinite_params": nonfinite}
+    return {
+        "eval_loss": eval_loss,
+        "nonfinite_params": nonfinite,
+        "samples": samples,
+        "kv_allocator": guard.kv_allocator,
+        "micro_batches": guard.micro_batches,
+    }
+
+
+def sample(
+    guard: Guard,
+    model: torch.nn.Module,
+    corpus: SyntheticCorpus,
+    rank: int,
+    step: int,
+    device: torch.device,
+) -> list[int]:
+    """Greedy evaluation sample with a KV cache from the Guard's current allocator.
+
+    The cache's fragmentation at the end of generation is reported to the
+    policy (`kv_fragmentation`), which may switch the allocator.
+    """
+    plain = getattr(model, "module", model)  # generate on the module DDP wraps
+    prompt = corpus.batch(20_000_000)[:1, :8].to(device)
+    new_tokens = 24
+    found: list[object] = []
+
+    def watch(n: int, cache: KVCache) -> None:
+        guard.track_kv_cache(cache)
+        if n == new_tokens:
+            found.append(kv_fragmentation_event(cache, rank=rank, step=step))
+
+    out = generate(plain, prompt, new_tokens, allocator=guard.kv_allocator, on_token=watch)
+    guard.report_event(found[0] if found else None)
+    return [int(t) for t in out[0, 8:]]
 
 
 @torch.no_grad()

@@ -26,6 +26,7 @@ from pydantic_core import PydanticCustomError
 from policies._params import (
     AbortParams,
     CheckpointNowParams,
+    ConfigureCudaAllocatorParams,
     DumpDiagnosticsParams,
     EnableActivationCheckpointingParams,
     NotifyParams,
@@ -126,6 +127,7 @@ class ActionStep(Strict):
     dump_diagnostics: DumpDiagnosticsParams | None = None
     notify: NotifyParams | None = None
     abort: AbortParams | None = None
+    configure_cuda_allocator: ConfigureCudaAllocatorParams | None = None
     on_failure: OnFailure | None = None
 
 

@@ -124,6 +124,26 @@ class ReduceMicrobatchParams(ActionParams):
     factor: Annotated[int, PlainValidator(number_validator(lo=2, integer=True))] = 2
 
 
+def _opt_bool(value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise PydanticCustomError("bool", f"expected true, false or null, got {value!r}")
+
+
+class ConfigureCudaAllocatorParams(ActionParams):
+    """Change the CUDA caching allocator's settings where the running torch allows it."""
+
+    expandable_segments: Annotated[bool | None, PlainValidator(_opt_bool)] = None
+    garbage_collection_threshold: _OptOpenFraction = None
+    max_split_size_mb: _OptPosInt = None
+
+    @model_validator(mode="after")
+    def _some(self) -> ConfigureCudaAllocatorParams:
+        if all(v is None for v in self.model_dump().values()):
+            raise PydanticCustomError("empty", "name at least one allocator setting")
+        return self
+
+
 class CheckpointNowParams(ActionParams):
     """Write a durable checkpoint now (no parameters)."""
 
@@ -157,6 +177,7 @@ ACTION_PARAMS: dict[str, type[ActionParams]] = {
     "dump_diagnostics": DumpDiagnosticsParams,
     "notify": NotifyParams,
     "abort": AbortParams,
+    "configure_cuda_allocator": ConfigureCudaAllocatorParams,
 }
 
 

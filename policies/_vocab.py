@@ -52,6 +52,8 @@ ACTIONS: Final[tuple[str, ...]] = (
     "dump_diagnostics",
     "notify",
     "abort",
+    # Beyond the original set: CUDA caching-allocator settings at run time.
+    "configure_cuda_allocator",
 )
 
 # Actions that interrupt training for every rank; at most one is in flight.

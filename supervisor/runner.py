@@ -47,9 +47,11 @@ def print_progress(status: dict[str, Any]) -> None:
 def format_summary(summary: dict[str, Any], decisions: list[dict[str, Any]]) -> str:
     """A short human summary: what was detected, what was done, how it ended."""
     lines = [
-        (f"run {summary['run_id']}: {summary['status']} "
-        f"({summary['steps_completed']} steps, {summary['steps_executed']} executed, "
-        f"goodput {summary['goodput']:.1%}, {summary['wall_s']:.1f}s)"),
+        (
+            f"run {summary['run_id']}: {summary['status']} "
+            f"({summary['steps_completed']} steps, {summary['steps_executed']} executed, "
+            f"goodput {summary['goodput']:.1%}, {summary['wall_s']:.1f}s)"
+        ),
     ]
     if summary.get("final_loss") is not None:
         lines.append(f"final loss {summary['final_loss']:.4f}")

@@ -230,6 +230,8 @@ class Controller:
         follow = self.engine.record_outcome(
             d.decision_id, outcome, tick=self._tick(), detail=first.detail
         )
+        if failed:
+            self._drop_rest_of_chain(d)
         journal_outcome = "escalated" if failed and follow else outcome
         self._journal(
             d,
@@ -242,6 +244,17 @@ class Controller:
             attempts=first.attempts,
         )
         self.handle(follow)
+
+    def _drop_rest_of_chain(self, failed: Decision) -> None:
+        """A failed step ends its chain: later steps are not carried out (the engine says so too)."""
+        for pending in list(self.pending.values()):
+            later = pending.decision
+            if later.chain_id == failed.chain_id and later.chain_index > failed.chain_index:
+                del self.pending[later.decision_id]
+                step = failed.chain_index + 1
+                self._journal(
+                    later, "suppressed", detail=f"not run: step {step} of the chain failed"
+                )
 
     def finish(self, reason: str = "the run ended before the ranks reported an outcome") -> None:
         """Resolve every decision still pending as failed (nothing is lost from the journal)."""

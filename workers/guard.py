@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +30,8 @@ from typing import Any
 import structlog
 import torch
 
-from workers import actions
+from workers import actions, memory_actions  # noqa: F401 - memory_actions registers its appliers
+from workers.activation_checkpointing import SavedActivationCap
 from workers.chaos import FaultInjector
 from workers.checkpoint_store import CheckpointStore
 from workers.commands import Command, Outcome
@@ -69,6 +71,11 @@ class GuardConfig:
     micro_batches: int = 1  # gradient-accumulation chunks per batch
     oom_retries: int = 2  # times a step that ran out of memory is retried after remediation
     oom_wait_s: float = 10.0  # how long to wait for the policy's answer to an OOM
+    # Enforce a memory cap on saved activations (bytes per micro-batch forward):
+    # above it the step raises a real torch.OutOfMemoryError. Exercises OOM
+    # recovery where no accelerator's memory runs out; None disables.
+    activation_cap_bytes: int | None = None
+    kv_allocator: str = "fixed"  # allocator for KV caches made through the Guard
     detectors: list[Detector] | None = None
     # Background producers of events (e.g. the NVML sampler): objects with
     # `drain() -> list[AnomalyEvent]`, drained once per step.
@@ -136,13 +143,18 @@ class Guard:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.micro_batches = self.config.micro_batches
+        self.max_micro_batches: int | None = None  # the batch size, once a batch has been seen
         self.step_count = 0
         self.tick = 0
         self.lr_scale = 1.0
         self.recent_stats: deque[StepStats] = deque(maxlen=50)
-        self.kv_caches: list[Any] = []
+        self.kv_caches: weakref.WeakSet[Any] = (
+            weakref.WeakSet()
+        )  # live caches switch_kv_allocator migrates
+        self.kv_allocator = self.config.kv_allocator
         self._queued: dict[str, Command] = {}
         self._done_ids: set[str] = set()
+        self._failed_chains: set[str] = set()
         self._outcomes: list[Outcome] = []
         self.history: deque[Outcome] = deque(
             maxlen=1000
@@ -193,20 +205,7 @@ class Guard:
             (c for c in self._queued.values() if c.apply_at_tick <= self.tick),
             key=lambda c: (c.apply_at_tick, c.chain_id, c.chain_index),
         )
-        for cmd in due:
-            del self._queued[cmd.decision_id]
-            self._done_ids.add(cmd.decision_id)
-            outcome = actions.apply_command(self, cmd)
-            outcome.result.setdefault("late_by_ticks", self.tick - cmd.apply_at_tick)
-            self._outcomes.append(outcome)
-            self.history.append(outcome)
-            log.info(
-                "action",
-                action=cmd.action,
-                outcome=outcome.outcome,
-                detail=outcome.detail,
-                rank=self.rank,
-            )
+        self._apply(due)
         if due:
             self._send(force=True)
         if self.step_count % self.config.snapshot_every == 0 and (
@@ -216,6 +215,31 @@ class Guard:
             self.snapshots.push(snap)
             if self.checkpoints is not None and self.step_count % self.config.checkpoint_every == 0:
                 self.checkpoints.save(snap)
+
+    def _apply(self, commands: list[Command]) -> None:
+        """Apply commands in order; a failed step stops the rest of its chain."""
+        for cmd in commands:
+            self._queued.pop(cmd.decision_id, None)
+            self._done_ids.add(cmd.decision_id)
+            if cmd.chain_id and cmd.chain_id in self._failed_chains:
+                outcome = Outcome(
+                    cmd.decision_id, self.rank, "failed", self.step_count, self.tick,
+                    "not run: an earlier step of its chain failed",
+                )  # fmt: skip
+            else:
+                outcome = actions.apply_command(self, cmd)
+                outcome.result.setdefault("late_by_ticks", self.tick - cmd.apply_at_tick)
+                if outcome.outcome != "applied" and cmd.chain_id:
+                    self._failed_chains.add(cmd.chain_id)
+            self._outcomes.append(outcome)
+            self.history.append(outcome)
+            log.info(
+                "action",
+                action=cmd.action,
+                outcome=outcome.outcome,
+                detail=outcome.detail,
+                rank=self.rank,
+            )
 
     def step(self, batch: Any) -> StepResult:
         """One training step on `batch`: forward, backward, checks, optimizer step, report."""
@@ -248,15 +272,17 @@ class Guard:
         return self._finish_step(t0, loss_v, norm_v, skipped=skipped, extra=extra)
 
     def _forward_backward(self, batch: Any) -> torch.Tensor:
+        self.max_micro_batches = _batch_size(batch)
         chunks = _split(batch, self.micro_batches)
         total: torch.Tensor | None = None
         for chunk, weight in chunks:
-            ctx = (
-                torch.autocast(self.device.type, dtype=self.config.amp_dtype)
-                if self.config.amp_dtype is not None
-                else contextlib.nullcontext()
-            )
-            with ctx:
+            with contextlib.ExitStack() as stack:
+                if self.config.amp_dtype is not None:
+                    stack.enter_context(
+                        torch.autocast(self.device.type, dtype=self.config.amp_dtype)
+                    )
+                if self.config.activation_cap_bytes is not None:
+                    stack.enter_context(SavedActivationCap(self.config.activation_cap_bytes))
                 loss = self.loss_fn(self.model, chunk) * weight
             loss = self.injector.on_loss(self.step_count, self._batch_index, loss)
             scaled = self.scaler.scale(loss) if self.scaler is not None else loss
@@ -363,12 +389,9 @@ class Guard:
                 if cmd.decision_id not in self._done_ids:
                     self._queued.setdefault(cmd.decision_id, cmd)
             if self._queued:
-                for cmd in sorted(self._queued.values(), key=lambda c: (c.chain_id, c.chain_index)):
-                    self._done_ids.add(cmd.decision_id)
-                    outcome = actions.apply_command(self, cmd)
-                    self._outcomes.append(outcome)
-                    self.history.append(outcome)
-                self._queued.clear()
+                self._apply(
+                    sorted(self._queued.values(), key=lambda c: (c.chain_id, c.chain_index))
+                )
                 self._send(force=True)
                 return True
             time.sleep(0.01)
@@ -446,6 +469,16 @@ class Guard:
             sched.base_lrs = [max(b * factor, min_lr) for b in sched.base_lrs]
             sched._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
+    def report_event(self, event: Any) -> None:
+        """Send an anomaly the user's code found (e.g. a KV-cache measure) with the next report."""
+        if event is not None:
+            self._events.append(event.to_dict())
+            self._send(force=True)
+
+    def track_kv_cache(self, cache: Any) -> None:
+        """Register a live KV cache so `switch_kv_allocator` migrates it."""
+        self.kv_caches.add(cache)
+
     def submit(self, command: Command) -> None:
         """Queue a command by hand (an operator's intervention, a test); applied like any other."""
         if command.decision_id not in self._done_ids:
@@ -513,6 +546,17 @@ class LocalReporter:
             self.controller.run_dir.close()
 
 
+def _batch_size(batch: Any) -> int | None:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    if isinstance(batch, tuple | list) and batch and isinstance(batch[0], torch.Tensor):
+        return int(batch[0].shape[0])
+    if isinstance(batch, dict) and batch:
+        first = next(iter(batch.values()))
+        return int(first.shape[0]) if isinstance(first, torch.Tensor) else None
+    return None
+
+
 def _split(batch: Any, parts: int) -> list[tuple[Any, float]]:
     """Split a batch along dim 0 into micro-batches with their loss weights."""
     if parts <= 1:
@@ -534,7 +578,6 @@ def _split(batch: Any, parts: int) -> list[tuple[Any, float]]:
         n = batch[keys[0]].shape[0]
         count = len(by_key[keys[0]])
         return [
-            ({k: by_key[k][i] for k in keys}, by_key[keys[0]][i].shape[0] / n)
-            for i in range(count)
+            ({k: by_key[k][i] for k in keys}, by_key[keys[0]][i].shape[0] / n) for i in range(count)
         ]
     raise TypeError(f"cannot split a {type(batch).__name__} batch into micro-batches")

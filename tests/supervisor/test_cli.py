@@ -20,6 +20,7 @@ def remedy(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
         [sys.executable, "-m", "supervisor", *args],
         capture_output=True,
         text=True,
+        check=False,
         timeout=120,
         cwd=cwd or REPO,
     )
