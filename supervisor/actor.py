@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
 import structlog
 
-from policies import AnomalyEvent, Engine, load_policy
+from policies import AnomalyEvent, Engine, PolicyError, load_policy, load_policy_text
 from supervisor.spec import RunSpec
 from supervisor.worker_group import WorkerGroup
 from workers.control import Controller
@@ -41,6 +42,35 @@ class SupervisorActor:
         self.started = time.time()
         self.state = "starting"
         self.rank_results: dict[int, dict[str, Any]] = {}
+        # A policy given as a file is watched: saving it applies it to the running job.
+        self._watched = Path(self.spec.policy) if Path(self.spec.policy).is_file() else None
+        self._watched_mtime = self._watched.stat().st_mtime if self._watched else 0.0
+
+    async def apply_policy(self, text: str, filename: str) -> list[str]:
+        """Validate and swap in a new policy atomically; return its errors (old policy kept) or []."""
+        try:
+            policy = load_policy_text(text, filename)
+        except PolicyError as exc:
+            log.warning("policy_refused", file=filename, errors=len(exc.diagnostics))
+            return [d.format() for d in exc.diagnostics]
+        old = self.controller.engine.policy.name
+        self.controller.engine.reload(policy)
+        self.run_dir.wal(
+            {"type": "policy_reloaded", "file": filename, "from": old, "to": policy.name}
+        )
+        log.warning("policy_reloaded", file=filename, name=policy.name)
+        return []
+
+    async def _watch_policy(self) -> None:
+        if self._watched is None:
+            return
+        try:
+            mtime = self._watched.stat().st_mtime
+        except OSError:
+            return
+        if mtime != self._watched_mtime:
+            self._watched_mtime = mtime
+            await self.apply_policy(self._watched.read_text(), str(self._watched))
 
     async def report(self, batch: Any) -> list[dict[str, Any]]:
         """A rank's report batch in; the commands that rank still owes out."""
@@ -58,6 +88,7 @@ class SupervisorActor:
             "decisions": len(c.decisions),
             "rejected_events": c.rejected_events,
             "wall_s": round(time.time() - self.started, 1),
+            "policy": self.controller.engine.policy.name,
         }
 
     async def run(self) -> dict[str, Any]:
@@ -71,6 +102,7 @@ class SupervisorActor:
                 ready, running = ray.wait(running, num_returns=len(running), timeout=0)
                 for ref in ready:
                     await self._rank_finished(group, ref)
+                await self._watch_policy()
                 await asyncio.sleep(POLL_S)
         finally:
             group.shutdown()

@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--strict", action="store_true", help="treat lint warnings as errors")
     tst = pol_sub.add_parser("test", help="run policy test files")
     tst.add_argument("files", nargs="+")
+    app = pol_sub.add_parser("apply", help="hot-reload a policy into a running job")
+    app.add_argument("file")
+    app.add_argument("--run", required=True, help="the run id (see `remedy status`)")
 
     rep = sub.add_parser("report", help="summarize a run directory")
     rep.add_argument("run_dir")
@@ -165,7 +168,47 @@ def _policy(args: argparse.Namespace) -> int:
 
     if args.policy_command == "check":
         return check_main(args.files, strict=args.strict)
+    if args.policy_command == "apply":
+        return _policy_apply(args.file, args.run)
     return test_main(args.files)
+
+
+def _policy_apply(file: str, run_id: str) -> int:
+    """Send a policy to a running supervisor; it validates before swapping, so a bad file changes nothing."""
+    from policies import PolicyError, load_policy  # noqa: PLC0415
+
+    try:
+        load_policy(file)  # fail here, with locations, before touching the cluster
+    except PolicyError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_FAILED
+    supervisor = _find_supervisor(run_id)
+    if supervisor is None:
+        print(f"remedy: error: no running supervisor for run {run_id!r}", file=sys.stderr)
+        return EXIT_FAILED
+    import ray  # noqa: PLC0415
+
+    errors: list[str] = ray.get(supervisor.apply_policy.remote(Path(file).read_text(), file))
+    for line in errors:
+        print(line, file=sys.stderr)
+    if errors:
+        return EXIT_FAILED
+    print(f"remedy: policy {file} applied to run {run_id}")
+    return EXIT_OK
+
+
+def _find_supervisor(run_id: str) -> Any | None:
+    import ray  # noqa: PLC0415
+
+    if not ray.is_initialized():
+        try:
+            ray.init(address="auto", logging_level=logging.ERROR, log_to_driver=False)
+        except ConnectionError:
+            return None
+    try:
+        return ray.get_actor(f"remedy-supervisor-{run_id}", namespace="remedy")
+    except ValueError:
+        return None
 
 
 def _report(args: argparse.Namespace) -> int:
