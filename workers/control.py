@@ -230,8 +230,6 @@ class Controller:
         follow = self.engine.record_outcome(
             d.decision_id, outcome, tick=self._tick(), detail=first.detail
         )
-        if failed:
-            self._drop_rest_of_chain(d)
         journal_outcome = "escalated" if failed and follow else outcome
         self._journal(
             d,
@@ -243,6 +241,8 @@ class Controller:
             latency_s=round(time.time() - pending.dispatched_at, 4),
             attempts=first.attempts,
         )
+        if failed:
+            self._drop_rest_of_chain(d)
         self.handle(follow)
 
     def _drop_rest_of_chain(self, failed: Decision) -> None:

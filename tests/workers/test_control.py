@@ -1,0 +1,152 @@
+"""The controller validates input, journals before dispatch, and resolves decisions from rank outcomes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policies import AnomalyEvent, Engine, load_policy_text
+from workers.control import Controller
+from workers.rundir import RunDir, read_jsonl
+
+POLICY = """
+version: 1
+name: control-test
+rules:
+  - name: nan-rollback
+    when: {anomaly: nonfinite_loss}
+    do:
+      - rollback: {steps_back: 10, skip_batches: 0}
+      - shrink_lr: {factor: 0.5}
+    max_fires: 5
+  - name: told
+    when: {anomaly: data_stall}
+    do: [notify]
+  - name: stop
+    when: {anomaly: gpu_ecc}
+    do: [abort]
+"""
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> Controller:
+    engine = Engine(load_policy_text(POLICY, "control.yaml"), run_id="r")
+    return Controller(engine, world_size=2, run_dir=RunDir(tmp_path, "r"))
+
+
+def nan(rank: int, step: int) -> dict[str, Any]:
+    return AnomalyEvent(
+        "nonfinite_loss", rank, step, value=float("nan"), severity="critical"
+    ).to_dict()
+
+
+def outcome(
+    decision_id: str, rank: int, result: str = "applied", detail: str = ""
+) -> dict[str, Any]:
+    return {
+        "decision_id": decision_id,
+        "rank": rank,
+        "outcome": result,
+        "step": 11,
+        "tick": 11,
+        "detail": detail,
+    }
+
+
+def test_malformed_input_is_rejected_and_counted(controller: Controller) -> None:
+    """Bad batches and bad events are counted and skipped; good events in the same batch still count."""
+    assert controller.ingest("not a batch") == []
+    assert controller.ingest({"rank": -1, "step": 3}) == []
+    assert controller.ingest({"rank": True, "step": 3}) == []
+    assert controller.rejected_batches == 3
+    events = [
+        {"kind": "nonsense", "rank": 0, "step": 1},
+        {"kind": "nonfinite_loss"},
+        "x",
+        nan(0, 5),
+    ]
+    commands = controller.ingest({"rank": 0, "step": 5, "events": events})
+    assert controller.rejected_events == 3
+    assert [c["action"] for c in commands] == ["rollback", "shrink_lr"]
+
+
+def test_write_ahead_then_journal_on_outcome(controller: Controller, tmp_path: Path) -> None:
+    """A decision is in the WAL before dispatch and in decisions.jsonl once every rank reports."""
+    commands = controller.ingest({"rank": 0, "step": 5, "tick": 5, "events": [nan(0, 5)]})
+    wal = read_jsonl(tmp_path / "journal.wal")
+    assert [r["type"] for r in wal] == ["decided", "decided"]
+    assert read_jsonl(tmp_path / "decisions.jsonl") == []
+    assert commands[0]["apply_at_tick"] == 6
+    ids = [c["decision_id"] for c in commands]
+    controller.ingest({"rank": 0, "step": 6, "outcomes": [outcome(i, 0) for i in ids]})
+    assert read_jsonl(tmp_path / "decisions.jsonl") == []  # rank 1 has not reported yet
+    assert [
+        c["decision_id"] for c in controller.ingest({"rank": 1, "step": 6})
+    ] == ids  # re-sent until acked
+    controller.ingest({"rank": 1, "step": 6, "outcomes": [outcome(i, 1) for i in ids]})
+    journal = read_jsonl(tmp_path / "decisions.jsonl")
+    assert [(d["action"], d["outcome"]) for d in journal] == [
+        ("rollback", "applied"),
+        ("shrink_lr", "applied"),
+    ]
+    assert all(d["run_id"] == "r" and d["reason"] and d["ts"] for d in journal)
+    assert [r["type"] for r in read_jsonl(tmp_path / "journal.wal")][-2:] == [
+        "resolved",
+        "resolved",
+    ]
+    assert controller.commands_for(0) == [] and controller.commands_for(1) == []
+
+
+def test_failed_step_ends_its_chain(controller: Controller, tmp_path: Path) -> None:
+    """When a rank fails the rollback, the chain's later steps are not carried out and say why."""
+    rollback, _ = (
+        c["decision_id"] for c in controller.ingest({"rank": 0, "step": 5, "events": [nan(0, 5)]})
+    )
+    controller.ingest(
+        {"rank": 0, "step": 6, "outcomes": [outcome(rollback, 0, "failed", "no snapshot")]}
+    )
+    journal = read_jsonl(tmp_path / "decisions.jsonl")
+    assert [(d["action"], d["outcome"]) for d in journal] == [
+        ("rollback", "failed"),
+        ("shrink_lr", "suppressed"),
+    ]
+    assert journal[0]["detail"] == "no snapshot"
+    assert controller.commands_for(1) == []
+
+
+def test_notify_is_applied_by_the_supervisor(controller: Controller, tmp_path: Path) -> None:
+    """notify needs no rank: it is journaled as applied at once and sends no command."""
+    stall = AnomalyEvent("data_stall", 1, 9, value=3.0, threshold=2.5).to_dict()
+    assert controller.ingest({"rank": 1, "step": 9, "events": [stall]}) == []
+    (line,) = read_jsonl(tmp_path / "decisions.jsonl")
+    assert (line["action"], line["outcome"]) == ("notify", "applied")
+
+
+def test_abort_stops_every_rank(controller: Controller) -> None:
+    """abort is journaled, sets the abort reason and sends a stop to every rank."""
+    ecc = AnomalyEvent("gpu_ecc", 0, 4, value=1.0, source="hardware").to_dict()
+    controller.ingest({"rank": 0, "step": 4, "events": [ecc]})
+    assert controller.abort_reason
+    for rank in (0, 1):
+        assert [c["action"] for c in controller.commands_for(rank)] == ["abort"]
+
+
+def test_finish_journals_unresolved_decisions(controller: Controller, tmp_path: Path) -> None:
+    """Nothing is lost: decisions still pending at the end are journaled as failed with a reason."""
+    controller.ingest({"rank": 0, "step": 5, "events": [nan(0, 5)]})
+    controller.finish()
+    journal = read_jsonl(tmp_path / "decisions.jsonl")
+    assert [d["outcome"] for d in journal] == ["failed", "failed"]
+    assert "before the ranks reported" in journal[0]["detail"]
+
+
+def test_metrics_and_anomalies_are_recorded(controller: Controller, tmp_path: Path) -> None:
+    """Metrics lines and validated anomalies land in their files; the loss feeds the summary."""
+    metrics = [{"step": s, "rank": 0, "loss": 2.0 - 0.1 * s} for s in range(3)]
+    controller.ingest({"rank": 0, "step": 3, "metrics": metrics, "events": [nan(0, 3)]})
+    assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 3
+    (anomaly,) = read_jsonl(tmp_path / "anomalies.jsonl")
+    assert anomaly["kind"] == "nonfinite_loss" and anomaly["value"] == "nan"
+    assert controller.final_loss(0) == pytest.approx(1.9)
