@@ -16,6 +16,7 @@ batch stream, so rollback and skipped batches stay exact per rank.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import sys
 from typing import Any
@@ -128,7 +129,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "samples": samples,
         "kv_allocator": guard.kv_allocator,
         "micro_batches": guard.micro_batches,
+        "params_digest": params_digest(model),
     }
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter's bytes: data-parallel replicas must end bitwise equal."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def sample(

@@ -27,6 +27,9 @@ class Command:
     # count) reaches this; ticks never go back, so a rollback earlier in the
     # same chain cannot postpone the steps after it.
     apply_at_tick: int = 0
+    # Dispatch order, from 1. Ranks of a process group agree on the highest
+    # sequence number all of them hold and apply up to it at the same boundary.
+    seq: int = 0
     chain_id: str = ""
     chain_index: int = 0
 
@@ -39,7 +42,7 @@ class Command:
 
     @classmethod
     def from_decision(
-        cls, decision: Decision, *, apply_at_step: int, apply_at_tick: int
+        cls, decision: Decision, *, apply_at_step: int, apply_at_tick: int, seq: int = 0
     ) -> Command:
         return cls(
             decision_id=decision.decision_id,
@@ -47,6 +50,7 @@ class Command:
             params=dict(decision.params),
             apply_at_step=apply_at_step,
             apply_at_tick=apply_at_tick,
+            seq=seq,
             anomaly_step=decision.anomaly.step,
             chain_id=decision.chain_id,
             chain_index=decision.chain_index,

@@ -57,6 +57,7 @@ class Controller:
         self.group_action = group_action
         self.command_lead = command_lead
         self.pending: dict[str, _Pending] = {}
+        self._seq = 0
         self.step_of: dict[int, int] = {}
         self.tick_of: dict[int, int] = {}
         self.last_seen: dict[int, float] = {}
@@ -150,8 +151,12 @@ class Controller:
 
     def _dispatch(self, d: Decision) -> None:
         apply_at = max(self.step_of.values(), default=0) + self.command_lead
+        self._seq += 1
         command = Command.from_decision(
-            d, apply_at_step=apply_at, apply_at_tick=self._tick() + self.command_lead
+            d,
+            apply_at_step=apply_at,
+            apply_at_tick=self._tick() + self.command_lead,
+            seq=self._seq,
         )
         targets = set(range(self.world_size))
         if self.run_dir is not None:
@@ -181,6 +186,7 @@ class Controller:
 
     def _dispatch_stop(self, d: Decision) -> None:
         apply_at = max(self.step_of.values(), default=0)
+        self._seq += 1
         cmd = Command(
             d.decision_id + "-stop",
             "abort",
@@ -188,6 +194,7 @@ class Controller:
             apply_at,
             d.anomaly.step,
             apply_at_tick=self._tick(),
+            seq=self._seq,
         )
         self.pending[cmd.decision_id] = _Pending(d, cmd, set(range(self.world_size)), time.time())
 

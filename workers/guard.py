@@ -29,6 +29,7 @@ from typing import Any
 
 import structlog
 import torch
+import torch.distributed as dist
 
 from workers import actions, memory_actions  # noqa: F401 - memory_actions registers its appliers
 from workers.activation_checkpointing import SavedActivationCap
@@ -155,6 +156,14 @@ class Guard:
         self._queued: dict[str, Command] = {}
         self._done_ids: set[str] = set()
         self._failed_chains: set[str] = set()
+        self._max_seq = 0
+        # With a process group of several ranks, commands are applied by agreement (see _boundary).
+        self._group: Any = None
+        self._group_device = torch.device("cpu")
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self._group = dist.group.WORLD
+            if dist.get_backend() == "nccl":
+                self._group_device = torch.device("cuda", torch.cuda.current_device())
         self._outcomes: list[Outcome] = []
         self.history: deque[Outcome] = deque(
             maxlen=1000
@@ -197,14 +206,16 @@ class Guard:
 
     def _boundary(self) -> None:
         """The safe point between steps: take commands, apply due ones, snapshot."""
-        for raw in self.reporter.poll():
-            cmd = Command.from_dict(raw)
-            if cmd.decision_id not in self._done_ids:
-                self._queued.setdefault(cmd.decision_id, cmd)
-        due = sorted(
-            (c for c in self._queued.values() if c.apply_at_tick <= self.tick),
-            key=lambda c: (c.apply_at_tick, c.chain_id, c.chain_index),
-        )
+        self._take_commands()
+        if self._group is not None:
+            # Every rank applies the same commands at the same boundary, or
+            # their step counts and collectives would part ways.
+            agreed = torch.tensor([self._max_seq], dtype=torch.int64, device=self._group_device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self._group)
+            ready = [c for c in self._queued.values() if c.seq <= int(agreed.item())]
+        else:
+            ready = [c for c in self._queued.values() if c.apply_at_tick <= self.tick]
+        due = sorted(ready, key=lambda c: (c.seq, c.chain_id, c.chain_index))
         self._apply(due)
         if due:
             self._send(force=True)
@@ -215,6 +226,13 @@ class Guard:
             self.snapshots.push(snap)
             if self.checkpoints is not None and self.step_count % self.config.checkpoint_every == 0:
                 self.checkpoints.save(snap)
+
+    def _take_commands(self) -> None:
+        for raw in self.reporter.poll():
+            cmd = Command.from_dict(raw)
+            self._max_seq = max(self._max_seq, cmd.seq)
+            if cmd.decision_id not in self._done_ids:
+                self._queued.setdefault(cmd.decision_id, cmd)
 
     def _apply(self, commands: list[Command]) -> None:
         """Apply commands in order; a failed step stops the rest of its chain."""
@@ -275,18 +293,27 @@ class Guard:
         self.max_micro_batches = _batch_size(batch)
         chunks = _split(batch, self.micro_batches)
         total: torch.Tensor | None = None
-        for chunk, weight in chunks:
-            with contextlib.ExitStack() as stack:
-                if self.config.amp_dtype is not None:
-                    stack.enter_context(
-                        torch.autocast(self.device.type, dtype=self.config.amp_dtype)
-                    )
-                if self.config.activation_cap_bytes is not None:
-                    stack.enter_context(SavedActivationCap(self.config.activation_cap_bytes))
-                loss = self.loss_fn(self.model, chunk) * weight
-            loss = self.injector.on_loss(self.step_count, self._batch_index, loss)
-            scaled = self.scaler.scale(loss) if self.scaler is not None else loss
-            scaled.backward()
+        no_sync = getattr(
+            self.model, "no_sync", None
+        )  # DDP: reduce gradients once, on the last chunk
+        for i, (chunk, weight) in enumerate(chunks):
+            sync = (
+                no_sync()
+                if no_sync is not None and i < len(chunks) - 1
+                else contextlib.nullcontext()
+            )
+            with sync:
+                with contextlib.ExitStack() as forward:
+                    if self.config.amp_dtype is not None:
+                        forward.enter_context(
+                            torch.autocast(self.device.type, dtype=self.config.amp_dtype)
+                        )
+                    if self.config.activation_cap_bytes is not None:
+                        forward.enter_context(SavedActivationCap(self.config.activation_cap_bytes))
+                    loss = self.loss_fn(self.model, chunk) * weight
+                loss = self.injector.on_loss(self.step_count, self._batch_index, loss)
+                scaled = self.scaler.scale(loss) if self.scaler is not None else loss
+                scaled.backward()
             total = loss.detach() if total is None else total + loss.detach()
         assert total is not None
         return total
@@ -384,10 +411,7 @@ class Guard:
         """After an OOM: wait for the policy's commands and apply them now; True if any applied."""
         deadline = time.monotonic() + self.config.oom_wait_s
         while time.monotonic() < deadline:
-            for raw in self.reporter.poll():
-                cmd = Command.from_dict(raw)
-                if cmd.decision_id not in self._done_ids:
-                    self._queued.setdefault(cmd.decision_id, cmd)
+            self._take_commands()
             if self._queued:
                 self._apply(
                     sorted(self._queued.values(), key=lambda c: (c.chain_id, c.chain_index))

@@ -1,0 +1,38 @@
+"""Several ranks (DDP over gloo) apply the same remediation at the same boundary and stay identical."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.runner import run_supervised
+from supervisor.spec import RunSpec
+from workers.rundir import read_jsonl
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
+ARGS = ["--steps", "80", "--layers", "2", "--width", "64", "--sample-every", "0"]
+
+
+def test_two_ranks_roll_back_together_and_end_identical(ray_cluster: None, tmp_path: Path) -> None:
+    """A NaN on rank 1 rolls both ranks back at the same step; both finish with bitwise-equal parameters."""
+    faults = [{"kind": "nan_loss", "at_step": 40, "rank": 1}]
+    spec = RunSpec(target=TARGET, workers=2, run_dir=str(tmp_path), faults=faults, argv=ARGS)
+    summary = run_supervised(spec)
+    assert summary["status"] == "completed"
+    ranks = summary["ranks"]
+    assert [r["steps_completed"] for r in ranks] == [80, 80]
+    assert ranks[0]["steps_executed"] == ranks[1]["steps_executed"] > 80
+    assert ranks[0]["result"]["params_digest"] == ranks[1]["result"]["params_digest"]
+    rollback = next(
+        d for d in read_jsonl(tmp_path / "decisions.jsonl") if d["action"] == "rollback"
+    )
+    assert rollback["outcome"] == "applied"
+    assert rollback["anomaly"]["rank"] == 1
+    # Both ranks restored the same step at the same boundary.
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    by_rank = {r: [(m["tick"], m["step"]) for m in metrics if m["rank"] == r] for r in (0, 1)}
+    assert by_rank[0] == by_rank[1]
