@@ -59,7 +59,8 @@ def format_summary(summary: dict[str, Any], decisions: list[dict[str, Any]]) -> 
     lines.append(
         "anomalies: " + (", ".join(f"{k}×{v}" for k, v in sorted(anomalies.items())) or "none")
     )
-    for d in decisions:
+    # Journal lines are written when outcomes arrive; read them in decision order.
+    for d in sorted(decisions, key=lambda d: str(d.get("decision_id", ""))):
         lines.append(
             f"  [{d['outcome']:>10}] step {d['step']:>5} {d['rule']}: {d['action']} — {d['reason']}"
         )
