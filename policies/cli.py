@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 
 from policies._check import check_policy
@@ -16,9 +17,9 @@ from policies._runner import run_test_file
 
 
 def check_main(paths: list[str], *, strict: bool) -> int:
-    """Check policy files; print diagnostics (or "FILE: ok"); return 0 if all are clean."""
+    """Check policy files (a folder means its *.yaml files); print diagnostics; return 0 if clean."""
     status = 0
-    for path in paths:
+    for path in _expand(paths, "*.yaml"):
         found = check_policy(path, strict=strict)
         for diag in found:
             print(diag.format(), file=sys.stderr)
@@ -32,9 +33,9 @@ def check_main(paths: list[str], *, strict: bool) -> int:
 
 
 def test_main(paths: list[str]) -> int:
-    """Run policy test files; print failures with diffs; return 0 if every test passed."""
+    """Run policy test files (a folder means its *.test.yaml files); return 0 if every test passed."""
     status = 0
-    for path in paths:
+    for path in _expand(paths, "*.test.yaml"):
         result = run_test_file(path)
         lines = result.report()
         stream = sys.stdout if result.passed else sys.stderr
@@ -43,6 +44,15 @@ def test_main(paths: list[str]) -> int:
         if not result.passed:
             status = 1
     return status
+
+
+def _expand(paths: list[str], pattern: str) -> list[str]:
+    """Paths as given, with each folder replaced by its matching files in name order."""
+    out: list[str] = []
+    for path in paths:
+        folder = Path(path)
+        out.extend(sorted(str(p) for p in folder.glob(pattern)) if folder.is_dir() else [path])
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

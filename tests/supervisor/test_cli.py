@@ -102,3 +102,16 @@ def test_policy_check_bundled_policies_pass() -> None:
     files = sorted(str(p) for p in (REPO / "policies").glob("*.yaml"))
     assert files
     assert main(["policy", "check", *files]) == 0
+
+
+def test_policy_check_folder_reports_every_broken_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """`remedy policy check FOLDER` checks each policy in it: one located error per broken file, exit 1."""
+    folder = REPO / "tests" / "policies" / "broken"
+    assert main(["policy", "check", str(folder)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    broken = sorted(folder.glob("*.yaml"))
+    assert len(broken) >= 15
+    assert len(lines) == len(broken)
+    for line, path in zip(lines, broken, strict=True):
+        assert line.startswith(f"{path}:")
+        assert ": error: " in line
