@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import math
 import random
+import re
+from pathlib import Path
 
 import pytest
+import torch
 
-from workers.detectors import GradNormDetector, LossSpikeDetector, NonFiniteDetector
+import workers.detectors as detectors_pkg
+from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
+from policies import ANOMALY_KINDS
+from workers.chaos import Fault
+from workers.detectors import (
+    GradNormDetector,
+    LossSpikeDetector,
+    NonFiniteDetector,
+    default_detectors,
+)
+from workers.detectors.testing import run_guarded
 from workers.stats import StepStats
 
 
@@ -46,6 +59,7 @@ def test_nonfinite_grad_names_parameter() -> None:
     )
     assert ev.kind == "nonfinite_grad"
     assert ev.details["param"] == "blocks.0.attn.qkv.weight"
+    assert ev.details["module"] == "blocks.0.attn.qkv"
 
 
 def test_nonfinite_grad_ignored_when_scaler_skipped() -> None:
@@ -113,3 +127,40 @@ def test_loss_spike_reset_forgets_window() -> None:
         det.observe(stats(i, loss=x))
     det.reset()
     assert det.observe(stats(61, loss=50.0)) == []
+
+
+def test_real_nan_grad_names_module_and_parameter(tmp_path: Path) -> None:
+    """A real NaN gradient (chaos nan_grad) in a guarded run is nonfinite_grad at that step,
+    naming the first parameter the Guard found and its module."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_embd=32, block_size=16))
+    corpus = SyntheticCorpus(block_size=16, batch_size=4)
+    run = run_guarded(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=1e-3),
+        loss_fn=lm_loss,
+        data=corpus.batch,
+        steps=8,
+        detectors=[NonFiniteDetector()],
+        faults=[Fault(kind="nan_grad", at_step=5)],
+        policy_dir=tmp_path,
+    )
+    (ev,) = run.events
+    assert (ev.kind, ev.step) == ("nonfinite_grad", 5)
+    assert ev.details == {"param": "tok_emb.weight", "module": "tok_emb"}
+
+
+def test_default_suite_is_complete_and_configurable() -> None:
+    """The default suite holds one detector per name, each buildable with no arguments, and
+    every kind a detector may raise is a known anomaly kind."""
+    dets = default_detectors(hardware=False)
+    names = [d.name for d in dets]
+    assert len(names) == len(set(names))
+    for det in dets:
+        assert type(det)().name == det.name
+    sources = Path(detectors_pkg.__file__).parent.glob("*.py")
+    raised = {m for f in sources for m in re.findall(r'"([a-z_]+)"', f.read_text())} & set(
+        ANOMALY_KINDS
+    )
+    expected = set(ANOMALY_KINDS) - {"oom", "kv_fragmentation", "rank_hang", "rank_dead"}
+    assert raised == expected

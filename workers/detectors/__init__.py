@@ -1,20 +1,105 @@
-"""Anomaly detectors that run inside each training process."""
+"""Anomaly detectors that run inside each training process.
+
+Every detector is a small object with a `name`, `observe(stats)` and
+`reset()` (some also `inspect_batch(batch)`); every threshold is a dataclass
+field with a default, so `GuardConfig(detectors=[...])` can change any of
+them. `default_detectors()` is the suite a Guard runs when told nothing.
+`StragglerWatch` is not among them: it judges all ranks together and runs
+in the supervisor.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from workers.detectors.base import Detector, DetectorSuite, event
+from workers.detectors.collective import (
+    CollectiveSlowDetector,
+    CollectiveTimer,
+    install_collective_timer,
+)
+from workers.detectors.data_stall import DataStallDetector
+from workers.detectors.duplicates import DuplicateSamplesDetector
+from workers.detectors.gpu_health import GpuHealth, GpuReading, GpuThresholds
+from workers.detectors.hardware_monitor import HardwareMonitor
 from workers.detectors.loss import LossSpikeDetector
+from workers.detectors.loss_trend import LossDivergenceDetector, LossOscillationDetector
+from workers.detectors.memory import (
+    MemoryFragmentationDetector,
+    MemoryGrowthDetector,
+    MemoryPressureDetector,
+)
 from workers.detectors.numerics import GradNormDetector, NonFiniteDetector
+from workers.detectors.padding import PaddingRatioDetector
+from workers.detectors.scaler import ScalerCollapseDetector, ScalerOverflowDetector
+from workers.detectors.straggler import StragglerWatch, find_stragglers
+from workers.detectors.update_stall import UpdateStallDetector
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
+    "CollectiveSlowDetector",
+    "CollectiveTimer",
+    "DataStallDetector",
     "Detector",
     "DetectorSuite",
+    "DuplicateSamplesDetector",
+    "GpuHealth",
+    "GpuReading",
+    "GpuThresholds",
     "GradNormDetector",
+    "HardwareMonitor",
+    "LossDivergenceDetector",
+    "LossOscillationDetector",
     "LossSpikeDetector",
+    "MemoryFragmentationDetector",
+    "MemoryGrowthDetector",
+    "MemoryPressureDetector",
     "NonFiniteDetector",
+    "PaddingRatioDetector",
+    "ScalerCollapseDetector",
+    "ScalerOverflowDetector",
+    "StragglerWatch",
+    "UpdateStallDetector",
     "default_detectors",
     "event",
+    "find_stragglers",
+    "install_collective_timer",
 ]
 
 
-def default_detectors() -> list[Detector]:
-    """The detectors a Guard runs when its config names none."""
-    return [NonFiniteDetector(), GradNormDetector(), LossSpikeDetector()]
+def default_detectors(
+    model: torch.nn.Module | None = None,
+    *,
+    collective_timer: CollectiveTimer | None = None,
+    pad_id: int | None = None,
+    hardware: bool = True,
+) -> list[Detector]:
+    """The detectors a Guard runs when its config names none, with their default thresholds.
+
+    A few need something the step numbers do not carry and stay silent
+    without it: `update_stall` needs the `model`, `collective_slow` the
+    timer from `install_collective_timer`, `padding_ratio` an attention mask
+    in the batch or a `pad_id`. `hardware=False` leaves the NVML monitor out.
+    """
+    detectors: list[Detector] = [
+        NonFiniteDetector(),
+        GradNormDetector(),
+        LossSpikeDetector(),
+        LossDivergenceDetector(),
+        LossOscillationDetector(),
+        UpdateStallDetector(model),
+        ScalerOverflowDetector(),
+        ScalerCollapseDetector(),
+        MemoryGrowthDetector(),
+        MemoryPressureDetector(),
+        MemoryFragmentationDetector(),
+        DataStallDetector(),
+        PaddingRatioDetector(pad_id=pad_id),
+        DuplicateSamplesDetector(pad_id=pad_id),
+        CollectiveSlowDetector(collective_timer),
+    ]
+    if hardware:
+        detectors.append(HardwareMonitor())
+    return detectors

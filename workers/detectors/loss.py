@@ -6,10 +6,17 @@ also above a relative and an absolute margin, so the tiny MAD of a flat
 late-training loss does not turn noise into spikes. Only upward moves count:
 a falling loss is the point of training. Non-finite losses are left to the
 numerics detector and never enter the window.
+
+The per-batch loss of small batches is heavy-tailed: on the example model
+(batches of 8×32 tokens) ten clean 2000-step runs reach a z of 6.7 and a
+relative excess of 0.81 on their own. Hence the z threshold of 8 together
+with the relative margin of 0.25 (both must hold): quiet on those runs, and
+still a spike for anything that jumps by a quarter above a calm median.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import deque
@@ -28,11 +35,12 @@ class LossSpikeDetector:
 
     window: int = 50
     min_history: int = 20
-    z_threshold: float = 6.0
+    z_threshold: float = 8.0
     rel_tol: float = 0.25
     abs_tol: float = 0.0
     name: str = "loss_spike"
     _losses: deque[float] = field(default_factory=deque)
+    _sorted: list[float] = field(default_factory=list)  # the window, kept sorted
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         loss = stats.loss
@@ -40,22 +48,40 @@ class LossSpikeDetector:
             return []
         out: list[AnomalyEvent] = []
         if len(self._losses) >= self.min_history:
-            median = statistics.median(self._losses)
-            mad = statistics.median(abs(x - median) for x in self._losses)
-            sigma = max(_MAD_TO_SIGMA * mad, 1e-12)
-            z = (loss - median) / sigma
+            median = _median_sorted(self._sorted)
             margin = max(self.rel_tol * abs(median), self.abs_tol)
-            if z > self.z_threshold and loss - median > margin:
-                threshold = median + max(self.z_threshold * sigma, margin)
-                out.append(
-                    event(stats, "loss_spike", value=loss, threshold=threshold, zscore=round(z, 2), median=median)
-                )
+            # Most steps fail the margin test; the MAD (a sort) is needed only past it.
+            if loss - median > margin:
+                mad = statistics.median(abs(x - median) for x in self._sorted)
+                sigma = max(_MAD_TO_SIGMA * mad, 1e-12)
+                z = (loss - median) / sigma
+                if z > self.z_threshold:
+                    threshold = median + max(self.z_threshold * sigma, margin)
+                    out.append(
+                        event(
+                            stats,
+                            "loss_spike",
+                            value=loss,
+                            threshold=threshold,
+                            zscore=round(z, 2),
+                            median=median,
+                        )
+                    )
         if not out:
             # Spikes stay out of the window so one does not mask the next.
             self._losses.append(loss)
+            bisect.insort(self._sorted, loss)
             if len(self._losses) > self.window:
-                self._losses.popleft()
+                gone = self._losses.popleft()
+                del self._sorted[bisect.bisect_left(self._sorted, gone)]
         return out
 
     def reset(self) -> None:
         self._losses.clear()
+        self._sorted.clear()
+
+
+def _median_sorted(xs: list[float]) -> float:
+    n = len(xs)
+    mid = n // 2
+    return xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2

@@ -24,19 +24,36 @@ class NonFiniteDetector:
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         if not math.isfinite(stats.loss):
-            return [event(stats, "nonfinite_loss", value=stats.loss, threshold=None, severity="critical")]
+            return [
+                event(
+                    stats, "nonfinite_loss", value=stats.loss, threshold=None, severity="critical"
+                )
+            ]
         if not math.isfinite(stats.grad_norm) and not stats.scaler_skipped:
             # With a GradScaler, inf gradients are its normal overflow signal
             # (the scaler detector counts those); without one they are an anomaly.
             culprit = stats.extra.get("nonfinite_param")
-            details = {"param": culprit} if culprit else {}
+            details = {"param": culprit, "module": module_of(culprit)} if culprit else {}
             return [
-                event(stats, "nonfinite_grad", value=stats.grad_norm, threshold=None, severity="critical", **details)
+                event(
+                    stats,
+                    "nonfinite_grad",
+                    value=stats.grad_norm,
+                    threshold=None,
+                    severity="critical",
+                    **details,
+                )
             ]
         return []
 
     def reset(self) -> None:
         """Stateless."""
+
+
+def module_of(param_name: str) -> str:
+    """The qualified module name that owns a parameter (`blocks.0.attn.qkv.weight` -> `blocks.0.attn.qkv`)."""
+    module, _, _ = param_name.rpartition(".")
+    return module or "<root>"
 
 
 @dataclass
@@ -59,7 +76,15 @@ class GradNormDetector:
             return []
         if norm > self.explode_above:
             self._low_streak = 0
-            return [event(stats, "grad_norm_explosion", value=norm, threshold=self.explode_above, severity="warning")]
+            return [
+                event(
+                    stats,
+                    "grad_norm_explosion",
+                    value=norm,
+                    threshold=self.explode_above,
+                    severity="warning",
+                )
+            ]
         if norm < self.vanish_below:
             self._low_streak += 1
             if self._low_streak >= self.vanish_patience:

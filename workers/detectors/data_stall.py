@@ -1,0 +1,80 @@
+"""The input pipeline cannot keep up: steps wait longer for data than they compute.
+
+The Guard times the wait for each batch (`loader_time_s`) apart from the
+step itself (`step_time_s`). Their ratio over a short window says whether
+the accelerator is being starved: above `warn_ratio` the job spends more
+time waiting than computing; above `critical_ratio` it runs at well under
+half speed. Medians over `window` steps keep one slow batch (a cold cache,
+a shard boundary) from firing; `min_wait_s` keeps microsecond waits on tiny
+steps from counting as stalls.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from policies import AnomalyEvent
+from workers.detectors._robust import Cooldown
+from workers.detectors.base import event
+from workers.stats import StepStats
+
+
+@dataclass
+class DataStallDetector:
+    """`data_stall`: median loader wait / median step time above 1.2 (warning) or 2.5 (critical)."""
+
+    window: int = 5
+    warn_ratio: float = 1.2
+    critical_ratio: float = 2.5
+    min_wait_s: float = 0.005
+    cooldown_steps: int = 100
+    name: str = "data_stall"
+    _waits: deque[float] = field(default_factory=deque)
+    _steps: deque[float] = field(default_factory=deque)
+    _warn: Cooldown = field(init=False)
+    _critical: Cooldown = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._warn = Cooldown(self.cooldown_steps)
+        self._critical = Cooldown(self.cooldown_steps)
+
+    def observe(self, stats: StepStats) -> list[AnomalyEvent]:
+        self._waits.append(stats.loader_time_s)
+        self._steps.append(stats.step_time_s)
+        if len(self._waits) > self.window:
+            self._waits.popleft()
+            self._steps.popleft()
+        if len(self._waits) < self.window:
+            return []
+        wait = statistics.median(self._waits)
+        if wait < self.min_wait_s:
+            return []
+        ratio = wait / max(statistics.median(self._steps), 1e-9)
+        if ratio > self.critical_ratio:
+            severity, threshold, gate = "critical", self.critical_ratio, self._critical
+        elif ratio > self.warn_ratio:
+            severity, threshold, gate = "warning", self.warn_ratio, self._warn
+        else:
+            return []
+        if not gate.ready(stats.tick):
+            return []
+        gate.fire(stats.tick)
+        if severity == "critical":
+            self._warn.fire(stats.tick)  # a warning right after a critical says nothing new
+        return [
+            event(
+                stats,
+                "data_stall",
+                value=ratio,
+                threshold=threshold,
+                severity=severity,
+                loader_s=wait,
+                step_s=statistics.median(self._steps),
+            )
+        ]
+
+    def reset(self) -> None:
+        self._waits.clear()
+        self._steps.clear()
