@@ -131,11 +131,9 @@ class Guard:
         self.cursor = BatchCursor(data)
         self.detectors = DetectorSuite(self.config.detectors or default_detectors(model))
         for detector in self.detectors.detectors:  # detectors that watch the weights
-            if (
-                callable(getattr(detector, "attach", None))
-                and getattr(detector, "model", None) is None
-            ):
-                detector.attach(model)
+            attach = getattr(detector, "attach", None)
+            if callable(attach) and getattr(detector, "model", None) is None:
+                attach(model)
         # Detectors that look at the batch itself (padding, duplicates) before the step.
         self._batch_inspectors: list[Any] = [
             d for d in self.detectors.detectors if callable(getattr(d, "inspect_batch", None))
