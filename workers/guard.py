@@ -24,6 +24,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ from workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host
 from workers.stats import StepStats
 
 log = structlog.get_logger("remedy.guard")
+
+_DONE: Future[Any] = Future()
+_DONE.set_result(None)
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -162,6 +166,9 @@ class Guard:
         self._done_ids: set[str] = set()
         self._failed_chains: set[str] = set()
         self._max_seq = 0
+        # Checkpoint writes in flight, by id of the snapshot they read; such a
+        # snapshot's buffers are not recycled until its write is done.
+        self._writes: dict[int, Future[Any]] = {}
         # With a process group of several ranks, commands are applied by agreement (see _boundary).
         self._group: Any = None
         self._group_device = torch.device("cpu")
@@ -227,10 +234,13 @@ class Guard:
         if self.step_count % self.config.snapshot_every == 0 and (
             not len(self.snapshots) or self.snapshots.steps()[-1] != self.step_count
         ):
-            snap = self.take_snapshot()
+            reuse = self.snapshots.recyclable(self.step_count)
+            if reuse is not None and not self._writes.pop(id(reuse), _DONE).done():
+                reuse = None  # the checkpoint writer still reads it
+            snap = self.take_snapshot(into=reuse)
             self.snapshots.push(snap)
             if self.checkpoints is not None and self.step_count % self.config.checkpoint_every == 0:
-                self.checkpoints.save(snap)
+                self._writes[id(snap)] = self.checkpoints.save(snap)
 
     def _take_commands(self) -> None:
         for raw in self.reporter.poll():
@@ -457,13 +467,14 @@ class Guard:
         self.reporter.send(batch, wait=wait)
 
     # ------------------------------------------------------- state handling
-    def take_snapshot(self) -> Snapshot:
+    def take_snapshot(self, into: Snapshot | None = None) -> Snapshot:
+        """Host copy of everything a rollback restores; `into`'s buffers are reused if given."""
         return Snapshot(
             step=self.step_count,
             tick=self.tick,
             cursor=self.cursor.position,
-            model=clone_to_host(self.model.state_dict()),
-            optimizer=clone_to_host(self.optimizer.state_dict()),
+            model=clone_to_host(self.model.state_dict(), into.model if into else None),
+            optimizer=clone_to_host(self.optimizer.state_dict(), into.optimizer if into else None),
             scheduler=clone_to_host(self.scheduler.state_dict())
             if self.scheduler is not None
             else None,

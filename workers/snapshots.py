@@ -18,16 +18,30 @@ from typing import Any
 import torch
 
 
-def clone_to_host(tree: Any) -> Any:
-    """Deep-copy a state tree, moving every tensor to host memory."""
+def clone_to_host(tree: Any, into: Any = None) -> Any:
+    """Deep-copy a state tree, moving every tensor to host memory.
+
+    With `into` (a tree of the same shape that nothing else uses any more,
+    such as the snapshot about to be evicted), matching host tensors are
+    overwritten in place: a fresh multi-GB allocation costs far more in page
+    faults than the copy itself.
+    """
     if isinstance(tree, torch.Tensor):
+        if (
+            isinstance(into, torch.Tensor)
+            and into.device.type == "cpu"
+            and into.shape == tree.shape
+            and into.dtype == tree.dtype
+        ):
+            return into.copy_(tree.detach())
         return tree.detach().to("cpu", copy=True)
     if isinstance(tree, dict):
-        return {k: clone_to_host(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [clone_to_host(v) for v in tree]
-    if isinstance(tree, tuple):
-        return tuple(clone_to_host(v) for v in tree)
+        other = into if isinstance(into, dict) else {}
+        return {k: clone_to_host(v, other.get(k)) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        same = isinstance(into, list | tuple) and len(into) == len(tree)
+        items = [clone_to_host(v, into[i] if same else None) for i, v in enumerate(tree)]
+        return items if isinstance(tree, list) else tuple(items)
     return tree
 
 
@@ -105,6 +119,13 @@ class SnapshotRing:
         while self._ring and self._ring[-1].step >= snap.step:
             self._ring.pop()
         self._ring.append(snap)
+
+    def recyclable(self, step: int) -> Snapshot | None:
+        """The snapshot that pushing one at `step` will evict (the oldest of a full ring), if any."""
+        full = len(self._ring) == self._ring.maxlen
+        if full and self._ring[-1].step < step:
+            return self._ring[0]
+        return None
 
     def newest_at_or_before(self, step: int) -> Snapshot | None:
         """The newest snapshot whose step is at most `step`."""

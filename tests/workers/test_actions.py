@@ -309,3 +309,25 @@ def test_nonfinite_loss_skips_the_optimizer_step() -> None:
         assert torch.equal(v, before[k])
         assert torch.isfinite(v).all()
     guard.close()
+
+
+def test_recycled_snapshot_buffers_restore_exactly(tmp_path: Path) -> None:
+    """With a full ring, new snapshots reuse the evicted one's buffers and still restore bitwise."""
+    ref = plain_train(31)
+    guard, it = guarded(60, tmp_path, snapshot_ring=2, checkpoint_every=10)
+    train(guard, it, 20)
+    assert guard.checkpoints is not None
+    guard.checkpoints.wait()  # a snapshot under a checkpoint write is never recycled
+    oldest = next(iter(guard.snapshots))
+    buffers = {t.data_ptr() for t in oldest.model.values()}
+    train(guard, it, 11)
+    newest = list(guard.snapshots)[-1]
+    assert newest.step == 30
+    assert {t.data_ptr() for t in next(iter(guard.snapshots)).model.values()} == buffers or {
+        t.data_ptr() for t in newest.model.values()
+    } == buffers, "the evicted snapshot's buffers were reused"
+    guard.submit(command("rollback", anomaly_step=31, steps_back=1))
+    next(it)
+    assert last_outcome(guard).result["restored_step"] == 30
+    assert_same_state(snapshot_state(guard.model, guard.optimizer, guard.scheduler), ref[30])
+    guard.close()

@@ -116,3 +116,26 @@ def test_atomic_write_leaves_no_temp_files(tmp_path: Path) -> None:
         "step-00000005.rank1.pt",
     ]
     store.close()
+
+
+def test_clone_into_reuses_matching_buffers() -> None:
+    """Cloning into an old tree overwrites matching host tensors in place and allocates the rest."""
+    old = {"a": torch.zeros(3), "b": [torch.zeros(2)], "c": torch.zeros(4)}
+    src = {"a": torch.ones(3), "b": [torch.full((2,), 2.0)], "c": torch.ones(5)}
+    out = clone_to_host(src, into=old)
+    assert out["a"].data_ptr() == old["a"].data_ptr() and torch.equal(out["a"], torch.ones(3))
+    assert out["b"][0].data_ptr() == old["b"][0].data_ptr()
+    assert out["c"].data_ptr() != old["c"].data_ptr() and out["c"].shape == (5,)
+    src["a"].add_(1)
+    assert torch.equal(out["a"], torch.ones(3))
+
+
+def test_ring_names_the_snapshot_it_will_evict() -> None:
+    """recyclable() is the oldest of a full ring, and None when a push would not evict it."""
+    ring = SnapshotRing(2)
+    ring.push(snap(0))
+    assert ring.recyclable(10) is None
+    ring.push(snap(10))
+    oldest = ring.recyclable(20)
+    assert oldest is not None and oldest.step == 0
+    assert ring.recyclable(10) is None  # a rollback push pops instead of evicting
