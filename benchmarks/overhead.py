@@ -14,7 +14,8 @@ then counted apart, amortized over the period as a share of the plain step:
 snapshot (while the ring fills, every snapshot lands in fresh memory);
 "alone" is `take_snapshot()` timed directly with its result dropped, so the
 allocator hands the same memory back (what a full ring that recycles its
-oldest snapshot could cost). Then the cost of each default detector per
+oldest snapshot could cost), and "recycled", `take_snapshot(into=...)` copying
+into an old snapshot's buffers as a full ring does. Then the cost of each default detector per
 step on the tiny model's real batches, and the Guard's own per-step pieces
 as they are and in their cheaper forms.
 
@@ -176,6 +177,13 @@ def compare(s: Setup, rounds: int, profile: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
         guarded.guard.take_snapshot()
         direct.append(time.perf_counter() - t0)
+    # Recycled: a full ring's steady state, copying into the evicted snapshot's buffers.
+    spare = guarded.guard.take_snapshot()
+    recycled = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        guarded.guard.take_snapshot(into=spare)
+        recycled.append(time.perf_counter() - t0)
     guarded.guard.close()
     if prof is not None:
         out = io.StringIO()
@@ -193,6 +201,8 @@ def compare(s: Setup, rounds: int, profile: bool = False) -> dict[str, Any]:
         "snap_share": snap_extra / every / plain_med,
         "snap_direct_ms": statistics.median(direct) * 1e3,
         "snap_direct_share": statistics.median(direct) / every / plain_med,
+        "snap_recycled_ms": statistics.median(recycled) * 1e3,
+        "snap_recycled_share": statistics.median(recycled) / every / plain_med,
     }
 
 
@@ -295,6 +305,11 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['ratio']:7.4f} {r['ratio_min']:7.4f}..{r['ratio_max']:6.4f} "
             f"{r['mean_ratio']:10.4f} |           {r['snap_extra_ms']:9.1f} {r['snap_share']:6.2%}"
             f" {r['snap_direct_ms']:8.1f} {r['snap_direct_share']:6.2%}",
+            flush=True,
+        )
+        print(
+            f"{'':7} snapshot into recycled buffers (a full ring's steady state): "
+            f"{r['snap_recycled_ms']:.1f} ms, {r['snap_recycled_share']:.2%} amortized",
             flush=True,
         )
     print("\nper-detector cost (tiny model batches, µs/step, mean over steps):")
