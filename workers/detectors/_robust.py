@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its sigma
 
@@ -57,3 +57,27 @@ class Cooldown:
 
     def clear(self) -> None:
         self._last = None
+
+
+@dataclass
+class Persistence:
+    """A condition that must hold `patience` checks in a row, then fires at most once per cooldown."""
+
+    patience: int
+    cooldown_steps: int
+    streak: int = 0
+    _cooldown: Cooldown = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._cooldown = Cooldown(self.cooldown_steps)
+
+    def update(self, condition: bool, tick: int) -> bool:
+        """Count this check; True when the detector should raise its event now."""
+        self.streak = self.streak + 1 if condition else 0
+        if self.streak < self.patience or not self._cooldown.ready(tick):
+            return False
+        self._cooldown.fire(tick)
+        return True
+
+    def reset(self) -> None:
+        self.streak = 0

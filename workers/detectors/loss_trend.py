@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from policies import AnomalyEvent
-from workers.detectors._robust import MAD_TO_SIGMA, Cooldown, theil_sen_slope
+from workers.detectors._robust import MAD_TO_SIGMA, Persistence, theil_sen_slope
 from workers.detectors.base import event
 from workers.stats import StepStats
 
@@ -73,12 +73,11 @@ class LossDivergenceDetector:
     cooldown_steps: int = 200
     name: str = "loss_divergence"
     _blocks: _Blocks = field(init=False)
-    _streak: int = 0
-    _cooldown: Cooldown = field(init=False)
+    _gate: Persistence = field(init=False)
 
     def __post_init__(self) -> None:
         self._blocks = _Blocks(self.block, self.window_blocks)
-        self._cooldown = Cooldown(self.cooldown_steps)
+        self._gate = Persistence(self.patience, self.cooldown_steps)
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         if not math.isfinite(stats.loss) or not self._blocks.add(stats.loss):
@@ -90,10 +89,8 @@ class LossDivergenceDetector:
         rise = last - low
         slope = theil_sen_slope(meds)
         diverging = rise > max(self.rise_rel * abs(low), self.rise_abs) and slope > 0
-        self._streak = self._streak + 1 if diverging else 0
-        if self._streak < self.patience or not self._cooldown.ready(stats.tick):
+        if not self._gate.update(diverging, stats.tick):
             return []
-        self._cooldown.fire(stats.tick)
         return [
             event(
                 stats,
@@ -102,13 +99,13 @@ class LossDivergenceDetector:
                 threshold=low + max(self.rise_rel * abs(low), self.rise_abs),
                 window_min=low,
                 slope_per_step=slope / self.block,
-                blocks=self._streak,
+                blocks=self._gate.streak,
             )
         ]
 
     def reset(self) -> None:
         self._blocks.clear()
-        self._streak = 0
+        self._gate.reset()
 
 
 @dataclass
@@ -123,12 +120,11 @@ class LossOscillationDetector:
     cooldown_steps: int = 200
     name: str = "loss_oscillation"
     _blocks: _Blocks = field(init=False)
-    _streak: int = 0
-    _cooldown: Cooldown = field(init=False)
+    _gate: Persistence = field(init=False)
 
     def __post_init__(self) -> None:
         self._blocks = _Blocks(self.block, self.window_blocks)
-        self._cooldown = Cooldown(self.cooldown_steps)
+        self._gate = Persistence(self.patience, self.cooldown_steps)
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         if not math.isfinite(stats.loss) or not self._blocks.add(stats.loss):
@@ -145,10 +141,8 @@ class LossOscillationDetector:
         spread = MAD_TO_SIGMA * statistics.median(deviations) / max(abs(center), 1e-12)
         fall = -theil_sen_slope(meds) * (len(meds) - 1) / max(abs(center), 1e-12)
         oscillating = spread > self.spread_rel and fall < self.progress_rel
-        self._streak = self._streak + 1 if oscillating else 0
-        if self._streak < self.patience or not self._cooldown.ready(stats.tick):
+        if not self._gate.update(oscillating, stats.tick):
             return []
-        self._cooldown.fire(stats.tick)
         return [
             event(
                 stats,
@@ -157,10 +151,10 @@ class LossOscillationDetector:
                 threshold=self.spread_rel,
                 median=center,
                 trend_change_rel=-fall,
-                blocks=self._streak,
+                blocks=self._gate.streak,
             )
         ]
 
     def reset(self) -> None:
         self._blocks.clear()
-        self._streak = 0
+        self._gate.reset()

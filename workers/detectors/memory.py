@@ -35,7 +35,7 @@ from typing import Literal
 import torch
 
 from policies import AnomalyEvent
-from workers.detectors._robust import Cooldown, rising_fraction, theil_sen_slope
+from workers.detectors._robust import Persistence, rising_fraction, theil_sen_slope
 from workers.detectors.base import event
 from workers.stats import StepStats
 
@@ -58,11 +58,10 @@ class MemoryGrowthDetector:
     _floors: deque[float] = field(default_factory=deque)
     _current: list[int] = field(default_factory=list)
     _seen: int = 0
-    _streak: int = 0
-    _cooldown: Cooldown = field(init=False)
+    _gate: Persistence = field(init=False)
 
     def __post_init__(self) -> None:
-        self._cooldown = Cooldown(self.cooldown_steps)
+        self._gate = Persistence(self.patience, self.cooldown_steps)
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         if stats.mem_bytes is None:
@@ -83,10 +82,8 @@ class MemoryGrowthDetector:
         per_step = theil_sen_slope(floors) / self.block
         growth = per_step * self.block * (len(floors) - 1)
         growing = growth >= self.min_growth_bytes and rising_fraction(floors) >= self.min_rising
-        self._streak = self._streak + 1 if growing else 0
-        if self._streak < self.patience or not self._cooldown.ready(stats.tick):
+        if not self._gate.update(growing, stats.tick):
             return []
-        self._cooldown.fire(stats.tick)
         return [
             event(
                 stats,
@@ -103,7 +100,7 @@ class MemoryGrowthDetector:
         """A rollback moves memory around (the ring drops snapshots): refill the window."""
         self._floors.clear()
         self._current = []
-        self._streak = 0
+        self._gate.reset()
         self._seen = min(self._seen, self.warmup_steps)
 
 
@@ -133,11 +130,10 @@ class MemoryPressureDetector:
     cooldown_steps: int = 200
     capacity_bytes: int | None = None  # override; default: the device's, or host memory on CPU
     name: str = "memory_pressure"
-    _streak: int = 0
-    _cooldown: Cooldown = field(init=False)
+    _gate: Persistence = field(init=False)
 
     def __post_init__(self) -> None:
-        self._cooldown = Cooldown(self.cooldown_steps)
+        self._gate = Persistence(self.patience, self.cooldown_steps)
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         used = max(stats.mem_bytes or 0, stats.mem_reserved_bytes or 0)
@@ -145,10 +141,8 @@ class MemoryPressureDetector:
         if not used or not capacity:
             return []
         share = used / capacity
-        self._streak = self._streak + 1 if share > self.threshold else 0
-        if self._streak < self.patience or not self._cooldown.ready(stats.tick):
+        if not self._gate.update(share > self.threshold, stats.tick):
             return []
-        self._cooldown.fire(stats.tick)
         return [
             event(
                 stats,
@@ -162,7 +156,7 @@ class MemoryPressureDetector:
         ]
 
     def reset(self) -> None:
-        self._streak = 0
+        self._gate.reset()
 
 
 def _cuda_allocator_stats() -> Mapping[str, int]:
@@ -187,23 +181,20 @@ class MemoryFragmentationDetector:
     measure: Literal["inactive_split", "reserved_free"] = "inactive_split"
     stats_fn: Callable[[], Mapping[str, int]] = _cuda_allocator_stats
     name: str = "memory_fragmentation"
-    _streak: int = 0
-    _cooldown: Cooldown = field(init=False)
+    _gate: Persistence = field(init=False)
 
     def __post_init__(self) -> None:
-        self._cooldown = Cooldown(self.cooldown_steps)
+        self._gate = Persistence(self.patience, self.cooldown_steps)
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         if stats.mem_reserved_bytes is None or stats.step % self.every:
             return []  # no caching allocator (CPU), or not a reading step
         share, reserved = self._share(stats)
         if reserved < self.min_reserved_bytes:
-            self._streak = 0
+            self._gate.reset()
             return []
-        self._streak = self._streak + 1 if share > self.threshold else 0
-        if self._streak < self.patience or not self._cooldown.ready(stats.tick):
+        if not self._gate.update(share > self.threshold, stats.tick):
             return []
-        self._cooldown.fire(stats.tick)
         return [
             event(
                 stats,
@@ -225,4 +216,4 @@ class MemoryFragmentationDetector:
         return (stranded / reserved if reserved else 0.0), reserved
 
     def reset(self) -> None:
-        self._streak = 0
+        self._gate.reset()
