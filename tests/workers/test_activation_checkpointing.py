@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import io
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,18 +19,9 @@ from workers.activation_checkpointing import (
 )
 from workers.kv_cache import generate
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(60)]
 
 TINY = GPTConfig(n_layer=2, n_embd=32, n_head=2, block_size=16, vocab_size=32)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Run tiny models on one thread: faster here, and immune to a busy machine; restore after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

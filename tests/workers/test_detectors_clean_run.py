@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,14 +12,7 @@ from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
 from workers.detectors import default_detectors
 from workers.detectors.testing import run_guarded
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: on shared 2-core machines more threads fight other jobs and crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def warmup_cosine(warmup: int, total: int) -> object:

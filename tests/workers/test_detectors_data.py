@@ -4,7 +4,6 @@ clean example stream raises nothing."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,7 @@ from workers.detectors import DataStallDetector, DuplicateSamplesDetector, Paddi
 from workers.detectors.duplicates import shingle_hashes
 from workers.detectors.testing import GuardedRun, feed, run_guarded, step_stats
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: on shared 2-core machines more threads fight other jobs and crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 
 
 def guarded_tiny(

@@ -3,7 +3,6 @@ fire on their thresholds and stay quiet on CPU and clean runs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,9 @@ from workers.detectors.memory import host_memory_bytes
 from workers.detectors.testing import feed, run_guarded, step_stats
 from workers.measure import process_rss_bytes
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 MiB = 1 << 20
 GiB = 1 << 30
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: on shared 2-core machines more threads fight other jobs and crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def guarded_tiny(tmp_path: Path, steps: int, faults: list[Fault]) -> list[tuple[str, int]]:

@@ -4,7 +4,6 @@ scaler finding its scale does not."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,16 +13,7 @@ from torch import nn
 from workers.detectors import ScalerCollapseDetector, ScalerOverflowDetector
 from workers.detectors.testing import feed, run_guarded, step_stats
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: on shared 2-core machines more threads fight other jobs and crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 
 
 def net() -> nn.Module:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,16 +11,7 @@ from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
 from workers.detectors import UpdateStallDetector
 from workers.detectors.testing import feed, run_guarded, step_stats
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: on shared 2-core machines more threads fight other jobs and crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 
 
 def tiny() -> tuple[GPT, SyntheticCorpus]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -21,22 +19,13 @@ from workers.kv_cache import (
     migrate,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(60)]
 
 TINY = GPTConfig(n_layer=2, n_embd=32, n_head=2, block_size=16, vocab_size=32)
 # One layer, one head of size 2, fp32: 1 * 2 (k, v) * 1 * 2 * 4 = 16 bytes per token.
 SMALL = KVLayout(n_layer=1, n_head=1, head_dim=2)
 # Small chunks and blocks (`chunk_tokens=4, min_tokens=1, block_tokens=4` below) so that
 # 16 tokens cross several growth and block boundaries.
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Run tiny models on one thread: faster here, and immune to a busy machine; restore after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
