@@ -7,10 +7,16 @@ raised), records anomalies and metrics, asks the policy engine, journals
 each decision before it is dispatched (write-ahead), queues in-process
 actions as commands for every rank, and resolves decisions once the ranks
 report how applying them went.
+
+With several ranks it also watches for stragglers, which no rank can see on
+its own: it keeps each rank's recent compute times (step time minus time in
+collectives) from the metrics and runs a `StragglerWatch` once per new step.
 """
 
 from __future__ import annotations
 
+import enum
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -21,6 +27,7 @@ import structlog
 
 from policies import SUPERVISOR_ACTIONS, AnomalyEvent, Decision, Engine, EventError
 from workers.commands import Command, Outcome
+from workers.detectors.straggler import StragglerWatch
 from workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.control")
@@ -28,6 +35,21 @@ log = structlog.get_logger("remedy.control")
 # A group action (restart_rank) is carried out by whoever owns the ranks;
 # it returns (outcome, detail).
 GroupActionHook = Callable[[Decision], tuple[str, str]]
+
+
+class _Default(enum.Enum):
+    """Marks an argument left out, where `None` means "off"."""
+
+    TOKEN = 0
+
+
+@dataclass(slots=True)
+class _RankTimes:
+    """One rank's recent compute times and the newest step they reach."""
+
+    times: deque[float]
+    step: int
+    tick: int
 
 
 @dataclass
@@ -50,7 +72,11 @@ class Controller:
         run_dir: RunDir | None = None,
         group_action: GroupActionHook | None = None,
         command_lead: int = 1,
+        straggler: StragglerWatch | _Default | None = _Default.TOKEN,
     ) -> None:
+        """`straggler`: the slow-rank watch; by default a `StragglerWatch()` when
+        `world_size > 1`, none for one rank; `None` turns it off.
+        """
         self.engine = engine
         self.world_size = world_size
         self.run_dir = run_dir
@@ -69,6 +95,13 @@ class Controller:
         self.outcome_counts: Counter[str] = Counter()
         self.abort_reason: str | None = None
         self.decisions: list[dict[str, Any]] = []  # journaled records, for the summary and tests
+        if isinstance(straggler, _Default):
+            straggler = StragglerWatch() if world_size > 1 else None
+        self.straggler = straggler
+        self._times: dict[int, _RankTimes] = {}
+        self._times_len = max(straggler.window, straggler.min_samples) if straggler else 0
+        self._new_times = False  # samples arrived since the last check
+        self._checked_step: int | None = None  # the newest step at the last check
 
     # ---------------------------------------------------------------- ingest
     def ingest(self, batch: Any) -> list[dict[str, Any]]:
@@ -87,6 +120,8 @@ class Controller:
         for raw in _list(batch.get("outcomes")):
             self._outcome(raw)
         events = self._events(_list(batch.get("events")))
+        if self._new_times:
+            events += self._check_stragglers()
         if events:
             self.handle(self.engine.decide(events, now=now))
         return self.commands_for(rank)
@@ -122,10 +157,14 @@ class Controller:
                 log.warning("event_rejected", error=str(exc))
                 continue
             out.append(ev)
-            self.anomaly_counts[ev.kind] += 1
-            if self.run_dir is not None:
-                self.run_dir.anomaly(ev.to_dict())
+            self._record(ev)
         return out
+
+    def _record(self, ev: AnomalyEvent) -> None:
+        """Count and log one valid anomaly, whoever saw it."""
+        self.anomaly_counts[ev.kind] += 1
+        if self.run_dir is not None:
+            self.run_dir.anomaly(ev.to_dict())
 
     def _metrics(self, rank: int, record: Any) -> None:
         if not isinstance(record, dict):
@@ -133,8 +172,61 @@ class Controller:
         loss = record.get("loss")
         if isinstance(loss, int | float):
             self.recent_loss.setdefault(rank, deque(maxlen=10)).append(float(loss))
+        if self.straggler is not None and rank < self.world_size:
+            self._step_time(rank, record)
         if self.run_dir is not None:
             self.run_dir.metrics(record)
+
+    # ------------------------------------------------------------ stragglers
+    def _step_time(self, rank: int, record: dict[str, Any]) -> None:
+        """Keep the record's compute time for the straggler watch; skip it if malformed."""
+        step = record.get("step")
+        seconds = _seconds(record.get("step_time_s"))
+        if type(step) is not int or seconds is None:
+            return
+        waited = record.get("collective_s")
+        if waited is not None:
+            waited = _seconds(waited)
+            if waited is None:
+                return
+            # Under synchronous DDP every rank waits in the all-reduce for the
+            # slowest, so wall step times even out; the time outside collectives
+            # tells who is slow. Bucket all-reduces can overlap, so their sum may
+            # pass the wall time: that rank spent its whole step waiting.
+            seconds = max(seconds - waited, 0.0)
+        tick = record.get("tick")
+        if type(tick) is not int:
+            tick = step
+        times = self._times.get(rank)
+        if times is None or tick < times.tick:
+            # Ticks only grow within a process: a smaller one is a restarted rank,
+            # whose history describes a process that is gone.
+            times = self._times[rank] = _RankTimes(deque(maxlen=self._times_len), step, tick)
+        times.times.append(seconds)
+        # The newest record, not the largest step: steps go back after a rollback.
+        times.step, times.tick = step, tick
+        self._new_times = True
+
+    def _check_stragglers(self) -> list[AnomalyEvent]:
+        """Run the watch once per distinct newest step across ranks; record what it finds."""
+        self._new_times = False
+        newest = max(t.step for t in self._times.values())
+        if self.straggler is None or newest == self._checked_step:
+            return []
+        self._checked_step = newest
+        # Stamped with the step every rank has reached, so the event is not ahead of any.
+        events = self.straggler.check(
+            {rank: list(t.times) for rank, t in self._times.items()},
+            step=min(t.step for t in self._times.values()),
+            tick=min(t.tick for t in self._times.values()),
+        )
+        for ev in events:
+            self._record(ev)
+        return events
+
+    def forget_rank(self, rank: int) -> None:
+        """Drop a rank's step-time history (a replaced rank is a new process)."""
+        self._times.pop(rank, None)
 
     # ------------------------------------------------------------- decisions
     def handle(self, decisions: Iterable[Decision]) -> None:
@@ -182,6 +274,9 @@ class Controller:
             if self.run_dir is not None:
                 self.run_dir.wal({"type": "decided", "decision": d.to_dict(), "command": None})
             outcome, detail = self.group_action(d)
+            if d.action == "restart_rank" and outcome == "applied":
+                for rank in d.ranks:
+                    self.forget_rank(rank)
             self._resolve_now(d, outcome, detail)
 
     def _dispatch_stop(self, d: Decision) -> None:
@@ -305,3 +400,14 @@ class Controller:
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+def _seconds(value: Any) -> float | None:
+    """A duration from untrusted input: a finite, non-negative number, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    return seconds if 0.0 <= seconds < math.inf else None  # NaN fails both
