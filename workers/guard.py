@@ -43,9 +43,9 @@ from workers.data import BatchCursor
 from workers.detectors import Detector, DetectorSuite, default_detectors
 from workers.exceptions import RunAborted
 from workers.measure import (
+    GradNorm,
+    MemoryProbe,
     first_nonfinite_param,
-    global_grad_norm,
-    memory_in_use,
     module_grad_norms,
 )
 from workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host, restore_rng
@@ -134,7 +134,8 @@ class Guard:
         self.injector = FaultInjector(ctx.faults, ctx.rank)
         self.cursor = BatchCursor(data)
         self.detectors = DetectorSuite(self.config.detectors or default_detectors(model))
-        for detector in self.detectors.detectors:  # detectors that watch the weights
+        # Detectors that need the model: weights to watch, a DDP model's all-reduces to time.
+        for detector in self.detectors.detectors:
             attach = getattr(detector, "attach", None)
             if callable(attach) and getattr(detector, "model", None) is None:
                 attach(model)
@@ -152,6 +153,8 @@ class Guard:
         )
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device = self.params[0].device if self.params else torch.device("cpu")
+        self._memory = MemoryProbe(self.device)
+        self._grad_norm = GradNorm(self.params)
         self.micro_batches = self.config.micro_batches
         self.max_micro_batches: int | None = None  # the batch size, once a batch has been seen
         self.step_count = 0
@@ -181,7 +184,7 @@ class Guard:
             maxlen=1000
         )  # every applied or failed command, newest last
         self._events: list[dict[str, Any]] = []
-        self._metrics: list[dict[str, Any]] = []
+        self._metrics: list[tuple[StepStats, list[dict[str, Any]]]] = []
         self._last_send = 0.0
         self._stop_reason: str | None = None
         self._batch_index = -1
@@ -295,13 +298,16 @@ class Guard:
         self.injector.on_grads(step, self.params)
         if self.scaler is not None and self.scaler.is_enabled():
             self.scaler.unscale_(self.optimizer)
-        norm_t = global_grad_norm(self.params)
+        norm_t = self._grad_norm()
         if self.config.grad_clip is not None:
             coef = (self.config.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
             torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], coef)
-        loss_v, norm_v = torch.stack(
-            [loss.detach().float().reshape(()), norm_t.to(loss.device)]
-        ).tolist()
+        if loss.device.type == "cpu" and norm_t.device.type == "cpu":
+            loss_v, norm_v = loss.item(), norm_t.item()  # no device to wait for: two reads
+        else:  # one host sync for both
+            loss_v, norm_v = torch.stack(
+                [loss.detach().float().reshape(()), norm_t.to(loss.device)]
+            ).tolist()
         extra: dict[str, Any] = {}
         if not math.isfinite(norm_v):
             extra["nonfinite_param"] = first_nonfinite_param(self.model)
@@ -370,7 +376,7 @@ class Guard:
         oom: bool = False,
         extra: dict[str, Any] | None = None,
     ) -> StepResult:
-        allocated, reserved, capacity = memory_in_use(self.device)
+        allocated, reserved, capacity = self._memory.read()
         stats = StepStats(
             step=self.step_count,
             tick=self.tick,
@@ -398,13 +404,10 @@ class Guard:
                 for e in source.drain()
             )
         self.recent_stats.append(stats)
-        record = stats.to_metrics()
-        record.pop("nonfinite_param", None)
-        chaos = self.injector.drain_log()
-        if chaos:
-            record["chaos"] = chaos
-        self._metrics.append(record)
-        self._events.extend(e.to_dict() for e in events)
+        # Records are built when a report goes out, a batch at a time.
+        self._metrics.append((stats, self.injector.drain_log()))
+        if events:
+            self._events.extend(e.to_dict() for e in events)
         self.step_count += 1
         self.tick += 1
         self._send(force=bool(events))
@@ -459,7 +462,7 @@ class Guard:
             "tick": self.tick,
             "ts": time.time(),
             "events": self._events,
-            "metrics": self._metrics,
+            "metrics": [_metrics_record(stats, chaos) for stats, chaos in self._metrics],
             "outcomes": [o.to_dict() for o in self._outcomes],
         }
         self._events, self._metrics, self._outcomes = [], [], []
@@ -592,6 +595,14 @@ class LocalReporter:
         self.controller.finish()
         if self.controller.run_dir is not None:
             self.controller.run_dir.close()
+
+
+def _metrics_record(stats: StepStats, chaos: list[dict[str, Any]]) -> dict[str, Any]:
+    record = stats.to_metrics()
+    record.pop("nonfinite_param", None)  # goes with the event
+    if chaos:
+        record["chaos"] = chaos
+    return record
 
 
 def _batch_size(batch: Any) -> int | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Iterable
 
 import torch
@@ -35,6 +37,39 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
         return norms[0]
     total: torch.Tensor = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
     return total
+
+
+class GradNorm:
+    """`global_grad_norm` of a fixed list of parameters, grouped by device and dtype once.
+
+    The Guard calls it every step; grouping the gradients anew each time
+    costs more than the norm of a small model.
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter]) -> None:
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
+        for p in params:
+            groups.setdefault((p.device, p.dtype), []).append(p)
+        self._groups = list(groups.values())
+        self._device = self._groups[0][0].device if self._groups else torch.device("cpu")
+
+    def __call__(self) -> torch.Tensor:
+        """L2 norm over every gradient, as a device tensor (no host sync)."""
+        norms = []
+        for group in self._groups:
+            grads = [p.grad for p in group if p.grad is not None]
+            if grads:
+                # float32 sums: fp16 gradients of 6e4 would overflow to inf.
+                per_tensor = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
+                norms.append(torch.linalg.vector_norm(torch.stack(per_tensor), 2.0))
+        if len(norms) == 1:
+            return norms[0]
+        if not norms:
+            return torch.zeros((), device=self._device)
+        total: torch.Tensor = torch.linalg.vector_norm(
+            torch.stack([n.to(self._device) for n in norms]), 2.0
+        )
+        return total
 
 
 def first_nonfinite_param(model: torch.nn.Module) -> str | None:
@@ -86,3 +121,37 @@ def memory_in_use(device: torch.device) -> tuple[int | None, int | None, int | N
         capacity = torch.cuda.get_device_properties(device).total_memory
         return allocated, reserved, capacity
     return process_rss_bytes(), None, None
+
+
+class MemoryProbe:
+    """`memory_in_use` for one device, cheap enough to call every step.
+
+    On CUDA the allocator's counters are plain reads. On CPU the resident
+    set comes from /proc, a system call that costs 25-40 us right after a
+    step has freed its activations (the kernel is still unmapping them), so
+    it is read at most once every `min_interval_s` and the last reading is
+    returned in between: on 5 ms steps that is one read in four, on steps
+    longer than the interval every step reads. The memory detectors look at
+    trends over tens of steps, which a reading a few steps old does not change.
+    """
+
+    def __init__(self, device: torch.device, *, min_interval_s: float = 0.02) -> None:
+        self.device = device
+        self.min_interval_s = min_interval_s
+        self._capacity: int | None = None
+        self._rss: int | None = None
+        self._read_at = -math.inf
+
+    def read(self) -> tuple[int | None, int | None, int | None]:
+        if self.device.type == "cuda":
+            if self._capacity is None:
+                self._capacity = torch.cuda.get_device_properties(self.device).total_memory
+            return (
+                torch.cuda.memory_allocated(self.device),
+                torch.cuda.memory_reserved(self.device),
+                self._capacity,
+            )
+        now = time.monotonic()
+        if now - self._read_at >= self.min_interval_s:
+            self._rss, self._read_at = process_rss_bytes(), now
+        return self._rss, None, None
