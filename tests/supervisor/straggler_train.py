@@ -1,9 +1,9 @@
 """A tiny DDP job for the straggler test: rank 1's loss function sleeps every step.
 
-Run by the supervisor as a file target (`straggler_train.py:main`). The
-collective timer is installed, as a user who wants straggler detection under
-DDP would: the other ranks wait for rank 1 in the all-reduce, so only the time
-outside collectives tells who is slow.
+Run by the supervisor as a file target (`straggler_train.py:main`). The Guard
+times the DDP model's all-reduces itself (its `CollectiveSlowDetector` has no
+timer of its own): the other ranks wait for rank 1 in the all-reduce, so only
+the time outside collectives tells who is slow.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from workers import Guard, GuardConfig, get_context
-from workers.detectors import CollectiveSlowDetector, Detector, install_collective_timer
+from workers.detectors import CollectiveSlowDetector
 
 STEPS = 40
 SLOW_RANK = 1
@@ -30,10 +30,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     rank = ctx.rank if ctx else 0
     torch.manual_seed(0)
     model: nn.Module = nn.Linear(8, 1)
-    detectors: list[Detector] = []
     if dist.is_initialized() and dist.get_world_size() > 1:
         model = nn.parallel.DistributedDataParallel(model)
-        detectors.append(CollectiveSlowDetector(install_collective_timer(model)))
     target = torch.randn(8, 1, generator=torch.Generator().manual_seed(1))
 
     def batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +50,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         loss_fn=loss_fn,
         data=batch,
         max_steps=STEPS,
-        config=GuardConfig(detectors=detectors, checkpoint_every=0),
+        config=GuardConfig(detectors=[CollectiveSlowDetector()], checkpoint_every=0),
     )
     for b in guard:
         guard.step(b)

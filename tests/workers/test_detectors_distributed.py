@@ -89,6 +89,61 @@ def test_late_rank_makes_real_allreduce_slow(tmp_path: Path) -> None:
     assert r0["count"] >= 8 and all(c is not None for c in r0["collective_s"])
 
 
+def _attach_main(rank: int, tmp: str) -> None:
+    """A one-rank DDP job: the Guard gives a timer-less detector a timer; an existing hook wins."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1)
+    out: dict[str, Any] = {}
+    for case in ("plain", "own_hook"):
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))
+        if case == "own_hook":
+            model.register_comm_hook(None, _own_hook)
+        detector = CollectiveSlowDetector()
+        data = [(torch.randn(8, 4), torch.randn(8, 1), i) for i in range(4)]
+        run = run_guarded(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.01),
+            loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]),
+            data=data,
+            steps=3,
+            detectors=[detector],
+            policy_dir=tmp,
+        )
+        out[case] = {
+            "timed": detector.timer is not None,
+            "collective_s": [s.extra.get("collective_s") for s in run.stats],
+        }
+    Path(tmp, "attach.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+    os._exit(0)  # see _rank_main
+
+
+def _own_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+_own_hook.__annotations__ = {  # DDP checks the annotations as objects (this module has PEP 563)
+    "state": object,
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
+}
+
+
+@pytest.mark.timeout(120)
+def test_guard_times_a_ddp_models_allreduces(tmp_path: Path) -> None:
+    """A CollectiveSlowDetector without a timer is given one on a DDP model, so every step's
+    collective time reaches the metrics; with the user's own comm hook registered, timing
+    stays off and training goes on."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_attach_main, args=(str(tmp_path),), nprocs=1, join=True)
+    out = json.loads((tmp_path / "attach.json").read_text())
+    assert out["plain"]["timed"]
+    assert all(isinstance(c, float) for c in out["plain"]["collective_s"])
+    assert out["own_hook"] == {"timed": False, "collective_s": [None, None, None]}
+
+
 def test_timer_collects_once_and_detector_flags_slowest() -> None:
     """Finished timings are handed out once; one above the threshold is an event."""
     timer = CollectiveTimer()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 import torch
 import torch.distributed as dist
 
@@ -30,6 +31,8 @@ from policies import AnomalyEvent
 from workers.detectors._robust import Cooldown
 from workers.detectors.base import event
 from workers.stats import StepStats
+
+log = structlog.get_logger("remedy.detectors")
 
 CommHook = Callable[[Any, "dist.GradBucket"], "torch.futures.Future[torch.Tensor]"]
 
@@ -134,6 +137,22 @@ class CollectiveSlowDetector:
 
     def __post_init__(self) -> None:
         self._cooldown = Cooldown(self.cooldown_steps)
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Time `model`'s all-reduces if it is a DDP model and no timer was given.
+
+        The Guard calls this with its model. DDP takes one communication hook
+        per model: if one is registered already, timing stays off (pass
+        `install_collective_timer(model, hook=yours)` as the timer to have both).
+        """
+        if self.timer is not None or not isinstance(
+            model, torch.nn.parallel.DistributedDataParallel
+        ):
+            return
+        try:
+            self.timer = install_collective_timer(model)
+        except RuntimeError as exc:  # a hook is registered already
+            log.info("collective timing off", reason=str(exc).splitlines()[0])
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         if self.timer is None:

@@ -72,6 +72,9 @@ class Recording:
         inspect = getattr(inner, "inspect_batch", None)
         if callable(inspect):
             self.inspect_batch = inspect
+        attach = getattr(inner, "attach", None)
+        if callable(attach) and getattr(inner, "model", None) is None:
+            self.attach = attach
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         out = self.inner.observe(stats)

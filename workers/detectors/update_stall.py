@@ -14,8 +14,9 @@ synchronisation at all. The relative change of the sample between two reads,
 `‖θ_t − θ_{t−every}‖ / ‖θ_{t−every}‖`, below `min_rel_change` for `patience`
 reads in a row is a stall.
 
-The Guard does not hand detectors the model: pass it to the constructor or
-to `attach(model)`; until then the detector stays silent.
+Pass the model to the constructor or to `attach(model)` (a Guard attaches
+its own model to a detector built without one); until then the detector
+stays silent.
 """
 
 from __future__ import annotations
