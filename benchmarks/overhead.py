@@ -1,29 +1,39 @@
 """What the Guard costs: guarded vs plain step time on the same model and data, in one process.
 
-Two copies of the example GPT start from the same weights and train on the
-same batches: one through `workers.Guard` with every default detector on
-and snapshots at the default period, one in an equally lean plain loop
+Two copies of a GPT start from the same weights and train on the same
+batches: one through `workers.Guard` with every default detector on and
+snapshots at the default period, one in an equally lean plain loop
 (`zero_grad(set_to_none=True)`, `loss.backward()`, `optimizer.step()`,
-`scheduler.step()`). Blocks of steps alternate between them (plain first in
-even rounds, guarded first in odd ones), so drifts in machine load hit both
-alike. Printed per configuration: the median over rounds of the ratio of
-block-median step times (the per-step overhead), its spread, and the median
-ratio of block means (which also carries the snapshot steps). Snapshots are
-then counted apart, amortized over the period as a share of the plain step:
-"in run" is the mean extra time of the guarded steps that began with a
-snapshot (while the ring fills, every snapshot lands in fresh memory);
-"alone" is `take_snapshot()` timed directly with its result dropped, so the
-allocator hands the same memory back (what a full ring that recycles its
-oldest snapshot could cost), and "recycled", `take_snapshot(into=...)` copying
-into an old snapshot's buffers as a full ring does. Then the cost of each default detector per
-step on the tiny model's real batches, and the Guard's own per-step pieces
-as they are and in their cheaper forms.
+`scheduler.step()`). Their steps are interleaved one by one, in the order
+plain-guarded, guarded-plain, ... so drifts in machine load and cache
+pollution by the other model hit both alike. Printed per configuration: the
+ratio of median step times (guarded steps that began with a snapshot left
+out: snapshots are counted apart), the median and spread of that ratio over
+ten consecutive chunks of the run, and the ratio of mean step times over
+every step (snapshots included).
 
-    python benchmarks/overhead.py            # tiny and ~50M-parameter configs
-    python benchmarks/overhead.py --quick    # fewer rounds, for a smoke run
+Configurations: `example` is the shipped example's model and batch
+(examples/pretrain_gpt.py defaults, 0.8M parameters); `tiny` a smaller one
+(2 layers, width 64, batches of 8x32 tokens; 5 ms steps on one CPU thread,
+where the Guard's fixed per-step host work shows most); `50M` a ~50M-parameter
+GPT. `tiny+clip` compares a plain loop that clips gradients at 1.0
+(`clip_grad_norm_`, as GPT recipes do) with a Guard doing the same clipping
+(`GuardConfig(grad_clip=1.0)`), which reuses its gradient norm for it.
+
+Snapshots are then costed apart, amortized over the period as a share of the
+plain step: "in run" is the mean extra time of the guarded steps that began
+with a snapshot (while the ring fills, every snapshot lands in fresh memory);
+"alone" is `take_snapshot()` timed directly with its result dropped, and
+"recycled", `take_snapshot(into=...)` copying into an old snapshot's buffers
+as a full ring does. Then the cost of each default detector per step on the
+tiny model's real batches, and the Guard's own per-step pieces.
+
+    python benchmarks/overhead.py            # every configuration (~6 min on one core)
+    python benchmarks/overhead.py --quick    # fewer steps, for a smoke run
+    python benchmarks/overhead.py --only example
     python benchmarks/overhead.py --profile  # cProfile of the tiny config's guarded steps
 
-Timings on a shared machine are noisy: compare medians, rerun, and keep
+Timings on a shared machine are noisy: compare ratios, rerun, and keep
 `--threads 1` (the default) where other jobs compete for the cores.
 """
 
@@ -33,7 +43,6 @@ import argparse
 import cProfile
 import io
 import math
-import os
 import pstats
 import statistics
 import sys
@@ -50,8 +59,8 @@ sys.path.insert(0, str(ROOT))  # run from anywhere in the repo
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss  # noqa: E402
 from workers import Guard, GuardConfig  # noqa: E402
-from workers.detectors import default_detectors  # noqa: E402
-from workers.measure import global_grad_norm, memory_in_use  # noqa: E402
+from workers.detectors import DetectorSuite, default_detectors  # noqa: E402
+from workers.measure import GradNorm, MemoryProbe, process_rss_bytes  # noqa: E402
 from workers.stats import StepStats  # noqa: E402
 
 
@@ -72,16 +81,27 @@ class Setup:
     name: str
     cfg: GPTConfig
     batch: int
-    rounds: int
-    steps: int  # per block
-    warmup: int
+    pairs: int  # interleaved plain/guarded step pairs timed
+    warmup: int  # pairs run first, untimed
+    clip: float | None = None  # gradient clipping in both loops
 
 
-TINY = Setup("tiny", GPTConfig(n_layer=2, n_embd=64, block_size=32), 8, 12, 40, 30)
-# ~50.6M parameters: 8 blocks of width 704 and a 4096-token vocabulary.
-BIG = Setup(
-    "50M", GPTConfig(n_layer=8, n_embd=704, n_head=8, block_size=128, vocab_size=4096), 4, 6, 5, 2
-)
+TINY_CFG = GPTConfig(n_layer=2, n_embd=64, block_size=32)
+SETUPS = [
+    Setup("tiny", TINY_CFG, 8, pairs=1500, warmup=30),
+    Setup("tiny+clip", TINY_CFG, 8, pairs=1500, warmup=30, clip=1.0),
+    # examples/pretrain_gpt.py's defaults: 4 layers, width 128, 64 tokens, batches of 16.
+    Setup("example", GPTConfig(), 16, pairs=300, warmup=10),
+    # ~50.6M parameters: 8 blocks of width 704 and a 4096-token vocabulary.
+    Setup(
+        "50M",
+        GPTConfig(n_layer=8, n_embd=704, n_head=8, block_size=128, vocab_size=4096),
+        4,
+        pairs=60,
+        warmup=3,
+    ),
+]
+TINY = SETUPS[0]
 
 
 class Trainer:
@@ -90,15 +110,19 @@ class Trainer:
     def __init__(self, s: Setup, total: int, *, guarded: bool, seed: int = 0) -> None:
         torch.manual_seed(seed)
         self.model = GPT(s.cfg)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-3, weight_decay=0.01)
+        # The example's optimizer (examples/pretrain_gpt.py).
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.95)
+        )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_with_warmup(30, total))
         self.corpus = SyntheticCorpus(
             vocab_size=s.cfg.vocab_size, block_size=s.cfg.block_size, batch_size=s.batch, seed=seed
         )
+        self.clip = s.clip
         self.index = 0
         self.guard: Guard | None = None
         if guarded:
-            config = GuardConfig(detectors=default_detectors(self.model))
+            config = GuardConfig(detectors=default_detectors(self.model), grad_clip=s.clip)
             self.guard = Guard(
                 self.model,
                 self.opt,
@@ -121,55 +145,48 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         loss = lm_loss(self.model, batch)
         loss.backward()
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.opt.step()
         self.sched.step()
         return False
 
 
-def timed_block(step: Callable[[], bool], n: int) -> list[tuple[float, bool]]:
-    """(seconds, began with a snapshot) for each of `n` steps."""
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        snap = step()
-        out.append((time.perf_counter() - t0, snap))
-    return out
-
-
-def compare(s: Setup, rounds: int, profile: bool = False) -> dict[str, Any]:
-    total = s.warmup + rounds * s.steps + 1
+def compare(s: Setup, pairs: int, profile: bool = False) -> dict[str, Any]:
+    total = s.warmup + pairs + 1
     plain, guarded = Trainer(s, total, guarded=False), Trainer(s, total, guarded=True)
     n_params = plain.model.num_params()
     for _ in range(s.warmup):
         plain.step()
         guarded.step()
-    ratios: list[float] = []
-    mean_ratios: list[float] = []
-    p_all: list[float] = []
-    g_all: list[tuple[float, bool]] = []
+    p_times: list[float] = []
+    g_times: list[tuple[float, bool]] = []  # (seconds, began with a snapshot)
     prof = cProfile.Profile() if profile else None
-    for r in range(rounds):
-        order = [(plain, False), (guarded, True)]
-        blocks: dict[bool, list[float]] = {}
-        for trainer, is_guarded in order if r % 2 == 0 else order[::-1]:
-            if prof is not None and is_guarded:
+    for i in range(pairs):
+        for trainer in (plain, guarded) if i % 2 == 0 else (guarded, plain):
+            if prof is not None and trainer is guarded:
                 prof.enable()
-            timed = timed_block(trainer.step, s.steps)
-            if prof is not None and is_guarded:
+            t0 = time.perf_counter()
+            snap = trainer.step()
+            dt = time.perf_counter() - t0
+            if prof is not None and trainer is guarded:
                 prof.disable()
-            blocks[is_guarded] = [t for t, _ in timed]
-            if is_guarded:
-                g_all += timed
+            if trainer is guarded:
+                g_times.append((dt, snap))
             else:
-                p_all += blocks[False]
-        ratios.append(statistics.median(blocks[True]) / statistics.median(blocks[False]))
-        mean_ratios.append(statistics.fmean(blocks[True]) / statistics.fmean(blocks[False]))
+                p_times.append(dt)
     assert guarded.guard is not None
     every = guarded.guard.config.snapshot_every
-    plain_med = statistics.median(p_all)
-    guard_med = statistics.median(t for t, snap in g_all if not snap)
+    plain_med = statistics.median(p_times)
+    guard_med = statistics.median(t for t, snap in g_times if not snap)
+    chunk = max(pairs // 10, 1)
+    chunk_ratios = [
+        statistics.median(t for t, snap in g_times[k : k + chunk] if not snap)
+        / statistics.median(p_times[k : k + chunk])
+        for k in range(0, pairs - chunk + 1, chunk)
+    ]
     # In the run: what a snapshot step costs beyond an ordinary guarded step.
-    snap_steps = [t for t, snap in g_all if snap]
+    snap_steps = [t for t, snap in g_times if snap]
     snap_extra = statistics.fmean(snap_steps) - guard_med if snap_steps else math.nan
     # Alone: take_snapshot() timed directly, its result dropped (the allocator reuses the memory).
     direct = []
@@ -184,6 +201,7 @@ def compare(s: Setup, rounds: int, profile: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
         guarded.guard.take_snapshot(into=spare)
         recycled.append(time.perf_counter() - t0)
+    actions = [o.action for o in guarded.guard.history]
     guarded.guard.close()
     if prof is not None:
         out = io.StringIO()
@@ -193,10 +211,13 @@ def compare(s: Setup, rounds: int, profile: bool = False) -> dict[str, Any]:
         "params": n_params,
         "plain_ms": plain_med * 1e3,
         "guarded_ms": guard_med * 1e3,
-        "ratio": statistics.median(ratios),
-        "ratio_min": min(ratios),
-        "ratio_max": max(ratios),
-        "mean_ratio": statistics.median(mean_ratios),
+        "extra_us": (guard_med - plain_med) * 1e6,
+        "ratio": guard_med / plain_med,
+        "chunk_median": statistics.median(chunk_ratios),
+        "chunk_min": min(chunk_ratios),
+        "chunk_max": max(chunk_ratios),
+        "mean_ratio": statistics.fmean(t for t, _ in g_times) / statistics.fmean(p_times),
+        "actions": actions,  # remediations the default policy took (none on a clean run)
         "snap_extra_ms": snap_extra * 1e3,
         "snap_share": snap_extra / every / plain_med,
         "snap_direct_ms": statistics.median(direct) * 1e3,
@@ -224,46 +245,40 @@ def detector_costs(steps: int = 400) -> list[tuple[str, float]]:
     return out
 
 
-def component_costs(steps: int = 300) -> list[tuple[str, float]]:
-    """Median µs of the Guard's own per-step pieces on the tiny model, as they are and as they
-    could be (the alternatives recommended for workers/guard.py and workers/measure.py)."""
+def component_costs(steps: int = 600) -> list[tuple[str, float]]:
+    """Median µs of the Guard's own per-step pieces on the tiny model, each timed right after a
+    real forward and backward (one piece per step, in turn), as the Guard meets them: with the
+    caches full of the step's tensors rather than warm from the previous call."""
     torch.manual_seed(0)
     model = GPT(TINY.cfg)
     corpus = SyntheticCorpus(block_size=TINY.cfg.block_size, batch_size=TINY.batch)
     params = [p for p in model.parameters() if p.requires_grad]
-    fd = os.open("/proc/self/statm", os.O_RDONLY)
-    page = os.sysconf("SC_PAGE_SIZE")
+    norm = GradNorm(params)
+    probe = MemoryProbe(torch.device("cpu"))
+    suite = DetectorSuite(default_detectors(model, hardware=False))
+    stats = _stats(0)
 
-    def fused_norm() -> torch.Tensor:
-        grads = [p.grad for p in params if p.grad is not None]
-        return torch.linalg.vector_norm(
-            torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32)), 2.0
-        )
-
-    def loss_times_one() -> None:
-        lm_loss(model, batch).mul(1.0).backward()
-
-    def loss_alone() -> None:
-        lm_loss(model, batch).backward()
+    def detectors() -> None:
+        suite.observe(stats)
+        stats.step += 1
+        stats.tick += 1
 
     pieces: dict[str, Callable[[], Any]] = {
-        "global_grad_norm (as is)": lambda: global_grad_norm(params),
-        "  one _foreach_norm(dtype=fp32) + stack": fused_norm,
-        "memory_in_use: open /proc/self/statm": lambda: memory_in_use(torch.device("cpu")),
-        "  os.pread on a kept descriptor": lambda: int(os.pread(fd, 64, 0).split()[1]) * page,
-        "forward+backward with loss * 1.0": loss_times_one,
-        "  forward+backward without the multiply": loss_alone,
+        "gradient norm (GradNorm, one _foreach_norm)": lambda: norm().item(),
+        "RSS from /proc (every read)": process_rss_bytes,
+        "MemoryProbe.read (RSS at most every 20 ms)": probe.read,
+        "StepStats + metrics record": lambda: _stats(1).to_metrics(),
+        "every default detector (DetectorSuite)": detectors,
     }
+    names = list(pieces)
     times: dict[str, list[float]] = {k: [] for k in pieces}
     for i in range(steps):
-        batch = corpus.batch(i)
         model.zero_grad(set_to_none=True)
-        lm_loss(model, batch).backward()  # fresh gradients, caches as after a real step
-        for name in list(pieces)[i % len(pieces) :] + list(pieces)[: i % len(pieces)]:
-            t0 = time.perf_counter()
-            pieces[name]()
-            times[name].append(time.perf_counter() - t0)
-    os.close(fd)
+        lm_loss(model, corpus.batch(i)).backward()
+        name = names[i % len(names)]
+        t0 = time.perf_counter()
+        pieces[name]()
+        times[name].append(time.perf_counter() - t0)
     return [(k, statistics.median(v) * 1e6) for k, v in times.items()]
 
 
@@ -284,33 +299,35 @@ def _stats(i: int) -> StepStats:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="fewer rounds (smoke run)")
-    p.add_argument("--only", choices=["tiny", "50M"], help="run one configuration")
+    p.add_argument("--quick", action="store_true", help="fewer steps (smoke run)")
+    p.add_argument("--only", choices=[s.name for s in SETUPS], help="run one configuration")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument("--profile", action="store_true", help="cProfile the tiny guarded blocks")
+    p.add_argument("--profile", action="store_true", help="cProfile the tiny guarded steps")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     print(f"torch {torch.__version__}, {args.threads} thread(s)")
-    print(f"{'config':7} {'params':>11} {'plain ms':>9} {'guard ms':>9} {'ratio':>7} "
-          f"{'(min..max)':>15} {'mean ratio':>10} | snapshot: {'in run ms':>9} {'share':>6}"
-          f" {'alone ms':>8} {'share':>6}")  # fmt: skip
-    for s in (TINY, BIG):
+    print(f"{'config':10} {'params':>11} {'plain ms':>9} {'guard ms':>9} {'extra us':>8} "
+          f"{'ratio':>7} | {'chunks: median':>14} {'(min..max)':>15} | {'mean ratio':>10}")  # fmt: skip
+    results = {}
+    for s in SETUPS:
         if args.only and s.name != args.only:
             continue
-        rounds = max(2, s.rounds // 3) if args.quick else s.rounds
-        r = compare(s, rounds, profile=args.profile and s is TINY)
+        pairs = max(20, s.pairs // 5) if args.quick else s.pairs
+        r = results[s.name] = compare(s, pairs, profile=args.profile and s is TINY)
         print(
-            f"{s.name:7} {r['params']:>11,} {r['plain_ms']:9.2f} {r['guarded_ms']:9.2f} "
-            f"{r['ratio']:7.4f} {r['ratio_min']:7.4f}..{r['ratio_max']:6.4f} "
-            f"{r['mean_ratio']:10.4f} |           {r['snap_extra_ms']:9.1f} {r['snap_share']:6.2%}"
-            f" {r['snap_direct_ms']:8.1f} {r['snap_direct_share']:6.2%}",
+            f"{s.name:10} {r['params']:>11,} {r['plain_ms']:9.2f} {r['guarded_ms']:9.2f} "
+            f"{r['extra_us']:8.0f} {r['ratio']:7.4f} | {r['chunk_median']:14.4f} "
+            f"{r['chunk_min']:7.4f}..{r['chunk_max']:6.4f} | {r['mean_ratio']:10.4f}"
+            + (f"  (policy acted: {', '.join(r['actions'])})" if r["actions"] else ""),
             flush=True,
         )
+    print("\nsnapshots (every 10 steps), amortized as a share of the plain step:")
+    for name, r in results.items():
         print(
-            f"{'':7} snapshot into recycled buffers (a full ring's steady state): "
-            f"{r['snap_recycled_ms']:.1f} ms, {r['snap_recycled_share']:.2%} amortized",
-            flush=True,
+            f"  {name:10} in run {r['snap_extra_ms']:8.1f} ms {r['snap_share']:6.2%} | "
+            f"alone {r['snap_direct_ms']:7.1f} ms {r['snap_direct_share']:6.2%} | "
+            f"recycled {r['snap_recycled_ms']:7.1f} ms {r['snap_recycled_share']:6.2%}"
         )
     print("\nper-detector cost (tiny model batches, µs/step, mean over steps):")
     for name, us in detector_costs():

@@ -17,26 +17,9 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
 
     One `_foreach_norm` per device and dtype; a NaN or inf anywhere makes
     the result non-finite, which is how non-finite gradients are detected.
+    For repeated calls on the same parameters keep a `GradNorm`.
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    by_device: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for g in grads:
-        by_device.setdefault((g.device, g.dtype), []).append(g)
-    device = grads[0].device
-    # Norms in float32: fp16 gradients of 6e4 would otherwise overflow to inf
-    # and look like non-finite gradients.
-    norms = [
-        torch.linalg.vector_norm(
-            torch.stack(torch._foreach_norm(group, 2.0, dtype=torch.float32)), 2.0
-        )
-        for group in by_device.values()
-    ]
-    if len(norms) == 1:
-        return norms[0]
-    total: torch.Tensor = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
-    return total
+    return GradNorm(params)()
 
 
 class GradNorm:

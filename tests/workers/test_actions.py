@@ -29,14 +29,17 @@ def make_job(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any
     return model, opt, sched, corpus
 
 
-def plain_train(steps: int, seed: int = 0) -> list[dict[str, Any]]:
-    """Reference: an unguarded loop; the state after every step."""
+def plain_train(steps: int, seed: int = 0, clip: float | None = None) -> list[dict[str, Any]]:
+    """Reference: an unguarded loop (clipping gradients at `clip` if given); the state after
+    every step."""
     model, opt, sched, corpus = make_job(seed)
     states = [snapshot_state(model, opt, sched)]
     for i in range(steps):
         loss = lm_loss(model, corpus.batch(i))
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         sched.step()
         states.append(snapshot_state(model, opt, sched))
@@ -101,6 +104,17 @@ def test_guard_is_transparent() -> None:
     guard, it = guarded(12)
     train(guard, it, 12)
     assert_same_state(snapshot_state(guard.model, guard.optimizer, guard.scheduler), ref[12])
+    guard.close()
+
+
+def test_grad_clip_is_torchs_clipping() -> None:
+    """GuardConfig(grad_clip=...) reuses the Guard's gradient norm and clips exactly as
+    torch.nn.utils.clip_grad_norm_ in a plain loop does (the clip binds: lr 1e-2, norms > 0.05)."""
+    ref = plain_train(8, clip=0.05)
+    guard, it = guarded(8, grad_clip=0.05)
+    norms = [guard.step(next(it)).grad_norm for _ in range(8)]
+    assert min(norms) > 0.05
+    assert_same_state(snapshot_state(guard.model, guard.optimizer, guard.scheduler), ref[8])
     guard.close()
 
 
