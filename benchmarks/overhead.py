@@ -201,8 +201,10 @@ def compare(s: Setup, pairs: int, profile: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
         guarded.guard.take_snapshot(into=spare)
         recycled.append(time.perf_counter() - t0)
-    actions = [o.action for o in guarded.guard.history]
     guarded.guard.close()
+    # What the default policy did in the guarded run (nothing, on a clean run).
+    journal = guarded.guard.reporter.controller.decisions  # type: ignore[attr-defined]
+    actions = [f"{d['anomaly']['kind']}@{d['step']}->{d['action']}" for d in journal]
     if prof is not None:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)

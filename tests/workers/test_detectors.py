@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -109,6 +110,22 @@ def test_loss_spike_silent_on_clean_runs() -> None:
             e for i, x in enumerate(clean_losses(2000, seed)) for e in det.observe(stats(i, loss=x))
         ]
         assert events == [], f"seed {seed}: {events[:2]}"
+
+
+def test_loss_spike_silent_on_recorded_heavy_tailed_runs() -> None:
+    """Real per-step losses of clean tiny-model runs (tests/workers/data/clean_losses.json,
+    recorded by record_clean_losses.py): the default detector stays silent on every one, while
+    a 50-step window with z 8 (the former defaults) calls their natural tails spikes."""
+    runs = json.loads((Path(__file__).parent / "data" / "clean_losses.json").read_text())
+    former = 0
+    for name, losses in runs.items():
+        assert len(losses) == 2000
+        det = LossSpikeDetector()
+        events = [e for i, x in enumerate(losses) for e in det.observe(stats(i, loss=x))]
+        assert events == [], f"{name}: {[(e.step, e.details) for e in events]}"
+        old = LossSpikeDetector(window=50, z_threshold=8.0)
+        former += sum(len(old.observe(stats(i, loss=x))) for i, x in enumerate(losses))
+    assert former >= 3
 
 
 def test_loss_spike_ignores_drops_and_warmup() -> None:

@@ -113,6 +113,7 @@ def run_guarded(
     faults: Sequence[Any] = (),
     event_sources: Sequence[Any] = (),
     snapshot_every: int = 10,
+    grad_clip: float | None = None,
 ) -> GuardedRun:
     """Train `steps` steps under a Guard (single-process mode, observe-only policy)."""
     from workers.context import WorkerContext  # noqa: PLC0415 - avoids an import cycle
@@ -125,6 +126,7 @@ def run_guarded(
         policy=str(observe_only_policy(policy_dir)),
         amp_dtype=amp_dtype,
         snapshot_every=snapshot_every,
+        grad_clip=grad_clip,
     )
     guard = Guard(
         model,
