@@ -24,7 +24,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,14 @@ from workers.measure import (
     first_nonfinite_param,
     module_grad_norms,
 )
-from workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host, restore_rng
+from workers.snapshots import (
+    Snapshot,
+    SnapshotRing,
+    blank_like,
+    capture_rng,
+    clone_to_host,
+    restore_rng,
+)
 from workers.stats import StepStats
 
 log = structlog.get_logger("remedy.guard")
@@ -172,6 +179,9 @@ class Guard:
         # Checkpoint writes in flight, by id of the snapshot they read; such a
         # snapshot's buffers are not recycled until its write is done.
         self._writes: dict[int, Future[Any]] = {}
+        # Buffers for the next snapshot while the ring fills (see _snapshot).
+        self._spare: Future[Snapshot] | None = None
+        self._pool: ThreadPoolExecutor | None = None
         # With a process group of several ranks, commands are applied by agreement (see _boundary).
         self._group: Any = None
         self._group_device = torch.device("cpu")
@@ -237,13 +247,31 @@ class Guard:
         if self.step_count % self.config.snapshot_every == 0 and (
             not len(self.snapshots) or self.snapshots.steps()[-1] != self.step_count
         ):
-            reuse = self.snapshots.recyclable(self.step_count)
-            if reuse is not None and not self._writes.pop(id(reuse), _DONE).done():
-                reuse = None  # the checkpoint writer still reads it
-            snap = self.take_snapshot(into=reuse)
-            self.snapshots.push(snap)
-            if self.checkpoints is not None and self.step_count % self.config.checkpoint_every == 0:
-                self._writes[id(snap)] = self.checkpoints.save(snap)
+            self._snapshot()
+
+    def _snapshot(self) -> None:
+        """Snapshot this boundary into the cheapest buffers at hand.
+
+        A full ring hands over the snapshot it is about to evict. While the
+        ring fills there is none, and a fresh multi-GB host copy spends most
+        of its time in page faults (1.6 s of a 50M-parameter model's 1.8 s
+        step on CPU): a helper thread fills buffers shaped like the newest
+        snapshot in the meantime (torch releases the GIL while filling), and
+        the next snapshot copies into them if they are ready.
+        """
+        reuse = self.snapshots.recyclable(self.step_count)
+        if reuse is not None and not self._writes.pop(id(reuse), _DONE).done():
+            reuse = None  # the checkpoint writer still reads it
+        if reuse is None and self._spare is not None and self._spare.done():
+            reuse, self._spare = self._spare.result(), None
+        snap = self.take_snapshot(into=reuse)
+        self.snapshots.push(snap)
+        if self.checkpoints is not None and self.step_count % self.config.checkpoint_every == 0:
+            self._writes[id(snap)] = self.checkpoints.save(snap)
+        if not self.snapshots.full and self._spare is None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="remedy-snapshot")
+            self._spare = self._pool.submit(_blank_snapshot, snap)
 
     def _take_commands(self) -> None:
         for raw in self.reporter.poll():
@@ -557,6 +585,9 @@ class Guard:
         self._send(wait=True)
         if self.checkpoints is not None:
             self.checkpoints.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._spare = None
         losses = [s.loss for s in list(self.recent_stats)[-10:] if math.isfinite(s.loss)]
         self.summary = {
             "rank": self.rank,
@@ -595,6 +626,13 @@ class LocalReporter:
         self.controller.finish()
         if self.controller.run_dir is not None:
             self.controller.run_dir.close()
+
+
+def _blank_snapshot(like: Snapshot) -> Snapshot:
+    """Zero-filled (page-faulted) host buffers shaped like `like`'s model and optimizer state."""
+    return dataclasses.replace(
+        like, model=blank_like(like.model), optimizer=blank_like(like.optimizer)
+    )
 
 
 def _metrics_record(stats: StepStats, chaos: list[dict[str, Any]]) -> dict[str, Any]:

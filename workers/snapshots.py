@@ -45,6 +45,23 @@ def clone_to_host(tree: Any, into: Any = None) -> Any:
     return tree
 
 
+def blank_like(tree: Any) -> Any:
+    """A tree shaped like `tree` whose tensors are new zero-filled host tensors.
+
+    Filling touches every page, so a later `clone_to_host(..., into=blank)`
+    copies without page faults: the Guard builds one on a helper thread
+    while the ring fills, so the copy at the next snapshot is the only cost.
+    """
+    if isinstance(tree, torch.Tensor):
+        return torch.zeros(tree.shape, dtype=tree.dtype, device="cpu")
+    if isinstance(tree, dict):
+        return {k: blank_like(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        items = [blank_like(v) for v in tree]
+        return items if isinstance(tree, list) else tuple(items)
+    return tree
+
+
 def capture_rng() -> dict[str, Any]:
     """The state of every RNG a training step may draw from."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -126,6 +143,10 @@ class SnapshotRing:
         if full and self._ring[-1].step < step:
             return self._ring[0]
         return None
+
+    @property
+    def full(self) -> bool:
+        return len(self._ring) == self._ring.maxlen
 
     def newest_at_or_before(self, step: int) -> Snapshot | None:
         """The newest snapshot whose step is at most `step`."""

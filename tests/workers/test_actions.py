@@ -345,3 +345,34 @@ def test_recycled_snapshot_buffers_restore_exactly(tmp_path: Path) -> None:
     assert last_outcome(guard).result["restored_step"] == 30
     assert_same_state(snapshot_state(guard.model, guard.optimizer, guard.scheduler), ref[30])
     guard.close()
+
+
+def test_snapshots_fill_the_ring_into_prefaulted_buffers() -> None:
+    """While the ring fills, a helper thread prepares zero-filled buffers shaped like the newest
+    snapshot; the next snapshot copies into them, and a rollback to it is still exact."""
+    ref = plain_train(12)
+    guard, it = guarded(40, snapshot_ring=6)  # snapshots every 5 steps
+    train(guard, it, 6)  # snapshots at 0 and 5; buffers shaped like step 5's are on the way
+    assert guard._spare is not None
+    spare = guard._spare.result(timeout=30)
+    assert all(not t.any() for t in spare.model.values())
+    prepared = {t.data_ptr() for t in spare.model.values()}
+    train(guard, it, 5)  # the boundary before step 10 snapshots into them
+    at10 = list(guard.snapshots)[-1]
+    assert at10.step == 10
+    assert {t.data_ptr() for t in at10.model.values()} == prepared
+    assert guard._spare is not None and guard._spare is not spare  # the next one is prepared
+    guard.submit(command("rollback", anomaly_step=11, steps_back=1))
+    next(it)
+    assert last_outcome(guard).result["restored_step"] == 10
+    assert_same_state(snapshot_state(guard.model, guard.optimizer, guard.scheduler), ref[10])
+    guard.close()
+    assert guard._spare is None
+
+
+def test_a_full_ring_prepares_no_buffers() -> None:
+    """Once full, the ring recycles its evicted snapshot: no helper-thread buffers are made."""
+    guard, it = guarded(40, snapshot_ring=2)
+    train(guard, it, 16)  # snapshots at 0, 5, 10, 15: full since 5
+    assert guard.snapshots.full and guard._spare is None
+    guard.close()
