@@ -16,7 +16,7 @@ Configurations: `example` is the shipped example's model and batch
 (examples/pretrain_gpt.py defaults, 0.8M parameters); `tiny` a smaller one
 (2 layers, width 64, batches of 8x32 tokens; 5 ms steps on one CPU thread,
 where the Guard's fixed per-step host work shows most); `50M` a ~50M-parameter
-GPT. `tiny+clip` compares a plain loop that clips gradients at 1.0
+GPT. `tiny+clip` and `example+clip` compare a plain loop that clips gradients at 1.0
 (`clip_grad_norm_`, as GPT recipes do) with a Guard doing the same clipping
 (`GuardConfig(grad_clip=1.0)`), which reuses its gradient norm for it.
 
@@ -28,7 +28,7 @@ with a snapshot (while the ring fills, every snapshot lands in fresh memory);
 as a full ring does. Then the cost of each default detector per step on the
 tiny model's real batches, and the Guard's own per-step pieces.
 
-    python benchmarks/overhead.py            # every configuration (~6 min on one core)
+    python benchmarks/overhead.py            # every configuration (~8 min on one core)
     python benchmarks/overhead.py --quick    # fewer steps, for a smoke run
     python benchmarks/overhead.py --only example
     python benchmarks/overhead.py --profile  # cProfile of the tiny config's guarded steps
@@ -91,7 +91,8 @@ SETUPS = [
     Setup("tiny", TINY_CFG, 8, pairs=1500, warmup=30),
     Setup("tiny+clip", TINY_CFG, 8, pairs=1500, warmup=30, clip=1.0),
     # examples/pretrain_gpt.py's defaults: 4 layers, width 128, 64 tokens, batches of 16.
-    Setup("example", GPTConfig(), 16, pairs=300, warmup=10),
+    Setup("example", GPTConfig(), 16, pairs=400, warmup=10),
+    Setup("example+clip", GPTConfig(), 16, pairs=400, warmup=10, clip=1.0),
     # ~50.6M parameters: 8 blocks of width 704 and a 4096-token vocabulary.
     Setup(
         "50M",
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     print(f"torch {torch.__version__}, {args.threads} thread(s)")
-    print(f"{'config':10} {'params':>11} {'plain ms':>9} {'guard ms':>9} {'extra us':>8} "
+    print(f"{'config':12} {'params':>11} {'plain ms':>9} {'guard ms':>9} {'extra us':>8} "
           f"{'ratio':>7} | {'chunks: median':>14} {'(min..max)':>15} | {'mean ratio':>10}")  # fmt: skip
     results = {}
     for s in SETUPS:
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
         pairs = max(20, s.pairs // 5) if args.quick else s.pairs
         r = results[s.name] = compare(s, pairs, profile=args.profile and s is TINY)
         print(
-            f"{s.name:10} {r['params']:>11,} {r['plain_ms']:9.2f} {r['guarded_ms']:9.2f} "
+            f"{s.name:12} {r['params']:>11,} {r['plain_ms']:9.2f} {r['guarded_ms']:9.2f} "
             f"{r['extra_us']:8.0f} {r['ratio']:7.4f} | {r['chunk_median']:14.4f} "
             f"{r['chunk_min']:7.4f}..{r['chunk_max']:6.4f} | {r['mean_ratio']:10.4f}"
             + (f"  (policy acted: {', '.join(r['actions'])})" if r["actions"] else ""),
@@ -329,7 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\nsnapshots (every 10 steps), amortized as a share of the plain step:")
     for name, r in results.items():
         print(
-            f"  {name:10} in run {r['snap_extra_ms']:8.1f} ms {r['snap_share']:6.2%} | "
+            f"  {name:12} in run {r['snap_extra_ms']:8.1f} ms {r['snap_share']:6.2%} | "
             f"alone {r['snap_direct_ms']:7.1f} ms {r['snap_direct_share']:6.2%} | "
             f"recycled {r['snap_recycled_ms']:7.1f} ms {r['snap_recycled_share']:6.2%}"
         )
