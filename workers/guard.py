@@ -182,6 +182,7 @@ class Guard:
         # Buffers for the next snapshot while the ring fills (see _snapshot).
         self._spare: Future[Snapshot] | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._prepare_spares = True
         # With a process group of several ranks, commands are applied by agreement (see _boundary).
         self._group: Any = None
         self._group_device = torch.device("cpu")
@@ -263,12 +264,18 @@ class Guard:
         if reuse is not None and not self._writes.pop(id(reuse), _DONE).done():
             reuse = None  # the checkpoint writer still reads it
         if reuse is None and self._spare is not None and self._spare.done():
-            reuse, self._spare = self._spare.result(), None
+            spare, self._spare = self._spare, None
+            failed = spare.exception()
+            if failed is None:
+                reuse = spare.result()
+            else:  # out of host memory, say: snapshots go to fresh memory as before
+                log.warning("snapshot buffers not prepared; not trying again", error=repr(failed))
+                self._prepare_spares = False
         snap = self.take_snapshot(into=reuse)
         self.snapshots.push(snap)
         if self.checkpoints is not None and self.step_count % self.config.checkpoint_every == 0:
             self._writes[id(snap)] = self.checkpoints.save(snap)
-        if not self.snapshots.full and self._spare is None:
+        if not self.snapshots.full and self._spare is None and self._prepare_spares:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="remedy-snapshot")
             self._spare = self._pool.submit(_blank_snapshot, snap)

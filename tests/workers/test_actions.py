@@ -14,6 +14,7 @@ import torch
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
 from workers import Command, Guard, GuardConfig
 from workers import actions as actions_mod
+from workers import guard as guard_mod
 from workers.exceptions import TransientActionError
 
 CFG = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -375,4 +376,25 @@ def test_a_full_ring_prepares_no_buffers() -> None:
     guard, it = guarded(40, snapshot_ring=2)
     train(guard, it, 16)  # snapshots at 0, 5, 10, 15: full since 5
     assert guard.snapshots.full and guard._spare is None
+    guard.close()
+
+
+def test_snapshots_survive_failing_buffer_preparation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the helper thread cannot prepare buffers (host memory, say), snapshots go to fresh
+    memory as before, training goes on, and no more buffers are tried."""
+    calls = []
+
+    def fail(like: Any) -> Any:
+        calls.append(like.step)
+        raise MemoryError("no host memory for the next snapshot")
+
+    monkeypatch.setattr(guard_mod, "_blank_snapshot", fail)
+    ref = plain_train(12)
+    guard, it = guarded(40, snapshot_ring=6)
+    train(guard, it, 12)
+    assert calls == [0]
+    assert [s.step for s in guard.snapshots] == [0, 5, 10]
+    guard.submit(command("rollback", anomaly_step=11, steps_back=1))
+    next(it)
+    assert_same_state(snapshot_state(guard.model, guard.optimizer, guard.scheduler), ref[10])
     guard.close()
