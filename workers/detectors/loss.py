@@ -48,6 +48,10 @@ class LossSpikeDetector:
     abs_tol: float = 0.0
     name: str = "loss_spike"
     _losses: deque[float] = field(default_factory=deque)
+    _recent: deque[float] = field(init=False)  # the last `level_window` of them
+
+    def __post_init__(self) -> None:
+        self._recent = deque(maxlen=self.level_window)
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         loss = stats.loss
@@ -56,8 +60,7 @@ class LossSpikeDetector:
         out: list[AnomalyEvent] = []
         losses = self._losses
         if len(losses) >= self.min_history:
-            recent = sorted(losses[i] for i in range(-min(self.level_window, len(losses)), 0))
-            level = _median_sorted(recent)
+            level = _median_sorted(sorted(self._recent))
             margin = max(self.rel_tol * abs(level), self.abs_tol)
             # Most steps fail the margin test; the noise scale (a sort) is needed only past it.
             if loss - level > margin:
@@ -77,12 +80,14 @@ class LossSpikeDetector:
                     )
         if not out:
             losses.append(loss)
+            self._recent.append(loss)
             if len(losses) > self.window:
                 losses.popleft()
         return out
 
     def reset(self) -> None:
         self._losses.clear()
+        self._recent.clear()
 
 
 def _difference_sigma(xs: deque[float]) -> float:
