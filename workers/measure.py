@@ -12,21 +12,13 @@ import torch
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def global_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
-    """L2 norm over every gradient, as a device tensor (no host sync).
-
-    One `_foreach_norm` per device and dtype; a NaN or inf anywhere makes
-    the result non-finite, which is how non-finite gradients are detected.
-    For repeated calls on the same parameters keep a `GradNorm`.
-    """
-    return GradNorm(params)()
-
-
 class GradNorm:
-    """`global_grad_norm` of a fixed list of parameters, grouped by device and dtype once.
+    """The L2 norm over every gradient of a fixed list of parameters, as a device tensor.
 
-    The Guard calls it every step; grouping the gradients anew each time
-    costs more than the norm of a small model.
+    One `_foreach_norm` per device and dtype group (grouped once: grouping
+    anew each step costs more than the norm of a small model); no host sync.
+    A NaN or inf anywhere makes the result non-finite, which is how the Guard
+    detects non-finite gradients.
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter]) -> None:
@@ -98,23 +90,14 @@ def process_rss_bytes() -> int | None:
         return None
 
 
-def memory_in_use(device: torch.device) -> tuple[int | None, int | None, int | None]:
-    """(allocated, reserved, capacity) bytes: the CUDA allocator's on GPU, RSS on CPU."""
-    if device.type == "cuda":
-        allocated = torch.cuda.memory_allocated(device)
-        reserved = torch.cuda.memory_reserved(device)
-        capacity = torch.cuda.get_device_properties(device).total_memory
-        return allocated, reserved, capacity
-    return process_rss_bytes(), None, None
-
-
 class MemoryProbe:
-    """`memory_in_use` for one device, cheap enough to call every step.
+    """(allocated, reserved, capacity) bytes of one device, cheap enough to read every step.
 
-    On CUDA the allocator's counters are plain reads. On CPU the resident
-    set comes from /proc, a system call that costs 25-40 us right after a
-    step has freed its activations (the kernel is still unmapping them), so
-    it is read at most once every `min_interval_s` and the last reading is
+    On CUDA these are the caching allocator's counters and the device's total
+    memory, plain reads. On CPU only the first is known: the resident set,
+    from /proc, a system call that costs 25-40 us right after a step has
+    freed its activations (the kernel is still unmapping them), so it is
+    read at most once every `min_interval_s` and the last reading is
     returned in between: on 5 ms steps that is one read in four, on steps
     longer than the interval every step reads. The memory detectors look at
     trends over tens of steps, which a reading a few steps old does not change.
