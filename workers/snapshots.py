@@ -139,8 +139,7 @@ class SnapshotRing:
 
     def recyclable(self, step: int) -> Snapshot | None:
         """The snapshot that pushing one at `step` will evict (the oldest of a full ring), if any."""
-        full = len(self._ring) == self._ring.maxlen
-        if full and self._ring[-1].step < step:
+        if self.full and self._ring[-1].step < step:
             return self._ring[0]
         return None
 
