@@ -23,7 +23,6 @@ About two minutes on two shared CPU cores.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 import time
@@ -37,7 +36,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere in the repo
 
-from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss  # noqa: E402
+from examples.gpt_model import (  # noqa: E402
+    GPT,
+    GPTConfig,
+    SyntheticCorpus,
+    cosine_with_warmup,
+    lm_loss,
+)
 from workers import Fault, Guard, GuardConfig, WorkerContext  # noqa: E402
 from workers.detectors import default_detectors  # noqa: E402
 from workers.detectors.testing import observe_only_policy  # noqa: E402
@@ -45,16 +50,6 @@ from workers.detectors.testing import observe_only_policy  # noqa: E402
 AT = 300  # every fault starts here
 TINY = GPTConfig(n_layer=2, n_embd=64, block_size=32)
 FP16 = GPTConfig(n_layer=1, n_embd=32, block_size=16)  # fp16 autocast on CPU is slow: smaller
-
-
-def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 @dataclass
@@ -127,7 +122,7 @@ def guarded_run(
     torch.manual_seed(0)
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor or warmup_cosine(30, steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor or cosine_with_warmup(30, steps))
     corpus = SyntheticCorpus(block_size=cfg.block_size, batch_size=8)
     scaler = torch.amp.GradScaler("cpu") if fp16_storm else None
 

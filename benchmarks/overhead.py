@@ -57,23 +57,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere in the repo
 
-from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss  # noqa: E402
+from examples.gpt_model import (  # noqa: E402
+    GPT,
+    GPTConfig,
+    SyntheticCorpus,
+    cosine_with_warmup,
+    lm_loss,
+)
 from workers import Guard, GuardConfig  # noqa: E402
 from workers.detectors import DetectorSuite, default_detectors  # noqa: E402
 from workers.measure import GradNorm, MemoryProbe, process_rss_bytes  # noqa: E402
 from workers.stats import StepStats  # noqa: E402
-
-
-def cosine_with_warmup(warmup: int, total: int) -> Callable[[int], float]:
-    """The example's schedule (examples/pretrain_gpt.py): linear warm-up, cosine decay to 10%."""
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 @dataclass(frozen=True)

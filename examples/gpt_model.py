@@ -15,6 +15,7 @@ real structure, so the loss falls far below its starting value of ln(vocab).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -127,6 +128,19 @@ def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy on a (batch, block_size + 1) token tensor."""
     logits = model(batch[:, :-1])
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+def cosine_with_warmup(warmup: int, total: int) -> Callable[[int], float]:
+    """The example's LR multiplier: linear warm-up over `warmup` steps, then cosine decay to 10%
+    at `total`."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
+
+    return factor
 
 
 class SyntheticCorpus:

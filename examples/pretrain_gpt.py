@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import math
 import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
+from gpt_model import GPT, GPTConfig, SyntheticCorpus, cosine_with_warmup, lm_loss
 
 from workers import Guard, GuardConfig, get_context
 from workers.kv_cache import KVCache, generate, kv_fragmentation_event
@@ -51,18 +50,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--policy", default=None, help="single-process mode only")
     p.add_argument("--run-dir", default=None, help="single-process mode only")
     return p.parse_args(argv)
-
-
-def cosine_with_warmup(warmup: int, total: int) -> Any:
-    """LR multiplier: linear warm-up, then cosine decay to 10%."""
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
+from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, cosine_with_warmup, lm_loss
 from workers.detectors import default_detectors
 from workers.detectors.testing import run_guarded
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def warmup_cosine(warmup: int, total: int) -> object:
-    """The example's schedule: linear warm-up, then cosine decay to 10%."""
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 @pytest.mark.slow
@@ -36,7 +23,7 @@ def test_clean_example_run_raises_no_anomaly(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_embd=64, block_size=32))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(30, steps))  # type: ignore[arg-type]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(30, steps))  # type: ignore[arg-type]
     corpus = SyntheticCorpus(block_size=32, batch_size=8)
     detectors = default_detectors(model)
     run = run_guarded(

@@ -12,7 +12,6 @@ tests/workers/test_detectors.py replays them.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -21,7 +20,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss  # noqa: E402
+from examples.gpt_model import (  # noqa: E402
+    GPT,
+    GPTConfig,
+    SyntheticCorpus,
+    cosine_with_warmup,
+    lm_loss,
+)
 
 VARIANTS = [  # (data seed, clip, beta2)
     (0, 1.0, 0.95),
@@ -37,12 +42,7 @@ def record(seed: int, clip: float | None, beta2: float) -> list[float]:
     model = GPT(GPTConfig(n_layer=2, n_embd=64, block_size=32))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, beta2))
 
-    def factor(step: int) -> float:  # the example's warm-up and cosine decay to 10%
-        if step < 30:
-            return (step + 1) / 30
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * min((step - 30) / (STEPS - 30), 1.0)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(30, STEPS))
     corpus = SyntheticCorpus(block_size=32, batch_size=8, seed=seed)
     out = []
     for i in range(STEPS):
