@@ -43,9 +43,9 @@ from examples.gpt_model import (  # noqa: E402
     cosine_with_warmup,
     lm_loss,
 )
-from workers import Fault, Guard, GuardConfig, WorkerContext  # noqa: E402
-from workers.detectors import default_detectors  # noqa: E402
-from workers.detectors.testing import observe_only_policy  # noqa: E402
+from remedy.workers import Fault, Guard, GuardConfig, WorkerContext  # noqa: E402
+from remedy.workers.detectors import default_detectors  # noqa: E402
+from remedy.workers.detectors.testing import observe_only_policy  # noqa: E402
 
 AT = 300  # every fault starts here
 TINY = GPTConfig(n_layer=2, n_embd=64, block_size=32)

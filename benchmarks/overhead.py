@@ -65,10 +65,10 @@ from examples.gpt_model import (  # noqa: E402
     cosine_with_warmup,
     lm_loss,
 )
-from workers import Guard, GuardConfig  # noqa: E402
-from workers.detectors import DetectorSuite, default_detectors  # noqa: E402
-from workers.measure import GradNorm, MemoryProbe, process_rss_bytes  # noqa: E402
-from workers.stats import StepStats  # noqa: E402
+from remedy.workers import Guard, GuardConfig  # noqa: E402
+from remedy.workers.detectors import DetectorSuite, default_detectors  # noqa: E402
+from remedy.workers.measure import GradNorm, MemoryProbe, process_rss_bytes  # noqa: E402
+from remedy.workers.stats import StepStats  # noqa: E402
 
 
 @dataclass(frozen=True)

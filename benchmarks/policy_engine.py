@@ -29,7 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from policies import ANOMALY_KINDS, AnomalyEvent, Engine, Policy, load_policy, load_policy_text
+from remedy.policies import (
+    ANOMALY_KINDS,
+    AnomalyEvent,
+    Engine,
+    Policy,
+    load_policy,
+    load_policy_text,
+)
 
 GLOBAL_KINDS = ("loss_spike", "grad_norm_explosion", "scaler_overflow", "nonfinite_loss")
 LOCAL_KINDS = ("straggler", "data_stall", "gpu_thermal", "collective_slow", "memory_growth")

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from gpt_model import GPT, GPTConfig, SyntheticCorpus, cosine_with_warmup, lm_loss
 
-from workers import Guard, GuardConfig, get_context
-from workers.kv_cache import KVCache, generate, kv_fragmentation_event
+from remedy.workers import Guard, GuardConfig, get_context
+from remedy.workers.kv_cache import KVCache, generate, kv_fragmentation_event
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

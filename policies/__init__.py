@@ -6,13 +6,13 @@ decisions. See docs/policies.md for the language reference.
 
 from __future__ import annotations
 
-from policies._check import check_policy
-from policies._diagnostics import Diagnostic
-from policies._engine import Engine
-from policies._events import AnomalyEvent, Decision
-from policies._loader import bundled_policy_path, load_policy, load_policy_text
-from policies._rules import Policy, Rule, Step
-from policies._vocab import (
+from remedy.policies._check import check_policy
+from remedy.policies._diagnostics import Diagnostic
+from remedy.policies._engine import Engine
+from remedy.policies._events import AnomalyEvent, Decision
+from remedy.policies._loader import bundled_policy_path, load_policy, load_policy_text
+from remedy.policies._rules import Policy, Rule, Step
+from remedy.policies._vocab import (
     ACTIONS,
     ANOMALY_KINDS,
     DISRUPTIVE_ACTIONS,
@@ -22,7 +22,7 @@ from policies._vocab import (
     SUPERVISOR_ACTIONS,
     severity_rank,
 )
-from policies.exceptions import (
+from remedy.policies.exceptions import (
     EventError,
     OutcomeError,
     PolicyError,

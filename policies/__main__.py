@@ -1,10 +1,10 @@
-"""`python -m policies check|test FILE...`."""
+"""`python -m remedy.policies check|test FILE...`."""
 
 from __future__ import annotations
 
 import sys
 
-from policies.cli import main
+from remedy.policies.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

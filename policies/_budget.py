@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from policies._rules import Inhibit
+from remedy.policies._rules import Inhibit
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from policies._diagnostics import Diagnostic, sort_key
-from policies._loader import diagnose_text, resolve_policy_source
+from remedy.policies._diagnostics import Diagnostic, sort_key
+from remedy.policies._loader import diagnose_text, resolve_policy_source
 
 
 def check_policy(path: str | os.PathLike[str], *, strict: bool = False) -> list[Diagnostic]:

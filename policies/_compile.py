@@ -10,15 +10,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies._diagnostics import Diagnostic
-from policies._model import ActionStep, InhibitModel, PolicyModel, Predicate, RuleModel, RuleRef
-from policies._params import ACTION_PARAMS, params_dict
-from policies._predicates import Comparison, Matcher, combine
-from policies._rules import Backoff, Escalation, Inhibit, Policy, Rule, Step, freeze
-from policies._spans import Span
-from policies._types import suggest
-from policies._vocab import ACTIONS, severity_rank
-from policies._yaml import Document, Path
+from remedy.policies._diagnostics import Diagnostic
+from remedy.policies._model import (
+    ActionStep,
+    InhibitModel,
+    PolicyModel,
+    Predicate,
+    RuleModel,
+    RuleRef,
+)
+from remedy.policies._params import ACTION_PARAMS, params_dict
+from remedy.policies._predicates import Comparison, Matcher, combine
+from remedy.policies._rules import Backoff, Escalation, Inhibit, Policy, Rule, Step, freeze
+from remedy.policies._spans import Span
+from remedy.policies._types import suggest
+from remedy.policies._vocab import ACTIONS, severity_rank
+from remedy.policies._yaml import Document, Path
 
 
 def compile_policy(

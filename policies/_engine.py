@@ -24,15 +24,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from policies._budget import Budget
-from policies._engine_state import dump_state, load_state
-from policies._events import AnomalyEvent, Decision
-from policies._occurrence import Occurrence, Pending
-from policies._reasons import chain_text, condition, fires_text, fires_window, seen, sentence
-from policies._rules import Escalation, Policy, Rule, Step, thaw
-from policies._rulestate import GroupKey, RuleState
-from policies._vocab import DISRUPTIVE_ACTIONS, severity_rank
-from policies.exceptions import OutcomeError
+from remedy.policies._budget import Budget
+from remedy.policies._engine_state import dump_state, load_state
+from remedy.policies._events import AnomalyEvent, Decision
+from remedy.policies._occurrence import Occurrence, Pending
+from remedy.policies._reasons import chain_text, condition, fires_text, fires_window, seen, sentence
+from remedy.policies._rules import Escalation, Policy, Rule, Step, thaw
+from remedy.policies._rulestate import GroupKey, RuleState
+from remedy.policies._vocab import DISRUPTIVE_ACTIONS, severity_rank
+from remedy.policies.exceptions import OutcomeError
 
 _MAX_PENDING = 4096
 _MAX_ESCALATION_DEPTH = 8

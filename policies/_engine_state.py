@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from policies._budget import Budget
-from policies._events import AnomalyEvent
-from policies._occurrence import Occurrence, Pending
-from policies._rules import Escalation
-from policies._rulestate import RuleState
-from policies.exceptions import EventError, StateError
+from remedy.policies._budget import Budget
+from remedy.policies._events import AnomalyEvent
+from remedy.policies._occurrence import Occurrence, Pending
+from remedy.policies._rules import Escalation
+from remedy.policies._rulestate import RuleState
+from remedy.policies.exceptions import EventError, StateError
 
 if TYPE_CHECKING:
-    from policies._engine import Engine
+    from remedy.policies._engine import Engine
 
 FORMAT = 1
 

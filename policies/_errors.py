@@ -17,11 +17,11 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from policies._diagnostics import Diagnostic
-from policies._model import Strict
-from policies._params import ActionParams
-from policies._types import suggest
-from policies._yaml import Document, Path
+from remedy.policies._diagnostics import Diagnostic
+from remedy.policies._model import Strict
+from remedy.policies._params import ActionParams
+from remedy.policies._types import suggest
+from remedy.policies._yaml import Document, Path
 
 _TYPE_NAMES = {
     "dict": "a mapping",

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies._vocab import ANOMALY_KINDS, SEVERITIES, SOURCES
-from policies.exceptions import EventError
+from remedy.policies._vocab import ANOMALY_KINDS, SEVERITIES, SOURCES
+from remedy.policies.exceptions import EventError
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,9 @@ without `max_fires`.
 
 from __future__ import annotations
 
-from policies._diagnostics import Diagnostic
-from policies._rules import Policy, Rule
-from policies._yaml import Document
+from remedy.policies._diagnostics import Diagnostic
+from remedy.policies._rules import Policy, Rule
+from remedy.policies._yaml import Document
 
 
 def lint(policy: Policy, doc: Document) -> list[Diagnostic]:

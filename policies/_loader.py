@@ -13,14 +13,14 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from policies._compile import compile_policy
-from policies._diagnostics import Diagnostic, sort_key
-from policies._errors import diagnostics_from
-from policies._lint import lint
-from policies._model import PolicyModel
-from policies._rules import Policy
-from policies._yaml import load_yaml
-from policies.exceptions import PolicyError
+from remedy.policies._compile import compile_policy
+from remedy.policies._diagnostics import Diagnostic, sort_key
+from remedy.policies._errors import diagnostics_from
+from remedy.policies._lint import lint
+from remedy.policies._model import PolicyModel
+from remedy.policies._rules import Policy
+from remedy.policies._yaml import load_yaml
+from remedy.policies.exceptions import PolicyError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 BUNDLED = ("default", "conservative", "llm-pretrain")

@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from policies._params import (
+from remedy.policies._params import (
     AbortParams,
     CheckpointNowParams,
     ConfigureCudaAllocatorParams,
@@ -38,9 +38,9 @@ from policies._params import (
     SkipBatchesParams,
     SwitchKvAllocatorParams,
 )
-from policies._predicates import Comparison, parse_comparison
-from policies._spans import Span, parse_span
-from policies._types import (
+from remedy.policies._predicates import Comparison, parse_comparison
+from remedy.policies._spans import Span, parse_span
+from remedy.policies._types import (
     ActionName,
     AnomalyKind,
     Bool,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies._events import AnomalyEvent
-from policies._rules import Escalation
+from remedy.policies._events import AnomalyEvent
+from remedy.policies._rules import Escalation
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, PlainValidator, model_validator
 from pydantic_core import PydanticCustomError
 
-from policies._types import NonNegFloat, NonNegInt, name_validator, number_validator
+from remedy.policies._types import NonNegFloat, NonNegInt, name_validator, number_validator
 
 
 class ActionParams(BaseModel):

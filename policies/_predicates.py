@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic_core import PydanticCustomError
 
-from policies._events import AnomalyEvent
-from policies._vocab import severity_rank
+from remedy.policies._events import AnomalyEvent
+from remedy.policies._vocab import severity_rank
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,

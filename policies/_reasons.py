@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from policies._events import AnomalyEvent
-from policies._rules import Rule, Step
+from remedy.policies._events import AnomalyEvent
+from remedy.policies._rules import Rule, Step
 
 
 def ranks_text(ranks: Sequence[int]) -> str:

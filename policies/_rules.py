@@ -11,10 +11,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from policies._diagnostics import Diagnostic
-from policies._predicates import Matcher
-from policies._spans import Span
-from policies._vocab import DISRUPTIVE_ACTIONS
+from remedy.policies._diagnostics import Diagnostic
+from remedy.policies._predicates import Matcher
+from remedy.policies._spans import Span
+from remedy.policies._vocab import DISRUPTIVE_ACTIONS
 
 
 class FrozenMap(Mapping[str, Any]):

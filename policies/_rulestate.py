@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Any
 
-from policies._rules import Rule
-from policies._spans import Span
+from remedy.policies._rules import Rule
+from remedy.policies._spans import Span
 
 GroupKey = Any
 _RECENT_GROUPS = 256

@@ -13,15 +13,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from policies._diagnostics import Diagnostic
-from policies._events import AnomalyEvent, Decision
-from policies._loader import BUNDLED, bundled_policy_path, load_policy
-from policies._rules import Policy
-from policies._streams import parse_ranks, pattern_events
-from policies._testfile import CaseSpec, ExpectSpec, TestFileSpec, load_test_file
-from policies._yaml import Document
-from policies.exceptions import PolicyError, PolicyTestError
-from policies.testing import run_stream
+from remedy.policies._diagnostics import Diagnostic
+from remedy.policies._events import AnomalyEvent, Decision
+from remedy.policies._loader import BUNDLED, bundled_policy_path, load_policy
+from remedy.policies._rules import Policy
+from remedy.policies._streams import parse_ranks, pattern_events
+from remedy.policies._testfile import CaseSpec, ExpectSpec, TestFileSpec, load_test_file
+from remedy.policies._yaml import Document
+from remedy.policies.exceptions import PolicyError, PolicyTestError
+from remedy.policies.testing import run_stream
 
 
 @dataclass

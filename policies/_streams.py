@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from policies._events import AnomalyEvent
-from policies._vocab import ANOMALY_KINDS
-from policies.exceptions import PolicyTestError
+from remedy.policies._events import AnomalyEvent
+from remedy.policies._vocab import ANOMALY_KINDS
+from remedy.policies.exceptions import PolicyTestError
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|[-+]?inf"
 _TOKEN = re.compile(rf"(?P<v>_|{_NUMBER})(?:x(?P<n>\d+))?")

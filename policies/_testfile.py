@@ -22,10 +22,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Discriminator, Field, PlainValidator, Tag, ValidationError
 
-from policies._diagnostics import sort_key
-from policies._errors import diagnostics_from
-from policies._model import Strict, shape_tag
-from policies._types import (
+from remedy.policies._diagnostics import sort_key
+from remedy.policies._errors import diagnostics_from
+from remedy.policies._model import Strict, shape_tag
+from remedy.policies._types import (
     ActionName,
     AnomalyKind,
     Bool,
@@ -36,8 +36,8 @@ from policies._types import (
     name_validator,
     number_validator,
 )
-from policies._yaml import Document, load_yaml
-from policies.exceptions import PolicyError
+from remedy.policies._yaml import Document, load_yaml
+from remedy.policies.exceptions import PolicyError
 
 
 class StreamSpec(Strict):

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from pydantic import PlainValidator
 from pydantic_core import PydanticCustomError
 
-from policies._vocab import ACTIONS, ANOMALY_KINDS, SEVERITIES, SOURCES
+from remedy.policies._vocab import ACTIONS, ANOMALY_KINDS, SEVERITIES, SOURCES
 
 
 def suggest(word: str, choices: Sequence[str]) -> str:

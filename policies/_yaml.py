@@ -20,8 +20,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.scalarbool import ScalarBoolean
 
-from policies._diagnostics import Diagnostic
-from policies.exceptions import PolicyError
+from remedy.policies._diagnostics import Diagnostic
+from remedy.policies.exceptions import PolicyError
 
 Path = tuple[str | int, ...]
 Pos = tuple[int, int]

@@ -1,7 +1,7 @@
 """Command-line entry points: `check_main` and `test_main`.
 
 The supervisor's CLI wires them as `remedy policy check` and
-`remedy policy test`; `python -m policies check|test FILE...` runs them
+`remedy policy test`; `python -m remedy.policies check|test FILE...` runs them
 without it. Diagnostics and failures go to stderr, progress to stdout.
 """
 
@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from policies._check import check_policy
-from policies._runner import run_test_file
+from remedy.policies._check import check_policy
+from remedy.policies._runner import run_test_file
 
 
 def check_main(paths: list[str], *, strict: bool) -> int:
@@ -56,8 +56,8 @@ def _expand(paths: list[str], pattern: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m policies check [--strict] FILE...` / `python -m policies test FILE...`."""
-    parser = argparse.ArgumentParser(prog="python -m policies", description=__doc__)
+    """`python -m remedy.policies check [--strict] FILE...` / `python -m remedy.policies test FILE...`."""
+    parser = argparse.ArgumentParser(prog="python -m remedy.policies", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate and lint policy files")
     check.add_argument("--strict", action="store_true", help="treat warnings as errors")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from policies._diagnostics import Diagnostic
+    from remedy.policies._diagnostics import Diagnostic
 
 
 class PolicyPackageError(Exception):

@@ -1,6 +1,6 @@
 """Helpers for testing policies in pytest, the way `remedy policy test` does.
 
-    from policies.testing import stream, run_stream, assert_decisions
+    from remedy.policies.testing import stream, run_stream, assert_decisions
 
     events = stream("nonfinite_loss", "_x100 1x3", ranks=range(8))
     decisions = run_stream("default", events)
@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 
-from policies._engine import Engine
-from policies._events import AnomalyEvent, Decision
-from policies._loader import load_policy
-from policies._rules import Policy
-from policies._streams import parse_pattern, pattern_events
+from remedy.policies._engine import Engine
+from remedy.policies._events import AnomalyEvent, Decision
+from remedy.policies._loader import load_policy
+from remedy.policies._rules import Policy
+from remedy.policies._streams import parse_pattern, pattern_events
 
 __all__ = [
     "actions_by_step",

@@ -1,5 +1,5 @@
 import sys
 
-from supervisor.cli import main
+from remedy.supervisor.cli import main
 
 sys.exit(main())

@@ -17,12 +17,12 @@ from typing import Any
 import ray
 import structlog
 
-from policies import AnomalyEvent, Engine, PolicyError, load_policy, load_policy_text
-from supervisor.spec import RunSpec
-from supervisor.worker_group import WorkerGroup
-from workers.control import Controller
-from workers.logs import configure_logging
-from workers.rundir import RunDir
+from remedy.policies import AnomalyEvent, Engine, PolicyError, load_policy, load_policy_text
+from remedy.supervisor.spec import RunSpec
+from remedy.supervisor.worker_group import WorkerGroup
+from remedy.workers.control import Controller
+from remedy.workers.logs import configure_logging
+from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.supervisor")
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from supervisor.cluster import LOOPBACK_ENV
+from remedy.supervisor.cluster import LOOPBACK_ENV
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED = 0, 1, 2, 3
 STATUS_EXIT = {"completed": EXIT_OK, "aborted": EXIT_ABORTED, "failed": EXIT_FAILED}
@@ -99,11 +99,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from policies import PolicyError, load_policy  # noqa: PLC0415 - keep `remedy --help` fast
-    from supervisor.exceptions import TargetError  # noqa: PLC0415
-    from supervisor.target import split_target  # noqa: PLC0415
-    from workers.chaos import load_chaos  # noqa: PLC0415
-    from workers.exceptions import ChaosConfigError  # noqa: PLC0415
+    from remedy.policies import PolicyError, load_policy  # noqa: PLC0415 - keep `remedy --help` fast
+    from remedy.supervisor.exceptions import TargetError  # noqa: PLC0415
+    from remedy.supervisor.target import split_target  # noqa: PLC0415
+    from remedy.workers.chaos import load_chaos  # noqa: PLC0415
+    from remedy.workers.exceptions import ChaosConfigError  # noqa: PLC0415
 
     if args.workers < 1:
         print("remedy: error: --workers must be at least 1", file=sys.stderr)
@@ -123,10 +123,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"remedy: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    from supervisor.cluster import connect  # noqa: PLC0415
-    from supervisor.runner import format_summary, print_progress, run_supervised  # noqa: PLC0415
-    from supervisor.spec import RunSpec  # noqa: PLC0415
-    from workers.rundir import read_jsonl  # noqa: PLC0415
+    from remedy.supervisor.cluster import connect  # noqa: PLC0415
+    from remedy.supervisor.runner import format_summary, print_progress, run_supervised  # noqa: PLC0415
+    from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
+    from remedy.workers.rundir import read_jsonl  # noqa: PLC0415
 
     passthrough = args.args
     policy = str(Path(args.policy).resolve()) if Path(args.policy).is_file() else args.policy
@@ -164,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _policy(args: argparse.Namespace) -> int:
-    from policies.cli import check_main, test_main  # noqa: PLC0415
+    from remedy.policies.cli import check_main, test_main  # noqa: PLC0415
 
     if args.policy_command == "check":
         return check_main(args.files, strict=args.strict)
@@ -175,7 +175,7 @@ def _policy(args: argparse.Namespace) -> int:
 
 def _policy_apply(file: str, run_id: str) -> int:
     """Send a policy to a running supervisor; it validates before swapping, so a bad file changes nothing."""
-    from policies import PolicyError, load_policy  # noqa: PLC0415
+    from remedy.policies import PolicyError, load_policy  # noqa: PLC0415
 
     try:
         load_policy(file)  # fail here, with locations, before touching the cluster
@@ -212,8 +212,8 @@ def _find_supervisor(run_id: str) -> Any | None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from supervisor.runner import format_summary  # noqa: PLC0415
-    from workers.rundir import read_jsonl  # noqa: PLC0415
+    from remedy.supervisor.runner import format_summary  # noqa: PLC0415
+    from remedy.workers.rundir import read_jsonl  # noqa: PLC0415
 
     run_dir = Path(args.run_dir)
     summary_path = run_dir / "summary.json"
@@ -255,7 +255,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _chaos(args: argparse.Namespace) -> int:
-    from workers.chaos import FAULT_DESCRIPTIONS  # noqa: PLC0415
+    from remedy.workers.chaos import FAULT_DESCRIPTIONS  # noqa: PLC0415
 
     for kind, text in FAULT_DESCRIPTIONS.items():
         print(f"{kind:<24} {text}")

@@ -19,11 +19,11 @@ import ray
 import torch
 import torch.distributed as dist
 
-from supervisor.reporter import RayReporter
-from supervisor.target import call_target, load_target
-from workers import WorkerContext, set_context
-from workers.chaos import Fault
-from workers.logs import configure_logging
+from remedy.supervisor.reporter import RayReporter
+from remedy.supervisor.target import call_target, load_target
+from remedy.workers import WorkerContext, set_context
+from remedy.workers.chaos import Fault
+from remedy.workers.logs import configure_logging
 
 # How long a rank waits for its peers to join the process group.
 INIT_TIMEOUT_S = 120

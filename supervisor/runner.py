@@ -8,8 +8,8 @@ from typing import Any
 
 import ray
 
-from supervisor.actor import SupervisorActor
-from supervisor.spec import RunSpec
+from remedy.supervisor.actor import SupervisorActor
+from remedy.supervisor.spec import RunSpec
 
 PROGRESS_EVERY_S = 5.0
 

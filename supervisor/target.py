@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from supervisor.exceptions import TargetError
+from remedy.supervisor.exceptions import TargetError
 
 
 def split_target(target: str) -> tuple[str, str]:

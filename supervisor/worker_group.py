@@ -7,8 +7,8 @@ from typing import Any
 
 import ray
 
-from supervisor.rank import RankActor
-from supervisor.spec import RunSpec
+from remedy.supervisor.rank import RankActor
+from remedy.supervisor.spec import RunSpec
 
 
 class WorkerGroup:

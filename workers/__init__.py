@@ -6,12 +6,12 @@ boundaries. It imports neither Ray nor the supervisor: with no supervisor
 attached it runs the policy engine in-process (single-process mode).
 """
 
-from workers.chaos import Fault, FaultInjector, load_chaos
-from workers.commands import Command, Outcome
-from workers.context import WorkerContext, get_context, set_context
-from workers.guard import Guard, GuardConfig, StepResult
-from workers.snapshots import Snapshot, SnapshotRing
-from workers.stats import StepStats
+from remedy.workers.chaos import Fault, FaultInjector, load_chaos
+from remedy.workers.commands import Command, Outcome
+from remedy.workers.context import WorkerContext, get_context, set_context
+from remedy.workers.guard import Guard, GuardConfig, StepResult
+from remedy.workers.snapshots import Snapshot, SnapshotRing
+from remedy.workers.stats import StepStats
 
 __all__ = [
     "Command",

@@ -19,11 +19,11 @@ import structlog
 import torch
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from workers.commands import Command, Outcome
-from workers.exceptions import ActionError, CheckpointError, TransientActionError
+from remedy.workers.commands import Command, Outcome
+from remedy.workers.exceptions import ActionError, CheckpointError, TransientActionError
 
 if TYPE_CHECKING:
-    from workers.guard import Guard
+    from remedy.workers.guard import Guard
 
 log = structlog.get_logger("remedy.actions")
 

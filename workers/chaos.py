@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from workers.exceptions import ChaosConfigError
+from remedy.workers.exceptions import ChaosConfigError
 
 FaultKind = Literal[
     "nan_loss",

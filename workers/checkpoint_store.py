@@ -23,8 +23,8 @@ from typing import Any
 import structlog
 import torch
 
-from workers.exceptions import CheckpointError
-from workers.snapshots import Snapshot
+from remedy.workers.exceptions import CheckpointError
+from remedy.workers.snapshots import Snapshot
 
 log = structlog.get_logger("remedy.checkpoint")
 

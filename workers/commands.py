@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from policies import Decision
+from remedy.policies import Decision
 
 
 @dataclass(frozen=True, slots=True)

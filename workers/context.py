@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from workers.chaos import Fault
+    from remedy.workers.chaos import Fault
 
 
 class Reporter(Protocol):

@@ -25,10 +25,10 @@ from typing import Any
 
 import structlog
 
-from policies import SUPERVISOR_ACTIONS, AnomalyEvent, Decision, Engine, EventError
-from workers.commands import Command, Outcome
-from workers.detectors.straggler import StragglerWatch
-from workers.rundir import RunDir
+from remedy.policies import SUPERVISOR_ACTIONS, AnomalyEvent, Decision, Engine, EventError
+from remedy.workers.commands import Command, Outcome
+from remedy.workers.detectors.straggler import StragglerWatch
+from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.control")
 

@@ -33,22 +33,22 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from workers import actions, memory_actions  # noqa: F401 - memory_actions registers its appliers
-from workers.activation_checkpointing import SavedActivationCap
-from workers.chaos import FaultInjector
-from workers.checkpoint_store import CheckpointStore
-from workers.commands import Command, Outcome
-from workers.context import Reporter, WorkerContext, get_context
-from workers.data import BatchCursor
-from workers.detectors import Detector, DetectorSuite, default_detectors
-from workers.exceptions import RunAborted
-from workers.measure import (
+from remedy.workers import actions, memory_actions  # noqa: F401 - memory_actions registers its appliers
+from remedy.workers.activation_checkpointing import SavedActivationCap
+from remedy.workers.chaos import FaultInjector
+from remedy.workers.checkpoint_store import CheckpointStore
+from remedy.workers.commands import Command, Outcome
+from remedy.workers.context import Reporter, WorkerContext, get_context
+from remedy.workers.data import BatchCursor
+from remedy.workers.detectors import Detector, DetectorSuite, default_detectors
+from remedy.workers.exceptions import RunAborted
+from remedy.workers.measure import (
     GradNorm,
     MemoryProbe,
     first_nonfinite_param,
     module_grad_norms,
 )
-from workers.snapshots import (
+from remedy.workers.snapshots import (
     Snapshot,
     SnapshotRing,
     blank_like,
@@ -56,7 +56,7 @@ from workers.snapshots import (
     clone_to_host,
     restore_rng,
 )
-from workers.stats import StepStats
+from remedy.workers.stats import StepStats
 
 log = structlog.get_logger("remedy.guard")
 
@@ -205,9 +205,9 @@ class Guard:
 
     # ------------------------------------------------------------- local mode
     def _local_reporter(self, ctx: WorkerContext) -> Reporter:
-        from policies import Engine, load_policy  # noqa: PLC0415 - single-process mode only
-        from workers.control import Controller  # noqa: PLC0415
-        from workers.rundir import RunDir  # noqa: PLC0415
+        from remedy.policies import Engine, load_policy  # noqa: PLC0415 - single-process mode only
+        from remedy.workers.control import Controller  # noqa: PLC0415
+        from remedy.workers.rundir import RunDir  # noqa: PLC0415
 
         engine = Engine(load_policy(self.config.policy or "default"), run_id=ctx.run_id)
         run_dir = RunDir(ctx.run_dir, ctx.run_id) if ctx.run_dir is not None else None
@@ -450,7 +450,7 @@ class Guard:
 
     # ------------------------------------------------------------- OOM path
     def _report_oom(self, step: int, message: str, attempt: int) -> None:
-        from policies import AnomalyEvent  # noqa: PLC0415
+        from remedy.policies import AnomalyEvent  # noqa: PLC0415
 
         ev = AnomalyEvent(
             kind="oom",

@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from workers.detectors.gpu_health import Finding, GpuHealth, GpuReading, GpuThresholds
+from remedy.workers.detectors.gpu_health import Finding, GpuHealth, GpuReading, GpuThresholds
 
 log = structlog.get_logger("remedy.hardware")
 

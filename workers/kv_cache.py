@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from policies._events import AnomalyEvent
-from workers._kv_allocators import (
+from remedy.policies._events import AnomalyEvent
+from remedy.workers._kv_allocators import (
     ALLOCATORS,
     BlockPool,
     KVLayout,

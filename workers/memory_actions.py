@@ -16,13 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workers.actions import applier
-from workers.activation_checkpointing import checkpointed_modules, enable_activation_checkpointing
-from workers.commands import Command
-from workers.exceptions import ActionError
+from remedy.workers.actions import applier
+from remedy.workers.activation_checkpointing import (
+    checkpointed_modules,
+    enable_activation_checkpointing,
+)
+from remedy.workers.commands import Command
+from remedy.workers.exceptions import ActionError
 
 if TYPE_CHECKING:
-    from workers.guard import Guard
+    from remedy.workers.guard import Guard
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from policies import PolicyError, check_policy, cli, load_policy
+from remedy.policies import PolicyError, check_policy, cli, load_policy
 
 BROKEN = sorted((Path(__file__).parent / "broken").glob("*.yaml"))
 _HEADER = re.compile(r"# error: (\d+):(\d+): (.*)")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies import AnomalyEvent, Engine, load_policy_text
-from policies._budget import Budget
-from policies._rules import Inhibit, Policy
+from remedy.policies import AnomalyEvent, Engine, load_policy_text
+from remedy.policies._budget import Budget
+from remedy.policies._rules import Inhibit, Policy
 
 POLICY = """\
 version: 1

@@ -1,4 +1,4 @@
-"""`python -m policies check|test`, end to end in a subprocess."""
+"""`python -m remedy.policies check|test`, end to end in a subprocess."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "policies", *args],
+        [sys.executable, "-m", "remedy.policies", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -49,8 +49,8 @@ def test_usage_error() -> None:
 def test_package_imports_neither_ray_nor_torch() -> None:
     """Importing the policy package and running it pulls in no Ray or torch."""
     code = (
-        "import sys, policies, policies.testing, policies.cli\n"
-        "policies.testing.run_stream('default', policies.testing.stream('oom', '1'))\n"
+        "import sys, remedy.policies.testing, remedy.policies.cli\n"
+        "remedy.policies.testing.run_stream('default', remedy.policies.testing.stream('oom', '1'))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'torch')))\n"
     )
     proc = subprocess.run(

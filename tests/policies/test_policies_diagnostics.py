@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies import Diagnostic
-from policies._diagnostics import sort_key
+from remedy.policies import Diagnostic
+from remedy.policies._diagnostics import sort_key
 
 
 @pytest.mark.timeout(10)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from policies import AnomalyEvent, Decision, Engine, OutcomeError, load_policy_text
-from policies.testing import actions_by_step, assert_decisions, run_stream, stream
+from remedy.policies import AnomalyEvent, Decision, Engine, OutcomeError, load_policy_text
+from remedy.policies.testing import actions_by_step, assert_decisions, run_stream, stream
 
 NAN_RULE = """\
 version: 1

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from policies import AnomalyEvent, Engine, StateError, load_policy_text
+from remedy.policies import AnomalyEvent, Engine, StateError, load_policy_text
 
 POLICY = """\
 version: 1

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from policies import check_policy, cli, load_policy_text
+from remedy.policies import check_policy, cli, load_policy_text
 
 
 def _warnings(text: str) -> list[str]:

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from policies import Diagnostic, PolicyError, bundled_policy_path, load_policy, load_policy_text
+from remedy.policies import (
+    Diagnostic,
+    PolicyError,
+    bundled_policy_path,
+    load_policy,
+    load_policy_text,
+)
 
 MINIMAL = """\
 version: 1

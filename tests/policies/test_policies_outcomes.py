@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies import AnomalyEvent, Engine, load_policy_text
+from remedy.policies import AnomalyEvent, Engine, load_policy_text
 
 POLICY = """\
 version: 1

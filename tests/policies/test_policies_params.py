@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from policies import PolicyError, load_policy_text
-from policies._params import ACTION_PARAMS, params_dict
-from policies._rules import thaw
-from policies._vocab import ACTIONS
+from remedy.policies import PolicyError, load_policy_text
+from remedy.policies._params import ACTION_PARAMS, params_dict
+from remedy.policies._rules import thaw
+from remedy.policies._vocab import ACTIONS
 
 
 def _step(step: str) -> dict[str, object]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies import AnomalyEvent, Engine, load_policy_text
-from policies._predicates import Comparison, Matcher, parse_comparison
-from policies._rules import Policy
+from remedy.policies import AnomalyEvent, Engine, load_policy_text
+from remedy.policies._predicates import Comparison, Matcher, parse_comparison
+from remedy.policies._rules import Policy
 
 
 def _policy(*rules: str) -> Policy:

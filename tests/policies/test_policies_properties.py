@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies import AnomalyEvent, Decision, Engine, load_policy, load_policy_text
-from policies._rules import Policy
+from remedy.policies import AnomalyEvent, Decision, Engine, load_policy, load_policy_text
+from remedy.policies._rules import Policy
 
 KINDS = ("nonfinite_loss", "loss_spike", "rank_hang", "grad_norm_explosion", "oom", "data_stall")
 ACTIONS = ("rollback", "restart_rank", "shrink_lr", "skip_batches: {count: 2}")

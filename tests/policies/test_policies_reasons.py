@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies import AnomalyEvent, Engine, load_policy_text
-from policies._reasons import action_phrase, ranks_text
+from remedy.policies import AnomalyEvent, Engine, load_policy_text
+from remedy.policies._reasons import action_phrase, ranks_text
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies import AnomalyEvent, Engine, load_policy_text
-from policies._rules import Policy
-from policies.testing import actions_by_step, run_stream, stream
+from remedy.policies import AnomalyEvent, Engine, load_policy_text
+from remedy.policies._rules import Policy
+from remedy.policies.testing import actions_by_step, run_stream, stream
 
 
 def _policy(rule_body: str) -> Policy:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from policies import cli
-from policies._runner import run_test_file
+from remedy.policies import cli
+from remedy.policies._runner import run_test_file
 
 POLICY = """\
 version: 1

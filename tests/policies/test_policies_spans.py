@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic_core import PydanticCustomError
 
-from policies._spans import Span, parse_span
+from remedy.policies._spans import Span, parse_span
 
 
 @pytest.mark.parametrize(

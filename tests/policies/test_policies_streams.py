@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from policies import PolicyTestError
-from policies._streams import parse_pattern, parse_ranks
+from remedy.policies import PolicyTestError
+from remedy.policies._streams import parse_pattern, parse_ranks
 
 
 @pytest.mark.parametrize(

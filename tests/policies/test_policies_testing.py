@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies import load_policy
-from policies.testing import actions_by_step, assert_decisions, batches, run_stream, stream
+from remedy.policies import load_policy
+from remedy.policies.testing import actions_by_step, assert_decisions, batches, run_stream, stream
 
 
 @pytest.mark.timeout(10)

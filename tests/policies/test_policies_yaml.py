@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies import PolicyError
-from policies._yaml import load_yaml
+from remedy.policies import PolicyError
+from remedy.policies._yaml import load_yaml
 
 
 @pytest.mark.timeout(10)

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import ray
 
-from supervisor.actor import SupervisorActor
-from supervisor.cli import main
-from supervisor.spec import RunSpec
-from workers.rundir import read_jsonl
+from remedy.supervisor.actor import SupervisorActor
+from remedy.supervisor.cli import main
+from remedy.supervisor.spec import RunSpec
+from remedy.workers.rundir import read_jsonl
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 

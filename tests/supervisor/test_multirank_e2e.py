@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.runner import run_supervised
-from supervisor.spec import RunSpec
-from workers.rundir import read_jsonl
+from remedy.supervisor.runner import run_supervised
+from remedy.supervisor.spec import RunSpec
+from remedy.workers.rundir import read_jsonl
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.chaos import FaultInjector, load_chaos, parse_chaos
-from workers.exceptions import ChaosConfigError
+from remedy.workers.chaos import FaultInjector, load_chaos, parse_chaos
+from remedy.workers.exceptions import ChaosConfigError
 
 
 def test_load_demo_chaos_file() -> None:

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from policies import AnomalyEvent, Engine, load_policy_text
-from workers.control import Controller
-from workers.rundir import RunDir, read_jsonl
+from remedy.policies import AnomalyEvent, Engine, load_policy_text
+from remedy.workers.control import Controller
+from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """
 version: 1

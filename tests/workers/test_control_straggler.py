@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from policies import AnomalyEvent, Decision, Engine, load_policy
-from workers.control import Controller
-from workers.detectors import StragglerWatch
-from workers.rundir import RunDir, read_jsonl
+from remedy.policies import AnomalyEvent, Decision, Engine, load_policy
+from remedy.workers.control import Controller
+from remedy.workers.detectors import StragglerWatch
+from remedy.workers.rundir import RunDir, read_jsonl
 
 FAST_S = 0.1
 SLOW_S = 0.3  # 3x the others: a straggler by the default ratio (1.5x) and excess (50 ms)

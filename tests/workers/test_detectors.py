@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-import workers.detectors as detectors_pkg
+import remedy.workers.detectors as detectors_pkg
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from policies import ANOMALY_KINDS
-from workers.chaos import Fault
-from workers.detectors import (
+from remedy.policies import ANOMALY_KINDS
+from remedy.workers.chaos import Fault
+from remedy.workers.detectors import (
     GradNormDetector,
     LossSpikeDetector,
     NonFiniteDetector,
     default_detectors,
 )
-from workers.detectors.testing import run_guarded
-from workers.stats import StepStats
+from remedy.workers.detectors.testing import run_guarded
+from remedy.workers.stats import StepStats
 
 
 def stats(step: int, *, loss: float = 2.0, grad_norm: float = 1.0, **kw: object) -> StepStats:

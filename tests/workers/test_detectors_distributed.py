@@ -15,14 +15,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from workers.detectors import (
+from remedy.workers.detectors import (
     CollectiveSlowDetector,
     CollectiveTimer,
     StragglerWatch,
     find_stragglers,
     install_collective_timer,
 )
-from workers.detectors.testing import run_guarded, step_stats
+from remedy.workers.detectors.testing import run_guarded, step_stats
 
 LATE_STEP = 4
 LATE_S = 1.0

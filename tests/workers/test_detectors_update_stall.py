@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from workers.detectors import UpdateStallDetector
-from workers.detectors.testing import feed, run_guarded, step_stats
+from remedy.workers.detectors import UpdateStallDetector
+from remedy.workers.detectors.testing import feed, run_guarded, step_stats
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 

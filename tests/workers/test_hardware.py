@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from workers import hardware
-from workers.detectors import GpuHealth, GpuReading, GpuThresholds, HardwareMonitor
-from workers.detectors.testing import step_stats
-from workers.hardware import HardwareSampler, get_sampler, stop_sampler
+from remedy.workers import hardware
+from remedy.workers.detectors import GpuHealth, GpuReading, GpuThresholds, HardwareMonitor
+from remedy.workers.detectors.testing import step_stats
+from remedy.workers.hardware import HardwareSampler, get_sampler, stop_sampler
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig
-from policies._events import AnomalyEvent
-from workers._kv_allocators import PagedStore
-from workers.kv_cache import (
+from remedy.policies._events import AnomalyEvent
+from remedy.workers._kv_allocators import PagedStore
+from remedy.workers.kv_cache import (
     BlockPool,
     KVCache,
     KVLayout,

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from workers import Command, Guard, GuardConfig
-from workers import actions as actions_mod
-from workers.activation_checkpointing import SavedActivationMeter, checkpointed_modules
-from workers.kv_cache import KVCache, KVLayout, generate, kv_fragmentation_event
-from workers.rundir import read_jsonl
+from remedy.workers import Command, Guard, GuardConfig
+from remedy.workers import actions as actions_mod
+from remedy.workers.activation_checkpointing import SavedActivationMeter, checkpointed_modules
+from remedy.workers.kv_cache import KVCache, KVLayout, generate, kv_fragmentation_event
+from remedy.workers.rundir import read_jsonl
 
 CFG = GPTConfig(vocab_size=32, block_size=32, n_layer=4, n_head=2, n_embd=32)
 
@@ -187,7 +187,7 @@ def test_kv_allocator_switch_migrates_a_live_cache(policy_file: str, tmp_path: P
 
 def test_cuda_allocator_settings_fail_visibly_on_cpu(policy_file: str, tmp_path: Path) -> None:
     """On CPU, configure_cuda_allocator is journaled as failed with a reason, not dropped."""
-    from policies import AnomalyEvent  # noqa: PLC0415 - only this test builds events by hand
+    from remedy.policies import AnomalyEvent  # noqa: PLC0415 - only this test builds events by hand
 
     guard, _ = job(policy_file, tmp_path / "cuda", max_steps=5)
     it = iter(guard)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.checkpoint_store import CheckpointStore
-from workers.exceptions import CheckpointError
-from workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host, restore_rng
+from remedy.workers.checkpoint_store import CheckpointStore
+from remedy.workers.exceptions import CheckpointError
+from remedy.workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host, restore_rng
 
 
 def snap(step: int, value: float = 0.0) -> Snapshot:

@@ -12,28 +12,28 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workers.detectors.base import Detector, DetectorSuite, event
-from workers.detectors.collective import (
+from remedy.workers.detectors.base import Detector, DetectorSuite, event
+from remedy.workers.detectors.collective import (
     CollectiveSlowDetector,
     CollectiveTimer,
     install_collective_timer,
 )
-from workers.detectors.data_stall import DataStallDetector
-from workers.detectors.duplicates import DuplicateSamplesDetector
-from workers.detectors.gpu_health import GpuHealth, GpuReading, GpuThresholds
-from workers.detectors.hardware_monitor import HardwareMonitor
-from workers.detectors.loss import LossSpikeDetector
-from workers.detectors.loss_trend import LossDivergenceDetector, LossOscillationDetector
-from workers.detectors.memory import (
+from remedy.workers.detectors.data_stall import DataStallDetector
+from remedy.workers.detectors.duplicates import DuplicateSamplesDetector
+from remedy.workers.detectors.gpu_health import GpuHealth, GpuReading, GpuThresholds
+from remedy.workers.detectors.hardware_monitor import HardwareMonitor
+from remedy.workers.detectors.loss import LossSpikeDetector
+from remedy.workers.detectors.loss_trend import LossDivergenceDetector, LossOscillationDetector
+from remedy.workers.detectors.memory import (
     MemoryFragmentationDetector,
     MemoryGrowthDetector,
     MemoryPressureDetector,
 )
-from workers.detectors.numerics import GradNormDetector, NonFiniteDetector
-from workers.detectors.padding import PaddingRatioDetector
-from workers.detectors.scaler import ScalerCollapseDetector, ScalerOverflowDetector
-from workers.detectors.straggler import StragglerWatch, find_stragglers
-from workers.detectors.update_stall import UpdateStallDetector
+from remedy.workers.detectors.numerics import GradNormDetector, NonFiniteDetector
+from remedy.workers.detectors.padding import PaddingRatioDetector
+from remedy.workers.detectors.scaler import ScalerCollapseDetector, ScalerOverflowDetector
+from remedy.workers.detectors.straggler import StragglerWatch, find_stragglers
+from remedy.workers.detectors.update_stall import UpdateStallDetector
 
 if TYPE_CHECKING:
     import torch

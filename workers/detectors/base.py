@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from policies import AnomalyEvent
-from workers.stats import StepStats
+from remedy.policies import AnomalyEvent
+from remedy.workers.stats import StepStats
 
 
 @runtime_checkable

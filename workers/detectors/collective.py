@@ -27,10 +27,10 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from policies import AnomalyEvent
-from workers.detectors._robust import Cooldown
-from workers.detectors.base import event
-from workers.stats import StepStats
+from remedy.policies import AnomalyEvent
+from remedy.workers.detectors._robust import Cooldown
+from remedy.workers.detectors.base import event
+from remedy.workers.stats import StepStats
 
 log = structlog.get_logger("remedy.detectors")
 

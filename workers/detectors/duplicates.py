@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from datasketch import MinHash, MinHashLSH
 
-from policies import AnomalyEvent
-from workers.detectors._batch import TokensFn, default_tokens
-from workers.detectors._robust import Cooldown
-from workers.detectors.base import event
-from workers.stats import StepStats
+from remedy.policies import AnomalyEvent
+from remedy.workers.detectors._batch import TokensFn, default_tokens
+from remedy.workers.detectors._robust import Cooldown
+from remedy.workers.detectors.base import event
+from remedy.workers.stats import StepStats
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 _MULT = np.uint64(0x100000001B3)  # FNV-64 prime: mixes token ids into a shingle hash

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from policies import AnomalyEvent
-from workers.stats import StepStats
+from remedy.policies import AnomalyEvent
+from remedy.workers.stats import StepStats
 
 if TYPE_CHECKING:
-    from workers.hardware import HardwareSampler, Subscription
+    from remedy.workers.hardware import HardwareSampler, Subscription
 
 
 @dataclass
@@ -41,7 +41,7 @@ class HardwareMonitor:
 
     def _subscribe(self) -> Subscription | None:
         if self.sampler is None:
-            from workers.hardware import get_sampler  # noqa: PLC0415 - avoids an import cycle
+            from remedy.workers.hardware import get_sampler  # noqa: PLC0415 - avoids an import cycle
 
             self.sampler = get_sampler()
         if not self.sampler.available:

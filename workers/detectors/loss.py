@@ -29,9 +29,9 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from policies import AnomalyEvent
-from workers.detectors.base import event
-from workers.stats import StepStats
+from remedy.policies import AnomalyEvent
+from remedy.workers.detectors.base import event
+from remedy.workers.stats import StepStats
 
 _MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its sigma
 

@@ -25,10 +25,10 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from policies import AnomalyEvent
-from workers.detectors._robust import MAD_TO_SIGMA, Persistence, theil_sen_slope
-from workers.detectors.base import event
-from workers.stats import StepStats
+from remedy.policies import AnomalyEvent
+from remedy.workers.detectors._robust import MAD_TO_SIGMA, Persistence, theil_sen_slope
+from remedy.workers.detectors.base import event
+from remedy.workers.stats import StepStats
 
 
 @dataclass

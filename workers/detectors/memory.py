@@ -34,10 +34,10 @@ from typing import Literal
 
 import torch
 
-from policies import AnomalyEvent
-from workers.detectors._robust import Persistence, rising_fraction, theil_sen_slope
-from workers.detectors.base import event
-from workers.stats import StepStats
+from remedy.policies import AnomalyEvent
+from remedy.workers.detectors._robust import Persistence, rising_fraction, theil_sen_slope
+from remedy.workers.detectors.base import event
+from remedy.workers.stats import StepStats
 
 _MiB = 1 << 20
 _GiB = 1 << 30

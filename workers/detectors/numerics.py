@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from policies import AnomalyEvent
-from workers.detectors.base import event
-from workers.stats import StepStats
+from remedy.policies import AnomalyEvent
+from remedy.workers.detectors.base import event
+from remedy.workers.stats import StepStats
 
 
 @dataclass

@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from policies import AnomalyEvent
-from workers.detectors._batch import TokensFn, attention_mask, default_tokens
-from workers.detectors._robust import Cooldown
-from workers.detectors.base import event
-from workers.stats import StepStats
+from remedy.policies import AnomalyEvent
+from remedy.workers.detectors._batch import TokensFn, attention_mask, default_tokens
+from remedy.workers.detectors._robust import Cooldown
+from remedy.workers.detectors.base import event
+from remedy.workers.stats import StepStats
 
 
 @dataclass

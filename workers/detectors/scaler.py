@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from policies import AnomalyEvent
-from workers.detectors._robust import Cooldown
-from workers.detectors.base import event
-from workers.stats import StepStats
+from remedy.policies import AnomalyEvent
+from remedy.workers.detectors._robust import Cooldown
+from remedy.workers.detectors.base import event
+from remedy.workers.stats import StepStats
 
 
 @dataclass

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from policies import AnomalyEvent
+from remedy.policies import AnomalyEvent
 
 
 def find_stragglers(

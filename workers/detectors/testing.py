@@ -1,6 +1,6 @@
 """Helpers for testing detectors, ours and users': step numbers, feeding, guarded runs.
 
-    from workers.detectors.testing import step_stats, feed, run_guarded
+    from remedy.workers.detectors.testing import step_stats, feed, run_guarded
 
 `step_stats` builds a `StepStats` with harmless defaults; `feed` pushes a
 sequence of them through a detector and collects its events; `run_guarded`
@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from policies import AnomalyEvent
-from workers.detectors.base import Detector
-from workers.stats import StepStats
+from remedy.policies import AnomalyEvent
+from remedy.workers.detectors.base import Detector
+from remedy.workers.stats import StepStats
 
 OBSERVE_ONLY_POLICY = """\
 version: 1
@@ -116,8 +116,8 @@ def run_guarded(
     grad_clip: float | None = None,
 ) -> GuardedRun:
     """Train `steps` steps under a Guard (single-process mode, observe-only policy)."""
-    from workers.context import WorkerContext  # noqa: PLC0415 - avoids an import cycle
-    from workers.guard import Guard, GuardConfig  # noqa: PLC0415
+    from remedy.workers.context import WorkerContext  # noqa: PLC0415 - avoids an import cycle
+    from remedy.workers.guard import Guard, GuardConfig  # noqa: PLC0415
 
     recorders = [Recording(d) for d in detectors]
     config = GuardConfig(
