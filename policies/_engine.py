@@ -333,6 +333,9 @@ class Engine:
             dry_run=self.dry_run,
             suppressed=suppressed,
             disruptive=step.action in DISRUPTIVE_ACTIONS,
+            continue_on_failure=not suppressed
+            and step.on_failure is not None
+            and step.on_failure.kind == "next",
         )
 
     def _track(self, decision: Decision, step: Step, occ: Occurrence) -> None:
@@ -376,6 +379,10 @@ class Engine:
                 if any(e.while_action == pending.action for e in self._policy.inhibit):
                     self._budget.mark_applied(pending.action, tick, decision_id)
                 return []
+            if pending.on_failure is not None and pending.on_failure.kind == "next":
+                # `on_failure: next`: the later steps were issued with this one and go
+                # ahead (the decision says so: `continue_on_failure`); nothing to add.
+                return []
             # A failed step ends its chain: the dispatcher drops the later steps, so they
             # will get no outcome; stop waiting for them (and free the budget they hold).
             dropped = [
@@ -391,41 +398,13 @@ class Engine:
     def _follow_up(
         self, decision_id: str, pending: Pending, tick: int, detail: str
     ) -> list[Decision]:
+        """The escalation a failed step's `on_failure` asks for (abort, notify or a rule)."""
         out: list[Decision] = []
         target = pending.on_failure
         if target is None:
             return out
         occ = Occurrence(pending.occurrence.event, pending.occurrence.ranks, tick, self._ts)
         failed = f"{pending.action} ({decision_id}) failed" + (f": {detail}" if detail else "")
-        if target.kind == "next":
-            rule = self._policy.rule(pending.rule)
-            if rule is None or pending.chain_index + 1 >= len(rule.steps):
-                return out
-            head = f"{failed}; rule {pending.rule!r} says on_failure: next, so continuing with "
-            start = pending.chain_index + 1
-            busy = self._budget.busy()
-            if (
-                busy is not None
-                and any(s.disruptive for s in rule.steps[start:])
-                and not self.dry_run
-            ):
-                state = self._states[rule.name]
-                why = (
-                    f" but {busy[1]} ({busy[0]}) is still in flight; "
-                    "holding back the rest of the chain"
-                )
-                self._suppress(rule, state, occ, f"budget:{busy[0]}", why, out)
-                return out
-            self._emit(
-                rule.name,
-                rule.steps,
-                start,
-                occ,
-                lambda i: sentence(head, chain_text(rule, i, rule.steps)),
-                out,
-                chain_id=pending.chain_id,
-            )
-            return out
         head = f"{failed}; rule {pending.rule!r} says on_failure: {target.describe()}"
         self._escalate(pending.rule, target, occ, head, out, depth=0)
         return out

@@ -115,6 +115,11 @@ class Decision:
     numbered by `chain_index`. `suppressed` decisions record a match that a
     cooldown, budget or inhibition stopped; they are journaled, not carried
     out. `dry_run` decisions are journaled as such and not carried out.
+
+    A failed decision ends its chain (a dispatcher must not carry out the
+    later steps) unless `continue_on_failure` is set (the step says
+    `on_failure: next`): then the later steps, already issued, go ahead.
+    Use `ends_chain_on_failure` rather than testing the flag by hand.
     """
 
     decision_id: str
@@ -131,6 +136,12 @@ class Decision:
     dry_run: bool = False
     suppressed: bool = False
     disruptive: bool = False
+    continue_on_failure: bool = False
+
+    @property
+    def ends_chain_on_failure(self) -> bool:
+        """True when a failure of this decision means its chain's later steps must not run."""
+        return not self.continue_on_failure
 
     def to_dict(self) -> dict[str, Any]:
         """The journal form (the supervisor adds `ts`, `run_id` and `outcome`)."""
@@ -149,6 +160,7 @@ class Decision:
             "dry_run": self.dry_run,
             "suppressed": self.suppressed,
             "disruptive": self.disruptive,
+            "continue_on_failure": self.continue_on_failure,
         }
 
 

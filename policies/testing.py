@@ -84,7 +84,8 @@ def run_stream(
     `outcomes` maps (step, action) to "applied", "failed", ("failed", detail)
     or "none"; other carried-out decisions are recorded as applied when
     `auto_apply` is true. As the supervisor's dispatcher does, a failed step
-    stops the rest of its chain (those decisions get no outcome); follow-ups
+    stops the rest of its chain unless it says `on_failure: next`; the steps
+    so dropped are not carried out and are left out of the result. Follow-ups
     from failures are appended after the batch's decisions.
     """
     if engine is None:
@@ -99,8 +100,10 @@ def run_stream(
         while i < len(queue):
             decision = queue[i]
             i += 1
+            if decision.decision_id in dropped:
+                continue
             out.append(decision)
-            if decision.suppressed or decision.dry_run or decision.decision_id in dropped:
+            if decision.suppressed or decision.dry_run:
                 continue
             choice = (outcomes or {}).get((decision.step, decision.action))
             if choice is None:
@@ -108,8 +111,9 @@ def run_stream(
             outcome, detail = choice if isinstance(choice, tuple) else (choice, "")
             if outcome == "none":
                 continue
-            if outcome == "failed":
-                # Like the dispatcher: a failed step stops the rest of its chain.
+            if outcome == "failed" and decision.ends_chain_on_failure:
+                # Like the dispatcher: a failed step stops the rest of its chain (unless it
+                # says `on_failure: next`); those decisions are not carried out.
                 dropped.update(d.decision_id for d in queue[i:] if d.chain_id == decision.chain_id)
             queue.extend(
                 engine.record_outcome(decision.decision_id, outcome, tick=tick, detail=detail)

@@ -32,6 +32,8 @@ class Command:
     seq: int = 0
     chain_id: str = ""
     chain_index: int = 0
+    # `on_failure: next`: a failure of this command does not stop the later steps.
+    continue_on_failure: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,6 +56,7 @@ class Command:
             anomaly_step=decision.anomaly.step,
             chain_id=decision.chain_id,
             chain_index=decision.chain_index,
+            continue_on_failure=decision.continue_on_failure,
         )
 
 

@@ -343,7 +343,7 @@ class Controller:
             latency_s=round(time.time() - pending.dispatched_at, 4),
             attempts=first.attempts,
         )
-        if failed:
+        if failed and d.ends_chain_on_failure:
             self._drop_rest_of_chain(d)
         self.handle(follow)
 

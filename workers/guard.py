@@ -300,7 +300,7 @@ class Guard:
             else:
                 outcome = actions.apply_command(self, cmd)
                 outcome.result.setdefault("late_by_ticks", self.tick - cmd.apply_at_tick)
-                if outcome.outcome != "applied" and cmd.chain_id:
+                if outcome.outcome != "applied" and cmd.chain_id and not cmd.continue_on_failure:
                     self._failed_chains.add(cmd.chain_id)
             self._outcomes.append(outcome)
             self.history.append(outcome)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
+from remedy.policies.testing import actions_by_step, run_stream, stream
 
 POLICY = """\
 version: 1
@@ -42,15 +43,33 @@ def engine() -> Engine:
 
 
 @pytest.mark.timeout(10)
-def test_on_failure_next_reemits_rest_of_chain(engine: Engine) -> None:
-    """on_failure: next re-emits the remaining steps with the same chain id."""
+def test_on_failure_next_lets_the_issued_rest_go_ahead(engine: Engine) -> None:
+    """on_failure: next issues nothing new: the later steps, issued with it, stay in force."""
     chain = engine.decide([AnomalyEvent("nonfinite_loss", 0, 10)])
+    assert [d.continue_on_failure for d in chain] == [True, False, False]
+    assert not chain[0].ends_chain_on_failure and chain[1].ends_chain_on_failure
     follow = engine.record_outcome(chain[0].decision_id, "failed", tick=10, detail="disk full")
-    assert [d.action for d in follow] == ["rollback", "shrink_lr"]
-    assert {d.chain_id for d in follow} == {chain[0].chain_id}
-    assert [d.chain_index for d in follow] == [1, 2]
-    assert "disk full" in follow[0].reason
-    assert "on_failure: next" in follow[0].reason
+    assert follow == []
+    # The rollback is still awaited: its failure escalates as its own on_failure says.
+    again = engine.record_outcome(chain[1].decision_id, "failed", tick=11)
+    assert [(d.rule, d.action) for d in again] == [
+        ("last-resort", "skip_batches"),
+        ("last-resort", "notify"),
+    ]
+
+
+@pytest.mark.timeout(10)
+def test_readme_on_failure_next_example_runs_each_step_once() -> None:
+    """The README's chain with a failed checkpoint_now carries out each step once."""
+    policy = load_policy_text(
+        "version: 1\nrules:\n  - name: r\n    when: {anomaly: loss_spike}\n    do:\n"
+        "      - checkpoint_now:\n        on_failure: next\n"
+        "      - rollback: {steps_back: 20}\n      - shrink_lr: {factor: 0.5}\n"
+    )
+    decisions = run_stream(
+        policy, stream("loss_spike", "_x9 1.0"), outcomes={(10, "checkpoint_now"): "failed"}
+    )
+    assert actions_by_step(decisions) == {10: ["checkpoint_now", "rollback", "shrink_lr"]}
 
 
 @pytest.mark.timeout(10)
