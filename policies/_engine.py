@@ -30,7 +30,7 @@ from remedy.policies._events import AnomalyEvent, Decision
 from remedy.policies._occurrence import Occurrence, Pending
 from remedy.policies._reasons import chain_text, condition, fires_text, fires_window, seen, sentence
 from remedy.policies._rules import Escalation, Policy, Rule, Step, thaw
-from remedy.policies._rulestate import GroupKey, RuleState
+from remedy.policies._rulestate import GroupKey, KeyState, RuleState
 from remedy.policies._vocab import DISRUPTIVE_ACTIONS, severity_rank
 from remedy.policies.exceptions import OutcomeError
 
@@ -166,6 +166,7 @@ class Engine:
         if late is not None:
             return late
         occ = Occurrence(_representative(members), tuple(sorted(ranks)), tick, ts)
+        counters = state.for_event(occ.event)
         inhibition = self._budget.inhibition(occ.event.kind, tick, self._policy.inhibit)
         if inhibition is not None:
             state.remember(key, ranks, True)
@@ -175,13 +176,13 @@ class Engine:
                 f" but {occ.event.kind} is inhibited while {entry.while_action} is in progress"
                 f"{after} ({inhibition.period}); not acting"
             )
-            self._suppress(rule, state, occ, f"inhibit:{inhibition.period}", why, out)
+            self._suppress(rule, counters, occ, f"inhibit:{inhibition.period}", why, out)
             return True
-        met = state.observe(rule, tick, ts)
+        met = counters.observe(rule, tick, ts)
         # A rule claims what it matches when its condition holds, and while it cools down
         # after firing (so the aftermath does not fall through to later rules); while it is
         # still counting towards `count`/`persist`, the events go on to later rules.
-        claimed = met or state.cooldown_left(tick, ts) > 0
+        claimed = met or counters.cooldown_left(tick, ts) > 0
         state.remember(key, ranks, claimed)
         if met:
             self._gate(rule, occ, out, prefix=None, depth=0)
@@ -191,14 +192,16 @@ class Engine:
         self, rule: Rule, occ: Occurrence, out: list[Decision], *, prefix: str | None, depth: int
     ) -> None:
         """Pass a match through cooldown, max_fires and the budget; fire or suppress."""
-        state = self._states[rule.name]
+        rule_state = self._states[rule.name]
+        state = rule_state.for_event(occ.event)
         tick, ts = occ.tick, occ.ts
         left = state.cooldown_left(tick, ts)
         if left > 0 and state.last_fire is not None and state.cooldown is not None:
             amount = f"{int(left)} more steps" if state.cooldown.steps else f"{left:g}s more"
             why = (
-                f" but it is cooling down for {amount} (cooldown {state.cooldown.describe()} "
-                f"after firing at step {state.last_fire[2]}); not repeating {rule.steps[0].action}"
+                f" but it is cooling down{rule_state.describe_key(occ.event)} for {amount} "
+                f"(cooldown {state.cooldown.describe()} after firing at step "
+                f"{state.last_fire[2]}); not repeating {rule.steps[0].action}"
             )
             self._suppress(rule, state, occ, f"cooldown:{state.last_fire[0]}", why, out)
             return
@@ -267,13 +270,13 @@ class Engine:
     def _suppress(
         self,
         rule: Rule,
-        state: RuleState,
+        state: KeyState,
         occ: Occurrence,
         marker: str,
         why: str,
         out: list[Decision],
     ) -> None:
-        """Record one suppressed decision per rule per suppression period."""
+        """Record one suppressed decision per rule and state key per suppression period."""
         if state.marker == marker:
             return
         state.marker = marker

@@ -1,31 +1,44 @@
 """The mutable state of one rule: its counting window, streak, firings and cooldown.
 
 Kept apart from the immutable `Rule` so a policy reload can keep the state
-of rules that survive it. All step arithmetic uses ticks (executed steps),
-which keep growing across rollbacks; durations use event timestamps.
+of rules that survive it. The counters are kept per *state key* (see
+`state_fields`): one set per rule, or one per kind with `group_by: [kind]`.
+All step arithmetic uses ticks (executed steps), which keep growing across
+rollbacks; durations use event timestamps. A moment that lies further in
+the future than a whole span (an event with an absurd tick or timestamp)
+does not hold a window or cooldown open: spans stay as long as they say.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from typing import Any
 
+from remedy.policies._events import AnomalyEvent
 from remedy.policies._rules import Rule
 from remedy.policies._spans import Span
 
 GroupKey = Any
+StateKey = tuple[Any, ...]
 _RECENT_GROUPS = 256
+MAX_STATE_KEYS = 4096  # per rule; the least recently seen key is forgotten beyond this
+
+
+def _elapsed(span: Span, tick: int, ts: float, then: tuple[int, float]) -> float:
+    """Steps (or seconds) from `then` to now; +inf when `then` is more than a span ahead."""
+    gone = tick - then[0] if span.steps else ts - then[1]
+    return math.inf if gone < -span.amount else gone
 
 
 def _within(span: Span, tick: int, ts: float, then: tuple[int, float]) -> bool:
     """Whether a moment `then` is inside a window of `span` ending now."""
-    if span.steps:
-        return tick - then[0] < span.amount
-    return ts - then[1] <= span.amount
+    gone = _elapsed(span, tick, ts, then)
+    return gone < span.amount if span.steps else gone <= span.amount
 
 
-class RuleState:
-    """Counters of one rule (see module docstring)."""
+class KeyState:
+    """The rate-limit counters of one rule for one state key (see module docstring)."""
 
     def __init__(self, rule: Rule) -> None:
         self.hits: deque[tuple[int, float]] = deque(maxlen=rule.count)
@@ -38,7 +51,6 @@ class RuleState:
         self.cooldown: Span | None = rule.cooldown
         self.marker: str | None = None
         self.escalated: str | None = None
-        self.recent: OrderedDict[GroupKey, tuple[set[int], bool]] = OrderedDict()
 
     def adapt(self, rule: Rule) -> None:
         """Keep the counters across a reload, resized for the rule's new limits."""
@@ -46,21 +58,6 @@ class RuleState:
         self.fires = deque(self.fires, maxlen=rule.max_fires)
         if self.consecutive == 0 or rule.backoff is None:
             self.cooldown = rule.cooldown
-
-    def seen_group(self, key: GroupKey, ranks: set[int]) -> bool | None:
-        """For late events of a group already seen (other ranks, same key): its claim; else None."""
-        prior = self.recent.get(key)
-        if prior is None or not prior[0].isdisjoint(ranks):
-            return None
-        prior[0].update(ranks)
-        return prior[1]
-
-    def remember(self, key: GroupKey, ranks: set[int], claimed: bool) -> None:
-        """Remember a group so late arrivals from other ranks are not counted again."""
-        self.recent[key] = (set(ranks), claimed)
-        self.recent.move_to_end(key)
-        if len(self.recent) > _RECENT_GROUPS:
-            self.recent.popitem(last=False)
 
     def observe(self, rule: Rule, tick: int, ts: float) -> bool:
         """Count one occurrence; True when the rule's count and persist conditions hold."""
@@ -72,7 +69,12 @@ class RuleState:
             return met
         if not met:
             return False
-        if self.last_true is None or tick - self.last_true > 1 or self.streak_start is None:
+        # A gap breaks the streak; so does a tick far behind the last (an absurd one before).
+        if (
+            self.last_true is None
+            or self.streak_start is None
+            or not -rule.persist <= tick - self.last_true <= 1
+        ):
             self.streak_start = tick
         self.last_true = tick
         return tick - self.streak_start + 1 >= rule.persist
@@ -81,9 +83,10 @@ class RuleState:
         """Steps (or seconds) of cooldown left; 0 when the rule may fire."""
         if self.last_fire is None or self.cooldown is None:
             return 0.0
-        if self.cooldown.steps:
-            return max(0.0, self.last_fire[0] + self.cooldown.amount - tick)
-        return max(0.0, self.last_fire[1] + self.cooldown.amount - ts)
+        span = self.cooldown
+        gone = _elapsed(span, tick, ts, self.last_fire[:2])
+        # Never longer than the cooldown itself (a late event from a lagging rank).
+        return min(span.amount, max(0.0, span.amount - gone))
 
     def exhausted(self, rule: Rule, tick: int, ts: float) -> bool:
         """True when the rule has fired `max_fires` times within `fires_within`."""
@@ -136,11 +139,10 @@ class RuleState:
             "cooldown": [self.cooldown.amount, self.cooldown.unit] if self.cooldown else None,
             "marker": self.marker,
             "escalated": self.escalated,
-            "recent": [[_jsonable(k), sorted(r), c] for k, (r, c) in self.recent.items()],
         }
 
     @classmethod
-    def from_dict(cls, rule: Rule, data: dict[str, Any]) -> RuleState:
+    def from_dict(cls, rule: Rule, data: dict[str, Any]) -> KeyState:
         """Rebuild from `to_dict` output (raises KeyError/TypeError/ValueError if malformed)."""
         state = cls(rule)
         state.hits.extend((int(t), float(s)) for t, s in data["hits"])
@@ -157,9 +159,99 @@ class RuleState:
             state.cooldown = Span(float(cd[0]), "steps" if cd[1] == "steps" else "seconds")
         state.marker = data["marker"]
         state.escalated = data["escalated"]
+        return state
+
+
+class RuleState:
+    """Everything one rule remembers: its recent groups, and counters per state key."""
+
+    def __init__(self, rule: Rule) -> None:
+        self.fields = state_fields(rule)
+        self.keys: OrderedDict[StateKey, KeyState] = OrderedDict()
+        self.recent: OrderedDict[GroupKey, tuple[set[int], bool]] = OrderedDict()
+        self._rule = rule
+
+    def adapt(self, rule: Rule) -> None:
+        """Keep the counters across a reload; start over if the state key's fields changed."""
+        self._rule = rule
+        fields = state_fields(rule)
+        if fields != self.fields:
+            self.fields = fields
+            self.keys.clear()
+            return
+        for state in self.keys.values():
+            state.adapt(rule)
+
+    def for_event(self, event: AnomalyEvent) -> KeyState:
+        """The counters for `event`'s state key, created (and the oldest forgotten) as needed."""
+        key = tuple(getattr(event, f) for f in self.fields)
+        state = self.keys.get(key)
+        if state is None:
+            state = self.keys[key] = KeyState(self._rule)
+            if len(self.keys) > MAX_STATE_KEYS:
+                self.keys.popitem(last=False)
+        elif len(self.keys) > 1:
+            self.keys.move_to_end(key)
+        return state
+
+    def describe_key(self, event: AnomalyEvent) -> str:
+        """`` for kind data_stall`` when the state is per key; empty when per rule."""
+        if not self.fields:
+            return ""
+        return " for " + ", ".join(f"{f} {getattr(event, f)}" for f in self.fields)
+
+    def seen_group(self, key: GroupKey, ranks: set[int]) -> bool | None:
+        """For late events of a group already seen (other ranks, same key): its claim; else None."""
+        prior = self.recent.get(key)
+        if prior is None or not prior[0].isdisjoint(ranks):
+            return None
+        prior[0].update(ranks)
+        return prior[1]
+
+    def remember(self, key: GroupKey, ranks: set[int], claimed: bool) -> None:
+        """Remember a group so late arrivals from other ranks are not counted again."""
+        self.recent[key] = (set(ranks), claimed)
+        self.recent.move_to_end(key)
+        if len(self.recent) > _RECENT_GROUPS:
+            self.recent.popitem(last=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form for `Engine.state_dict`."""
+        return {
+            "fields": list(self.fields),
+            "keys": [[list(k), s.to_dict()] for k, s in self.keys.items()],
+            "recent": [[_jsonable(k), sorted(r), c] for k, (r, c) in self.recent.items()],
+        }
+
+    @classmethod
+    def from_dict(cls, rule: Rule, data: dict[str, Any]) -> RuleState:
+        """Rebuild from `to_dict` output (raises KeyError/TypeError/ValueError if malformed).
+
+        A state saved before counters were kept per key (no ``keys``) restores as the
+        counters of a rule whose state is per rule; for a per-key rule it starts fresh.
+        """
+        state = cls(rule)
+        if "keys" not in data:
+            if not state.fields:
+                state.keys[()] = KeyState.from_dict(rule, data)
+        elif tuple(data["fields"]) == state.fields:
+            for key, raw in data["keys"][-MAX_STATE_KEYS:]:
+                state.keys[tuple(key)] = KeyState.from_dict(rule, raw)
         for key, ranks, claimed in data["recent"]:
             state.recent[_hashable(key)] = (set(ranks), bool(claimed))
         return state
+
+
+def state_fields(rule: Rule) -> tuple[str, ...]:
+    """The group_by fields a rule's counters are kept per.
+
+    A rule's cooldown, back-off, `count`/`within` window, `persist` streak and
+    `max_fires` are kept per value of its `group_by` fields, when `group_by`
+    leaves out `step`: with `group_by: [kind]` each kind has its own cooldown.
+    A key holding the step changes every step, so a rule grouping by step (the
+    default `[kind, step]`, or `[kind, step, rank]`) keeps one set of counters.
+    """
+    return () if "step" in rule.group_by else rule.group_by
 
 
 def _jsonable(key: GroupKey) -> Any:
