@@ -9,7 +9,7 @@ from __future__ import annotations
 from remedy.policies._check import check_policy
 from remedy.policies._diagnostics import Diagnostic
 from remedy.policies._engine import Engine
-from remedy.policies._events import AnomalyEvent, Decision
+from remedy.policies._events import EVENT_REJECT_REASONS, MAX_STEP, AnomalyEvent, Decision
 from remedy.policies._loader import bundled_policy_path, load_policy, load_policy_text
 from remedy.policies._rules import Policy, Rule, Step
 from remedy.policies._vocab import (
@@ -35,6 +35,8 @@ __all__ = [
     "ACTIONS",
     "ANOMALY_KINDS",
     "DISRUPTIVE_ACTIONS",
+    "EVENT_REJECT_REASONS",
+    "MAX_STEP",
     "OUTCOMES",
     "SEVERITIES",
     "SOURCES",

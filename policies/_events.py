@@ -9,6 +9,7 @@ it raises `EventError` with a message naming the bad field.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -62,44 +63,80 @@ class AnomalyEvent:
 
     @classmethod
     def from_dict(cls, data: Any) -> AnomalyEvent:
-        """Validate untrusted input and build an event; raise `EventError` if malformed."""
+        """Validate untrusted input and build an event; raise `EventError` if malformed.
+
+        Whatever `data` is, the only exception is `EventError`, whose `reason`
+        names the first bad field (see `EVENT_REJECT_REASONS`).
+        """
         if not isinstance(data, Mapping):
-            raise EventError(f"an event must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - _FIELDS
+            raise EventError(f"an event must be a mapping, got {_kind_of(data)}", "not_a_mapping")
+        try:
+            keys = list(data.keys())
+        except Exception:  # a hostile Mapping subclass; nothing else can leak from here
+            raise EventError("an event's keys cannot be read", "not_a_mapping") from None
+        unknown = [k for k in keys if not isinstance(k, str) or k not in _FIELDS]
         if unknown:
-            raise EventError(f"unknown event field(s): {', '.join(sorted(map(str, unknown)))}")
+            names = ", ".join(sorted(_short(k) for k in unknown[:5]))
+            raise EventError(f"unknown event field(s): {names}", "unknown_field")
         kind = data.get("kind")
-        if kind not in ANOMALY_KINDS:
+        if not isinstance(kind, str) or kind not in _KIND_SET:
             raise EventError(
-                f"unknown anomaly kind {kind!r}; valid kinds: {', '.join(ANOMALY_KINDS)}"
+                f"unknown anomaly kind {_short(kind)}; valid kinds: {', '.join(ANOMALY_KINDS)}",
+                "unknown_kind",
             )
-        rank = _required_int(data, "rank")
-        step = _required_int(data, "step")
-        tick = _int_field(data, "tick", required=False)
+        rank = _count(data, "rank", MAX_RANK, "bad_rank", required=True)
+        step = _count(data, "step", MAX_STEP, "bad_step", required=True)
+        tick = _count(data, "tick", MAX_STEP, "bad_tick", required=False)
         severity = data.get("severity", "warning")
-        if severity not in SEVERITIES:
-            raise EventError(f"severity must be one of {', '.join(SEVERITIES)}, got {severity!r}")
+        if not isinstance(severity, str) or severity not in SEVERITIES:
+            raise EventError(
+                f"severity must be one of {', '.join(SEVERITIES)}, got {_short(severity)}",
+                "bad_severity",
+            )
         source = data.get("source", "detector")
-        if source not in SOURCES:
-            raise EventError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
-        details = data.get("details", {})
-        if not isinstance(details, Mapping):
-            raise EventError("details must be a mapping")
-        ts = data.get("ts", 0.0)
-        if isinstance(ts, bool) or not isinstance(ts, int | float):
-            raise EventError(f"ts must be a number, got {ts!r}")
+        if not isinstance(source, str) or source not in SOURCES:
+            raise EventError(
+                f"source must be one of {', '.join(SOURCES)}, got {_short(source)}", "bad_source"
+            )
+        ts = _number(data, "ts", "bad_ts")
+        if ts is None or not math.isfinite(ts) or ts < 0:
+            raise EventError(
+                f"ts must be a finite number >= 0, got {_short(data.get('ts'))}", "bad_ts"
+            )
         return cls(
             kind=kind,
             rank=rank,
             step=step,
-            value=_float_field(data, "value"),
-            threshold=_float_field(data, "threshold"),
+            value=_number(data, "value", "bad_value"),
+            threshold=_number(data, "threshold", "bad_threshold"),
             severity=severity,
             source=source,
-            ts=float(ts),
+            ts=ts,
             tick=step if tick is None else tick,
-            details=dict(details),
+            details=_details(data.get("details")),
         )
+
+
+# The largest step, tick and rank an event may carry: 2**53 - 1 is the largest
+# integer JSON carries exactly; no run has more ranks than MAX_RANK.
+MAX_STEP = 2**53 - 1
+MAX_RANK = 2**20
+MAX_DETAILS_BYTES = 4096
+EVENT_REJECT_REASONS = (
+    "not_a_mapping",
+    "unknown_field",
+    "unknown_kind",
+    "bad_rank",
+    "bad_step",
+    "bad_tick",
+    "bad_value",
+    "bad_threshold",
+    "bad_severity",
+    "bad_source",
+    "bad_ts",
+    "bad_details",
+)
+_KIND_SET = frozenset(ANOMALY_KINDS)
 
 
 _FIELDS = frozenset(
@@ -164,32 +201,68 @@ class Decision:
         }
 
 
-def _int_field(data: Mapping[str, Any], name: str, *, required: bool) -> int | None:
+def _short(value: Any) -> str:
+    """A bounded repr for error messages (input may be huge)."""
+    try:
+        text = repr(value) if isinstance(value, str | int | float | bool | None) else None
+    except ValueError:  # an int too long to print
+        text = None
+    if text is None:
+        return f"<{_kind_of(value)}>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _kind_of(value: Any) -> str:
+    return type(value).__name__
+
+
+def _count(data: Mapping[str, Any], name: str, limit: int, reason: str, *, required: bool) -> Any:
+    """A non-negative integer field no larger than `limit` (bools are not integers)."""
     value = data.get(name)
     if value is None:
         if required:
-            raise EventError(f"missing required event field {name!r}")
+            raise EventError(f"missing required event field {name!r}", reason)
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise EventError(f"{name} must be a non-negative integer, got {value!r}")
-    return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise EventError(
+            f"{name} must be an integer from 0 to {limit}, got {_short(value)}", reason
+        )
+    return int(value)
 
 
-def _required_int(data: Mapping[str, Any], name: str) -> int:
-    value = _int_field(data, name, required=True)
-    assert value is not None  # _int_field raised otherwise
-    return value
-
-
-def _float_field(data: Mapping[str, Any], name: str) -> float | None:
+def _number(data: Mapping[str, Any], name: str, reason: str) -> float | None:
+    """A number (int, float, or "nan"/"inf"/"-inf") as a float; None when absent."""
     value = data.get(name)
     if value is None:
-        return None
+        return 0.0 if name == "ts" else None
     if isinstance(value, str) and value.lower() in _NONFINITE:
         return float(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise EventError(f"{name} must be a number or null, got {value!r}")
-    return float(value)
+        raise EventError(f"{name} must be a number or null, got {_short(value)}", reason)
+    try:
+        return float(value)
+    except OverflowError:
+        raise EventError(f"{name} is too large for a float: {_short(value)}", reason) from None
+
+
+def _details(value: Any) -> dict[str, Any]:
+    """A small JSON-able mapping of extra facts; anything else is rejected."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise EventError(f"details must be a mapping, got {_kind_of(value)}", "bad_details")
+    try:
+        copied = dict(value)
+        if not all(isinstance(k, str) for k in copied):
+            raise TypeError("keys")
+        text = json.dumps(copied)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        raise EventError("details must hold JSON values with string keys", "bad_details") from None
+    if len(text) > MAX_DETAILS_BYTES:
+        raise EventError(
+            f"details are {len(text)} bytes as JSON, more than {MAX_DETAILS_BYTES}", "bad_details"
+        )
+    return copied
 
 
 _NONFINITE = frozenset({"nan", "inf", "-inf"})

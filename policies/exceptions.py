@@ -18,10 +18,21 @@ class PolicyPackageError(Exception):
 
 
 class EventError(PolicyPackageError, ValueError):
-    """An anomaly event failed validation (a malformed event from a worker or a test)."""
+    """An anomaly event failed validation (a malformed event from a worker or a test).
 
-    def __reduce__(self) -> tuple[type[EventError], tuple[str]]:
-        return (type(self), (str(self),))
+    `reason` is a short machine-readable name for what was wrong, for counting
+    rejections: ``not_a_mapping``, ``unknown_field``, ``unknown_kind``,
+    ``bad_rank``, ``bad_step``, ``bad_tick``, ``bad_value``, ``bad_threshold``,
+    ``bad_severity``, ``bad_source``, ``bad_ts`` or ``bad_details``
+    (`remedy.policies.EVENT_REJECT_REASONS`); ``invalid`` when not given.
+    """
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[EventError], tuple[str, str]]:
+        return (type(self), (str(self), self.reason))
 
 
 class PolicyError(PolicyPackageError, ValueError):
