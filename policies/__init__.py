@@ -10,7 +10,13 @@ from remedy.policies._check import check_policy
 from remedy.policies._diagnostics import Diagnostic
 from remedy.policies._engine import Engine
 from remedy.policies._events import EVENT_REJECT_REASONS, MAX_STEP, AnomalyEvent, Decision
-from remedy.policies._loader import bundled_policy_path, load_policy, load_policy_text
+from remedy.policies._limits import MAX_DEPTH, MAX_POLICY_BYTES
+from remedy.policies._loader import (
+    bundled_policy_path,
+    load_policy,
+    load_policy_bytes,
+    load_policy_text,
+)
 from remedy.policies._rules import Policy, Rule, Step
 from remedy.policies._vocab import (
     ACTIONS,
@@ -36,6 +42,8 @@ __all__ = [
     "ANOMALY_KINDS",
     "DISRUPTIVE_ACTIONS",
     "EVENT_REJECT_REASONS",
+    "MAX_DEPTH",
+    "MAX_POLICY_BYTES",
     "MAX_STEP",
     "OUTCOMES",
     "SEVERITIES",
@@ -57,6 +65,7 @@ __all__ = [
     "bundled_policy_path",
     "check_policy",
     "load_policy",
+    "load_policy_bytes",
     "load_policy_text",
     "severity_rank",
 ]

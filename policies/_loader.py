@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from remedy.policies._compile import compile_policy
 from remedy.policies._diagnostics import Diagnostic, sort_key
 from remedy.policies._errors import diagnostics_from
+from remedy.policies._limits import MAX_POLICY_BYTES, cap, decode
 from remedy.policies._lint import lint
 from remedy.policies._model import PolicyModel
 from remedy.policies._rules import Policy
@@ -42,42 +43,62 @@ def resolve_policy_source(source: str | os.PathLike[str]) -> Path:
     return Path(source)
 
 
+def read_policy_bytes(path: Path) -> bytes:
+    """The bytes of a policy file, reading no more than one byte past the size limit."""
+    try:
+        with path.open("rb") as handle:
+            return handle.read(MAX_POLICY_BYTES + 1)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise PolicyError(
+            [Diagnostic(str(path), 1, 1, f"cannot read policy file: {why}")]
+        ) from None
+
+
 def load_policy(source: str | os.PathLike[str]) -> Policy:
     """Load and validate a policy file, or a bundled policy by name."""
     path = resolve_policy_source(source)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyError(
-            [Diagnostic(str(path), 1, 1, f"cannot read policy file: {exc.strerror}")]
-        ) from None
-    except UnicodeDecodeError:
-        raise PolicyError([Diagnostic(str(path), 1, 1, "policy file is not UTF-8 text")]) from None
-    return load_policy_text(text, str(path))
+    return load_policy_bytes(read_policy_bytes(path), str(path))
 
 
-def load_policy_text(text: str, filename: str = "<string>") -> Policy:
-    """Validate policy YAML given as text; `filename` is used in diagnostics."""
+def load_policy_bytes(data: bytes, filename: str = "<bytes>") -> Policy:
+    """Validate a policy given as raw bytes (a file's content, a hot reload).
+
+    Whatever the bytes, the only exception is `PolicyError`, with located
+    diagnostics (`filename` names the file in them).
+    """
+    return load_policy_text(data, filename)
+
+
+def load_policy_text(text: str | bytes, filename: str = "<string>") -> Policy:
+    """Validate policy YAML given as text (or UTF-8 bytes); `filename` is used in diagnostics."""
     policy, errors = _load(text, filename)
     if errors or policy is None:
         raise PolicyError(errors)
     return policy
 
 
-def diagnose_text(text: str, filename: str) -> list[Diagnostic]:
-    """Every error and lint warning for a policy text, in file order (never raises)."""
+def diagnose_text(text: str | bytes, filename: str) -> list[Diagnostic]:
+    """Every error and lint warning for a policy text, in file order, at most
+    `MAX_DIAGNOSTICS` lines (never raises)."""
     policy, errors = _load(text, filename)
     found = list(errors)
     if policy is not None:
         found.extend(policy.warnings)
-    return sorted(found, key=sort_key)
+    return cap(sorted(found, key=sort_key))
 
 
-def _load(text: str, filename: str) -> tuple[Policy | None, list[Diagnostic]]:
+def _load(text: str | bytes, filename: str) -> tuple[Policy | None, list[Diagnostic]]:
     try:
+        if isinstance(text, bytes | bytearray | memoryview):
+            text = decode(bytes(text), filename)
+        elif not isinstance(text, str):
+            raise PolicyError(
+                [Diagnostic(filename, 1, 1, f"policy must be text, got {type(text).__name__}")]
+            )
         doc = load_yaml(text, filename)
     except PolicyError as exc:
-        return None, exc.diagnostics
+        return None, cap(exc.diagnostics)
     if doc.data is None:
         return None, [
             Diagnostic(filename, 1, 1, "policy file is empty; start with `version: 1` and `rules:`")
@@ -87,12 +108,12 @@ def _load(text: str, filename: str) -> tuple[Policy | None, list[Diagnostic]]:
     try:
         model = PolicyModel.model_validate(doc.data)
     except ValidationError as exc:
-        return None, sorted(diagnostics_from(exc, doc, PolicyModel), key=sort_key)
-    default_name = Path(filename).stem if filename != "<string>" else "policy"
+        return None, cap(sorted(diagnostics_from(exc, doc, PolicyModel), key=sort_key))
+    default_name = Path(filename).stem if filename not in ("<string>", "<bytes>") else "policy"
     policy, errors = compile_policy(model, doc, default_name)
     if errors:
-        return None, sorted(errors, key=sort_key)
-    warnings = lint(policy, doc)
+        return None, cap(sorted(errors, key=sort_key))
+    warnings = cap(lint(policy, doc))
     return Policy(
         name=policy.name,
         rules=policy.rules,

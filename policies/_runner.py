@@ -15,9 +15,10 @@ from pathlib import Path
 
 from remedy.policies._diagnostics import Diagnostic
 from remedy.policies._events import AnomalyEvent, Decision
+from remedy.policies._limits import MAX_TEST_FILE_BYTES
 from remedy.policies._loader import BUNDLED, bundled_policy_path, load_policy
 from remedy.policies._rules import Policy
-from remedy.policies._streams import parse_ranks, pattern_events
+from remedy.policies._streams import MAX_TEST_EVENTS, parse_ranks, pattern_events
 from remedy.policies._testfile import CaseSpec, ExpectSpec, TestFileSpec, load_test_file
 from remedy.policies._yaml import Document
 from remedy.policies.exceptions import PolicyError, PolicyTestError
@@ -73,11 +74,15 @@ def run_test_file(path: str | os.PathLike[str]) -> FileResult:
     file = Path(path)
     result = FileResult(str(file))
     try:
-        spec, doc = load_test_file(file.read_text(encoding="utf-8"), str(file))
-        policy = load_policy(_policy_path(spec.policy, file))
+        with file.open("rb") as handle:
+            data = handle.read(MAX_TEST_FILE_BYTES + 1)
     except OSError as exc:
-        result.errors.append(Diagnostic(str(file), 1, 1, f"cannot read test file: {exc.strerror}"))
+        why = exc.strerror or type(exc).__name__
+        result.errors.append(Diagnostic(str(file), 1, 1, f"cannot read test file: {why}"))
         return result
+    try:
+        spec, doc = load_test_file(data, str(file))
+        policy = load_policy(_policy_path(spec.policy, file))
     except PolicyError as exc:
         result.errors.extend(exc.diagnostics)
         return result
@@ -123,6 +128,9 @@ def _events(case: CaseSpec, index: int, spec: TestFileSpec, doc: Document) -> li
                 )
             except PolicyTestError as exc:
                 raise PolicyError([doc.error((*where, kind), str(exc))]) from None
+            if len(events) > MAX_TEST_EVENTS:
+                message = f"the streams of this test make more than {MAX_TEST_EVENTS} events"
+                raise PolicyError([doc.error((*where, kind), message)])
     return events
 
 

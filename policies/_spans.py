@@ -70,13 +70,24 @@ def parse_span(value: Any) -> Span:
     if isinstance(value, int):
         if value < 0:
             raise PydanticCustomError("span", f"a span cannot be negative, got {value}")
-        return Span(float(value), "steps")
-    if isinstance(value, str):
+        return _bounded(Span(float(value), "steps"))
+    if isinstance(value, str) and len(value) <= 40:
         text = value.strip()
         match = _STEPS_RE.fullmatch(text)
         if match:
-            return Span(float(int(match["n"])), "steps")
+            return _bounded(Span(float(int(match["n"])), "steps"))
         match = _DURATION_RE.fullmatch(text)
         if match:
-            return Span(float(match["n"]) * _SECONDS_PER[match["u"]], "seconds")
-    raise PydanticCustomError("span", f"expected {_GRAMMAR}, got {value!r}")
+            return _bounded(Span(float(match["n"]) * _SECONDS_PER[match["u"]], "seconds"))
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    raise PydanticCustomError("span", f"expected {_GRAMMAR}, got {shown}")
+
+
+MAX_SPAN = 1e9  # steps, or seconds (about 31 years)
+
+
+def _bounded(span: Span) -> Span:
+    if span.amount > MAX_SPAN:
+        unit = "steps" if span.steps else "seconds"
+        raise PydanticCustomError("span", f"a span is at most {MAX_SPAN:.0f} {unit}")
+    return span

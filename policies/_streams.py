@@ -13,10 +13,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from remedy.policies._events import AnomalyEvent
+from remedy.policies._events import MAX_STEP, AnomalyEvent
 from remedy.policies._vocab import ANOMALY_KINDS
 from remedy.policies.exceptions import PolicyTestError
 
+MAX_STREAM_RANKS = 4096  # ranks one stream key may name
+MAX_STREAM_STEPS = 1_000_000  # steps one pattern may span
+MAX_TEST_EVENTS = 1_000_000  # events all the streams of one test may make
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|[-+]?inf"
 _TOKEN = re.compile(rf"(?P<v>_|{_NUMBER})(?:x(?P<n>\d+))?")
 
@@ -28,12 +31,25 @@ def parse_pattern(pattern: str) -> list[float | None]:
         match = _TOKEN.fullmatch(token)
         if match is None:
             raise PolicyTestError(
-                f"bad token {token!r} in stream {pattern!r}: expected _ or a number, "
+                f"bad token {_short(token)} in stream {_short(pattern)}: expected _ or a number, "
                 'optionally followed by xN (e.g. "_x100 1x3 5.0e4")'
             )
         value = None if match["v"] == "_" else float(match["v"])
-        out.extend([value] * (int(match["n"]) if match["n"] else 1))
+        repeat = int(match["n"]) if match["n"] and len(match["n"]) <= 9 else None
+        if match["n"] and (repeat is None or len(out) + repeat > MAX_STREAM_STEPS):
+            raise PolicyTestError(
+                f"stream {_short(pattern)} is longer than {MAX_STREAM_STEPS} steps"
+            )
+        out.extend([value] * (repeat or 1))
+        if len(out) > MAX_STREAM_STEPS:
+            raise PolicyTestError(
+                f"stream {_short(pattern)} is longer than {MAX_STREAM_STEPS} steps"
+            )
     return out
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
 
 
 def pattern_events(
@@ -51,8 +67,13 @@ def pattern_events(
     if kind not in ANOMALY_KINDS:
         raise PolicyTestError(f"unknown anomaly kind {kind!r} (valid: {', '.join(ANOMALY_KINDS)})")
     ranks = sorted(set(ranks))
+    values = parse_pattern(pattern)
+    if start_step + len(values) > MAX_STEP:
+        raise PolicyTestError(f"the stream goes past step {MAX_STEP}, the largest an event has")
+    if sum(v is not None for v in values) * len(ranks) > MAX_TEST_EVENTS:
+        raise PolicyTestError(f"the stream makes more than {MAX_TEST_EVENTS} events")
     events: list[AnomalyEvent] = []
-    for offset, value in enumerate(parse_pattern(pattern)):
+    for offset, value in enumerate(values):
         if value is None:
             continue
         step = start_step + offset
@@ -81,10 +102,16 @@ def parse_ranks(key: str) -> list[int]:
     match = _RANKS.fullmatch(key.strip())
     if match is None:
         raise PolicyTestError(
-            f"bad stream key {key!r}: expected rankN or rankA-B (e.g. rank0, rank0-7)"
+            f"bad stream key {_short(key)}: expected rankN or rankA-B (e.g. rank0, rank0-7)"
         )
+    if len(match["a"]) > 9 or (match["b"] is not None and len(match["b"]) > 9):
+        raise PolicyTestError(f"bad stream key {_short(key)}: rank numbers are at most 9 digits")
     first = int(match["a"])
     last = int(match["b"]) if match["b"] is not None else first
     if last < first:
-        raise PolicyTestError(f"bad rank range {key!r}: {last} < {first}")
+        raise PolicyTestError(f"bad rank range {_short(key)}: {last} < {first}")
+    if last - first + 1 > MAX_STREAM_RANKS:
+        raise PolicyTestError(
+            f"rank range {_short(key)} names {last - first + 1} ranks; at most {MAX_STREAM_RANKS}"
+        )
     return list(range(first, last + 1))

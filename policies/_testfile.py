@@ -24,6 +24,7 @@ from pydantic import Discriminator, Field, PlainValidator, Tag, ValidationError
 
 from remedy.policies._diagnostics import sort_key
 from remedy.policies._errors import diagnostics_from
+from remedy.policies._limits import MAX_TEST_FILE_BYTES, decode
 from remedy.policies._model import Strict, shape_tag
 from remedy.policies._types import (
     ActionName,
@@ -119,9 +120,13 @@ class TestFileSpec(Strict):
     tests: Annotated[list[CaseSpec], Field(min_length=1)]
 
 
-def load_test_file(text: str, filename: str) -> tuple[TestFileSpec, Document]:
-    """Parse and validate a test file; raise `PolicyError` with located diagnostics."""
-    doc = load_yaml(text, filename)
+def load_test_file(text: str | bytes, filename: str) -> tuple[TestFileSpec, Document]:
+    """Parse and validate a test file (text or raw bytes); raise `PolicyError` with located
+    diagnostics, whatever it holds."""
+    noun = "policy test file"
+    if isinstance(text, bytes):
+        text = decode(text, filename, limit=MAX_TEST_FILE_BYTES, noun=noun)
+    doc = load_yaml(text, filename, limit=MAX_TEST_FILE_BYTES, noun=noun)
     if not isinstance(doc.data, dict):
         raise PolicyError(
             [doc.error((), "a policy test file must be a mapping with `policy:` and `tests:`")]

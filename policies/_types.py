@@ -37,6 +37,9 @@ def _range_text(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool
     return ""
 
 
+MAX_POLICY_INT = 10**9  # no count, limit or size in a policy is larger
+
+
 def number_validator(
     *,
     lo: float | None = None,
@@ -60,6 +63,10 @@ def number_validator(
             raise PydanticCustomError("number", f"expected {allowed}, got {value!r}")
         if not integer and not math.isfinite(value):
             raise PydanticCustomError("number", f"expected a finite value: {allowed}, got {value}")
+        if integer and not -MAX_POLICY_INT <= value <= MAX_POLICY_INT:
+            raise PydanticCustomError(
+                "range", f"out of range: expected {allowed} and at most {MAX_POLICY_INT}"
+            )
         too_low = lo is not None and (value <= lo if lo_open else value < lo)
         too_high = hi is not None and (value >= hi if hi_open else value > hi)
         if too_low or too_high:

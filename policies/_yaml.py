@@ -21,6 +21,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.scalarbool import ScalarBoolean
 
 from remedy.policies._diagnostics import Diagnostic
+from remedy.policies._limits import MAX_POLICY_BYTES, check_text
 from remedy.policies.exceptions import PolicyError
 
 Path = tuple[str | int, ...]
@@ -62,8 +63,15 @@ class Document:
         return Diagnostic(self.file, line, col, message, "warning")
 
 
-def load_yaml(text: str, filename: str) -> Document:
-    """Parse `text`; raise `PolicyError` with located diagnostics if it is not plain YAML data."""
+def load_yaml(
+    text: str, filename: str, *, limit: int = MAX_POLICY_BYTES, noun: str = "policy file"
+) -> Document:
+    """Parse `text`; raise `PolicyError` with located diagnostics if it is not plain YAML data.
+
+    The text is first held to the bounds of `_limits` (size, characters,
+    nesting, aliases, numbers), so parsing stays cheap whatever it holds.
+    """
+    text = check_text(text, filename, limit=limit, noun=noun)
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
     try:
