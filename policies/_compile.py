@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from remedy.policies._diagnostics import Diagnostic
 from remedy.policies._model import (
     ActionStep,
@@ -154,9 +156,19 @@ def _rule(m: RuleModel, path: Path, doc: Document, errors: list[Diagnostic]) -> 
     )
 
 
+def _defaults(action: str, path: Path, doc: Document, errors: list[Diagnostic]) -> Any:
+    """The parameters of an action written without any; an error if some are required."""
+    try:
+        return ACTION_PARAMS[action]()
+    except ValidationError as exc:
+        needed = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})
+        errors.append(doc.error(path, f"{action} needs parameters: {', '.join(needed)}"))
+        return ACTION_PARAMS["notify"]()
+
+
 def _step(item: str | ActionStep, path: Path, doc: Document, errors: list[Diagnostic]) -> Step:
     if isinstance(item, str):
-        return Step(item, freeze(params_dict(ACTION_PARAMS[item]())))
+        return Step(item, freeze(params_dict(_defaults(item, path, doc, errors))))
     given = [name for name in ACTIONS if name in item.model_fields_set]
     if not given:
         errors.append(doc.error(path, f"a do step needs one action (valid: {', '.join(ACTIONS)})"))
@@ -170,7 +182,7 @@ def _step(item: str | ActionStep, path: Path, doc: Document, errors: list[Diagno
             )
         )
     action = given[0]
-    params = getattr(item, action) or ACTION_PARAMS[action]()
+    params = getattr(item, action) or _defaults(action, path, doc, errors)
     on_failure = _escalation(item.on_failure) if item.on_failure is not None else None
     return Step(action, freeze(params_dict(params)), on_failure)
 

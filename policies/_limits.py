@@ -132,25 +132,42 @@ def _check_events(text: str, filename: str) -> None:
     """Walk the YAML events: bound nesting, expanded size (aliases count as what they
     stand for) and numbers, before anything is built from them."""
     total = 0  # nodes so far, each alias counted as the nodes of what it names
-    open_nodes: list[list[Any]] = []  # per open collection: anchor, total at start, height
+    # Per open collection: anchor, total at start, height, and (mappings) children so far.
+    open_nodes: list[list[Any]] = []
     sizes: dict[str, tuple[int, int]] = {}  # anchor -> (nodes, height)
     try:
         for event in YAML(typ="rt").parse(text):
             grow, height = 0, 0
+            is_node = isinstance(
+                event, MappingStartEvent | SequenceStartEvent | ScalarEvent | AliasEvent
+            )
+            if is_node and open_nodes and open_nodes[-1][3] is not None:
+                at_key = open_nodes[-1][3] % 2 == 0
+                open_nodes[-1][3] += 1
+                collection = isinstance(event, MappingStartEvent | SequenceStartEvent) or (
+                    isinstance(event, AliasEvent) and sizes.get(event.anchor or "", (1, 0))[1]
+                )
+                if at_key and collection:
+                    message = "mapping keys must be strings, not lists or mappings"
+                    raise PolicyError([Diagnostic(filename, *_mark(event), message)])
             if isinstance(event, MappingStartEvent | SequenceStartEvent):
                 total += 1
-                open_nodes.append([event.anchor, total, 1])
+                children = 0 if isinstance(event, MappingStartEvent) else None
+                open_nodes.append([event.anchor, total, 1, children])
                 if len(open_nodes) > MAX_DEPTH:
                     raise PolicyError([_too_deep(filename, *_mark(event))])
                 continue
             if isinstance(event, MappingEndEvent | SequenceEndEvent):
-                anchor, start, height = open_nodes.pop()
+                anchor, start, height, _ = open_nodes.pop()
                 if anchor is not None:
                     sizes[anchor] = (total - start + 1, height)
                 if open_nodes:
                     open_nodes[-1][2] = max(open_nodes[-1][2], height + 1)
                 continue
             if isinstance(event, AliasEvent):
+                if any(entry[0] == event.anchor for entry in open_nodes):
+                    message = f"alias *{event.anchor} refers to a value that contains it"
+                    raise PolicyError([Diagnostic(filename, *_mark(event), message)])
                 grow, height = sizes.get(event.anchor or "", (1, 0))
             elif isinstance(event, ScalarEvent):
                 grow = 1

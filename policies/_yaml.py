@@ -79,7 +79,12 @@ def load_yaml(
     except MarkedYAMLError as exc:
         raise PolicyError([_syntax_diagnostic(exc, filename)]) from None
     except YAMLError as exc:
-        raise PolicyError([Diagnostic(filename, 1, 1, f"YAML error: {exc}")]) from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PolicyError([Diagnostic(filename, 1, 1, f"YAML error: {first}")]) from None
+    except (TypeError, ValueError, RecursionError) as exc:
+        # What check_text does not foresee must still be one located line, not a traceback.
+        why = f"{type(exc).__name__}: {str(exc)[:100]}"
+        raise PolicyError([Diagnostic(filename, 1, 1, f"YAML could not be read ({why})")]) from None
     doc = Document(filename, None)
     errors: list[Diagnostic] = []
     doc.value_pos[()] = _node_pos(raw) or (1, 1)

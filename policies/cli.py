@@ -13,14 +13,30 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from remedy.policies._check import check_policy
-from remedy.policies._runner import run_test_file
+from remedy.policies._diagnostics import Diagnostic
+from remedy.policies._runner import FileResult, run_test_file
+
+_POLICY_GLOBS = ("*.yaml", "*.yml")
+_TEST_GLOBS = ("*.test.yaml", "*.test.yml")
 
 
 def check_main(paths: list[str], *, strict: bool) -> int:
-    """Check policy files (a folder means its *.yaml files); print diagnostics; return 0 if clean."""
+    """Check policy files (a folder means its *.yaml and *.yml files, test files aside);
+    print diagnostics; return 0 if every file is clean, 1 otherwise.
+
+    Every file is checked whatever the others hold; a folder with nothing to
+    check is an error.
+    """
     status = 0
-    for path in _expand(paths, "*.yaml"):
-        found = check_policy(path, strict=strict)
+    for path in _expand(paths, _POLICY_GLOBS, exclude=_TEST_GLOBS):
+        if isinstance(path, _Empty):
+            print(path.message("policy files (*.yaml, *.yml)"), file=sys.stderr)
+            status = 1
+            continue
+        try:
+            found = check_policy(path, strict=strict)
+        except Exception as exc:  # a bug of ours must not stop the other files
+            found = [Diagnostic(path, 1, 1, f"internal error: {type(exc).__name__}: {exc}")]
         for diag in found:
             print(diag.format(), file=sys.stderr)
         if any(d.severity == "error" for d in found):
@@ -33,10 +49,21 @@ def check_main(paths: list[str], *, strict: bool) -> int:
 
 
 def test_main(paths: list[str]) -> int:
-    """Run policy test files (a folder means its *.test.yaml files); return 0 if every test passed."""
+    """Run policy test files (a folder means its *.test.yaml and *.test.yml files); return 0
+    if every test passed. A folder with no test files is an error."""
     status = 0
-    for path in _expand(paths, "*.test.yaml"):
-        result = run_test_file(path)
+    for path in _expand(paths, _TEST_GLOBS):
+        if isinstance(path, _Empty):
+            print(path.message("policy test files (*.test.yaml, *.test.yml)"), file=sys.stderr)
+            status = 1
+            continue
+        try:
+            result = run_test_file(path)
+        except Exception as exc:  # a bug of ours must not stop the other files
+            result = FileResult(path)
+            result.errors.append(
+                Diagnostic(path, 1, 1, f"internal error: {type(exc).__name__}: {exc}")
+            )
         lines = result.report()
         stream = sys.stdout if result.passed else sys.stderr
         for line in lines:
@@ -46,12 +73,33 @@ def test_main(paths: list[str]) -> int:
     return status
 
 
-def _expand(paths: list[str], pattern: str) -> list[str]:
+class _Empty:
+    """A folder in which nothing matched."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def message(self, what: str) -> str:
+        return f"{self.folder}: error: no {what} in this folder; nothing was checked"
+
+
+def _expand(
+    paths: list[str], patterns: tuple[str, ...], *, exclude: tuple[str, ...] = ()
+) -> list[str | _Empty]:
     """Paths as given, with each folder replaced by its matching files in name order."""
-    out: list[str] = []
+    out: list[str | _Empty] = []
     for path in paths:
         folder = Path(path)
-        out.extend(sorted(str(p) for p in folder.glob(pattern)) if folder.is_dir() else [path])
+        if not folder.is_dir():
+            out.append(path)
+            continue
+        found = {
+            p
+            for pattern in patterns
+            for p in folder.glob(pattern)
+            if p.is_file() and not any(p.match(x) for x in exclude)
+        }
+        out.extend(sorted(str(p) for p in found) or [_Empty(path)])
     return out
 
 
