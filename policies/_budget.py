@@ -60,7 +60,12 @@ class Budget:
                 if action == entry.while_action:
                     return Inhibition(entry, decision_id, True)
             applied = self.applied.get(entry.while_action)
-            if applied is not None and tick < applied[0] + entry.warmup_steps:
+            # A warm-up ends warmup_steps ticks after the action was applied; an applied
+            # tick further ahead than the warm-up itself (an absurd tick) holds nothing open.
+            if (
+                applied is not None
+                and -entry.warmup_steps <= tick - applied[0] < entry.warmup_steps
+            ):
                 return Inhibition(entry, applied[1], False)
         return None
 

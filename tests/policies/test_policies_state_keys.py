@@ -170,3 +170,20 @@ def test_each_kind_is_decided_as_if_alone(a: list[int], b: list[int]) -> None:
         alone = run([(s, first) for s in a]) | run([(s, second) for s in b])
         together = run([(s, first) for s in a] + [(s, second) for s in b])
         assert together == alone
+
+
+@pytest.mark.timeout(10)
+def test_an_absurd_outcome_tick_does_not_inhibit_for_ever() -> None:
+    """A rollback recorded as applied at tick 10**30 does not start a 10**30-tick warm-up."""
+    policy = load_policy_text(
+        "version: 1\ninhibit:\n  - {while: rollback, anomalies: [loss_spike], warmup_steps: 20}\n"
+        "rules:\n  - name: nan\n    when: {anomaly: nonfinite_loss}\n    do: [rollback]\n"
+        "  - name: spike\n    when: {anomaly: loss_spike}\n    do: [skip_batches: {count: 1}]\n"
+    )
+    engine = Engine(policy)
+    (rollback,) = engine.decide(_ev("nonfinite_loss", 10))
+    engine.record_outcome(rollback.decision_id, "applied", tick=10**30)
+    assert _acted(engine.decide(_ev("loss_spike", 12))) == [("spike", "skip_batches")]
+    (rollback,) = engine.decide(_ev("nonfinite_loss", 100))
+    engine.record_outcome(rollback.decision_id, "applied", tick=101)
+    assert engine.decide(_ev("loss_spike", 110))[0].suppressed  # a genuine warm-up holds
