@@ -61,7 +61,15 @@ def load_state(engine: Engine, data: dict[str, Any]) -> None:
             )
             pending[str(raw["id"])] = _pending(raw, occ)
         seq, tick, ts = int(data["seq"]), int(data["tick"]), float(data["ts"])
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, EventError) as exc:
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        IndexError,
+        AttributeError,
+        OverflowError,
+        EventError,
+    ) as exc:
         raise StateError(f"malformed engine state: {exc!r}") from None
     engine._states, engine._budget, engine._pending = states, budget, pending
     engine._seq, engine._tick, engine._ts = seq, tick, ts

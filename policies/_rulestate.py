@@ -146,8 +146,8 @@ class KeyState:
         """Rebuild from `to_dict` output (raises KeyError/TypeError/ValueError if malformed)."""
         state = cls(rule)
         state.hits.extend((int(t), float(s)) for t, s in data["hits"])
-        state.streak_start = data["streak_start"]
-        state.last_true = data["last_true"]
+        state.streak_start = _opt_int(data["streak_start"])
+        state.last_true = _opt_int(data["last_true"])
         state.fires.extend((int(t), float(s)) for t, s in data["fires"])
         lf = data["last_fire"]
         state.last_fire = (int(lf[0]), float(lf[1]), int(lf[2])) if lf is not None else None
@@ -157,8 +157,8 @@ class KeyState:
         state.cooldown = None
         if cd is not None:
             state.cooldown = Span(float(cd[0]), "steps" if cd[1] == "steps" else "seconds")
-        state.marker = data["marker"]
-        state.escalated = data["escalated"]
+        state.marker = _opt_str(data["marker"])
+        state.escalated = _opt_str(data["escalated"])
         return state
 
 
@@ -252,6 +252,20 @@ def state_fields(rule: Rule) -> tuple[str, ...]:
     default `[kind, step]`, or `[kind, step, rank]`) keeps one set of counters.
     """
     return () if "step" in rule.group_by else rule.group_by
+
+
+def _opt_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer or null, got {type(value).__name__}")
+    return value
+
+
+def _opt_str(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"expected a string or null, got {type(value).__name__}")
+    return value
 
 
 def _jsonable(key: GroupKey) -> Any:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
+from remedy.policies import AnomalyEvent, Decision, Engine, StateError, load_policy_text
 
 PER_KIND = """\
 version: 1
@@ -34,6 +34,11 @@ rules:
     when: {anomaly: [nonfinite_loss, nonfinite_grad]}
     do: [rollback]
     cooldown_steps: 100
+  - name: streak
+    when: {anomaly: scaler_overflow}
+    persist: 3
+    backoff: {factor: 2, initial: 10, reset_after: 100}
+    do: [rescale_grad_scaler: {factor: 0.5}]
 """
 
 
@@ -187,3 +192,54 @@ def test_an_absurd_outcome_tick_does_not_inhibit_for_ever() -> None:
     (rollback,) = engine.decide(_ev("nonfinite_loss", 100))
     engine.record_outcome(rollback.decision_id, "applied", tick=101)
     assert engine.decide(_ev("loss_spike", 110))[0].suppressed  # a genuine warm-up holds
+
+
+def _mutations(state: object) -> st.SearchStrategy[object]:
+    junk = (
+        st.none()
+        | st.integers(-(10**400), 10**400)
+        | st.text(max_size=3)
+        | st.just([])
+        | st.just({})
+    )
+    return st.recursive(junk, lambda inner: st.lists(inner, max_size=3), max_leaves=4)
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_a_corrupted_state_is_refused_with_state_error(data: st.DataObject) -> None:
+    """A saved state with one value replaced by junk: StateError, or an engine that runs."""
+    engine = Engine(load_policy_text(PER_KIND), run_id="k")
+    engine.decide(_ev("loss_oscillation", 10) + _ev("straggler", 10))
+    engine.decide(_ev("nonfinite_loss", 11))
+    for step in (11, 12, 13, 14):
+        engine.decide(_ev("scaler_overflow", step))
+    state = json.loads(json.dumps(engine.state_dict()))
+    paths: list[tuple[object, object]] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                paths.append((node, key))
+                walk(value)
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                paths.append((node, index))
+                walk(value)
+
+    walk(state)
+    parent, key = data.draw(st.sampled_from(paths))
+    parent[key] = data.draw(_mutations(state))  # type: ignore[index]
+    restored = Engine(load_policy_text(PER_KIND))
+    try:
+        restored.load_state_dict(state)
+    except StateError:
+        return
+    # What restored must also run: the same events again, and later ones.
+    for step in (12, 400):
+        kinds = ("loss_oscillation", "straggler", "nonfinite_loss", "grad_norm_explosion")
+        for kind in (*kinds, "scaler_overflow"):
+            for d in restored.decide(_ev(kind, step)):
+                if not d.suppressed:
+                    restored.record_outcome(d.decision_id, "applied", tick=step)
