@@ -9,7 +9,11 @@ when its `count`/`within`/`persist` condition holds. The first rule that
 matches a group claims it, unless it says `continue: true`. Firing passes
 through the gates in this order: cooldown (with back-off), `max_fires`
 (escalating by `on_exhausted`), the disruption budget; a gate that stops a
-match records at most one suppressed decision per suppression period.
+match records at most one suppressed decision per suppression period. The
+counters behind these gates are kept per state key (`_rulestate.state_fields`:
+per kind with `group_by: [kind]`, per rule when the rule groups by step).
+A chain is issued whole; a failed step ends it unless it says
+`on_failure: next` (see `Decision.continue_on_failure`).
 
 Everything is deterministic: the same stream gives the same decisions and
 the same ids, which is what makes the journal replayable and the property
@@ -239,7 +243,6 @@ class Engine:
         self._emit(
             rule.name,
             rule.steps,
-            0,
             occ,
             lambda i: sentence(head, chain_text(rule, i, rule.steps), tail),
             out,
@@ -265,7 +268,7 @@ class Engine:
             text = sentence(head, " (rule unavailable or escalation too deep); aborting")
         params = {"message": text} if action == "notify" else {"reason": text}
         step = Step(action, params)
-        self._emit(origin, (step,), 0, occ, lambda _i: text, out)
+        self._emit(origin, (step,), occ, lambda _i: text, out)
 
     def _suppress(
         self,
@@ -291,15 +294,13 @@ class Engine:
         self,
         rule_name: str,
         steps: Sequence[Step],
-        start: int,
         occ: Occurrence,
         reason: Callable[[int], str],
         out: list[Decision],
-        chain_id: str = "",
     ) -> None:
-        """Issue steps[start:] of a chain as decisions, tracking the ones carried out."""
-        for i in range(start, len(steps)):
-            step = steps[i]
+        """Issue a chain's steps as decisions, tracking the ones carried out."""
+        chain_id = ""
+        for i, step in enumerate(steps):
             decision = self._make(rule_name, step, occ, reason(i), chain_id, i, len(steps))
             chain_id = decision.chain_id
             out.append(decision)
