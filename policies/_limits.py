@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
@@ -43,6 +44,23 @@ _CONTROL = re.compile(
     "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x84\x86-\x9f\ud800-\udfff\ufeff\ufffe\uffff]"
 )
 _NUMBERISH = re.compile(r"[-+]?[0-9][0-9_,.eE+-]*|[-+]?\.[0-9][0-9_eE+-]*")
+
+
+def read_bounded(path: Path, *, limit: int = MAX_POLICY_BYTES, noun: str = "policy file") -> bytes:
+    """A regular file's bytes, reading no more than one byte past `limit`; else PolicyError.
+
+    A FIFO or a device (``/dev/zero``) is refused before it is opened: reading
+    one could block for ever or never end.
+    """
+    try:
+        if path.exists() and not path.is_file():
+            kind = "a folder" if path.is_dir() else "not a regular file"
+            raise PolicyError([Diagnostic(str(path), 1, 1, f"cannot read {noun}: {kind}")])
+        with path.open("rb") as handle:
+            return handle.read(limit + 1)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise PolicyError([Diagnostic(str(path), 1, 1, f"cannot read {noun}: {why}")]) from None
 
 
 def decode(

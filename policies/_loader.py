@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from remedy.policies._compile import compile_policy
 from remedy.policies._diagnostics import Diagnostic, sort_key
 from remedy.policies._errors import diagnostics_from
-from remedy.policies._limits import MAX_POLICY_BYTES, cap, decode
+from remedy.policies._limits import cap, decode, read_bounded
 from remedy.policies._lint import lint
 from remedy.policies._model import PolicyModel
 from remedy.policies._rules import Policy
@@ -45,14 +45,7 @@ def resolve_policy_source(source: str | os.PathLike[str]) -> Path:
 
 def read_policy_bytes(path: Path) -> bytes:
     """The bytes of a policy file, reading no more than one byte past the size limit."""
-    try:
-        with path.open("rb") as handle:
-            return handle.read(MAX_POLICY_BYTES + 1)
-    except OSError as exc:
-        why = exc.strerror or type(exc).__name__
-        raise PolicyError(
-            [Diagnostic(str(path), 1, 1, f"cannot read policy file: {why}")]
-        ) from None
+    return read_bounded(path)
 
 
 def load_policy(source: str | os.PathLike[str]) -> Policy:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from remedy.policies._diagnostics import Diagnostic
 from remedy.policies._events import AnomalyEvent, Decision
-from remedy.policies._limits import MAX_TEST_FILE_BYTES
+from remedy.policies._limits import MAX_TEST_FILE_BYTES, read_bounded
 from remedy.policies._loader import BUNDLED, bundled_policy_path, load_policy
 from remedy.policies._rules import Policy
 from remedy.policies._streams import MAX_TEST_EVENTS, parse_ranks, pattern_events
@@ -74,13 +74,7 @@ def run_test_file(path: str | os.PathLike[str]) -> FileResult:
     file = Path(path)
     result = FileResult(str(file))
     try:
-        with file.open("rb") as handle:
-            data = handle.read(MAX_TEST_FILE_BYTES + 1)
-    except OSError as exc:
-        why = exc.strerror or type(exc).__name__
-        result.errors.append(Diagnostic(str(file), 1, 1, f"cannot read test file: {why}"))
-        return result
-    try:
+        data = read_bounded(file, limit=MAX_TEST_FILE_BYTES, noun="test file")
         spec, doc = load_test_file(data, str(file))
         policy = load_policy(_policy_path(spec.policy, file))
     except PolicyError as exc:

@@ -8,6 +8,7 @@ Each folder's EXPECTED.txt is the exact stderr of `check` / `test` on it.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,21 @@ def _assert_only_policy_error(data: str | bytes) -> None:
         lines = str(exc).splitlines()
         assert 1 <= len(lines) <= 20
         assert all(line.startswith("fuzz.yaml:") and ": error: " in line for line in lines), lines
+
+
+@pytest.mark.timeout(90)
+def test_fifo_and_device_are_refused_without_reading(tmp_path: Path) -> None:
+    """A FIFO (reading it would block) and /dev/zero (it never ends) are one line each, exit 1."""
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    proc = _run("check", str(fifo), "/dev/zero")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"{fifo}:1:1: error: cannot read policy file: not a regular file",
+        "/dev/zero:1:1: error: cannot read policy file: not a regular file",
+    ]
+    proc = _run("test", str(fifo))
+    assert (proc.returncode, proc.stderr) == (
+        1,
+        f"{fifo}:1:1: error: cannot read test file: not a regular file\n",
+    )
