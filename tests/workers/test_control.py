@@ -49,8 +49,8 @@ def outcome(
         "decision_id": decision_id,
         "rank": rank,
         "outcome": result,
-        "step": 11,
-        "tick": 11,
+        "step": 6,
+        "tick": 6,
         "detail": detail,
     }
 
