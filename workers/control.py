@@ -97,6 +97,7 @@ class Controller:
         self.recent_loss: dict[int, deque[float]] = {}
         self.limits = limits
         self.rejected: Counter[str] = Counter()  # refused input, by reason
+        self._logged: dict[str, int] = {}  # the count of each reason when last logged
         self._marks: dict[int, RankMark] = {}  # each rank's last accepted report
         self._tick_counts: dict[int, dict[int, int]] = {}  # events accepted per rank and tick
         self._clock = clock
@@ -136,8 +137,8 @@ class Controller:
             rejected=self.rejected,
             tick_counts=self._tick_counts.get(key) if last is not None else None,
         )
+        self._log_rejections()
         if report is None:
-            log.warning("batch_rejected", rejected=dict(self.rejected))
             return []
         rank = report.rank
         self._tick_counts[rank] = report.tick_counts
@@ -157,6 +158,14 @@ class Controller:
         if events:
             self.handle(self.engine.decide(events, now=now))
         return self.commands_for(rank)
+
+    def _log_rejections(self) -> None:
+        """Log a reason's 1st, 10th, 100th, ... rejection: a flood must not flood the log too."""
+        for reason, count in self.rejected.items():
+            logged = self._logged.get(reason, 0)
+            if count >= max(1, logged * 10):
+                self._logged[reason] = count
+                log.warning("report_input_rejected", reason=reason, count=count)
 
     @property
     def rejected_events(self) -> int:
