@@ -90,6 +90,7 @@ class Controller:
         self.group_action = group_action
         self.command_lead = command_lead
         self.pending: dict[str, _Pending] = {}
+        self._closed: set[str] = set()  # ids of commands no longer pending
         self._seq = 0
         self.step_of: dict[int, int] = {}
         self.tick_of: dict[int, int] = {}
@@ -328,22 +329,30 @@ class Controller:
         return max(self.tick_of.values(), default=0)
 
     # -------------------------------------------------------------- outcomes
+    def _close(self, decision_id: str) -> None:
+        """Take a command off the pending list; outcomes still on their way are then late, not invalid."""
+        del self.pending[decision_id]
+        self._closed.add(decision_id)
+
     def _outcome(self, outcome: Outcome) -> None:
         pending = self.pending.get(outcome.decision_id)
         if pending is None or outcome.rank not in pending.targets:
-            self.rejected["outcome_unknown_decision"] += 1
+            # A rank may still report a step of a chain that was dropped, or a
+            # command resolved without it; an id never issued is bad input.
+            if outcome.decision_id not in self._closed:
+                self.rejected["outcome_unknown_decision"] += 1
             return
         pending.outcomes[outcome.rank] = outcome
         if pending.command.action == "abort" and pending.command.decision_id.endswith("-stop"):
             if set(pending.outcomes) >= pending.targets:
-                del self.pending[outcome.decision_id]
+                self._close(outcome.decision_id)
             return
         failed = [o for o in pending.outcomes.values() if o.outcome != "applied"]
         if failed or set(pending.outcomes) >= pending.targets:
             self._resolve(pending, failed)
 
     def _resolve(self, pending: _Pending, failed: list[Outcome]) -> None:
-        del self.pending[pending.decision.decision_id]
+        self._close(pending.decision.decision_id)
         d = pending.decision
         first = next(iter(failed), None) or pending.outcomes[min(pending.outcomes)]
         outcome = "failed" if failed else "applied"
@@ -372,7 +381,7 @@ class Controller:
         for pending in list(self.pending.values()):
             later = pending.decision
             if later.chain_id == failed.chain_id and later.chain_index > failed.chain_index:
-                del self.pending[later.decision_id]
+                self._close(later.decision_id)
                 step = failed.chain_index + 1
                 self._journal(
                     later, "suppressed", detail=f"not run: step {step} of the chain failed"
@@ -381,7 +390,7 @@ class Controller:
     def finish(self, reason: str = "the run ended before the ranks reported an outcome") -> None:
         """Resolve every decision still pending as failed (nothing is lost from the journal)."""
         for pending in list(self.pending.values()):
-            del self.pending[pending.command.decision_id]
+            self._close(pending.command.decision_id)
             if pending.command.decision_id.endswith("-stop"):
                 continue
             self._journal(

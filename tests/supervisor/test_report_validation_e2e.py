@@ -108,3 +108,6 @@ def test_live_supervisor_refuses_hostile_batches(ray_cluster: None, tmp_path: Pa
         ("nan-rollback", "rollback", "applied")
     ]
     assert decisions[0]["anomaly"]["step"] == NAN_AT
+    # The rank recorded the fault as fired in the run directory (a replacement would not refire it).
+    (marker,) = (tmp_path / "run" / "chaos" / "fired").glob("nan_loss-*.json")
+    assert '"step": 80' in marker.read_text()
