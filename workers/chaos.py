@@ -38,6 +38,8 @@ from typing import Any, Literal, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from remedy.policies import Diagnostic, PolicyError
 from remedy.policies._yaml import Document, load_yaml
@@ -99,6 +101,7 @@ MAX_BYTES = 1 << 34  # 16 GiB kept alive per step
 MAX_LEAK_BYTES = 1 << 40  # 1 TiB over a whole memory_leak
 MAX_FILE_BYTES = 1 << 20
 MAX_MESSAGES = 20  # located errors shown for one file
+MAX_DEPTH = 16  # a chaos file is two levels deep
 
 
 class Fault(BaseModel):
@@ -157,6 +160,9 @@ def load_chaos(path: str | os.PathLike[str], *, world_size: int | None = None) -
         col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
         message = f"not UTF-8 text: byte 0x{raw[exc.start]:02x} cannot be decoded"
         raise _error([Diagnostic(name, line, col, message)]) from None
+    early = _prescan(text, name)
+    if early is not None:
+        raise _error([early])
     try:
         doc = load_yaml(text, name)
     except PolicyError as exc:
@@ -165,6 +171,33 @@ def load_chaos(path: str | os.PathLike[str], *, world_size: int | None = None) -
     except RecursionError:
         raise _error([Diagnostic(name, 1, 1, "YAML nested too deeply")]) from None
     return _validate(doc, world_size)
+
+
+def _prescan(text: str, name: str) -> Diagnostic | None:
+    """Refuse what a chaos file never needs before building any tree: aliases (an alias
+    bomb expands exponentially) and deep nesting. Syntax errors are left to `load_yaml`."""
+    depth = 0
+    try:
+        for event in YAML(typ="rt").parse(text):
+            kind = type(event).__name__
+            mark = event.start_mark
+            if kind == "AliasEvent":
+                return Diagnostic(
+                    name,
+                    mark.line + 1,
+                    mark.column + 1,
+                    "YAML aliases are not allowed in chaos files",
+                )
+            if kind in ("MappingStartEvent", "SequenceStartEvent"):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    message = f"nested deeper than {MAX_DEPTH} levels"
+                    return Diagnostic(name, mark.line + 1, mark.column + 1, message)
+            elif kind in ("MappingEndEvent", "SequenceEndEvent"):
+                depth -= 1
+    except (YAMLError, RecursionError):
+        return None
+    return None
 
 
 def parse_chaos(
