@@ -90,6 +90,8 @@ FAULT_PARAMS: dict[str, frozenset[str]] = {
     "kill_rank": frozenset(),
 }
 
+_ALL_PARAMS = frozenset({"duration", "factor", "seconds", "bytes"})  # a kind not listed above
+
 # Bounds: a chaos file describes a test, and a value past these is a typo
 # that would otherwise crash the rank with no reason given.
 MAX_STEP = 10**12
@@ -266,7 +268,7 @@ def _fault(
             )
         )
         return None
-    allowed = {"kind", "at_step", "rank"} | FAULT_PARAMS[kind]
+    allowed = {"kind", "at_step", "rank"} | FAULT_PARAMS.get(kind, _ALL_PARAMS)
     bad = [k for k in entry if k not in allowed]
     for key in bad:
         takes = ", ".join(sorted(allowed - {"kind"}))
