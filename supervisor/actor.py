@@ -87,6 +87,7 @@ class SupervisorActor:
             "actions": dict(c.action_counts),
             "decisions": len(c.decisions),
             "rejected_events": c.rejected_events,
+            "rejected": dict(c.rejected),
             "wall_s": round(time.time() - self.started, 1),
             "policy": self.controller.engine.policy.name,
         }
@@ -157,6 +158,7 @@ class SupervisorActor:
             "decisions": len(c.decisions),
             "rejected_events": c.rejected_events,
             "rejected_batches": c.rejected_batches,
+            "rejected": dict(c.rejected),  # refused report input, by reason
             "skipped_batches": lead.get("skipped_batches", []),
             "policy": self.spec.policy,
             "workers": self.spec.workers,

@@ -3,29 +3,47 @@
 A chaos file is YAML: `faults: [{kind: nan_loss, at_step: 150, rank: 0}, ...]`.
 Each fault perturbs the real training step (the loss, the gradients, the
 loader, memory), so detection and remediation are exercised end to end.
+Chaos files are validated like policies: `load_chaos` reports each problem
+as one located line, `FILE:LINE:COL: error: ...`, before anything runs.
 
 Two kinds of fault model two kinds of real trouble:
-- transient faults (`nan_loss`, `nan_grad`, `grad_explosion`, `oom`) fire
-  once, the first time their step executes: a replay after a rollback is
-  clean, as it is after a flipped bit or a one-off kernel error;
-- data faults (`loss_spike`) poison the batches they first hit: whenever a
-  poisoned batch is trained on again, the spike comes back. Only skipping
-  those batches cures it, as with the bad-data spikes of large runs.
+- transient faults (`nan_loss`, `nan_grad`, `grad_explosion`, `oom`,
+  `kill_rank`) fire once per run, the first time their step executes: a
+  replay after a rollback, or in a replacement rank, is clean, as it is
+  after a flipped bit or a one-off kernel error;
+- data faults (`loss_spike`) poison batches: when the fault first fires it
+  names the batch indices it poisons (the `duration` batches from the one
+  trained at its step), and whenever one of those batches is trained on
+  again, in this process or a replacement, the spike comes back. Only
+  skipping those batches cures it, as with the bad-data spikes of large runs.
+Window faults (`slow_loader`, `memory_leak`) act on every step of their
+window each time it runs.
+
+What has fired is kept in the run directory (`chaos_record.FiredRecord`), so
+a restarted rank does not fire a fault again. To add a fault kind: name it in
+`FaultKind`, describe it in `FAULT_DESCRIPTIONS` (which makes it injectable),
+list its parameters in `FAULT_PARAMS`, and act on it from a `FaultInjector`
+hook, with `FaultInjector.fire_once` for a fault that fires once per run.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from remedy.policies import Diagnostic, PolicyError
+from remedy.policies._yaml import Document, load_yaml
+from remedy.workers.chaos_record import FiredRecord, fired_dir
 from remedy.workers.exceptions import ChaosConfigError
 
 FaultKind = Literal[
@@ -43,82 +61,298 @@ FaultKind = Literal[
     "corrupt_checkpoint",
     "kill_supervisor",
 ]
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 
-# What each fault does, for `remedy chaos list`; faults the running version
-# cannot inject are refused when the chaos file is loaded.
+# What each fault does, for `remedy chaos list`. Only the faults listed here
+# can be injected by this version; a chaos file naming another is refused.
 FAULT_DESCRIPTIONS: dict[str, str] = {
-    "nan_loss": "the loss of one step becomes NaN (once)",
-    "nan_grad": "one parameter's gradient becomes NaN after backward (once)",
-    "loss_spike": "the batches of `duration` steps are poisoned: their loss is scaled by `factor` "
-    "every time they are trained on",
-    "grad_explosion": "every gradient is scaled by `factor` for one step (once)",
+    "nan_loss": "the loss of one step becomes NaN (once per run)",
+    "nan_grad": "one parameter's gradient becomes NaN after backward (once per run)",
+    "loss_spike": "poisons `duration` batches from the one trained at the step: their loss is "
+    "scaled by `factor` every time they are trained on",
+    "grad_explosion": "every gradient is scaled by `factor` for one step (once per run)",
     "memory_leak": "each step from `at_step` keeps `bytes` more memory alive for `duration` steps",
-    "oom": "the step raises an out-of-memory error (once)",
+    "oom": "the step raises an out-of-memory error (once per run)",
     "slow_loader": "fetching each batch sleeps `seconds` for `duration` steps",
-    "kill_rank": "the rank's process exits abruptly at the step",
+    "kill_rank": "the rank's process exits abruptly at the step (once per run)",
 }
 SUPPORTED_FAULTS = frozenset(FAULT_DESCRIPTIONS)
+
+# The parameters each injectable fault takes, besides `kind`, `at_step` and `rank`.
+FAULT_PARAMS: dict[str, frozenset[str]] = {
+    "nan_loss": frozenset(),
+    "nan_grad": frozenset(),
+    "loss_spike": frozenset({"duration", "factor"}),
+    "grad_explosion": frozenset({"factor"}),
+    "memory_leak": frozenset({"duration", "bytes"}),
+    "oom": frozenset(),
+    "slow_loader": frozenset({"duration", "seconds"}),
+    "kill_rank": frozenset(),
+}
+
+_ALL_PARAMS = frozenset({"duration", "factor", "seconds", "bytes"})  # a kind not listed above
+
+# Bounds: a chaos file describes a test, and a value past these is a typo
+# that would otherwise crash the rank with no reason given.
+MAX_STEP = 10**12
+MAX_DURATION = 10**9
+MAX_SPIKE_BATCHES = 100_000  # batches one loss_spike may poison
+MAX_SECONDS = 3600.0
+MAX_FACTOR = 1e12
+MAX_BYTES = 1 << 34  # 16 GiB kept alive per step
+MAX_LEAK_BYTES = 1 << 40  # 1 TiB over a whole memory_leak
+MAX_FILE_BYTES = 1 << 20
+MAX_MESSAGES = 20  # located errors shown for one file
+MAX_DEPTH = 16  # a chaos file is two levels deep
 
 
 class Fault(BaseModel):
     """One scheduled fault."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     kind: FaultKind
-    at_step: int = Field(ge=0)
+    at_step: int = Field(ge=0, le=MAX_STEP)
     rank: int | None = Field(default=0, ge=0, description="rank to hit; null means every rank")
-    duration: int = Field(default=1, ge=1)
-    factor: float | None = Field(default=None, gt=0)
-    seconds: float = Field(default=0.5, ge=0)
-    bytes: int = Field(default=8 << 20, ge=0)
+    duration: int = Field(default=1, ge=1, le=MAX_DURATION)
+    factor: float | None = Field(default=None, gt=0, le=MAX_FACTOR, allow_inf_nan=False)
+    seconds: float = Field(default=0.5, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
+    bytes: int = Field(default=8 << 20, ge=0, le=MAX_BYTES)
+
+    @model_validator(mode="after")
+    def _bounded_totals(self) -> Fault:
+        if self.kind == "memory_leak" and self.bytes * self.duration > MAX_LEAK_BYTES:
+            raise ValueError(
+                f"memory_leak keeps bytes x duration = {self.bytes * self.duration} bytes alive; "
+                f"at most {MAX_LEAK_BYTES} (1 TiB)"
+            )
+        if self.kind == "loss_spike" and self.duration > MAX_SPIKE_BATCHES:
+            raise ValueError(f"loss_spike poisons at most {MAX_SPIKE_BATCHES} batches (duration)")
+        return self
 
     def hits(self, rank: int) -> bool:
         return self.rank is None or self.rank == rank
 
+    def key(self, rank: int) -> str:
+        """A stable name for this fault hitting `rank`, the same in every process of the run."""
+        canon = json.dumps(self.model_dump(), sort_keys=True)
+        digest = hashlib.sha256(canon.encode()).hexdigest()[:12]
+        return f"{self.kind}-s{self.at_step}-r{rank}-{digest}"
 
-class ChaosPlan(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
-    faults: list[Fault] = Field(default_factory=list)
+def load_chaos(path: str | os.PathLike[str], *, world_size: int | None = None) -> list[Fault]:
+    """Read and validate a chaos file; raise ChaosConfigError with one `FILE:LINE:COL: error:` line per problem.
 
-
-def load_chaos(path: str | os.PathLike[str]) -> list[Fault]:
-    """Read and validate a chaos file; raise ChaosConfigError naming the bad entry."""
+    With `world_size`, a fault for a rank outside the world is an error too.
+    """
     path = Path(path)
+    name = str(path)
     try:
-        data = YAML(typ="safe").load(path.read_text())
-    except (OSError, YAMLError) as exc:
-        raise ChaosConfigError(f"{path}: cannot read chaos file: {exc}") from exc
-    return parse_chaos(data or {}, source=str(path))
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        message = f"cannot read chaos file: {exc.strerror or exc}"
+        raise _error([Diagnostic(name, 1, 1, message)]) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise _error([Diagnostic(name, 1, 1, f"chaos file larger than {MAX_FILE_BYTES} bytes")])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        message = f"not UTF-8 text: byte 0x{raw[exc.start]:02x} cannot be decoded"
+        raise _error([Diagnostic(name, line, col, message)]) from None
+    early = _prescan(text, name)
+    if early is not None:
+        raise _error([early])
+    try:
+        doc = load_yaml(text, name)
+    except PolicyError as exc:
+        # The YAML reader is the policy language's; its words fit this file too.
+        raise _error([_retitle(d) for d in exc.diagnostics]) from None
+    except RecursionError:
+        raise _error([Diagnostic(name, 1, 1, "YAML nested too deeply")]) from None
+    return _validate(doc, world_size)
 
 
-def parse_chaos(data: Any, *, source: str = "<chaos>") -> list[Fault]:
+def _prescan(text: str, name: str) -> Diagnostic | None:
+    """Refuse what a chaos file never needs before building any tree: aliases (an alias
+    bomb expands exponentially) and deep nesting. Syntax errors are left to `load_yaml`."""
+    depth = 0
     try:
-        plan = ChaosPlan.model_validate(data)
-    except ValidationError as exc:
-        msgs = [f"{source}: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-        raise ChaosConfigError("\n".join(msgs)) from None
-    for i, fault in enumerate(plan.faults):
-        if fault.kind not in SUPPORTED_FAULTS:
-            raise ChaosConfigError(
-                f"{source}: faults.{i}.kind: fault {fault.kind!r} cannot be injected by this version; "
-                f"supported: {', '.join(sorted(SUPPORTED_FAULTS))}"
+        for event in YAML(typ="rt").parse(text):
+            kind = type(event).__name__
+            mark = event.start_mark
+            if kind == "AliasEvent":
+                return Diagnostic(
+                    name,
+                    mark.line + 1,
+                    mark.column + 1,
+                    "YAML aliases are not allowed in chaos files",
+                )
+            if kind in ("MappingStartEvent", "SequenceStartEvent"):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    message = f"nested deeper than {MAX_DEPTH} levels"
+                    return Diagnostic(name, mark.line + 1, mark.column + 1, message)
+            elif kind in ("MappingEndEvent", "SequenceEndEvent"):
+                depth -= 1
+    except (YAMLError, RecursionError):
+        return None
+    return None
+
+
+def parse_chaos(
+    data: Any, *, source: str = "<chaos>", world_size: int | None = None
+) -> list[Fault]:
+    """Validate chaos data already loaded (a dict); errors as in `load_chaos`, at 1:1."""
+    return _validate(Document(source, data), world_size)
+
+
+def _validate(doc: Document, world_size: int | None) -> list[Fault]:
+    errors: list[Diagnostic] = []
+    data = {} if doc.data is None else doc.data
+    if not isinstance(data, Mapping):
+        raise _error([doc.error((), "a chaos file is a mapping with a `faults:` list")])
+    for key in data:
+        if key != "faults":
+            errors.append(
+                doc.error((key,), f"{key}: unknown key; a chaos file has only `faults`", key=True)
             )
-    return plan.faults
+    entries = data.get("faults", [])
+    if entries is None:
+        entries = []
+    if not isinstance(entries, list):
+        errors.append(doc.error(("faults",), "faults: expected a list of faults"))
+        entries = []
+    faults: list[Fault] = []
+    for i, entry in enumerate(entries):
+        fault = _fault(doc, i, entry, world_size, errors)
+        if fault is not None:
+            faults.append(fault)
+    if errors:
+        raise _error(errors)
+    return faults
+
+
+def _fault(
+    doc: Document, i: int, entry: Any, world_size: int | None, errors: list[Diagnostic]
+) -> Fault | None:
+    where = ("faults", i)
+    label = f"faults.{i}"
+    if not isinstance(entry, Mapping):
+        errors.append(
+            doc.error(where, f"{label}: expected a mapping like {{kind: nan_loss, at_step: 10}}")
+        )
+        return None
+    kind = entry.get("kind")
+    injectable = ", ".join(sorted(SUPPORTED_FAULTS))
+    if "kind" not in entry:
+        errors.append(
+            doc.error(where, f"{label}: missing required key 'kind'; one of: {injectable}")
+        )
+        return None
+    if not isinstance(kind, str) or kind not in FAULT_KINDS:
+        errors.append(
+            doc.error(
+                (*where, "kind"), f"{label}.kind: unknown fault {kind!r}; one of: {injectable}"
+            )
+        )
+        return None
+    if kind not in SUPPORTED_FAULTS:
+        errors.append(
+            doc.error(
+                (*where, "kind"),
+                f"{label}.kind: fault {kind!r} cannot be injected by this version; "
+                f"injectable: {injectable}",
+            )
+        )
+        return None
+    allowed = {"kind", "at_step", "rank"} | FAULT_PARAMS.get(kind, _ALL_PARAMS)
+    bad = [k for k in entry if k not in allowed]
+    for key in bad:
+        takes = ", ".join(sorted(allowed - {"kind"}))
+        errors.append(
+            doc.error(
+                (*where, str(key)),
+                f"{label}.{key}: {kind} does not take {key!r}; it takes: {takes}",
+                key=True,
+            )
+        )
+    if bad:
+        return None
+    try:
+        fault = Fault.model_validate(dict(entry))
+    except ValidationError as exc:
+        for detail in exc.errors(include_url=False):
+            loc = tuple(detail["loc"])
+            field = ".".join(str(p) for p in (label, *loc))
+            errors.append(doc.error((*where, *loc), f"{field}: {_text(detail)}"))
+        return None
+    if world_size is not None and fault.rank is not None and fault.rank >= world_size:
+        ranks = "rank 0" if world_size == 1 else f"ranks 0-{world_size - 1}"
+        errors.append(
+            doc.error(
+                (*where, "rank"),
+                f"{label}.rank: rank {fault.rank} is outside the world of {world_size} "
+                f"({ranks}); the fault would never fire",
+            )
+        )
+        return None
+    return fault
+
+
+def _text(detail: Any) -> str:
+    """A short reason for one pydantic error."""
+    kind, ctx = detail["type"], detail.get("ctx") or {}
+    got = repr(detail.get("input"))
+    got = got if len(got) <= 40 else got[:37] + "..."
+    texts = {
+        "missing": "missing required key",
+        "finite_number": f"must be a finite number, got {got}",
+        "int_type": f"must be an integer, got {got}",
+        "float_type": f"must be a number, got {got}",
+        "less_than_equal": f"must be at most {ctx.get('le')}, got {got}",
+        "greater_than": f"must be greater than {ctx.get('gt')}, got {got}",
+        "greater_than_equal": f"must be at least {ctx.get('ge')}, got {got}",
+    }
+    return texts.get(kind) or str(detail["msg"]).removeprefix("Value error, ")
+
+
+def _retitle(d: Diagnostic) -> Diagnostic:
+    message = d.message.replace("policy file", "chaos file")
+    return Diagnostic(d.file, d.line, d.col, message, d.severity)
+
+
+def _error(diagnostics: list[Diagnostic]) -> ChaosConfigError:
+    lines = [d.format() for d in diagnostics[:MAX_MESSAGES]]
+    if len(diagnostics) > MAX_MESSAGES:
+        lines.append(f"... and {len(diagnostics) - MAX_MESSAGES} more errors")
+    return ChaosConfigError("\n".join(lines))
 
 
 class FaultInjector:
-    """Applies the faults scheduled for one rank to the running step."""
+    """Applies the faults scheduled for one rank to the running step.
 
-    def __init__(self, faults: Iterable[Fault], rank: int) -> None:
+    `run_dir`: the run directory whose fired-fault record this rank shares
+    with the run's other processes (None: a record in memory only).
+    """
+
+    def __init__(
+        self, faults: Iterable[Fault], rank: int, *, run_dir: str | os.PathLike[str] | None = None
+    ) -> None:
         self.rank = rank
         self.faults = [f for f in faults if f.hits(rank)]
-        self._fired: set[int] = set()
-        self._poisoned: dict[int, float] = {}  # batch index -> loss factor
-        # A spike fault poisons the batch seen at each step of its window the
-        # first time that step runs, keyed by (fault, step).
-        self._fired_spikes: set[tuple[int, int]] = set()
+        self._keys = [f.key(rank) for f in self.faults]
+        self.record = FiredRecord(fired_dir(run_dir))
+        # Poisoned batches, as (first, end, loss factor): a property of the data,
+        # so they are read back from faults that fired in an earlier process.
+        self._poisoned: list[tuple[int, int, float]] = []
+        for f, key in zip(self.faults, self._keys, strict=True):
+            if f.kind == "loss_spike":
+                fired = self.record.get(key)
+                if fired is not None:
+                    self._poison(fired)
         self._leak: list[torch.Tensor] = []
         self.log: list[dict[str, Any]] = []  # what was injected, for the metrics stream
 
@@ -131,10 +365,18 @@ class FaultInjector:
             if f.kind == kind and f.at_step <= step < f.at_step + f.duration
         ]
 
-    def _once(self, kind: str, step: int) -> Fault | None:
+    def fire_once(self, kind: str, step: int, **info: Any) -> Fault | None:
+        """The first fault of `kind` due at `step` that has not fired in this run, now marked fired.
+
+        The mark is on disk before this returns (with a run directory), so a
+        fault that ends the process is not fired again by its replacement.
+        `info` is kept in the mark.
+        """
         for i, f in self._window(kind, step):
-            if i not in self._fired:
-                self._fired.add(i)
+            if self.record.get(self._keys[i]) is None:
+                self.record.mark(
+                    self._keys[i], {"kind": kind, "rank": self.rank, "step": step, **info}
+                )
                 return f
         return None
 
@@ -156,36 +398,61 @@ class FaultInjector:
         for _, f in self._window("memory_leak", step):
             self._leak.append(torch.empty(f.bytes, dtype=torch.uint8).fill_(1))
             self._note("memory_leak", step, bytes=f.bytes)
-        if self._once("oom", step) is not None:
+        if self.fire_once("oom", step) is not None:
             self._note("oom", step)
             raise torch.OutOfMemoryError(f"chaos: injected out-of-memory at step {step}")
-        if self._once("kill_rank", step) is not None:
+        if self.fire_once("kill_rank", step) is not None:
             os._exit(137)
 
     def on_loss(self, step: int, batch_index: int, loss: torch.Tensor) -> torch.Tensor:
         """Loss-side faults: NaN and poisoned (spiking) batches."""
-        if self._once("nan_loss", step) is not None:
+        if self.fire_once("nan_loss", step) is not None:
             self._note("nan_loss", step)
             return loss * float("nan")
         for i, f in self._window("loss_spike", step):
-            if (i, step) not in self._fired_spikes:
-                self._fired_spikes.add((i, step))
-                self._poisoned[batch_index] = f.factor or 10.0
-        factor = self._poisoned.get(batch_index)
+            if self.record.get(self._keys[i]) is None:
+                # The fault names its batches when it first fires; from then on
+                # they are bad data, whatever step trains on them.
+                fired = {
+                    "kind": "loss_spike",
+                    "rank": self.rank,
+                    "step": step,
+                    "batches": [batch_index, batch_index + f.duration],
+                    "factor": f.factor or 10.0,
+                }
+                self.record.mark(self._keys[i], fired)
+                self._poison(fired)
+        factor = self._factor(batch_index)
         if factor is not None:
             self._note("loss_spike", step, batch_index=batch_index, factor=factor)
             return loss * factor
         return loss
 
+    def _poison(self, fired: Mapping[str, Any]) -> None:
+        span, factor = fired.get("batches"), fired.get("factor", 10.0)
+        if (
+            isinstance(span, list)
+            and len(span) == 2
+            and all(type(b) is int for b in span)
+            and isinstance(factor, int | float)
+        ):
+            self._poisoned.append((span[0], span[1], float(factor)))
+
+    def _factor(self, batch_index: int) -> float | None:
+        for first, end, factor in self._poisoned:
+            if first <= batch_index < end:
+                return factor
+        return None
+
     def on_grads(self, step: int, params: list[torch.nn.Parameter]) -> None:
         """Gradient-side faults: a NaN gradient or an explosion."""
-        if self._once("nan_grad", step) is not None:
+        if self.fire_once("nan_grad", step) is not None:
             for p in params:
                 if p.grad is not None:
                     p.grad.view(-1)[0] = float("nan")
                     break
             self._note("nan_grad", step)
-        f = self._once("grad_explosion", step)
+        f = self.fire_once("grad_explosion", step)
         if f is not None:
             factor = f.factor or 1e6
             for p in params:
@@ -195,4 +462,5 @@ class FaultInjector:
 
     @property
     def poisoned_batches(self) -> list[int]:
-        return sorted(self._poisoned)
+        """Every batch index a loss_spike poisoned, in order."""
+        return sorted({b for first, end, _ in self._poisoned for b in range(first, end)})

@@ -25,12 +25,15 @@ from typing import Any
 
 import structlog
 
-from remedy.policies import SUPERVISOR_ACTIONS, AnomalyEvent, Decision, Engine, EventError
+from remedy.policies import SUPERVISOR_ACTIONS, AnomalyEvent, Decision, Engine
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.detectors.straggler import StragglerWatch
+from remedy.workers.report_validation import Limits, RankMark, validate_batch
 from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.control")
+
+DEFAULT_LIMITS = Limits()
 
 # A group action (restart_rank) is carried out by whoever owns the ranks;
 # it returns (outcome, detail).
@@ -73,9 +76,13 @@ class Controller:
         group_action: GroupActionHook | None = None,
         command_lead: int = 1,
         straggler: StragglerWatch | _Default | None = _Default.TOKEN,
+        limits: Limits = DEFAULT_LIMITS,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """`straggler`: the slow-rank watch; by default a `StragglerWatch()` when
-        `world_size > 1`, none for one rank; `None` turns it off.
+        `world_size > 1`, none for one rank; `None` turns it off. `limits`:
+        how much a report batch may carry (`report_validation.Limits`);
+        `clock`: wall time, for how far ahead a report may run.
         """
         self.engine = engine
         self.world_size = world_size
@@ -83,13 +90,19 @@ class Controller:
         self.group_action = group_action
         self.command_lead = command_lead
         self.pending: dict[str, _Pending] = {}
+        self._closed: set[str] = set()  # ids of commands no longer pending
         self._seq = 0
         self.step_of: dict[int, int] = {}
         self.tick_of: dict[int, int] = {}
         self.last_seen: dict[int, float] = {}
         self.recent_loss: dict[int, deque[float]] = {}
-        self.rejected_events = 0
-        self.rejected_batches = 0
+        self.limits = limits
+        self.rejected: Counter[str] = Counter()  # refused input, by reason
+        self._logged: dict[str, int] = {}  # the count of each reason when last logged
+        self._marks: dict[int, RankMark] = {}  # each rank's last accepted report
+        self._tick_counts: dict[int, dict[int, int]] = {}  # events accepted per rank and tick
+        self._clock = clock
+        self._started = clock()
         self.anomaly_counts: Counter[str] = Counter()
         self.action_counts: Counter[str] = Counter()
         self.outcome_counts: Counter[str] = Counter()
@@ -105,26 +118,65 @@ class Controller:
 
     # ---------------------------------------------------------------- ingest
     def ingest(self, batch: Any) -> list[dict[str, Any]]:
-        """Take one report batch from a rank; return the commands that rank still owes."""
-        rank = self._batch_rank(batch)
-        if rank is None:
-            self.rejected_batches += 1
-            log.warning("batch_rejected", reason="not a mapping with an integer rank and step")
+        """Take one report batch from a rank; return the commands that rank still owes.
+
+        Each item is validated on its own (`report_validation`): invalid ones
+        are counted in `rejected` by reason and change nothing; the rest are
+        decided as if they had come alone.
+        """
+        now = self._clock()
+        rank = batch.get("rank") if isinstance(batch, dict) else None
+        key = rank if isinstance(rank, int) else -1
+        last = self._marks.get(key)
+        report = validate_batch(
+            batch,
+            world_size=self.world_size,
+            last=last,
+            origin=RankMark(max(self.step_of.values(), default=0), 0, self._started),
+            now=now,
+            limits=self.limits,
+            rejected=self.rejected,
+            tick_counts=self._tick_counts.get(key) if last is not None else None,
+        )
+        self._log_rejections()
+        if report is None:
             return []
-        now = time.time()
+        rank = report.rank
+        self._tick_counts[rank] = report.tick_counts
+        self._marks[rank] = RankMark(report.step, report.tick, now)
         self.last_seen[rank] = now
-        self.step_of[rank] = max(self.step_of.get(rank, 0), int(batch["step"]))
-        self.tick_of[rank] = int(batch.get("tick", batch["step"]))
-        for record in _list(batch.get("metrics")):
+        self.step_of[rank] = max(self.step_of.get(rank, 0), report.step)
+        self.tick_of[rank] = report.tick
+        for record in report.metrics:
             self._metrics(rank, record)
-        for raw in _list(batch.get("outcomes")):
-            self._outcome(raw)
-        events = self._events(_list(batch.get("events")))
+        for outcome in report.outcomes:
+            self._outcome(outcome)
+        for ev in report.events:
+            self._record(ev)
+        events = report.events
         if self._new_times:
             events += self._check_stragglers()
         if events:
             self.handle(self.engine.decide(events, now=now))
         return self.commands_for(rank)
+
+    def _log_rejections(self) -> None:
+        """Log a reason's 1st, 10th, 100th, ... rejection: a flood must not flood the log too."""
+        for reason, count in self.rejected.items():
+            logged = self._logged.get(reason, 0)
+            if count >= max(1, logged * 10):
+                self._logged[reason] = count
+                log.warning("report_input_rejected", reason=reason, count=count)
+
+    @property
+    def rejected_events(self) -> int:
+        """Events refused, whatever the reason."""
+        return sum(n for reason, n in self.rejected.items() if reason.startswith("event"))
+
+    @property
+    def rejected_batches(self) -> int:
+        """Whole batches refused for a bad header (rank, step, tick)."""
+        return sum(n for reason, n in self.rejected.items() if reason.startswith("batch_"))
 
     def commands_for(self, rank: int) -> list[dict[str, Any]]:
         return [
@@ -132,33 +184,6 @@ class Controller:
             for p in self.pending.values()
             if rank in p.targets and rank not in p.outcomes
         ]
-
-    @staticmethod
-    def _batch_rank(batch: Any) -> int | None:
-        if not isinstance(batch, dict):
-            return None
-        rank, step = batch.get("rank"), batch.get("step")
-        if (
-            not isinstance(rank, int)
-            or not isinstance(step, int)
-            or isinstance(rank, bool)
-            or rank < 0
-        ):
-            return None
-        return rank
-
-    def _events(self, raw_events: Iterable[Any]) -> list[AnomalyEvent]:
-        out = []
-        for raw in raw_events:
-            try:
-                ev = AnomalyEvent.from_dict(raw)
-            except EventError as exc:
-                self.rejected_events += 1
-                log.warning("event_rejected", error=str(exc))
-                continue
-            out.append(ev)
-            self._record(ev)
-        return out
 
     def _record(self, ev: AnomalyEvent) -> None:
         """Count and log one valid anomaly, whoever saw it."""
@@ -170,9 +195,9 @@ class Controller:
         if not isinstance(record, dict):
             return
         loss = record.get("loss")
-        if isinstance(loss, int | float):
+        if isinstance(loss, int | float) and not isinstance(loss, bool):
             self.recent_loss.setdefault(rank, deque(maxlen=10)).append(float(loss))
-        if self.straggler is not None and rank < self.world_size:
+        if self.straggler is not None:
             self._step_time(rank, record)
         if self.run_dir is not None:
             self.run_dir.metrics(record)
@@ -304,26 +329,30 @@ class Controller:
         return max(self.tick_of.values(), default=0)
 
     # -------------------------------------------------------------- outcomes
-    def _outcome(self, raw: Any) -> None:
-        try:
-            outcome = Outcome.from_dict(raw)
-        except TypeError:
-            self.rejected_batches += 1
-            return
+    def _close(self, decision_id: str) -> None:
+        """Take a command off the pending list; outcomes still on their way are then late, not invalid."""
+        del self.pending[decision_id]
+        self._closed.add(decision_id)
+
+    def _outcome(self, outcome: Outcome) -> None:
         pending = self.pending.get(outcome.decision_id)
         if pending is None or outcome.rank not in pending.targets:
+            # A rank may still report a step of a chain that was dropped, or a
+            # command resolved without it; an id never issued is bad input.
+            if outcome.decision_id not in self._closed:
+                self.rejected["outcome_unknown_decision"] += 1
             return
         pending.outcomes[outcome.rank] = outcome
         if pending.command.action == "abort" and pending.command.decision_id.endswith("-stop"):
             if set(pending.outcomes) >= pending.targets:
-                del self.pending[outcome.decision_id]
+                self._close(outcome.decision_id)
             return
         failed = [o for o in pending.outcomes.values() if o.outcome != "applied"]
         if failed or set(pending.outcomes) >= pending.targets:
             self._resolve(pending, failed)
 
     def _resolve(self, pending: _Pending, failed: list[Outcome]) -> None:
-        del self.pending[pending.decision.decision_id]
+        self._close(pending.decision.decision_id)
         d = pending.decision
         first = next(iter(failed), None) or pending.outcomes[min(pending.outcomes)]
         outcome = "failed" if failed else "applied"
@@ -352,7 +381,7 @@ class Controller:
         for pending in list(self.pending.values()):
             later = pending.decision
             if later.chain_id == failed.chain_id and later.chain_index > failed.chain_index:
-                del self.pending[later.decision_id]
+                self._close(later.decision_id)
                 step = failed.chain_index + 1
                 self._journal(
                     later, "suppressed", detail=f"not run: step {step} of the chain failed"
@@ -361,7 +390,7 @@ class Controller:
     def finish(self, reason: str = "the run ended before the ranks reported an outcome") -> None:
         """Resolve every decision still pending as failed (nothing is lost from the journal)."""
         for pending in list(self.pending.values()):
-            del self.pending[pending.command.decision_id]
+            self._close(pending.command.decision_id)
             if pending.command.decision_id.endswith("-stop"):
                 continue
             self._journal(
@@ -396,10 +425,6 @@ class Controller:
     def final_loss(self, rank: int = 0) -> float | None:
         losses = self.recent_loss.get(rank)
         return sum(losses) / len(losses) if losses else None
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def _seconds(value: Any) -> float | None:

@@ -138,7 +138,7 @@ class Guard:
         self.rank = ctx.rank
         self.run_dir = ctx.run_dir
         self.reporter: Reporter = ctx.reporter or self._local_reporter(ctx)
-        self.injector = FaultInjector(ctx.faults, ctx.rank)
+        self.injector = FaultInjector(ctx.faults, ctx.rank, run_dir=ctx.run_dir)
         self.cursor = BatchCursor(data)
         self.detectors = DetectorSuite(self.config.detectors or default_detectors(model))
         # Detectors that need the model: weights to watch, a DDP model's all-reduces to time.

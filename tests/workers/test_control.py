@@ -49,8 +49,8 @@ def outcome(
         "decision_id": decision_id,
         "rank": rank,
         "outcome": result,
-        "step": 11,
-        "tick": 11,
+        "step": 6,
+        "tick": 6,
         "detail": detail,
     }
 
@@ -150,3 +150,18 @@ def test_metrics_and_anomalies_are_recorded(controller: Controller, tmp_path: Pa
     (anomaly,) = read_jsonl(tmp_path / "anomalies.jsonl")
     assert anomaly["kind"] == "nonfinite_loss" and anomaly["value"] == "nan"
     assert controller.final_loss(0) == pytest.approx(1.9)
+
+
+def test_late_outcome_of_a_dropped_step_is_not_a_rejection(controller: Controller) -> None:
+    """A rank's outcome for a chain step dropped after an earlier step failed is ignored, not counted;
+    an outcome for an id never issued is counted."""
+    rollback, shrink = (
+        c["decision_id"] for c in controller.ingest({"rank": 0, "step": 5, "events": [nan(0, 5)]})
+    )
+    controller.ingest(
+        {"rank": 0, "step": 6, "outcomes": [outcome(rollback, 0, "failed", "no snapshot")]}
+    )
+    controller.ingest({"rank": 1, "step": 6, "outcomes": [outcome(shrink, 1, "failed")]})
+    assert controller.rejected == {}
+    controller.ingest({"rank": 1, "step": 6, "outcomes": [outcome("r-d99999", 1)]})
+    assert controller.rejected == {"outcome_unknown_decision": 1}

@@ -36,8 +36,8 @@ def record(rank: int, step: int, times: Times, *, tick: int | None = None) -> di
 
 def report(controller: Controller, rank: int, metrics: list[dict[str, Any]]) -> None:
     """One report batch from `rank`, as the Guard sends it (step: the next step to run)."""
-    step = metrics[-1]["step"] + 1
-    controller.ingest({"rank": rank, "step": step, "tick": step, "metrics": metrics})
+    step, tick = metrics[-1]["step"] + 1, metrics[-1]["tick"] + 1
+    controller.ingest({"rank": rank, "step": step, "tick": tick, "metrics": metrics})
 
 
 def run_steps(controller: Controller, world: int, steps: range, times: Times) -> None:
@@ -120,8 +120,8 @@ def test_malformed_times_are_ignored(tmp_path: Path, fields: dict[str, Any]) -> 
 
 
 def test_garbage_records_do_not_hide_good_ones(tmp_path: Path) -> None:
-    """Records with a bad step or of the wrong type, or from a rank outside the job, are skipped;
-    valid ones in the same batch count."""
+    """Records with a bad step or tick or of the wrong type, or from a rank outside the job, are
+    skipped and counted; valid ones in the same batch count."""
     controller = make_controller(tmp_path, 2)
     garbage: list[Any] = [
         "x",
@@ -135,11 +135,14 @@ def test_garbage_records_do_not_hide_good_ones(tmp_path: Path) -> None:
     for step in range(12):
         for rank in (0, 1):
             good = record(rank, step, wall(1))
-            if step % 2:
-                good["tick"] = "t"  # a bad tick alone does not spoil the time
-            controller.ingest({"rank": rank, "step": step + 1, "metrics": [*garbage, good]})
+            bad_tick = {**good, "tick": "t"}
+            controller.ingest(
+                {"rank": rank, "step": step + 1, "metrics": [*garbage, bad_tick, good]}
+            )
         report(controller, 5, [record(5, step, wall(5))])  # no rank 5 in a 2-rank job
     assert [e["rank"] for e in stragglers(tmp_path)] == [1]
+    assert controller.rejected["metrics_invalid"] == 12 * 2 * (len(garbage) + 1)
+    assert controller.rejected["batch_rank_outside_world"] == 12
 
 
 @pytest.mark.parametrize(
