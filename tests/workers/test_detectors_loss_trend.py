@@ -137,7 +137,7 @@ def noisy_regression_losses(steps: int, seed: int = 1) -> list[float]:
     )  # fmt: skip
     opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
     losses = []
-    for i in range(steps):
+    for _ in range(steps):
         idx = torch.randint(0, 4096, (32,), generator=gen)
         loss = torch.nn.functional.mse_loss(net(x[idx]), y[idx])
         opt.zero_grad()
