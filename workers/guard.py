@@ -146,6 +146,7 @@ class Guard:
         self.injector = FaultInjector(ctx.faults, ctx.rank)
         self.cursor = BatchCursor(data, epochs=epochs)
         self.data_exhausted: str | None = None  # why the data ended the loop, if it did
+        self._epoch = 0  # the epoch the detectors were last told of
         detectors = self.config.detectors
         self.detectors = DetectorSuite(default_detectors(model) if detectors is None else detectors)
         # Detectors that need the model: weights to watch, a DDP model's all-reduces to time.
@@ -238,6 +239,9 @@ class Guard:
                     log.info("data_exhausted", detail=str(end), step=self.step_count)
                     break
                 self._loader_time = time.perf_counter() - t0
+                if self.cursor.epoch != self._epoch:
+                    self._epoch = self.cursor.epoch
+                    self.detectors.new_epoch(self._epoch)
                 for inspector in self._batch_inspectors:
                     inspector.inspect_batch(batch)
                 yield batch

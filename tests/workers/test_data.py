@@ -125,3 +125,35 @@ def test_rollback_on_a_plain_iterable_says_the_data_was_not_rewound() -> None:
     assert "26 steps back" in guard.history[-1].detail
     assert "not rewound" in guard.history[-1].detail
     guard.close()
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+        self.out = torch.nn.Linear(8, 50)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.embed(ids))
+
+
+def lm_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    (ids,) = batch
+    return torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+
+
+@pytest.mark.parametrize("as_epochs", [True, False])
+def test_epochs_are_not_duplicate_samples_but_a_looping_source_is(as_epochs: bool) -> None:
+    """Forty epochs over 64 token rows repeat every row by design: no duplicate_samples. The
+    same rows served as one long pass (a source that keeps restarting by itself) are reported."""
+    gen = torch.Generator().manual_seed(0)
+    rows = TensorDataset(torch.randint(0, 50, (64, 33), generator=gen))
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(rows, batch_size=8, shuffle=True, generator=gen)
+    data: Any = loader if as_epochs else [b for _ in range(40) for b in loader]
+    guard = Guard(model, opt, loss_fn=lm_loss, data=data, epochs=40 if as_epochs else None)
+    kinds = [k for batch in guard for k in guard.step(batch).events]
+    assert guard.close()["steps_completed"] == 320
+    assert ("duplicate_samples" in kinds) is not as_epochs, kinds
