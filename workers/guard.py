@@ -102,12 +102,14 @@ class GuardConfig:
 
 @dataclass
 class StepResult:
-    step: int
-    loss: float
-    grad_norm: float
-    lr: float
-    optimizer_skipped: bool
-    events: list[str] = field(default_factory=list)
+    """What `guard.step(batch)` returns: the step's numbers as the detectors saw them."""
+
+    step: int  # the logical step just trained (goes back after a rollback)
+    loss: float  # the batch's loss (nan when the step ran out of memory)
+    grad_norm: float  # global gradient norm, before clipping
+    lr: float  # the first param group's LR as applied: the schedule's times any shrink_lr cut
+    optimizer_skipped: bool  # True when the weights were not updated (non-finite, overflow, OOM)
+    events: list[str] = field(default_factory=list)  # kinds of the anomalies this step raised
 
 
 class Guard:
