@@ -421,9 +421,8 @@ class Guard:
             skipped = False
         if not skipped and self.scheduler is not None:
             if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                self.scheduler.step(
-                    loss_v
-                )  # it needs the metric; the training loss is the one here
+                # It needs a metric; the training loss is the one the Guard has.
+                self.scheduler.step(loss_v)
             else:
                 self.scheduler.step()
         return skipped
@@ -513,6 +512,8 @@ class Guard:
                 )
                 self._send(force=True)
                 return True
+            # A reporter whose replies may come before the decision (none does so far)
+            # sets `answers_later`; only then is it worth waiting, up to oom_wait_s.
             if not getattr(self.reporter, "answers_later", False) or time.monotonic() > deadline:
                 return False
             time.sleep(0.01)

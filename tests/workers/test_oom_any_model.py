@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from remedy.supervisor.target import load_target
 from remedy.workers import Guard, GuardConfig
 from remedy.workers.activation_checkpointing import (
     SavedActivationMeter,
@@ -20,17 +21,9 @@ from remedy.workers.rundir import read_jsonl
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 
 
-class ConvNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        )  # fmt: skip
-        self.head = nn.Linear(16 * 4 * 4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x).flatten(1))
+REPO = Path(__file__).resolve().parents[2]
+# The conv net of the clean-run corpus: two conv stages in `features`, a linear head.
+ConvNet = load_target(f"{REPO / 'examples' / 'loops' / 'convnet.py'}:ConvNet")
 
 
 def mlp() -> nn.Module:
