@@ -44,7 +44,7 @@ class LossSpikeDetector:
     window: int = 100  # losses whose successive differences give the noise scale
     level_window: int = 10  # latest losses whose median is the level
     min_history: int = 20
-    noise_recent: int = 20  # latest losses whose differences also give a scale (see _noise)
+    noise_recent: int = 40  # latest losses whose differences also give a scale (see _noise)
     z_threshold: float = 12.0
     rel_tol: float = 0.25
     abs_tol: float = 0.0
