@@ -119,13 +119,27 @@ def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str
     from_step = guard.step_count
     guard.restore(snap)
     skipped = guard.skip_next(int(params.get("skip_batches", 0)))
+    rewound = guard.cursor.rewindable
+    # The policy's reason says how far back it asked to go; the snapshot ring decides
+    # where it can: say the step restored and how far that really was.
+    detail = (
+        f"restored step {snap.step} from {source} ({from_step - snap.step} steps back, "
+        f"from step {from_step}); skipped {len(skipped)} batches"
+    )
+    if not rewound:
+        detail += (
+            "; the data was not rewound (a plain iterable cannot go back): training "
+            "goes on with the next batch it yields"
+        )
     return {
         "from_step": from_step,
         "restored_step": snap.step,
+        "steps_back": from_step - snap.step,
         "target_step": target,
         "source": source,
+        "data_rewound": rewound,
         "skipped_batches": skipped,
-        "detail": f"restored step {snap.step} from {source}; skipped {len(skipped)} batches",
+        "detail": detail,
     }
 
 
@@ -137,19 +151,22 @@ def skip_batches(guard: Guard, params: dict[str, Any], command: Command) -> dict
 
 @applier("shrink_lr")
 def shrink_lr(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
-    """Scale every LR by `factor` (floored at `min_lr`), schedule included."""
+    """Cut every LR by `factor` (floored at `min_lr`) from now on, under any schedule."""
     factor = float(params.get("factor", 0.5))
     min_lr = float(params.get("min_lr", 0.0))
     if not 0 < factor <= 1:
         raise ActionError(f"shrink_lr factor must be in (0, 1], got {factor}")
-    before = [g["lr"] for g in guard.optimizer.param_groups]
+    before = guard.effective_lrs()
     guard.scale_lr(factor, min_lr=min_lr)
-    after = [g["lr"] for g in guard.optimizer.param_groups]
+    after = guard.effective_lrs()
     return {
         "lr_before": before,
         "lr_after": after,
         "lr_scale": guard.lr_scale,
-        "detail": f"lr {before[0]:.3g} -> {after[0]:.3g}",
+        "detail": (
+            f"lr {before[0]:.3g} -> {after[0]:.3g}; every later LR of the schedule "
+            f"x{guard.lr_scale:.3g}"
+        ),
     }
 
 

@@ -64,7 +64,13 @@ def _is_wrapped(module: nn.Module) -> bool:
 
 
 def _default_candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Modules of class `Block`, else the children of the longest uniform ModuleList."""
+    """What to checkpoint when the action names nothing, for any model.
+
+    Transformer-style models first: modules of class `Block`, else the
+    children of the longest uniform ModuleList (the repeated layers). Other
+    models (an MLP, a conv net, a recurrent net) have no repeated unit, so
+    the stages of the model are taken instead (`_stages`).
+    """
     blocks = [(n, m) for n, m in model.named_modules() if type(m).__name__ == "Block"]
     if blocks:
         return blocks
@@ -74,7 +80,38 @@ def _default_candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
             kids = [(f"{name}.{k}" if name else k, c) for k, c in mod.named_children()]
             if len(kids) > len(best):
                 best = kids
-    return best
+    return best or _stages(model)
+
+
+def _has_params(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def _stages(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's containers with parameters (`features`, `encoder`), else the whole model.
+
+    Checkpointing a single leaf layer saves nothing (its input is kept to
+    recompute it, and that input is what the layer saved anyway); a container
+    keeps only its input and recomputes everything inside. Wrappers with a
+    single child (`model.net = nn.Sequential(...)`) are looked through. A
+    model made only of leaf layers (a plain `nn.Sequential` MLP) is wrapped
+    whole: its forward keeps only the batch and is recomputed in backward.
+    """
+    prefix, root = "", model
+    while True:
+        kids = [(n, c) for n, c in root.named_children() if _has_params(c)]
+        if len(kids) != 1 or not any(True for _ in kids[0][1].children()):
+            break
+        name, root = kids[0]
+        prefix = f"{prefix}{name}."
+    stages = [
+        (f"{prefix}{n}", c)
+        for n, c in root.named_children()
+        if _has_params(c) and any(True for _ in c.children())
+    ]
+    if stages:
+        return stages
+    return [(prefix.rstrip("."), root)] if _has_params(root) else []
 
 
 def _inside(name: str, ancestor: str) -> bool:

@@ -2,8 +2,16 @@
 
 An indexable source (`source[i]` or `source(i)` returns batch `i`) gives
 exact rollback: the position is an integer and a skipped batch is an index
-never asked for. A plain iterable still trains and can skip forward, but a
-rollback cannot rewind it; the Guard says so in the action's result.
+never asked for. A plain iterable (a `DataLoader`, a list, a generator)
+still trains and can skip forward, but a rollback cannot rewind it; the
+rollback's result says so.
+
+Running out of data is the normal end of a loop: the cursor raises
+`DataExhausted` and the Guard ends training cleanly. With `epochs=N` a
+re-iterable source (a `DataLoader`, a list, a `Dataset` of batches with a
+length) is read N times; before each pass the cursor calls `set_epoch(epoch)`
+on the source's sampler where it has one (a `DistributedSampler`), so every
+epoch is shuffled differently and every rank reads its own shard.
 """
 
 from __future__ import annotations
@@ -12,21 +20,43 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 
-class BatchCursor:
-    """Serves batches in index order, honouring a set of skipped indices."""
+class DataExhausted(Exception):
+    """The source has no more batches (after the last epoch asked for)."""
 
-    def __init__(self, source: Any) -> None:
+
+class BatchCursor:
+    """Serves batches in index order, honouring a set of skipped indices.
+
+    `position` counts batches over all epochs; `epoch` is the pass now being read.
+    """
+
+    def __init__(self, source: Any, *, epochs: int | None = None) -> None:
+        if epochs is not None and epochs < 1:
+            raise ValueError(f"epochs must be at least 1, got {epochs}")
+        self._source = source
         self._fetch: Callable[[int], Any] | None = None
         self._iter: Iterator[Any] | None = None
+        self._length: int | None = None
+        self.epochs = epochs
         if callable(getattr(source, "__getitem__", None)) and not isinstance(source, Iterator):
             self._fetch = source.__getitem__
+            length = getattr(source, "__len__", None)
+            self._length = int(length()) if callable(length) else None
         elif callable(source):
             self._fetch = source
         elif isinstance(source, Iterable):
-            self._iter = iter(source)
+            if epochs is not None and epochs > 1 and isinstance(source, Iterator):
+                raise ValueError(
+                    "epochs > 1 needs a source that can be iterated again (a DataLoader, "
+                    "a list); a generator or iterator is read once"
+                )
         else:
             raise TypeError("data must be indexable (source[i]), callable (source(i)) or iterable")
+        if epochs is not None and epochs > 1 and self._fetch is not None and self._length is None:
+            raise ValueError("epochs > 1 with indexable data needs its length (len(data))")
         self.position = 0
+        self.epoch = 0
+        self._epoch_start = 0  # position of the first batch of the current epoch
         self.skipped: set[int] = set()
 
     @property
@@ -34,15 +64,73 @@ class BatchCursor:
         return self._fetch is not None
 
     def next(self) -> tuple[int, Any]:
-        """(index, batch) of the next batch that is not skipped."""
+        """(index, batch) of the next batch that is not skipped; raises DataExhausted at the end."""
         while self.position in self.skipped:
-            if self._iter is not None:
-                next(self._iter)
+            self._read()
             self.position += 1
         index = self.position
-        batch = self._fetch(index) if self._fetch is not None else next(self._iter)  # type: ignore[arg-type]
+        batch = self._read()
         self.position += 1
         return index, batch
+
+    def _read(self) -> Any:
+        if self._fetch is not None:
+            return self._fetch_at(self.position)
+        if self._iter is None:
+            self._start_epoch(self.epoch)
+        assert self._iter is not None
+        try:
+            return next(self._iter)
+        except StopIteration:
+            pass
+        if not self._more_epochs(self.epoch + 1):
+            raise DataExhausted(self._end_message())
+        self.epoch += 1
+        self._epoch_start = self.position
+        self._start_epoch(self.epoch)
+        try:
+            return next(self._iter)
+        except StopIteration:
+            raise DataExhausted(f"epoch {self.epoch} of the data yielded no batch") from None
+
+    def _fetch_at(self, position: int) -> Any:
+        assert self._fetch is not None
+        if self._length is None:
+            try:
+                return self._fetch(position)
+            except IndexError:
+                raise DataExhausted(self._end_message()) from None
+        epoch, index = divmod(position, self._length) if self._length else (0, position)
+        if not self._length or not self._more_epochs(epoch):
+            raise DataExhausted(self._end_message())
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._set_epoch(epoch)
+        return self._fetch(index)
+
+    def _more_epochs(self, epoch: int) -> bool:
+        return epoch < (self.epochs or 1)
+
+    def _start_epoch(self, epoch: int) -> None:
+        self._set_epoch(epoch)
+        self._iter = iter(self._source)
+
+    def _set_epoch(self, epoch: int) -> None:
+        """Tell a sampler (e.g. DistributedSampler) which epoch starts, so each is shuffled anew."""
+        samplers = [
+            self._source,
+            getattr(self._source, "sampler", None),
+            getattr(getattr(self._source, "batch_sampler", None), "sampler", None),
+        ]
+        for sampler in samplers:
+            set_epoch = getattr(sampler, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+                return
+
+    def _end_message(self) -> str:
+        epochs = self.epochs or 1
+        return f"data exhausted after {self.position} batches ({epochs} epoch{'s' * (epochs > 1)})"
 
     def skip_next(self, count: int) -> list[int]:
         """Mark the next `count` not-yet-skipped indices from the position as skipped."""

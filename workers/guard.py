@@ -39,9 +39,10 @@ from remedy.workers.chaos import FaultInjector
 from remedy.workers.checkpoint_store import CheckpointStore
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.context import Reporter, WorkerContext, get_context
-from remedy.workers.data import BatchCursor
+from remedy.workers.data import BatchCursor, DataExhausted
 from remedy.workers.detectors import Detector, DetectorSuite, default_detectors
 from remedy.workers.exceptions import RunAborted
+from remedy.workers.lr_scale import LRScale
 from remedy.workers.measure import (
     GradNorm,
     MemoryProbe,
@@ -59,6 +60,9 @@ from remedy.workers.snapshots import (
 from remedy.workers.stats import StepStats
 
 log = structlog.get_logger("remedy.guard")
+
+# summary["final_loss"] is the mean of the finite training losses of the last this many steps.
+FINAL_LOSS_STEPS = 10
 
 _DONE: Future[Any] = Future()
 _DONE.set_result(None)
@@ -98,12 +102,14 @@ class GuardConfig:
 
 @dataclass
 class StepResult:
-    step: int
-    loss: float
-    grad_norm: float
-    lr: float
-    optimizer_skipped: bool
-    events: list[str] = field(default_factory=list)
+    """What `guard.step(batch)` returns: the step's numbers as the detectors saw them."""
+
+    step: int  # the logical step just trained (goes back after a rollback)
+    loss: float  # the batch's loss (nan when the step ran out of memory)
+    grad_norm: float  # global gradient norm, before clipping
+    lr: float  # the first param group's LR as applied: the schedule's times any shrink_lr cut
+    optimizer_skipped: bool  # True when the weights were not updated (non-finite, overflow, OOM)
+    events: list[str] = field(default_factory=list)  # kinds of the anomalies this step raised
 
 
 class Guard:
@@ -116,7 +122,8 @@ class Guard:
         *,
         loss_fn: LossFn,
         data: Any,
-        max_steps: int,
+        max_steps: int | None = None,
+        epochs: int | None = None,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
         config: GuardConfig | None = None,
@@ -139,8 +146,11 @@ class Guard:
         self.run_dir = ctx.run_dir
         self.reporter: Reporter = ctx.reporter or self._local_reporter(ctx)
         self.injector = FaultInjector(ctx.faults, ctx.rank, run_dir=ctx.run_dir)
-        self.cursor = BatchCursor(data)
-        self.detectors = DetectorSuite(self.config.detectors or default_detectors(model))
+        self.cursor = BatchCursor(data, epochs=epochs)
+        self.data_exhausted: str | None = None  # why the data ended the loop, if it did
+        self._epoch = 0  # the epoch the detectors were last told of
+        detectors = self.config.detectors
+        self.detectors = DetectorSuite(default_detectors(model) if detectors is None else detectors)
         # Detectors that need the model: weights to watch, a DDP model's all-reduces to time.
         for detector in self.detectors.detectors:
             attach = getattr(detector, "attach", None)
@@ -166,7 +176,7 @@ class Guard:
         self.max_micro_batches: int | None = None  # the batch size, once a batch has been seen
         self.step_count = 0
         self.tick = 0
-        self.lr_scale = 1.0
+        self.lr_cut = LRScale()  # shrink_lr's cuts, applied around each optimizer step
         self.recent_stats: deque[StepStats] = deque(maxlen=50)
         self.kv_caches: weakref.WeakSet[Any] = (
             weakref.WeakSet()
@@ -218,12 +228,22 @@ class Guard:
         try:
             while True:
                 self._boundary()
-                if self._stop_reason is not None or self.step_count >= self.max_steps:
+                if self._stop_reason is not None or (
+                    self.max_steps is not None and self.step_count >= self.max_steps
+                ):
                     break
                 t0 = time.perf_counter()
                 self.injector.before_batch(self.step_count)
-                self._batch_index, batch = self.cursor.next()
+                try:
+                    self._batch_index, batch = self.cursor.next()
+                except DataExhausted as end:  # the normal end of a loop that runs out of data
+                    self.data_exhausted = str(end)
+                    log.info("data_exhausted", detail=str(end), step=self.step_count)
+                    break
                 self._loader_time = time.perf_counter() - t0
+                if self.cursor.epoch != self._epoch:
+                    self._epoch = self.cursor.epoch
+                    self.detectors.new_epoch(self._epoch)
                 for inspector in self._batch_inspectors:
                     inspector.inspect_batch(batch)
                 yield batch
@@ -389,16 +409,22 @@ class Guard:
                 self.optimizer.zero_grad(set_to_none=True)
                 return True
             scale_before = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)
+            with self.lr_cut.applied(self.optimizer):
+                self.scaler.step(self.optimizer)
             self.scaler.update()
             skipped = self.scaler.get_scale() < scale_before
         elif not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             skipped = True
         else:
-            self.optimizer.step()
+            with self.lr_cut.applied(self.optimizer):
+                self.optimizer.step()
             skipped = False
         if not skipped and self.scheduler is not None:
-            self.scheduler.step()
+            if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                # It needs a metric; the training loss is the one the Guard has.
+                self.scheduler.step(loss_v)
+            else:
+                self.scheduler.step()
         return skipped
 
     def _finish_step(
@@ -418,7 +444,7 @@ class Guard:
             rank=self.rank,
             loss=loss_v,
             grad_norm=norm_v,
-            lr=float(self.optimizer.param_groups[0]["lr"]),
+            lr=self.lr_cut.effective(float(self.optimizer.param_groups[0]["lr"])),
             step_time_s=time.perf_counter() - t0,
             loader_time_s=self._loader_time,
             batch_index=self._batch_index,
@@ -469,9 +495,16 @@ class Guard:
         self._send(force=True)
 
     def _await_commands(self) -> bool:
-        """After an OOM: wait for the policy's commands and apply them now; True if any applied."""
+        """After an OOM: take the policy's answer and apply it now; True if anything was applied.
+
+        The supervisor decides while it ingests a report, and its reply carries the
+        commands: once the replies to the OOM report are in, nothing more is coming
+        (a dry run, a cooling-down rule, no rule), so the step gives up at once
+        instead of waiting for commands that never come.
+        """
         deadline = time.monotonic() + self.config.oom_wait_s
-        while time.monotonic() < deadline:
+        self._send(force=True, wait=True)
+        while True:
             self._take_commands()
             if self._queued:
                 self._apply(
@@ -479,9 +512,12 @@ class Guard:
                 )
                 self._send(force=True)
                 return True
+            # A reporter whose replies may come before the decision (none does so far)
+            # sets `answers_later`; only then is it worth waiting, up to oom_wait_s.
+            if not getattr(self.reporter, "answers_later", False) or time.monotonic() > deadline:
+                return False
             time.sleep(0.01)
             self._send(force=True)
-        return False
 
     # ------------------------------------------------------------- reporting
     def _send(self, *, force: bool = False, wait: bool = False) -> None:
@@ -518,7 +554,7 @@ class Guard:
             else None,
             scaler=self.scaler.state_dict() if self.scaler is not None else None,
             rng=capture_rng(),
-            lr_scale=self.lr_scale,
+            lr_scale=self.lr_cut.scale,
         )
 
     def restore(self, snap: Snapshot) -> None:
@@ -533,27 +569,23 @@ class Guard:
         restore_rng(snap.rng)
         self.step_count = snap.step
         self.cursor.seek(snap.cursor)
-        if snap.lr_scale != self.lr_scale:
-            # An LR cut decided after the snapshot is a remediation, not training state: keep it.
-            self._scale_lr_raw(self.lr_scale / snap.lr_scale, min_lr=0.0)
+        # The param groups hold the scheduled LR, never the cut (see lr_scale.py), so an LR
+        # cut decided after the snapshot stays in force: it is a remediation, not training state.
         self.snapshots.drop_after(snap.step)
         self.detectors.reset()
         self.optimizer.zero_grad(set_to_none=True)
 
     def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None:
-        """Scale the LR of every group and the scheduler's base LRs, so the schedule keeps its shape."""
-        self._scale_lr_raw(factor, min_lr=min_lr)
-        self.lr_scale *= factor
+        """Cut every LR by `factor` (not below `min_lr`) from now on, whatever the schedule does."""
+        self.lr_cut.cut(factor, min_lr=min_lr)
 
-    def _scale_lr_raw(self, factor: float, *, min_lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = max(group["lr"] * factor, min_lr)
-            if "initial_lr" in group:
-                group["initial_lr"] = max(group["initial_lr"] * factor, min_lr)
-        sched = self.scheduler
-        if sched is not None and hasattr(sched, "base_lrs"):
-            sched.base_lrs = [max(b * factor, min_lr) for b in sched.base_lrs]
-            sched._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+    @property
+    def lr_scale(self) -> float:
+        return self.lr_cut.scale
+
+    def effective_lrs(self) -> list[float]:
+        """The LR of each param group as the optimizer applies it (schedule times the cuts)."""
+        return self.lr_cut.effective_lrs(self.optimizer)
 
     def report_event(self, event: Any) -> None:
         """Send an anomaly the user's code found (e.g. a KV-cache measure) with the next report."""
@@ -595,19 +627,26 @@ class Guard:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._spare = None
-        losses = [s.loss for s in list(self.recent_stats)[-10:] if math.isfinite(s.loss)]
+        recent = list(self.recent_stats)[-FINAL_LOSS_STEPS:]
+        losses = [s.loss for s in recent if math.isfinite(s.loss)]
         self.summary = {
             "rank": self.rank,
             "status": "aborted" if self._stop_reason else "completed",
             "stop_reason": self._stop_reason,
             "steps_completed": self.step_count,
             "steps_executed": self.tick,
+            # A single batch's loss is noisy: the mean of the last few training losses.
             "final_loss": sum(losses) / len(losses) if losses else None,
+            "final_loss_over_steps": len(losses),
+            "last_loss": recent[-1].loss if recent else None,
+            "data_exhausted": self.data_exhausted,
+            "epochs_started": self.cursor.epoch + 1,
             "skipped_batches": sorted(self.cursor.skipped),
         }
         self.ctx.summary = self.summary
         if self._owns_controller:
-            self.reporter.close()
+            assert isinstance(self.reporter, LocalReporter)
+            self.reporter.close(self.summary)
         return self.summary
 
     def raise_if_aborted(self) -> None:
@@ -621,6 +660,7 @@ class LocalReporter:
     def __init__(self, controller: Any) -> None:
         self.controller = controller
         self._inbox: list[dict[str, Any]] = []
+        self._started = time.time()
 
     def send(self, batch: dict[str, Any], *, wait: bool = False) -> None:
         self._inbox = self.controller.ingest(batch)
@@ -629,10 +669,38 @@ class LocalReporter:
         out, self._inbox = self._inbox, []
         return out
 
-    def close(self) -> None:
-        self.controller.finish()
-        if self.controller.run_dir is not None:
-            self.controller.run_dir.close()
+    def close(self, rank_summary: dict[str, Any] | None = None) -> None:
+        """End the run: resolve what is pending, write summary.json (with a run directory)."""
+        c = self.controller
+        c.finish()
+        if c.run_dir is None:
+            return
+        if rank_summary is not None:
+            c.run_dir.write_summary(_local_summary(c, rank_summary, time.time() - self._started))
+        c.run_dir.close()
+
+
+def _local_summary(controller: Any, rank: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """summary.json of a single-process run, in the shape `remedy run` writes (`remedy report`)."""
+    c = controller
+    completed, executed = int(rank["steps_completed"]), int(rank["steps_executed"])
+    return {
+        "run_id": c.run_dir.run_id,
+        "status": "aborted" if c.abort_reason is not None else rank["status"],
+        "abort_reason": c.abort_reason,
+        "steps_completed": completed,
+        "steps_executed": executed,
+        "goodput": round(completed / executed, 4) if executed else 0.0,
+        "final_loss": rank["final_loss"],
+        "actions": dict(c.action_counts),
+        "anomalies": dict(c.anomaly_counts),
+        "outcomes": dict(c.outcome_counts),
+        "decisions": len(c.decisions),
+        "skipped_batches": rank["skipped_batches"],
+        "workers": 1,
+        "wall_s": round(wall_s, 2),
+        "ranks": [rank],
+    }
 
 
 def _blank_snapshot(like: Snapshot) -> Snapshot:

@@ -158,6 +158,56 @@ def test_loss_spike_catches_a_tripled_loss_in_real_runs(at: int) -> None:
         assert [(e.kind, e.step) for e in got] == [("loss_spike", at)], name
 
 
+def flat_start_classifier_losses(seed: int, steps: int = 300) -> list[float]:
+    """Per-step losses of a real small MLP classifier whose zero-initialised head keeps the loss
+    at ln(5), almost noiseless, for its first ~20 steps, then learns with batch-32 noise."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(1000 + seed)
+    x = torch.randn(4096, 20, generator=gen)
+    y = (
+        torch.tanh(x @ torch.randn(20, 32, generator=gen)) @ torch.randn(32, 5, generator=gen)
+    ).argmax(1)
+    flip = torch.rand(4096, generator=gen) < 0.05
+    y[flip] = torch.randint(0, 5, (int(flip.sum()),), generator=gen)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 5),
+    )  # fmt: skip
+    torch.nn.init.zeros_(net[-1].weight)
+    torch.nn.init.zeros_(net[-1].bias)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 50))
+    order = torch.randperm(4096, generator=gen)
+    losses = []
+    for i in range(steps):
+        idx = order[(i * 32) % 4096 : (i * 32) % 4096 + 32]
+        loss = torch.nn.functional.cross_entropy(net(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("seed", [0, 2])
+def test_loss_spike_silent_when_the_noise_grows_after_a_flat_start(seed: int) -> None:
+    """A classifier that sits at ln(classes) for its first steps and then learns with the full
+    noise of small batches is not a spike (the window's noise scale was the flat start's: z 17-26
+    on ordinary batches), and a loss five times the real one in that phase is still caught at any
+    step (a tripled one is ~10 sigma of this job's batch noise, under the threshold of 12)."""
+    losses = flat_start_classifier_losses(seed)
+    det = LossSpikeDetector()
+    events = [e for i, x in enumerate(losses) for e in det.observe(stats(i, loss=x))]
+    assert events == [], [(e.step, e.value, e.details) for e in events]
+    for at in range(60, 300, 20):
+        det = LossSpikeDetector()
+        for i, x in enumerate(losses[:at]):
+            det.observe(stats(i, loss=x))
+        assert [e.kind for e in det.observe(stats(at, loss=5 * losses[at]))] == ["loss_spike"], at
+
+
 def test_loss_spike_ignores_drops_and_warmup() -> None:
     """Falling losses and the first `min_history` steps never fire."""
     det = LossSpikeDetector(min_history=20)

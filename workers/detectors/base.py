@@ -74,5 +74,12 @@ class DetectorSuite:
         for detector in self.detectors:
             detector.reset()
 
+    def new_epoch(self, epoch: int) -> None:
+        """Tell the detectors that care (`new_epoch(epoch)`) that a new pass over the data began."""
+        for detector in self.detectors:
+            hook = getattr(detector, "new_epoch", None)
+            if callable(hook):
+                hook(epoch)
+
     def names(self) -> Sequence[str]:
         return [d.name for d in self.detectors]

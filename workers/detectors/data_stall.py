@@ -6,7 +6,13 @@ the accelerator is being starved: above `warn_ratio` the job spends more
 time waiting than computing; above `critical_ratio` it runs at well under
 half speed. Medians over `window` steps keep one slow batch (a cold cache,
 a shard boundary) from firing; `min_wait_s` keeps microsecond waits on tiny
-steps from counting as stalls.
+steps from counting as stalls. A stall must also last: the window that
+shows it and the stalled steps after it must add up to `min_stall_s` of
+training time. Five steps of a small CPU job are a few milliseconds, and on
+a busy machine the scheduler's preemptions (a few ms each) land in the
+loader often enough that one such window in thousands reads as a stall; a
+loader that is really too slow stays slow, and a stall of slow steps (a
+0.1 s wait) is still reported at the third slow batch.
 """
 
 from __future__ import annotations
@@ -29,12 +35,14 @@ class DataStallDetector:
     warn_ratio: float = 1.2
     critical_ratio: float = 2.5
     min_wait_s: float = 0.005
+    min_stall_s: float = 0.25  # training time (waits and steps) the stall must have lasted
     cooldown_steps: int = 100
     name: str = "data_stall"
     _waits: deque[float] = field(default_factory=deque)
     _steps: deque[float] = field(default_factory=deque)
     _warn: Cooldown = field(init=False)
     _critical: Cooldown = field(init=False)
+    _stalled_s: float = 0.0  # time covered by the current run of stalled windows
 
     def __post_init__(self) -> None:
         self._warn = Cooldown(self.cooldown_steps)
@@ -50,6 +58,7 @@ class DataStallDetector:
             return []
         wait = statistics.median(self._waits)
         if wait < self.min_wait_s:
+            self._stalled_s = 0.0
             return []
         ratio = wait / max(statistics.median(self._steps), 1e-9)
         if ratio > self.critical_ratio:
@@ -57,8 +66,13 @@ class DataStallDetector:
         elif ratio > self.warn_ratio:
             severity, threshold, gate = "warning", self.warn_ratio, self._warn
         else:
+            self._stalled_s = 0.0
             return []
-        if not gate.ready(stats.tick):
+        if self._stalled_s == 0.0:  # the window that first shows the stall counts whole
+            self._stalled_s = sum(self._waits) + sum(self._steps)
+        else:
+            self._stalled_s += stats.loader_time_s + stats.step_time_s
+        if self._stalled_s < self.min_stall_s or not gate.ready(stats.tick):
             return []
         gate.fire(stats.tick)
         if severity == "critical":
@@ -78,3 +92,4 @@ class DataStallDetector:
     def reset(self) -> None:
         self._waits.clear()
         self._steps.clear()
+        self._stalled_s = 0.0

@@ -143,6 +143,14 @@ class DuplicateSamplesDetector:
             )
         ]
 
+    def new_epoch(self, epoch: int) -> None:
+        """A new epoch serves every sample again on purpose (the Guard says when): start afresh.
+
+        Within an epoch a repeat is still a fault, such as an iterator that
+        restarted by itself; across the epochs a user asked for it is the plan.
+        """
+        self.reset()
+
     def reset(self) -> None:
         """After a rollback the same batches come again on purpose: start a fresh index."""
         self._lsh = MinHashLSH(threshold=self.similarity, num_perm=self.num_perm)

@@ -25,6 +25,7 @@ z 9.4 and a x10 spike at step 50 only 17.7, a x3 one 3.2.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ class LossSpikeDetector:
     window: int = 100  # losses whose successive differences give the noise scale
     level_window: int = 10  # latest losses whose median is the level
     min_history: int = 20
+    noise_recent: int = 40  # latest losses whose differences also give a scale (see _noise)
     z_threshold: float = 12.0
     rel_tol: float = 0.25
     abs_tol: float = 0.0
@@ -64,7 +66,7 @@ class LossSpikeDetector:
             margin = max(self.rel_tol * abs(level), self.abs_tol)
             # Most steps fail the margin test; the noise scale (a sort) is needed only past it.
             if loss - level > margin:
-                sigma = _difference_sigma(losses)
+                sigma = self._noise()
                 z = (loss - level) / sigma
                 if z > self.z_threshold:
                     threshold = level + max(self.z_threshold * sigma, margin)
@@ -84,6 +86,25 @@ class LossSpikeDetector:
             if len(losses) > self.window:
                 losses.popleft()
         return out
+
+    def _noise(self) -> float:
+        """The noise scale now: the larger of the window's and the latest `noise_recent` losses'.
+
+        Step-to-step noise is not stationary: a classifier sits at ln(classes)
+        with almost no noise for its first steps, then learns with a
+        per-batch noise of 10-20% of the loss. Over the whole window the
+        median difference is that of the quiet start until it has left the
+        window, and ordinary batches read as z 15-35. The recent scale follows
+        the noise as it grows; the window's keeps a quiet recent stretch from
+        shrinking it.
+        """
+        sigma = _difference_sigma(self._losses)
+        if 3 <= self.noise_recent < len(self._losses):
+            recent = deque(
+                itertools.islice(self._losses, len(self._losses) - self.noise_recent, None)
+            )
+            sigma = max(sigma, _difference_sigma(recent))
+        return sigma
 
     def reset(self) -> None:
         self._losses.clear()
