@@ -499,6 +499,9 @@ class Guard:
             "events": self._events,
             "metrics": [_metrics_record(stats, chaos) for stats, chaos in self._metrics],
             "outcomes": [o.to_dict() for o in self._outcomes],
+            # For progress displays: the step total and the batch size last seen.
+            "max_steps": self.max_steps,
+            "batch_size": self.max_micro_batches,
         }
         self._events, self._metrics, self._outcomes = [], [], []
         self._last_send = now
