@@ -23,6 +23,7 @@ from remedy.supervisor.spec import RunSpec
 from remedy.supervisor.worker_group import WorkerGroup
 from remedy.workers.control import Controller
 from remedy.workers.logs import configure_logging
+from remedy.workers.metrics import RayBackend, RunMetrics
 from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.supervisor")
@@ -44,6 +45,9 @@ class SupervisorActor:
         self.state = "starting"
         self.rank_results: dict[int, dict[str, Any]] = {}
         self.feed = Feed(self.spec.workers)  # what displays poll (see `events`)
+        self.metrics = RunMetrics(
+            RayBackend(), run_id=self.spec.run_id, checkpoints=self.run_dir.checkpoints
+        )
         # A policy given as a file is watched: saving it applies it to the running job.
         self._watched = Path(self.spec.policy) if Path(self.spec.policy).is_file() else None
         self._watched_mtime = self._watched.stat().st_mtime if self._watched else 0.0
@@ -77,8 +81,10 @@ class SupervisorActor:
     async def report(self, batch: Any) -> list[dict[str, Any]]:
         """A rank's report batch in; the commands that rank still owes out."""
         self.feed.observe(batch)
+        self.metrics.observe(batch)
         commands = self.controller.ingest(batch)
         self.feed.decisions(self.controller.decisions)
+        self.metrics.decisions(self.controller.decisions)
         return commands
 
     async def output(self, lines: Any) -> None:
