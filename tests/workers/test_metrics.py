@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -12,6 +15,8 @@ from torch import nn
 
 from remedy.workers import Guard, GuardConfig
 from remedy.workers.metrics import METRICS_PORT_ENV, PrometheusBackend, RunMetrics
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 
@@ -116,3 +121,32 @@ def test_ray_backend_records_in_an_actor(ray_cluster: None) -> None:
     recorder = Recorder.remote()  # type: ignore[attr-defined]
     assert ray.get(recorder.record.remote(), timeout=60) == 1
     ray.kill(recorder)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_ray_exporter_serves_remedy_metrics(tmp_path: Path) -> None:
+    """On a private Ray with its metrics agent, Ray's export port serves the metrics an actor recorded."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+    probe = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("ray_metrics_probe.py"))],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        check=False,
+    )
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    lines = probe.stdout.splitlines()
+    assert any(
+        ln.startswith("ray_remedy_anomalies_total{") and 'kind="nonfinite_loss"' in ln
+        and ln.endswith(" 1.0") for ln in lines
+    )  # fmt: skip
+    assert any(
+        ln.startswith("ray_remedy_decisions_total{") and 'action="rollback"' in ln
+        and 'outcome="applied"' in ln and ln.endswith(" 1.0") for ln in lines
+    )  # fmt: skip
+    assert any(
+        ln.startswith("ray_remedy_step_time_seconds{") and ln.endswith(" 0.25") for ln in lines
+    )
