@@ -172,7 +172,12 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     display = make_display(quiet=args.quiet)
-    summary = run_supervised(spec, display=display)
+    try:
+        summary = run_supervised(spec, display=display)
+    except KeyboardInterrupt:
+        # Leave the terminal clean (the live display stopped) before main() reports it.
+        display.close({"run_id": spec.run_id, "status": "interrupted"}, "")
+        raise
     text = format_summary(summary, read_jsonl(Path(spec.run_dir) / "decisions.jsonl"))
     display.close(summary, text, report=_write_report_files(spec.run_dir))
     return STATUS_EXIT.get(summary["status"], EXIT_FAILED)

@@ -11,7 +11,8 @@
 
 Under a supervisor they go through Ray's metrics API (`ray.util.metrics`),
 which Ray's per-node exporter serves to Prometheus with the rest of Ray's
-metrics. A standalone run (no supervisor) serves them itself on
+metrics, prefixed `ray_` as Ray names application metrics
+(`ray_remedy_anomalies_total`). A standalone run (no supervisor) serves them itself on
 `http://127.0.0.1:PORT/metrics` (`prometheus-client`) when the environment
 variable `REMEDY_METRICS_PORT` is set.
 """
