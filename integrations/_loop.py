@@ -29,11 +29,14 @@ from remedy.workers import actions
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.context import Reporter, get_context
 from remedy.workers.detectors import DetectorSuite, default_detectors
+from remedy.workers.guard import Guard, LocalReporter
 from remedy.workers.measure import GradNorm, MemoryProbe
-from remedy.workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host, restore_rng
+from remedy.workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host
 from remedy.workers.stats import StepStats
 
 log = structlog.get_logger("remedy.integrations")
+
+HEARTBEAT_S = 0.5  # longest quiet period between reports, as GuardConfig.heartbeat_s
 
 
 class LoopGuard:
@@ -81,13 +84,14 @@ class LoopGuard:
         self._skipped = False
         self._skip_left = 0
         self._next_batch = 0
+        self.cursor = _LoopCursor()
         self._t0 = time.perf_counter()
+        self._last_send = 0.0
         self.stop_reason: str | None = None
 
     def _local(self, policy: str | None) -> Reporter:
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - standalone only
         from remedy.workers.control import Controller  # noqa: PLC0415
-        from remedy.workers.guard import LocalReporter  # noqa: PLC0415
         from remedy.workers.rundir import RunDir  # noqa: PLC0415
 
         run_id = "local"
@@ -190,6 +194,11 @@ class LoopGuard:
             self.reporter.close()
 
     def _send(self, *, wait: bool = False) -> None:
+        now = time.monotonic()
+        # Like a Guard: report at once when there is news, else at most every HEARTBEAT_S.
+        if not (wait or self._events or self._outcomes) and now - self._last_send < HEARTBEAT_S:
+            return
+        self._last_send = now
         batch = {
             "rank": self.rank,
             "step": self.step_count,
@@ -216,40 +225,23 @@ class LoopGuard:
             lr_scale=self.lr_scale,
         )
 
+    # Guard's own implementations, borrowed so a fix there holds here too: they
+    # touch only what both classes have (model, optimizer, scheduler, scaler,
+    # snapshots, detectors, lr_scale, and a cursor, which here is the loop's).
     def restore(self, snap: Snapshot) -> None:
         """Weights, optimizer, scheduler, scaler and RNG back to `snap`; remediations stay in force."""
-        self.model.load_state_dict(snap.model)
-        self.optimizer.load_state_dict(clone_to_host(snap.optimizer))
-        if self.scheduler is not None and snap.scheduler is not None:
-            self.scheduler.load_state_dict(clone_to_host(snap.scheduler))
-        if self.scaler is not None and snap.scaler is not None:
-            self.scaler.load_state_dict(snap.scaler)
-        restore_rng(snap.rng)
-        self.step_count = snap.step
-        if snap.lr_scale != self.lr_scale:
-            self._scale_lr_raw(self.lr_scale / snap.lr_scale, min_lr=0.0)
-        self.snapshots.drop_after(snap.step)
-        self.detectors.reset()
-        self.optimizer.zero_grad(set_to_none=True)
+        Guard.restore(self, snap)  # type: ignore[arg-type]
+
+    def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None:
+        Guard.scale_lr(self, factor, min_lr=min_lr)  # type: ignore[arg-type]
+
+    def _scale_lr_raw(self, factor: float, *, min_lr: float) -> None:
+        Guard._scale_lr_raw(self, factor, min_lr=min_lr)  # type: ignore[arg-type]
 
     def skip_next(self, count: int) -> list[int]:
         """Drop the updates of the loop's next `count` batches; returns their positions."""
         self._skip_left += count
         return list(range(self._next_batch, self._next_batch + count))
-
-    def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None:
-        self._scale_lr_raw(factor, min_lr=min_lr)
-        self.lr_scale *= factor
-
-    def _scale_lr_raw(self, factor: float, *, min_lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = max(group["lr"] * factor, min_lr)
-            if "initial_lr" in group:
-                group["initial_lr"] = max(group["initial_lr"] * factor, min_lr)
-        sched = self.scheduler
-        if sched is not None and hasattr(sched, "base_lrs"):
-            sched.base_lrs = [max(b * factor, min_lr) for b in sched.base_lrs]
-            sched._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
@@ -262,3 +254,10 @@ class LoopGuard:
     @property
     def recent_stats(self) -> list[StepStats]:
         return []
+
+
+class _LoopCursor:
+    """The framework owns the data position: seeking it back is not ours to do."""
+
+    def seek(self, position: int) -> None:
+        del position
