@@ -149,7 +149,7 @@ class SupervisorActor:
                 {"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]}
             )
         self.rank_results[rank] = result
-        self.feed.rank_finished(rank, str(result.get("status")))
+        self.feed.set_rank_state(rank, str(result.get("status")))
 
     def _finish(self) -> dict[str, Any]:
         c = self.controller

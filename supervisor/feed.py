@@ -81,8 +81,9 @@ class Feed:
             self._add({"event": "decision", **record})
         self._decisions_seen = len(journaled)
 
-    def rank_finished(self, rank: int, status: str) -> None:
-        self.rank_state[rank] = status
+    def set_rank_state(self, rank: int, state: str) -> None:
+        """What the display shows for a rank: its end status, or a worker-group state (suspect, replacing, ...)."""
+        self.rank_state[rank] = state
 
     # ----------------------------------------------------------- outputs
     def since(self, cursor: int, status: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
