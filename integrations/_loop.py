@@ -87,6 +87,7 @@ class LoopGuard:
         self.cursor = _LoopCursor()
         self._t0 = time.perf_counter()
         self._last_send = 0.0
+        self._recent: list[float] = []  # the last 10 losses, for the summary
         self.stop_reason: str | None = None
 
     def _local(self, policy: str | None) -> Reporter:
@@ -182,16 +183,33 @@ class LoopGuard:
         events = self.detectors.observe(stats)
         self._events.extend(e.to_dict() for e in events)
         self._metrics.append(stats.to_metrics())
+        self._recent = [*self._recent[-9:], stats.loss]
         self._next_batch += 1
         self.step_count += 1
         self.tick += 1
         self._send()
 
-    def close(self) -> None:
-        """Flush the last report; close the in-process journal."""
+    def close(self) -> dict[str, Any]:
+        """Flush the last report; close the in-process journal; return this rank's totals."""
         self._send(wait=True)
+        summary = {
+            "rank": self.rank,
+            "status": "aborted" if self.stop_reason else "completed",
+            "stop_reason": self.stop_reason,
+            "steps_completed": self.step_count,
+            "steps_executed": self.tick,
+            "final_loss": self._final_loss(),
+        }
+        ctx = get_context()
+        if ctx is not None:
+            ctx.summary = summary  # what a supervised rank returns (as a Guard's close does)
         if self._owns_reporter:
             self.reporter.close()
+        return summary
+
+    def _final_loss(self) -> float | None:
+        losses = [v for m in self._recent[-10:] if math.isfinite(v := float(m))]
+        return sum(losses) / len(losses) if losses else None
 
     def _send(self, *, wait: bool = False) -> None:
         now = time.monotonic()

@@ -79,3 +79,23 @@ def test_nan_loss_under_lightning_is_rolled_back_and_training_completes(tmp_path
     last = sum(m["loss"] for m in metrics[-5:]) / 5
     assert last < 0.9 * first, "the model learns"
     assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+@pytest.mark.ray
+def test_callback_under_remedy_run_reports_to_the_supervisor(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """Under a supervisor the callback's NaN reaches the supervisor's policy; its rollback is applied in the rank."""
+    from remedy.supervisor.runner import run_supervised  # noqa: PLC0415 - Ray side, only here
+    from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
+
+    target = f"{Path(__file__).with_name('lightning_train.py')}:main"
+    spec = RunSpec(target=target, run_dir=str(tmp_path / "run"), threads_per_rank=1)
+    summary = run_supervised(spec)
+    assert summary["status"] == "completed", summary["ranks"]
+    assert summary["ranks"][0]["result"] == {"global_step": STEPS, "finite": True}
+    assert summary["steps_executed"] == STEPS
+    decisions = read_jsonl(tmp_path / "run" / "decisions.jsonl")
+    assert {"rollback", "shrink_lr"} <= {
+        d["action"] for d in decisions if d["outcome"] == "applied"
+    }
