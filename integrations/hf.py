@@ -7,8 +7,8 @@ The callback reads each forward's loss from the model's output (a forward
 hook on `output.loss`), measures the gradients right before the optimizer
 step (dropping a non-finite update, as the Guard does), runs the detectors
 at the end of the step and applies the policy's in-process actions at the
-next step's start on the Trainer's model, optimizer, LR scheduler and
-scaler. `abort` stops the Trainer. See `remedy.integrations._loop` for what
+next step's start on the Trainer's model, optimizer and LR scheduler
+(Accelerate's GradScaler is out of its reach). `abort` stops the Trainer. See `remedy.integrations._loop` for what
 a rollback means under a loop remedy does not drive.
 """
 

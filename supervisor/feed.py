@@ -42,7 +42,12 @@ class Feed:
         self._ticks: deque[tuple[float, int]] = deque()  # (time, rank 0's tick)
 
     def _add(self, event: dict[str, Any]) -> None:
-        self._events.append({"seq": self._next, **event})
+        # Output lines carry the time the rank printed them and anomalies the time
+        # they were seen; the rest is stamped on arrival (see `since`).
+        ts = event.get("ts")
+        self._events.append(
+            {"seq": self._next, **event, "ts": ts if isinstance(ts, float) else self._clock()}
+        )
         self._next += 1
 
     # ------------------------------------------------------------ inputs
@@ -89,7 +94,9 @@ class Feed:
     def since(self, cursor: int, status: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
         """Events after `cursor` and the progress snapshot; returns (events, next cursor)."""
         first = self._next - len(self._events)
-        events = [e for e in self._events if e["seq"] >= cursor]
+        # In the order things happened: a rank's lines reach the feed up to a flush
+        # interval after the decisions their step led to.
+        events = sorted((e for e in self._events if e["seq"] >= cursor), key=lambda e: e["ts"])
         if cursor < first:
             events.insert(0, {"event": "missed", "count": first - cursor})
         events.append(self.progress(status))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
@@ -68,7 +69,14 @@ class LineForwarder:
 
     def collect(self, stream: str, line: str) -> None:
         with self._lock:
-            self._lines.append({"rank": self.rank, "stream": stream, "line": line[:MAX_LINE_CHARS]})
+            self._lines.append(
+                {
+                    "rank": self.rank,
+                    "stream": stream,
+                    "line": line[:MAX_LINE_CHARS],
+                    "ts": time.time(),
+                }
+            )
             full = len(self._lines) >= MAX_BUFFERED
         if full:
             self._wake.set()

@@ -120,12 +120,19 @@ def test_feed_progress_reports_total_rate_and_rank_state() -> None:
     feed.output([{"rank": 1, "stream": "stdout", "line": "hi"}])
     later, _ = feed.since(cursor, {"step": {0: 20}})
     assert later[0] == {
-        "seq": cursor,
-        "event": "output",
-        "rank": 1,
-        "stream": "stdout",
-        "line": "hi",
-    }
+        "seq": cursor, "event": "output", "rank": 1, "stream": "stdout", "line": "hi", "ts": 20.0
+    }  # fmt: skip
+
+
+def test_feed_orders_events_by_when_they_happened() -> None:
+    """A line printed before a decision is shown before it, though it reached the feed after."""
+    now = [100.0]
+    feed = Feed(world_size=1, clock=lambda: now[0])
+    feed.decisions([{"decision_id": "d1", "action": "rollback"}])
+    now[0] = 100.3
+    feed.output([{"rank": 0, "stream": "stdout", "line": "step 150", "ts": 99.9}])
+    events, _ = feed.since(0, {"step": {}})
+    assert [e["event"] for e in events] == ["output", "decision", "progress"]
 
 
 def test_json_lines_display_throttles_progress_only() -> None:
