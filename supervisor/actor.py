@@ -18,10 +18,12 @@ import ray
 import structlog
 
 from remedy.policies import AnomalyEvent, Engine, PolicyError, load_policy, load_policy_text
+from remedy.supervisor.feed import Feed
 from remedy.supervisor.spec import RunSpec
 from remedy.supervisor.worker_group import WorkerGroup
 from remedy.workers.control import Controller
 from remedy.workers.logs import configure_logging
+from remedy.workers.metrics import RayBackend, RunMetrics
 from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.supervisor")
@@ -42,6 +44,10 @@ class SupervisorActor:
         self.started = time.time()
         self.state = "starting"
         self.rank_results: dict[int, dict[str, Any]] = {}
+        self.feed = Feed(self.spec.workers)  # what displays poll (see `events`)
+        self.metrics = RunMetrics(
+            RayBackend(), run_id=self.spec.run_id, checkpoints=self.run_dir.checkpoints
+        )
         # A policy given as a file is watched: saving it applies it to the running job.
         self._watched = Path(self.spec.policy) if Path(self.spec.policy).is_file() else None
         self._watched_mtime = self._watched.stat().st_mtime if self._watched else 0.0
@@ -74,7 +80,21 @@ class SupervisorActor:
 
     async def report(self, batch: Any) -> list[dict[str, Any]]:
         """A rank's report batch in; the commands that rank still owes out."""
-        return self.controller.ingest(batch)
+        self.feed.observe(batch)
+        self.metrics.observe(batch)
+        commands = self.controller.ingest(batch)
+        self.feed.decisions(self.controller.decisions)
+        self.metrics.decisions(self.controller.decisions)
+        return commands
+
+    async def output(self, lines: Any) -> None:
+        """Lines the ranks printed, for the displays."""
+        self.feed.output(lines)
+
+    async def events(self, cursor: int) -> tuple[list[dict[str, Any]], int]:
+        """Display events after `cursor` (output, anomalies, decisions, then progress)."""
+        self.feed.decisions(self.controller.decisions)
+        return self.feed.since(cursor, await self.status())
 
     async def status(self) -> dict[str, Any]:
         c = self.controller
@@ -130,6 +150,7 @@ class SupervisorActor:
                 {"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]}
             )
         self.rank_results[rank] = result
+        self.feed.set_rank_state(rank, str(result.get("status")))
 
     def _finish(self) -> dict[str, Any]:
         c = self.controller

@@ -3,7 +3,8 @@
     remedy run TARGET [--policy FILE|NAME] [--workers N] [--run-dir DIR] [--chaos FILE]
                       [--dry-run] [--quiet] [-- ARGS...]
     remedy policy check FILE...      remedy policy test FILE...
-    remedy report RUN_DIR            remedy status            remedy chaos list
+    remedy report RUN_DIR [--out DIR]  remedy explain RUN_DIR [--step N | --decision ID | --rule NAME]
+    remedy status            remedy chaos list
 
 Exit status: 0 completed, 3 aborted by policy, 1 failed, 2 usage.
 Bad input (a malformed policy or chaos file, an unknown target) is reported
@@ -41,7 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", default="", help="run directory (default: runs/<run_id>)")
     run.add_argument("--chaos", help="chaos file of faults to inject")
     run.add_argument("--dry-run", action="store_true", help="decide and journal, but do not act")
-    run.add_argument("--quiet", action="store_true", help="print only the final status line")
+    run.add_argument(
+        "--quiet", action="store_true", help="no live display: one JSON line per event on stdout"
+    )
     run.add_argument("--verbose", action="store_true", help="log every action in the ranks")
     run.add_argument(
         "--gpus-per-worker",
@@ -61,9 +64,20 @@ def _parser() -> argparse.ArgumentParser:
     app.add_argument("file")
     app.add_argument("--run", required=True, help="the run id (see `remedy status`)")
 
-    rep = sub.add_parser("report", help="summarize a run directory")
+    rep = sub.add_parser(
+        "report", help="summarize a run directory; write its timeline (PNG) and HTML report"
+    )
     rep.add_argument("run_dir")
     rep.add_argument("--json", action="store_true", help="print the summary as JSON")
+    rep.add_argument("--out", default=None, help="folder for report.png/.html (default: RUN_DIR)")
+    rep.add_argument("--no-files", action="store_true", help="print the summary only")
+
+    exp = sub.add_parser("explain", help="why a decision was taken, or what a rule did")
+    exp.add_argument("run_dir")
+    which = exp.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="the decisions taken at this step")
+    which.add_argument("--decision", help="one decision, by id (or its unique suffix, e.g. d00002)")
+    which.add_argument("--rule", help="every match, firing and hold-back of this rule")
 
     sub.add_parser("status", help="show supervised runs on the current Ray cluster")
 
@@ -88,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         "run": _run,
         "policy": _policy,
         "report": _report,
+        "explain": _explain,
         "status": _status,
         "chaos": _chaos,
     }
@@ -124,7 +139,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     from remedy.supervisor.cluster import connect  # noqa: PLC0415
-    from remedy.supervisor.runner import format_summary, print_progress, run_supervised  # noqa: PLC0415
+    from remedy.supervisor.display import make_display  # noqa: PLC0415
+    from remedy.supervisor.runner import format_summary, run_supervised  # noqa: PLC0415
     from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
     from remedy.workers.rundir import read_jsonl  # noqa: PLC0415
 
@@ -155,12 +171,27 @@ def _run(args: argparse.Namespace) -> int:
             f"remedy: run {spec.run_id} on {mode} Ray, {args.workers} rank(s), run dir {spec.run_dir}",
             file=sys.stderr,
         )
-    summary = run_supervised(spec, progress=None if args.quiet else print_progress)
-    if args.quiet:
-        print(f"{summary['status']} {spec.run_dir}")
-    else:
-        print(format_summary(summary, read_jsonl(Path(spec.run_dir) / "decisions.jsonl")))
+    display = make_display(quiet=args.quiet)
+    try:
+        summary = run_supervised(spec, display=display)
+    except KeyboardInterrupt:
+        # Leave the terminal clean (the live display stopped) before main() reports it.
+        display.close({"run_id": spec.run_id, "status": "interrupted"}, "")
+        raise
+    text = format_summary(summary, read_jsonl(Path(spec.run_dir) / "decisions.jsonl"))
+    display.close(summary, text, report=_write_report_files(spec.run_dir))
     return STATUS_EXIT.get(summary["status"], EXIT_FAILED)
+
+
+def _write_report_files(run_dir: str) -> dict[str, str]:
+    """The run's report.png and report.html; a report that fails to render never fails the run."""
+    from remedy.supervisor.report import write_report  # noqa: PLC0415 - matplotlib is slow to import
+
+    try:
+        png, page = write_report(run_dir)
+    except Exception as exc:  # the run's result matters more than its picture
+        return {"error": f"report not written: {exc!r}"}
+    return {"html": str(page), "png": str(png)}
 
 
 def _policy(args: argparse.Namespace) -> int:
@@ -212,22 +243,38 @@ def _find_supervisor(run_id: str) -> Any | None:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from remedy.supervisor.rundata import RunDirError, load_run, status_line  # noqa: PLC0415
     from remedy.supervisor.runner import format_summary  # noqa: PLC0415
-    from remedy.workers.rundir import read_jsonl  # noqa: PLC0415
 
-    run_dir = Path(args.run_dir)
-    summary_path = run_dir / "summary.json"
-    if not summary_path.is_file():
-        print(
-            f"remedy: error: {summary_path} not found (is {run_dir} a run directory?)",
-            file=sys.stderr,
-        )
+    try:
+        run = load_run(args.run_dir)
+    except RunDirError as exc:
+        print(f"remedy: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    summary: dict[str, Any] = json.loads(summary_path.read_text())
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(run.summary, indent=2))
     else:
-        print(format_summary(summary, read_jsonl(run_dir / "decisions.jsonl")))
+        print(format_summary(run.summary, run.decisions))
+        if run.summary_source != "summary.json":
+            print(f"status: {status_line(run)}")
+    if not args.no_files:
+        from remedy.supervisor.report import write_report  # noqa: PLC0415 - matplotlib is slow to import
+
+        png, page = write_report(run.path, args.out)
+        print(f"report: {page} (timeline {png})", file=sys.stderr)
+    return EXIT_OK
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from remedy.supervisor.explain import explain  # noqa: PLC0415
+    from remedy.supervisor.rundata import RunDirError, load_run  # noqa: PLC0415
+
+    try:
+        run = load_run(args.run_dir)
+        print(explain(run, step=args.step, decision=args.decision, rule=args.rule))
+    except (RunDirError, LookupError) as exc:
+        print(f"remedy: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK
 
 

@@ -19,6 +19,7 @@ import ray
 import torch
 import torch.distributed as dist
 
+from remedy.supervisor.output import forward_output, supervisor_sink
 from remedy.supervisor.reporter import RayReporter
 from remedy.supervisor.target import call_target, load_target
 from remedy.workers import WorkerContext, set_context
@@ -49,6 +50,7 @@ class RankActor:
             torch.set_num_threads(threads)
         self.rank = rank
         self.world_size = world_size
+        self.supervisor = supervisor
         self.ctx = WorkerContext(
             rank=rank,
             world_size=world_size,
@@ -91,18 +93,20 @@ class RankActor:
         """Run the training function; return this rank's summary (never raises)."""
         t0 = time.time()
         set_context(self.ctx)
-        try:
-            result = call_target(load_target(target), self.ctx.argv)
-            status, error = self.ctx.summary.get("status", "completed"), None
-        except (Exception, SystemExit) as exc:
-            # SystemExit too: an argparse error in the user's code must fail the rank, not kill the actor.
-            result, status = None, "failed"
-            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            traceback.print_exc()
-        finally:
-            set_context(None)
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        # The user's prints (and the traceback below) reach the driver's display, prefixed by rank.
+        with forward_output(self.rank, supervisor_sink(self.supervisor)):
+            try:
+                result = call_target(load_target(target), self.ctx.argv)
+                status, error = self.ctx.summary.get("status", "completed"), None
+            except (Exception, SystemExit) as exc:
+                # SystemExit too: an argparse error in the user's code must fail the rank, not kill the actor.
+                result, status = None, "failed"
+                error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                traceback.print_exc()
+            finally:
+                set_context(None)
+                if dist.is_initialized():
+                    dist.destroy_process_group()
         summary = dict(self.ctx.summary)
         summary.update(rank=self.rank, status=status, error=error, wall_s=time.time() - t0)
         if isinstance(result, dict):

@@ -3,34 +3,59 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 import ray
 
 from remedy.supervisor.actor import SupervisorActor
+from remedy.supervisor.display import Display
 from remedy.supervisor.spec import RunSpec
 
 PROGRESS_EVERY_S = 5.0
+# How often a display polls the supervisor's feed.
+POLL_S = 0.5
 
 
 def run_supervised(
-    spec: RunSpec, *, progress: Callable[[dict[str, Any]], None] | None = None
+    spec: RunSpec,
+    *,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    display: Display | None = None,
 ) -> dict[str, Any]:
-    """Run `spec` under a supervisor actor on the connected Ray cluster; block until it ends."""
+    """Run `spec` under a supervisor actor on the connected Ray cluster; block until it ends.
+
+    `display` gets every feed event (the ranks' output, anomalies, decisions,
+    progress) as it happens; `progress`, the supervisor's status every
+    `PROGRESS_EVERY_S`.
+    """
     sup = SupervisorActor.options(  # type: ignore[attr-defined]
         name=f"remedy-supervisor-{spec.run_id}", namespace="remedy"
     ).remote(spec.to_dict())
     done = sup.run.remote()
+    cursor = 0
+    last_status = time.monotonic()
     try:
         while True:
-            ready, _ = ray.wait([done], timeout=PROGRESS_EVERY_S)
+            ready, _ = ray.wait([done], timeout=POLL_S if display else PROGRESS_EVERY_S)
+            if display is not None:
+                cursor = pump(sup, display, cursor)
             if ready:
                 return ray.get(done)
-            if progress is not None:
+            if progress is not None and time.monotonic() - last_status >= PROGRESS_EVERY_S:
+                last_status = time.monotonic()
                 progress(ray.get(sup.status.remote()))
     finally:
         ray.kill(sup, no_restart=True)
+
+
+def pump(supervisor: Any, display: Display, cursor: int) -> int:
+    """Hand the supervisor's new feed events to `display`; return the next cursor."""
+    events, cursor = ray.get(supervisor.events.remote(cursor))
+    for event in events:
+        display.handle(event)
+    return int(cursor)
 
 
 def print_progress(status: dict[str, Any]) -> None:

@@ -217,11 +217,13 @@ class Guard:
     def _local_reporter(self, ctx: WorkerContext) -> Reporter:
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - single-process mode only
         from remedy.workers.control import Controller  # noqa: PLC0415
+        from remedy.workers.metrics import standalone_metrics  # noqa: PLC0415
         from remedy.workers.rundir import RunDir  # noqa: PLC0415
 
         engine = Engine(load_policy(self.config.policy or "default"), run_id=ctx.run_id)
         run_dir = RunDir(ctx.run_dir, ctx.run_id) if ctx.run_dir is not None else None
-        return LocalReporter(Controller(engine, world_size=1, run_dir=run_dir))
+        metrics = standalone_metrics(ctx.run_id, run_dir.checkpoints if run_dir else None)
+        return LocalReporter(Controller(engine, world_size=1, run_dir=run_dir), metrics=metrics)
 
     # ------------------------------------------------------------------ loop
     def __iter__(self) -> Iterator[Any]:
@@ -535,6 +537,9 @@ class Guard:
             "events": self._events,
             "metrics": [_metrics_record(stats, chaos) for stats, chaos in self._metrics],
             "outcomes": [o.to_dict() for o in self._outcomes],
+            # For progress displays: the step total and the batch size last seen.
+            "max_steps": self.max_steps,
+            "batch_size": self.max_micro_batches,
         }
         self._events, self._metrics, self._outcomes = [], [], []
         self._last_send = now
@@ -657,13 +662,17 @@ class Guard:
 class LocalReporter:
     """Single-process mode: the controller runs in this process."""
 
-    def __init__(self, controller: Any) -> None:
+    def __init__(self, controller: Any, *, metrics: Any | None = None) -> None:
         self.controller = controller
+        self.metrics = metrics  # a RunMetrics serving /metrics, when REMEDY_METRICS_PORT is set
         self._inbox: list[dict[str, Any]] = []
         self._started = time.time()
 
     def send(self, batch: dict[str, Any], *, wait: bool = False) -> None:
         self._inbox = self.controller.ingest(batch)
+        if self.metrics is not None:
+            self.metrics.observe(batch)
+            self.metrics.decisions(self.controller.decisions)
 
     def poll(self) -> list[dict[str, Any]]:
         out, self._inbox = self._inbox, []

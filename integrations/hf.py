@@ -1,0 +1,81 @@
+"""A Hugging Face `transformers` `TrainerCallback` that puts a `Trainer` under remedy.
+
+    from remedy.integrations.hf import RemedyCallback
+    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[RemedyCallback()])
+
+The callback reads each forward's loss from the model's output (a forward
+hook on `output.loss`), measures the gradients right before the optimizer
+step (dropping a non-finite update, as the Guard does), runs the detectors
+at the end of the step and applies the policy's in-process actions at the
+next step's start on the Trainer's model, optimizer and LR scheduler
+(Accelerate's GradScaler is out of its reach). `abort` stops the Trainer. See `remedy.integrations._loop` for what
+a rollback means under a loop remedy does not drive.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from remedy.integrations._loop import LoopGuard
+
+
+class RemedyCallback(TrainerCallback):
+    """remedy's detectors and remedies inside a `transformers.Trainer`."""
+
+    def __init__(
+        self, *, policy: str | None = None, run_dir: str | Path | None = None, **options: Any
+    ) -> None:
+        self.policy = policy
+        self.run_dir = run_dir
+        self.options = options
+        self.guard: LoopGuard | None = None
+        self._hook: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        model = kw["model"]
+        self.guard = LoopGuard(model, policy=self.policy, run_dir=self.run_dir, **self.options)
+        guard = self.guard
+
+        def capture(module: Any, inputs: Any, output: Any) -> None:
+            loss = getattr(output, "loss", None)
+            if loss is None and isinstance(output, dict):
+                loss = output.get("loss")
+            if loss is not None and module.training:
+                guard.record_loss(loss)
+
+        self._hook = model.register_forward_hook(capture)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        guard = self._require()
+        if guard.optimizer is None:
+            guard.attach(kw.get("optimizer"), kw.get("lr_scheduler"))
+        guard.begin_step()
+        self._stop_if_asked(control)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._require().before_optimizer_step()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        guard = self._require()
+        guard.end_step()
+        self._stop_if_asked(control)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+        if self.guard is not None:
+            self.guard.close()
+
+    def _stop_if_asked(self, control: Any) -> None:
+        if self.guard is not None and self.guard.stop_reason is not None:
+            control.should_training_stop = True
+
+    def _require(self) -> LoopGuard:
+        if self.guard is None:
+            raise RuntimeError(
+                "RemedyCallback: on_train_begin has not run; pass it to Trainer(callbacks=[...])"
+            )
+        return self.guard

@@ -1,0 +1,159 @@
+"""Read a run directory back, whatever became of the run.
+
+A completed or aborted supervised run has `summary.json`; a run that is
+still going, one whose supervisor died, and a standalone run (a Guard given
+`run_dir=`) have only the journals. `load_run` reads what is there and
+derives the summary's totals from the journals where the file is missing, so
+reports and `explain` work the same on all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from remedy.supervisor.exceptions import SupervisorError
+from remedy.workers.rundir import read_jsonl
+
+# A run directory whose journals changed this recently is taken to be running.
+RUNNING_WITHIN_S = 60.0
+JOURNALS = ("decisions.jsonl", "anomalies.jsonl", "metrics.jsonl")
+STANDALONE_RUN_ID = "local"  # WorkerContext's run_id when no supervisor set one
+
+
+class RunDirError(SupervisorError):
+    """The path is not a run directory (none of its files are there)."""
+
+
+@dataclass
+class RunData:
+    """One run's journals and summary, as read from its directory."""
+
+    path: Path
+    summary: dict[str, Any]
+    decisions: list[dict[str, Any]]
+    anomalies: list[dict[str, Any]]
+    metrics: list[dict[str, Any]]
+    # "summary.json" when the run wrote one, else "journals" (running, crashed or standalone).
+    summary_source: str
+
+    @property
+    def status(self) -> str:
+        return str(self.summary.get("status", "unknown"))
+
+    def ranks(self) -> list[int]:
+        return sorted({int(m["rank"]) for m in self.metrics if isinstance(m.get("rank"), int)})
+
+    def metrics_of(self, rank: int) -> list[dict[str, Any]]:
+        """One rank's records in execution order (by tick)."""
+        rows = [m for m in self.metrics if m.get("rank") == rank]
+        return sorted(rows, key=lambda m: int(m.get("tick", m.get("step", 0))))
+
+
+def number(value: Any) -> float | None:
+    """A journal value as a float: "nan"/"inf" strings become floats, anything else None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def load_run(path: str | Path) -> RunData:
+    """Everything a report needs from `path`; raises `RunDirError` if it holds no run."""
+    p = Path(path)
+    has_summary = (p / "summary.json").is_file()
+    if not has_summary and not any((p / name).is_file() for name in JOURNALS):
+        raise RunDirError(
+            f"{p} is not a run directory: none of summary.json, {', '.join(JOURNALS)} is there"
+        )
+    decisions = sorted(
+        read_jsonl(p / "decisions.jsonl"), key=lambda d: str(d.get("decision_id", ""))
+    )
+    anomalies = read_jsonl(p / "anomalies.jsonl")
+    metrics = read_jsonl(p / "metrics.jsonl")
+    if has_summary:
+        summary: dict[str, Any] = json.loads((p / "summary.json").read_text())
+        source = "summary.json"
+    else:
+        summary = derive_summary(p, decisions, anomalies, metrics)
+        source = "journals"
+    return RunData(p, summary, decisions, anomalies, metrics, source)
+
+
+def derive_summary(
+    path: Path,
+    decisions: list[dict[str, Any]],
+    anomalies: list[dict[str, Any]],
+    metrics: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The summary's totals, computed from the journals of a run that wrote no summary.json."""
+    newest = max(
+        ((path / name).stat().st_mtime for name in JOURNALS if (path / name).is_file()),
+        default=0.0,
+    )
+    running = time.time() - newest < RUNNING_WITHIN_S
+    lead = sorted(
+        (m for m in metrics if m.get("rank", 0) == 0), key=lambda m: int(m.get("tick", 0))
+    )
+    completed = int(lead[-1]["step"]) + 1 if lead else 0
+    executed = int(lead[-1].get("tick", lead[-1]["step"])) + 1 if lead else 0
+    losses = [
+        x for m in lead[-10:] if (x := number(m.get("loss"))) is not None and math.isfinite(x)
+    ]
+    run_id = next(
+        (r["run_id"] for r in [*decisions, *anomalies] if isinstance(r.get("run_id"), str)),
+        path.name,
+    )
+    # A Guard run alone (no supervisor) journals under the worker context's default id.
+    standalone = run_id == STANDALONE_RUN_ID
+    return {
+        "run_id": run_id,
+        "status": "running" if running else "unfinished",
+        "standalone": standalone,
+        "steps_completed": completed,
+        "steps_executed": executed,
+        "goodput": round(completed / executed, 4) if executed else 0.0,
+        "final_loss": sum(losses) / len(losses) if losses else None,
+        "actions": dict(Counter(d["action"] for d in decisions if d.get("outcome") == "applied")),
+        "anomalies": dict(Counter(str(a.get("kind")) for a in anomalies)),
+        "outcomes": dict(Counter(str(d.get("outcome")) for d in decisions)),
+        "decisions": len(decisions),
+        "workers": len({m.get("rank") for m in metrics}) or 1,
+        "wall_s": _wall_s(metrics),
+    }
+
+
+def _wall_s(metrics: list[dict[str, Any]]) -> float:
+    stamps = [m["ts"] for m in metrics if isinstance(m.get("ts"), str)]
+    if len(stamps) < 2:
+        return 0.0
+    from datetime import datetime  # noqa: PLC0415 - only for runs without a summary
+
+    first, last = (
+        datetime.fromisoformat(s.replace("Z", "+00:00")) for s in (stamps[0], stamps[-1])
+    )
+    return round((last - first).total_seconds(), 2)
+
+
+def status_line(run: RunData) -> str:
+    """How the run stands, in words, for the top of a report."""
+    if run.summary_source == "summary.json":
+        return str(run.summary.get("status"))
+    if run.summary.get("standalone"):
+        return "standalone run (a Guard without a supervisor writes no summary.json); " + (
+            "its journals changed in the last minute" if run.status == "running" else "ended"
+        )
+    if run.status == "running":
+        return "running (no summary.json yet; its journals changed in the last minute)"
+    return "unfinished (no summary.json: its supervisor stopped before the run ended)"

@@ -1,0 +1,101 @@
+"""The Lightning callback: a NaN loss in a tiny LightningModule under a real `lightning.Trainer` is rolled back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from remedy.workers.rundir import read_jsonl
+
+lightning = pytest.importorskip("lightning")
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(180)]
+
+STEPS = 40
+NAN_AT_BATCH = 15
+
+
+class Regression(lightning.LightningModule):  # type: ignore[misc]
+    """y = x @ w on generated data; one training step returns a NaN loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+        self.calls = 0
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.calls += 1
+        if self.calls == NAN_AT_BATCH:
+            loss = loss * float("nan")  # a bad batch, as the real failure
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.01 * s))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def data() -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16 * STEPS, 8, generator=g)
+    y = x @ torch.randn(8, 1, generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+
+
+def test_nan_loss_under_lightning_is_rolled_back_and_training_completes(tmp_path: Path) -> None:
+    """One NaN loss under lightning.Trainer: update dropped, rollback and LR cut applied, every step runs."""
+    from remedy.integrations.lightning import RemedyCallback  # noqa: PLC0415 - after the importorskip
+
+    torch.manual_seed(0)
+    module = Regression()
+    trainer = lightning.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[RemedyCallback(run_dir=tmp_path / "run")],
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(module, data())
+
+    assert trainer.global_step == STEPS, "training completes"
+    decisions = read_jsonl(tmp_path / "run" / "decisions.jsonl")
+    applied = {d["action"] for d in decisions if d["outcome"] == "applied"}
+    assert {"rollback", "shrink_lr"} <= applied
+    rollback = next(d for d in decisions if d["action"] == "rollback")
+    assert rollback["result"]["restored_step"] < NAN_AT_BATCH
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    # The NaN step's update is dropped, then the 10 skipped batches' (default policy); no other.
+    assert sum(m["optimizer_skipped"] for m in metrics) == 1 + 10
+    first = sum(m["loss"] for m in metrics[:5]) / 5
+    last = sum(m["loss"] for m in metrics[-5:]) / 5
+    assert last < 0.9 * first, "the model learns"
+    assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+@pytest.mark.ray
+def test_callback_under_remedy_run_reports_to_the_supervisor(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """Under a supervisor the callback's NaN reaches the supervisor's policy; its rollback is applied in the rank."""
+    from remedy.supervisor.runner import run_supervised  # noqa: PLC0415 - Ray side, only here
+    from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
+
+    target = f"{Path(__file__).with_name('lightning_train.py')}:main"
+    spec = RunSpec(target=target, run_dir=str(tmp_path / "run"), threads_per_rank=1)
+    summary = run_supervised(spec)
+    assert summary["status"] == "completed", summary["ranks"]
+    assert summary["ranks"][0]["result"] == {"global_step": STEPS, "finite": True}
+    assert summary["steps_executed"] == STEPS
+    decisions = read_jsonl(tmp_path / "run" / "decisions.jsonl")
+    assert {"rollback", "shrink_lr"} <= {
+        d["action"] for d in decisions if d["outcome"] == "applied"
+    }
