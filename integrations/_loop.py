@@ -17,6 +17,7 @@ one are not replayed), and `skip_batches` skips the next batches' updates
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from remedy.workers.commands import Command, Outcome
 from remedy.workers.context import Reporter, get_context
 from remedy.workers.detectors import DetectorSuite, default_detectors
 from remedy.workers.guard import Guard, LocalReporter
+from remedy.workers.lr_scale import LRScale
 from remedy.workers.measure import GradNorm, MemoryProbe
 from remedy.workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host
 from remedy.workers.stats import StepStats
@@ -72,7 +74,8 @@ class LoopGuard:
         self._memory = MemoryProbe(self._params[0].device if self._params else torch.device("cpu"))
         self.step_count = 0
         self.tick = 0
-        self.lr_scale = 1.0
+        self.lr_cut = LRScale()  # shrink_lr's cuts, in force only during the optimizer step
+        self._lr_in_force = contextlib.ExitStack()
         self.history: list[Outcome] = []
         self._queued: dict[str, Command] = {}
         self._done: set[str] = set()
@@ -103,6 +106,11 @@ class LoopGuard:
     def attach(self, optimizer: Any, scheduler: Any = None, scaler: Any = None) -> None:
         """The loop's optimizer, LR scheduler and GradScaler, once the framework has made them."""
         self.optimizer, self.scheduler, self.scaler = optimizer, scheduler, scaler
+        # An LR cut is in force from before_optimizer_step until the optimizer's step returns,
+        # before the framework steps its scheduler (which must see the scheduled LR, not the cut).
+        inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate wraps the torch optimizer
+        if hasattr(inner, "register_step_post_hook"):
+            inner.register_step_post_hook(lambda *_: self._lr_in_force.close())
 
     # ------------------------------------------------------------- the hooks
     def begin_step(self) -> None:
@@ -153,6 +161,10 @@ class LoopGuard:
             for p in self._params:
                 p.grad = None
             self._skipped = True
+        else:
+            # The framework steps the optimizer next: the cut LR holds for that step only, and
+            # end_step puts the scheduled LR back, as the Guard does around its own step.
+            self._lr_in_force.enter_context(self.lr_cut.applied(self.optimizer))
         return self._skipped
 
     @property
@@ -161,6 +173,7 @@ class LoopGuard:
 
     def end_step(self) -> None:
         """After the optimizer step: run the detectors, report, count the step."""
+        self._lr_in_force.close()  # if the step never ran (a GradScaler skipped it)
         allocated, reserved, capacity = self._memory.read()
         stats = StepStats(
             step=self.step_count,
@@ -168,7 +181,9 @@ class LoopGuard:
             rank=self.rank,
             loss=self.loss,
             grad_norm=self._grad_norm,
-            lr=float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else math.nan,
+            lr=self.lr_cut.effective(float(self.optimizer.param_groups[0]["lr"]))
+            if self.optimizer
+            else math.nan,
             step_time_s=time.perf_counter() - self._t0,
             loader_time_s=0.0,
             batch_index=self._next_batch,
@@ -240,7 +255,7 @@ class LoopGuard:
             scheduler=clone_to_host(self.scheduler.state_dict()) if self.scheduler else None,
             scaler=self.scaler.state_dict() if self.scaler is not None else None,
             rng=capture_rng(),
-            lr_scale=self.lr_scale,
+            lr_scale=self.lr_cut.scale,
         )
 
     # Guard's own implementations, borrowed so a fix there holds here too: they
@@ -253,8 +268,12 @@ class LoopGuard:
     def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None:
         Guard.scale_lr(self, factor, min_lr=min_lr)  # type: ignore[arg-type]
 
-    def _scale_lr_raw(self, factor: float, *, min_lr: float) -> None:
-        Guard._scale_lr_raw(self, factor, min_lr=min_lr)  # type: ignore[arg-type]
+    @property
+    def lr_scale(self) -> float:
+        return self.lr_cut.scale
+
+    def effective_lrs(self) -> list[float]:
+        return Guard.effective_lrs(self)  # type: ignore[arg-type]
 
     def skip_next(self, count: int) -> list[int]:
         """Drop the updates of the loop's next `count` batches; returns their positions."""
@@ -276,6 +295,8 @@ class LoopGuard:
 
 class _LoopCursor:
     """The framework owns the data position: seeking it back is not ours to do."""
+
+    rewindable = False  # a rollback says so in its outcome: the loop's data was not rewound
 
     def seek(self, position: int) -> None:
         del position
