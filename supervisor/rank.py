@@ -20,7 +20,12 @@ import torch
 import torch.distributed as dist
 
 from remedy.supervisor.reporter import RayReporter
-from remedy.supervisor.target import call_target, load_target
+from remedy.supervisor.target import (
+    call_target,
+    describe_exception,
+    load_target,
+    picklable_result,
+)
 from remedy.workers import WorkerContext, set_context
 from remedy.workers.chaos import Fault
 from remedy.workers.logs import configure_logging
@@ -91,20 +96,30 @@ class RankActor:
         """Run the training function; return this rank's summary (never raises)."""
         t0 = time.time()
         set_context(self.ctx)
+        failure: dict[str, Any] = {}
         try:
             result = call_target(load_target(target), self.ctx.argv)
             status, error = self.ctx.summary.get("status", "completed"), None
         except (Exception, SystemExit) as exc:
             # SystemExit too: an argparse error in the user's code must fail the rank, not kill the actor.
             result, status = None, "failed"
-            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            traceback.print_exc()
+            if isinstance(exc, SystemExit) and exc.code in (None, 0):
+                # `sys.exit()` / `sys.exit(0)` in the training function is a normal end.
+                status, error = self.ctx.summary.get("status", "completed"), None
+            else:
+                error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                failure = describe_exception(exc)
+                traceback.print_exc()
         finally:
             set_context(None)
             if dist.is_initialized():
                 dist.destroy_process_group()
         summary = dict(self.ctx.summary)
         summary.update(rank=self.rank, status=status, error=error, wall_s=time.time() - t0)
+        summary.update(failure)
         if isinstance(result, dict):
-            summary["result"] = result
+            # Whatever it holds, the return value must not kill the rank on its way back.
+            summary["result"], note = picklable_result(result)
+            if note:
+                summary["result_note"] = note
         return summary

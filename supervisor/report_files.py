@@ -1,0 +1,142 @@
+"""Read a run directory for `remedy report`, whatever state its files are in.
+
+A run killed mid-write leaves a truncated last line; a disk error or a
+person's editor can leave anything. What can be read is reported, and each
+thing that cannot is named (file, line, why) instead of failing the report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Larger summaries or journals are not run files; read no more than this of each.
+MAX_FILE_BYTES = 256 << 20
+# Problems named one by one before the rest are counted.
+MAX_NAMED_PROBLEMS = 5
+
+_NUMBERS = ("steps_completed", "steps_executed", "goodput", "wall_s")
+_TEXTS = ("outcome", "rule", "action", "reason")
+
+
+@dataclass
+class RunFiles:
+    summary: dict[str, Any] = field(default_factory=dict)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    summary_corrupt: bool = False
+    missing: str | None = None
+
+
+def read_run_dir(run_dir: Path) -> RunFiles:
+    """The summary and decisions of `run_dir`, normalized so a report can always be printed."""
+    out = RunFiles()
+    summary_path = run_dir / "summary.json"
+    try:
+        if not run_dir.is_dir():
+            what = "does not exist" if not run_dir.exists() else "is not a directory"
+            out.missing = f"{run_dir} {what} (give a run directory, e.g. runs/<run_id>)"
+            return out
+        if not summary_path.is_file():
+            out.missing = f"{summary_path} not found (is {run_dir} a run directory?)"
+            return out
+    except OSError as exc:
+        out.missing = f"{run_dir}: {exc.strerror}"
+        return out
+    raw = _read_json(summary_path, out)
+    if raw is not None and not isinstance(raw, dict):
+        out.problems.append(f"{summary_path}: not a JSON object")
+        out.summary_corrupt, raw = True, None
+    out.summary = _normal_summary(raw or {}, run_dir)
+    out.decisions = _read_decisions(run_dir / "decisions.jsonl", out)
+    return out
+
+
+def _read_text(path: Path, out: RunFiles) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        out.problems.append(f"{path}: cannot read ({exc.strerror})")
+        return None
+    if len(data) > MAX_FILE_BYTES:
+        out.problems.append(f"{path}: larger than {MAX_FILE_BYTES} bytes; read the first part only")
+        data = data[:MAX_FILE_BYTES]
+    return data.decode("utf-8", errors="replace")
+
+
+def _read_json(path: Path, out: RunFiles) -> Any:
+    text = _read_text(path, out)
+    if text is None:
+        out.summary_corrupt = True
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        where = (
+            f"line {exc.lineno} column {exc.colno}: "
+            if isinstance(exc, json.JSONDecodeError)
+            else ""
+        )
+        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+        out.problems.append(f"{path}: corrupt JSON ({where}{msg}); showing what else can be read")
+        out.summary_corrupt = True
+        return None
+
+
+def _normal_summary(raw: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    summary = dict(raw)
+    summary["run_id"] = str(raw.get("run_id") or run_dir.name)
+    summary["status"] = str(raw.get("status") or "unknown")
+    for key in _NUMBERS:
+        summary[key] = _number(raw.get(key))
+    if raw.get("final_loss") is not None:
+        summary["final_loss"] = _number(raw.get("final_loss"), default=None)
+    for key in ("anomalies", "actions", "outcomes"):
+        value = raw.get(key)
+        summary[key] = {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+    if not isinstance(raw.get("ranks", []), list):
+        summary["ranks"] = []
+    return summary
+
+
+def _number(value: Any, default: float | None = 0) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return value if math.isfinite(value) else default
+
+
+def _read_decisions(path: Path, out: RunFiles) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    text = _read_text(path, out)
+    if text is None:
+        return []
+    decisions: list[dict[str, Any]] = []
+    bad: list[int] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            bad.append(number)
+            continue
+        if not isinstance(record, dict):
+            bad.append(number)
+            continue
+        for key in _TEXTS:
+            record[key] = str(record.get(key, "?"))
+        step = record.get("step")
+        record["step"] = step if isinstance(step, int) and not isinstance(step, bool) else "?"
+        if record.get("decision_id") is not None:
+            record["decision_id"] = str(record["decision_id"])
+        decisions.append(record)
+    if bad:
+        shown = ", ".join(str(n) for n in bad[:MAX_NAMED_PROBLEMS])
+        more = f" and {len(bad) - MAX_NAMED_PROBLEMS} more" if len(bad) > MAX_NAMED_PROBLEMS else ""
+        out.problems.append(f"{path}: {len(bad)} corrupt line(s) skipped (line {shown}{more})")
+    return decisions
