@@ -151,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         args = _parser().parse_args(argv)
-        args.args = passthrough
+    except SystemExit as exc:  # --help, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    args.args = passthrough
+    try:
         return handlers[args.command](args)
     except KeyboardInterrupt:
         print("remedy: interrupted", file=sys.stderr)
@@ -201,6 +204,8 @@ def _run(args: argparse.Namespace) -> int:
                     f"--workers {args.workers}: a local Ray runs every rank on this machine "
                     f"({os.cpu_count()} cores, at most {most} ranks); use --address for a cluster"
                 )
+            if args.gpus_per_worker:
+                _check_gpus(args.gpus_per_worker, args.workers, _local_gpus(), "this machine")
         policy = str(Path(args.policy).resolve()) if Path(args.policy).is_file() else args.policy
         spec = RunSpec(
             target=target,
@@ -220,6 +225,27 @@ def _run(args: argparse.Namespace) -> int:
     except (TargetError, UsageError, ClusterError) as exc:
         return _usage(str(exc))
     return _run_on_ray(spec, choice, args)
+
+
+def _local_gpus() -> int:
+    import torch  # noqa: PLC0415 - only when GPUs are asked for
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def _check_gpus(per_rank: float, workers: int, available: float, where: str) -> None:
+    """UsageError unless `where` has the GPUs the ranks ask for (Ray would wait for them forever)."""
+    from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
+
+    need = per_rank * workers
+    if need > available:
+        what = (
+            "no GPU is available" if not available else f"only {available:g} GPU(s) are available"
+        )
+        raise UsageError(
+            f"--gpus-per-worker {per_rank:g} needs {need:g} GPU(s) for {workers} rank(s), "
+            f"but {what} on {where}"
+        )
 
 
 def _load_chaos(path: str) -> list[Any]:
@@ -269,6 +295,7 @@ def _prepare_run_dir(path: Path, *, given: str) -> None:
 def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace) -> int:
     from remedy.supervisor import registry  # noqa: PLC0415 - after validation
     from remedy.supervisor.cluster import ClusterError, connect, disconnect  # noqa: PLC0415
+    from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
 
     try:
         conn = connect(choice, workers=spec.workers, quiet=True)
@@ -280,13 +307,11 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace) -> int:
         gpus = ray.cluster_resources().get("GPU", 0)
         if args.gpus_per_worker is None:
             spec.gpus_per_rank = 1.0 if gpus >= spec.workers else 0.0
-        elif spec.gpus_per_rank * spec.workers > gpus:
-            return _usage(
-                f"--gpus-per-worker {args.gpus_per_worker:g} needs "
-                f"{spec.gpus_per_rank * spec.workers:g} GPU(s) for {spec.workers} rank(s); "
-                f"no GPU is available ({'this machine' if conn.mode == 'local' else 'the cluster'} "
-                f"has {gpus:g})"
-            )
+        elif spec.gpus_per_rank:
+            try:
+                _check_gpus(spec.gpus_per_rank, spec.workers, gpus, "the Ray cluster")
+            except UsageError as exc:
+                return _usage(str(exc))
         registry.register(
             spec.run_id,
             {
@@ -440,12 +465,13 @@ class _RunHandle:
 
 def _report(args: argparse.Namespace) -> int:
     from remedy.supervisor.report_files import read_run_dir  # noqa: PLC0415
-    from remedy.supervisor.runner import format_summary  # noqa: PLC0415
 
     run_dir = Path(args.run_dir)
     found = read_run_dir(run_dir)
     if found.missing:
         return _usage(found.missing)
+    from remedy.supervisor.runner import format_summary  # noqa: PLC0415 - imports Ray and torch
+
     if args.json:
         print(json.dumps(found.summary, indent=2, default=str))
     else:

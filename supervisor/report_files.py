@@ -50,7 +50,7 @@ def read_run_dir(run_dir: Path) -> RunFiles:
     if raw is not None and not isinstance(raw, dict):
         out.problems.append(f"{summary_path}: not a JSON object")
         out.summary_corrupt, raw = True, None
-    out.summary = _normal_summary(raw or {}, run_dir)
+    out.summary = _normal_summary(raw or {}, run_dir, out)
     out.decisions = _read_decisions(run_dir / "decisions.jsonl", out)
     return out
 
@@ -87,26 +87,46 @@ def _read_json(path: Path, out: RunFiles) -> Any:
         return None
 
 
-def _normal_summary(raw: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def _normal_summary(raw: dict[str, Any], run_dir: Path, out: RunFiles) -> dict[str, Any]:
+    """The summary with every field a report prints of the documented type; wrong ones are named."""
     summary = dict(raw)
+    wrong: list[str] = []
+    for key in ("run_id", "status"):
+        value = raw.get(key)
+        if value is not None and not isinstance(value, str):
+            wrong.append(key)
     summary["run_id"] = str(raw.get("run_id") or run_dir.name)
     summary["status"] = str(raw.get("status") or "unknown")
     for key in _NUMBERS:
-        summary[key] = _number(raw.get(key))
-    if raw.get("final_loss") is not None:
-        summary["final_loss"] = _number(raw.get("final_loss"), default=None)
+        value = raw.get(key)
+        summary[key] = _number(value)
+        if value is not None and summary[key] != value:
+            wrong.append(key)
+    loss = raw.get("final_loss")
+    if loss is not None and (isinstance(loss, bool) or not isinstance(loss, int | float)):
+        # A NaN loss is a fact about the run (it diverged), not a corrupt file.
+        summary["final_loss"] = None
+        wrong.append("final_loss")
     for key in ("anomalies", "actions", "outcomes"):
         value = raw.get(key)
         summary[key] = {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+        if value is not None and not isinstance(value, dict):
+            wrong.append(key)
     if not isinstance(raw.get("ranks", []), list):
         summary["ranks"] = []
+        wrong.append("ranks")
+    if wrong:
+        out.problems.append(
+            f"{run_dir / 'summary.json'}: wrong type or value for {', '.join(wrong)}"
+        )
+        out.summary_corrupt = True
     return summary
 
 
-def _number(value: Any, default: float | None = 0) -> Any:
+def _number(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        return default
-    return value if math.isfinite(value) else default
+        return 0
+    return value if math.isfinite(value) else 0
 
 
 def _read_decisions(path: Path, out: RunFiles) -> list[dict[str, Any]]:
