@@ -15,10 +15,13 @@ reached) is reported as one line before anything starts, never as a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -188,6 +191,7 @@ def _run(args: argparse.Namespace) -> int:
     from remedy.supervisor.cluster import ClusterError, choose  # noqa: PLC0415
     from remedy.supervisor.exceptions import TargetError, UsageError  # noqa: PLC0415
     from remedy.supervisor.policy_source import load_policy_source  # noqa: PLC0415
+    from remedy.supervisor.rundir_claim import claim_run_dir  # noqa: PLC0415
     from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
     from remedy.supervisor.target import check_target  # noqa: PLC0415
 
@@ -218,13 +222,21 @@ def _run(args: argparse.Namespace) -> int:
             gpus_per_rank=args.gpus_per_worker or 0.0,
             verbose=args.verbose,
         )
-        _prepare_run_dir(Path(spec.run_dir), given=args.run_dir or spec.run_dir)
+        claim = claim_run_dir(
+            Path(spec.run_dir), given=args.run_dir or spec.run_dir, run_id=spec.run_id
+        )
     except PolicyError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
     except (TargetError, UsageError, ClusterError) as exc:
         return _usage(str(exc))
-    return _run_on_ray(spec, choice, args)
+    started = False
+    try:
+        code, started = _run_on_ray(spec, choice, args)
+        return code
+    finally:
+        if not started:
+            claim.release()
 
 
 def _local_gpus() -> int:
@@ -264,35 +276,8 @@ def _load_chaos(path: str) -> list[Any]:
         raise UsageError(f"chaos file {path} cannot be loaded: {type(exc).__name__}") from None
 
 
-# Files that mark a directory as holding a run already: a second run there would mix journals.
-_RUN_FILES = ("summary.json", "journal.wal", "decisions.jsonl")
-
-
-def _prepare_run_dir(path: Path, *, given: str) -> None:
-    """Create the run directory and prove it writable; UsageError with the reason if not."""
-    from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
-
-    try:
-        if path.exists() and not path.is_dir():
-            raise UsageError(f"--run-dir {given}: exists and is not a directory")
-        if path.is_dir():
-            held = [name for name in _RUN_FILES if (path / name).exists()]
-            if held:
-                raise UsageError(
-                    f"--run-dir {given}: already holds a run ({held[0]}); choose another directory"
-                )
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".remedy-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except UsageError:
-        raise
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise UsageError(f"--run-dir {given}: cannot create or write it ({reason})") from None
-
-
-def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace) -> int:
+def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace) -> tuple[int, bool]:
+    """Connect, check the cluster's GPUs, and supervise; (exit code, whether the run started)."""
     from remedy.supervisor import registry  # noqa: PLC0415 - after validation
     from remedy.supervisor.cluster import ClusterError, connect, disconnect  # noqa: PLC0415
     from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
@@ -300,7 +285,7 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace) -> int:
     try:
         conn = connect(choice, workers=spec.workers, quiet=True)
     except ClusterError as exc:
-        return _usage(str(exc))
+        return _usage(str(exc)), False
     try:
         import ray  # noqa: PLC0415
 
@@ -311,7 +296,7 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace) -> int:
             try:
                 _check_gpus(spec.gpus_per_rank, spec.workers, gpus, "the Ray cluster")
             except UsageError as exc:
-                return _usage(str(exc))
+                return _usage(str(exc)), False
         registry.register(
             spec.run_id,
             {
@@ -332,10 +317,29 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace) -> int:
                 f"{spec.workers} rank(s), run dir {spec.run_dir}",
                 file=sys.stderr,
             )
-        return _supervise(spec, args)
+        with _terminate_as_interrupt():
+            return _supervise(spec, args), True
     finally:
         registry.unregister(spec.run_id)
         disconnect(conn)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (`kill`, a job stop) ends the run like Ctrl-C: the private Ray is stopped, not orphaned."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread (main() called from a thread): leave signals be
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _supervise(spec: Any, args: argparse.Namespace) -> int:
@@ -402,7 +406,15 @@ def _policy_apply(file: str, run_id: str, address: str | None) -> int:
             return EXIT_FAILED
         import ray  # noqa: PLC0415
 
-        errors: list[str] = ray.get(supervisor.apply_policy.remote(data, file))
+        try:
+            errors: list[str] = ray.get(supervisor.apply_policy.remote(data, file), timeout=60)
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            print(
+                f"remedy: error: run {run_id} did not take the policy ({type(exc).__name__}); "
+                "it may have ended",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
     for line in errors:
         print(line, file=sys.stderr)
     if errors:
@@ -503,10 +515,22 @@ def _status(args: argparse.Namespace) -> int:
         with _RunHandle(str(entry["run_id"]), None) as supervisor:
             if supervisor is None:
                 continue
-            status: dict[str, Any] = ray.get(supervisor.status.remote(), timeout=30)
-            status["run_dir"] = entry.get("run_dir")
-            print(json.dumps(status))
+            status = _ask_status(supervisor, str(entry["run_id"]))
+            if status is not None:
+                status["run_dir"] = entry.get("run_dir")
+                print(json.dumps(status, default=str))
     return EXIT_OK
+
+
+def _ask_status(supervisor: Any, run_id: str) -> dict[str, Any] | None:
+    import ray  # noqa: PLC0415
+
+    try:
+        status: dict[str, Any] = ray.get(supervisor.status.remote(), timeout=30)
+    except (ray.exceptions.RayError, TimeoutError) as exc:
+        print(f"remedy: run {run_id} did not answer ({type(exc).__name__})", file=sys.stderr)
+        return None
+    return status
 
 
 def _status_on_cluster(args: argparse.Namespace) -> int:
@@ -529,10 +553,14 @@ def _status_on_cluster(args: argparse.Namespace) -> int:
                 continue
             if args.run_id is not None and name != f"remedy-supervisor-{args.run_id}":
                 continue
-            handle: Any = ray.get_actor(name, namespace="remedy")
-            status: dict[str, Any] = ray.get(handle.status.remote(), timeout=30)
-            print(json.dumps(status))
-            found += 1
+            try:
+                handle: Any = ray.get_actor(name, namespace="remedy")
+            except ValueError:
+                continue  # ended since it was listed
+            status = _ask_status(handle, name.removeprefix("remedy-supervisor-"))
+            if status is not None:
+                print(json.dumps(status, default=str))
+                found += 1
         if not found:
             print("remedy: no supervised runs on this cluster")
             return EXIT_FAILED if args.run_id is not None else EXIT_OK

@@ -179,7 +179,12 @@ def connect(
         assert choice.address is not None
         if token is not None:
             _use_token(token)
-        probe(choice.address)
+        try:
+            probe(choice.address)
+        except ClusterError as exc:
+            if choice.why.startswith("$"):
+                raise ClusterError(f"{exc} (from {choice.why})") from None
+            raise
         import ray  # noqa: PLC0415 - after the environment is set
 
         # `--address` wins over $RAY_ADDRESS, which ray.init would otherwise prefer.

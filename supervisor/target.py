@@ -97,6 +97,24 @@ def _check_source(path: Path, func: str, *, shown: str) -> None:
         )
         hint = f" (its functions: {', '.join(defined[:8])})" if defined else ""
         raise TargetError(f"{shown} has no function {func!r}{hint}")
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == func:
+            _check_signature(node, shown)
+
+
+def _check_signature(node: ast.FunctionDef | ast.AsyncFunctionDef, shown: str) -> None:
+    """The target is called with no argument or with one (the arguments after `--`)."""
+    a = node.args
+    positional = [*a.posonlyargs, *a.args]
+    required = len(positional) - len(a.defaults)
+    required_kw = [k.arg for k, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is None]
+    if required > 1 or required_kw:
+        raise TargetError(
+            f"{shown}:{node.lineno}: {node.name}() must take no argument or one "
+            "(the list of arguments after `--`)"
+        )
+    if isinstance(node, ast.AsyncFunctionDef):
+        raise TargetError(f"{shown}:{node.lineno}: {node.name}() is async; give a plain function")
 
 
 def _check_imports(tree: ast.Module, path: Path, shown: str) -> None:

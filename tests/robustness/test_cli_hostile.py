@@ -85,6 +85,21 @@ CASES: list[tuple[str, list[str], int, str]] = [
         "imports 'remedy_no_such_package_xyz', which is not installed",
     ),
     (
+        "target-two-args",
+        ["run", f"{TARGETS / 'signatures.py'}:two_args"],
+        2,
+        "two_args() must take no argument or one",
+    ),
+    ("target-kw-only", ["run", f"{TARGETS / 'signatures.py'}:kw_only"], 2, "must take no argument"),
+    ("target-async", ["run", f"{TARGETS / 'signatures.py'}:async_main"], 2, "is async"),
+    (
+        "target-signature-fine",
+        ["run", f"{TARGETS / 'signatures.py'}:fine", "--run-dir", "{FILE}"],
+        2,
+        "exists and is not a directory",
+    ),
+    ("run-dir-tilde-file", ["run", TINY, "--run-dir", "~/../file"], 2, "is not a directory"),
+    (
         "target-syntax-error",
         ["run", "{TMP}/broken.py:main"],
         2,
@@ -288,3 +303,41 @@ def test_hostile_file_gives_one_clear_answer_in_process(
     returncode = main(_expand(argv, scratch))
     captured = capsys.readouterr()
     _check(scratch, captured.out + captured.err, returncode, captured.err, code, text)
+
+
+@pytest.mark.parametrize(
+    ("address", "text"),
+    [
+        ("127.0.0.1:1", "answers at 127.0.0.1:1: Connection refused (from $RAY_ADDRESS)"),
+        ("http://127.0.0.1:8265", "not a URL (from $RAY_ADDRESS)"),
+    ],
+)
+def test_bad_ray_address_in_the_environment(scratch: Path, address: str, text: str) -> None:
+    """A bad $RAY_ADDRESS is one line naming it, exit 2, and leaves no run directory behind."""
+    env = {**_env(scratch), "RAY_ADDRESS": address}
+    run_dir = scratch / f"r-{abs(hash(address))}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "remedy.supervisor", "run", TINY, "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+        cwd=scratch,
+        env=env,
+    )
+    _check(scratch, proc.stdout + proc.stderr, proc.returncode, proc.stderr, 2, text)
+    assert not run_dir.exists(), "a run that never started leaves no directory behind"
+    # `--address local` ignores the environment (stopped here by a run directory that is a file).
+    argv = ["run", TINY, "--address", "local", "--run-dir", str(scratch / "file")]
+    local = subprocess.run(
+        [sys.executable, "-m", "remedy.supervisor", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+        cwd=scratch,
+        env=env,
+    )
+    _check(
+        scratch, local.stdout + local.stderr, local.returncode, local.stderr, 2, "not a directory"
+    )
