@@ -230,13 +230,10 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except (TargetError, UsageError, ClusterError) as exc:
         return _usage(str(exc))
-    started = False
     try:
-        code, started = _run_on_ray(spec, choice, args)
-        return code
+        return _run_on_ray(spec, choice, args, claim)
     finally:
-        if not started:
-            claim.release()
+        claim.release()  # a no-op once the run has started: its directory is its record
 
 
 def _local_gpus() -> int:
@@ -276,8 +273,8 @@ def _load_chaos(path: str) -> list[Any]:
         raise UsageError(f"chaos file {path} cannot be loaded: {type(exc).__name__}") from None
 
 
-def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace) -> tuple[int, bool]:
-    """Connect, check the cluster's GPUs, and supervise; (exit code, whether the run started)."""
+def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) -> int:
+    """Connect, check the cluster's GPUs, and supervise; the exit code."""
     from remedy.supervisor import registry  # noqa: PLC0415 - after validation
     from remedy.supervisor.cluster import ClusterError, connect, disconnect  # noqa: PLC0415
     from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
@@ -285,7 +282,7 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace) -> tuple[int, 
     try:
         conn = connect(choice, workers=spec.workers, quiet=True)
     except ClusterError as exc:
-        return _usage(str(exc)), False
+        return _usage(str(exc))
     try:
         import ray  # noqa: PLC0415
 
@@ -296,7 +293,7 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace) -> tuple[int, 
             try:
                 _check_gpus(spec.gpus_per_rank, spec.workers, gpus, "the Ray cluster")
             except UsageError as exc:
-                return _usage(str(exc)), False
+                return _usage(str(exc))
         registry.register(
             spec.run_id,
             {
@@ -304,6 +301,7 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace) -> tuple[int, 
                 "token": conn.token if conn.mode == "local" else None,
                 "mode": conn.mode,
                 "run_dir": spec.run_dir,
+                "temp_dir": conn.temp_dir,
             },
         )
         if not args.quiet:
@@ -317,8 +315,9 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace) -> tuple[int, 
                 f"{spec.workers} rank(s), run dir {spec.run_dir}",
                 file=sys.stderr,
             )
+        claim.started = True
         with _terminate_as_interrupt():
-            return _supervise(spec, args), True
+            return _supervise(spec, args)
     finally:
         registry.unregister(spec.run_id)
         disconnect(conn)
@@ -429,9 +428,11 @@ class _RunHandle:
     Yields None (after printing why) when there is none; leaves Ray again if it joined.
     """
 
-    def __init__(self, run_id: str, address: str | None) -> None:
+    def __init__(self, run_id: str, address: str | None, *, missing_ok: bool = False) -> None:
         self.run_id = run_id
         self.address = address
+        self.missing_ok = missing_ok
+        self.reached = False  # the run's cluster was reached (its supervisor may still be starting)
         self.conn: Any = None
 
     def __enter__(self) -> Any | None:
@@ -439,10 +440,15 @@ class _RunHandle:
 
         if not ray.is_initialized() and not self._join():
             return None
+        self.reached = True
         try:
             return ray.get_actor(f"remedy-supervisor-{self.run_id}", namespace="remedy")
         except ValueError:
-            print(f"remedy: error: no running supervisor for run {self.run_id!r}", file=sys.stderr)
+            if not self.missing_ok:
+                print(
+                    f"remedy: error: no running supervisor for run {self.run_id!r}",
+                    file=sys.stderr,
+                )
             return None
 
     def _join(self) -> bool:
@@ -512,10 +518,15 @@ def _status(args: argparse.Namespace) -> int:
         print("remedy: no supervised runs on this machine")
         return EXIT_OK
     for entry in entries:
-        with _RunHandle(str(entry["run_id"]), None) as supervisor:
-            if supervisor is None:
+        handle = _RunHandle(str(entry["run_id"]), None, missing_ok=True)
+        with handle as supervisor:
+            if supervisor is not None:
+                status = _ask_status(supervisor, str(entry["run_id"]))
+            elif handle.reached:
+                # Registered, and its Ray is up, but the supervisor is not yet.
+                status = {"run_id": entry["run_id"], "state": "starting"}
+            else:
                 continue
-            status = _ask_status(supervisor, str(entry["run_id"]))
             if status is not None:
                 status["run_dir"] = entry.get("run_dir")
                 print(json.dumps(status, default=str))

@@ -24,9 +24,12 @@ RUN_FILES = (MARKER, "summary.json", "journal.wal", "decisions.jsonl")
 class Claim:
     path: Path
     created: list[Path] = field(default_factory=list)
+    started: bool = False
 
     def release(self) -> None:
         """Undo the claim of a run that never started: the marker, and the folders made for it."""
+        if self.started:
+            return
         with contextlib.suppress(OSError):
             (self.path / MARKER).unlink()
         for folder in reversed(self.created):
