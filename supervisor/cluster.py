@@ -104,12 +104,15 @@ def _recorded_address(env: Any) -> str | None:
     return text or None
 
 
-def probe(address: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """Raise ClusterError, with one line of reason, unless `address` is a Ray GCS that accepts us."""
+def probe(address: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Raise ClusterError, with one line of reason, unless `address` is a Ray GCS that accepts us.
+
+    Returns whether the cluster requires a token (and accepts ours).
+    """
     if address.startswith("ray://"):
         # Ray Client goes through its own server; only its reachability can be checked here.
         _tcp_check(address.removeprefix("ray://"), address, timeout_s)
-        return
+        return False
     if "://" in address:
         raise ClusterError(
             f"--address {address}: give the cluster's GCS address HOST:PORT (port 6379 by default), "
@@ -119,25 +122,41 @@ def probe(address: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     import grpc  # type: ignore[import-untyped]  # noqa: PLC0415 - only when a named cluster is probed
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc  # noqa: PLC0415
 
-    metadata = _auth_metadata()
-    with grpc.insecure_channel(address) as channel:
-        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-        try:
-            stub.GetClusterId(
-                gcs_service_pb2.GetClusterIdRequest(),  # type: ignore[attr-defined]
-                timeout=timeout_s,
-                metadata=metadata,
-            )
-        except grpc.RpcError as exc:
-            code = exc.code()
-            if code == grpc.StatusCode.UNAUTHENTICATED:
-                raise ClusterError(
-                    f"Ray cluster at {address} refused remedy's authentication token "
-                    f"(set {AUTH_TOKEN_ENV} or {AUTH_TOKEN_PATH_ENV} to the cluster's token)"
-                ) from None
+    def ask(metadata: tuple[tuple[str, str], ...]) -> Any:
+        """None if the GCS answered, else the gRPC status code."""
+        with grpc.insecure_channel(address) as channel:
+            stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+            try:
+                stub.GetClusterId(
+                    gcs_service_pb2.GetClusterIdRequest(),  # type: ignore[attr-defined]
+                    timeout=timeout_s,
+                    metadata=metadata,
+                )
+            except grpc.RpcError as exc:
+                return exc
+        return None
+
+    failure = ask(())
+    if failure is None:
+        return False
+    token = _auth_metadata()
+    if failure.code() == grpc.StatusCode.UNAUTHENTICATED:
+        if not token:
             raise ClusterError(
-                f"no Ray cluster answers at {address} ({code.name.lower()}: {exc.details()})"
-            ) from None
+                f"Ray cluster at {address} requires an authentication token and none is set "
+                f"(set {AUTH_TOKEN_ENV} or {AUTH_TOKEN_PATH_ENV} to the cluster's token)"
+            )
+        failure = ask(token)
+        if failure is None:
+            return True
+    if failure.code() == grpc.StatusCode.UNAUTHENTICATED:
+        raise ClusterError(
+            f"Ray cluster at {address} refused remedy's authentication token "
+            f"(set {AUTH_TOKEN_ENV} or {AUTH_TOKEN_PATH_ENV} to the cluster's token)"
+        )
+    raise ClusterError(
+        f"no Ray cluster answers at {address} ({failure.code().name.lower()}: {failure.details()})"
+    )
 
 
 def _tcp_check(hostport: str, address: str, timeout_s: float) -> None:
@@ -180,11 +199,19 @@ def connect(
         if token is not None:
             _use_token(token)
         try:
-            probe(choice.address)
+            needs_token = probe(choice.address)
         except ClusterError as exc:
             if choice.why.startswith("$"):
                 raise ClusterError(f"{exc} (from {choice.why})") from None
             raise
+        if needs_token and os.environ.get(AUTH_MODE_ENV, "").lower() != "token":
+            if os.environ.get(AUTH_MODE_ENV, "").lower() == "disabled":
+                raise ClusterError(
+                    f"Ray cluster at {choice.address} requires token authentication, "
+                    f"but {AUTH_MODE_ENV}=disabled here"
+                )
+            # Ray sends its token only in token mode; the cluster asks for one.
+            _set_token_mode()
         import ray  # noqa: PLC0415 - after the environment is set
 
         # `--address` wins over $RAY_ADDRESS, which ray.init would otherwise prefer.
@@ -223,9 +250,13 @@ def _start_private(workers: int, common: dict[str, Any]) -> Connection:
 
 def _use_token(token: str) -> None:
     # Read by this process's Ray and inherited by every Ray process it starts.
-    os.environ[AUTH_MODE_ENV] = "token"
     os.environ[AUTH_TOKEN_ENV] = token
     os.environ.pop(AUTH_TOKEN_PATH_ENV, None)
+    _set_token_mode()
+
+
+def _set_token_mode() -> None:
+    os.environ[AUTH_MODE_ENV] = "token"
     import sys  # noqa: PLC0415
 
     if "ray" in sys.modules:
