@@ -223,7 +223,9 @@ def _run(args: argparse.Namespace) -> int:
             verbose=args.verbose,
         )
         claim = claim_run_dir(
-            Path(spec.run_dir), given=args.run_dir or spec.run_dir, run_id=spec.run_id
+            Path(spec.run_dir),
+            given=f"--run-dir {args.run_dir}" if args.run_dir else f"run directory {spec.run_dir}",
+            run_id=spec.run_id,
         )
     except PolicyError as exc:
         print(str(exc), file=sys.stderr)

@@ -18,6 +18,8 @@ MAX_FILE_BYTES = 256 << 20
 # Problems named one by one before the rest are counted.
 MAX_NAMED_PROBLEMS = 5
 
+# A run directory without summary.json but with one of these is a run in progress (or cut short).
+_RUN_FILES = (".remedy-run", "journal.wal", "decisions.jsonl", "metrics.jsonl")
 _NUMBERS = ("steps_completed", "steps_executed", "goodput", "wall_s")
 _TEXTS = ("outcome", "rule", "action", "reason")
 
@@ -40,13 +42,24 @@ def read_run_dir(run_dir: Path) -> RunFiles:
             what = "does not exist" if not run_dir.exists() else "is not a directory"
             out.missing = f"{run_dir} {what} (give a run directory, e.g. runs/<run_id>)"
             return out
-        if not summary_path.is_file():
+        in_progress = not summary_path.is_file() and any(
+            (run_dir / name).is_file() for name in _RUN_FILES
+        )
+        if not summary_path.is_file() and not in_progress:
             out.missing = f"{summary_path} not found (is {run_dir} a run directory?)"
             return out
     except OSError as exc:
         out.missing = f"{run_dir}: {exc.strerror}"
         return out
-    raw = _read_json(summary_path, out)
+    if in_progress:
+        out.problems.append(
+            f"{summary_path} not written: the run is still going, or ended before writing it "
+            "(see `remedy status`); showing its decisions so far"
+        )
+        out.summary_corrupt = True
+        raw = None
+    else:
+        raw = _read_json(summary_path, out)
     if raw is not None and not isinstance(raw, dict):
         out.problems.append(f"{summary_path}: not a JSON object")
         out.summary_corrupt, raw = True, None

@@ -38,15 +38,15 @@ class Claim:
 
 
 def claim_run_dir(path: Path, *, given: str, run_id: str) -> Claim:
-    """Create (if needed) and claim `path`; UsageError naming `given` and the reason if it cannot be."""
+    """Create (if needed) and claim `path`; UsageError naming it as `given` with the reason if not."""
     try:
         if path.exists() and not path.is_dir():
-            raise UsageError(f"--run-dir {given}: exists and is not a directory")
+            raise UsageError(f"{given}: exists and is not a directory")
         if path.is_dir():
             held = [name for name in RUN_FILES if (path / name).exists()]
             if held:
                 raise UsageError(
-                    f"--run-dir {given}: already holds a run ({held[0]}); choose another directory"
+                    f"{given}: already holds a run ({held[0]}); choose another directory"
                 )
         missing = [p for p in (path, *path.parents) if not p.exists()]
         path.mkdir(parents=True, exist_ok=True)
@@ -55,7 +55,7 @@ def claim_run_dir(path: Path, *, given: str, run_id: str) -> Claim:
             fd = os.open(path / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             raise UsageError(
-                f"--run-dir {given}: another run claimed it just now; choose another directory"
+                f"{given}: another run claimed it just now; choose another directory"
             ) from None
         except OSError:
             claim.release()
@@ -67,4 +67,4 @@ def claim_run_dir(path: Path, *, given: str, run_id: str) -> Claim:
         raise
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
-        raise UsageError(f"--run-dir {given}: cannot create or write it ({reason})") from None
+        raise UsageError(f"{given}: cannot create or write it ({reason})") from None

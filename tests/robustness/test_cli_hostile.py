@@ -150,7 +150,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("report-missing", ["report", "{TMP}/nope"], 2, "does not exist"),
     ("report-file", ["report", "{FILE}"], 2, "is not a directory"),
     ("report-proc", ["report", "/proc"], 2, "not found"),
-    ("report-no-summary", ["report", "{R}/no_summary"], 2, "summary.json not found"),
+    ("report-no-summary", ["report", "{R}/no_summary"], 1, "summary.json not written"),
     ("report-summary-dir", ["report", "{R}/summary_is_a_dir"], 2, "summary.json not found"),
     ("report-truncated", ["report", "{R}/truncated_summary"], 1, "corrupt JSON (line 1 column"),
     ("report-list", ["report", "{R}/summary_is_a_list"], 1, "not a JSON object"),
