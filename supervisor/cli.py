@@ -284,6 +284,9 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) ->
     try:
         conn = connect(choice, workers=spec.workers, quiet=True)
     except ClusterError as exc:
+        if choice.mode == "local":  # this machine could not start Ray: a failure, not misuse
+            print(f"remedy: error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
         return _usage(str(exc))
     try:
         import ray  # noqa: PLC0415

@@ -46,6 +46,8 @@ AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 PRIVATE_PREFIX = "remedy-ray-"
 # How long the reachability probe of a named cluster may take, per step.
 PROBE_TIMEOUT_S = 3.0
+# Longer temporary folders would push Ray's socket paths past the kernel's limit.
+MAX_TEMP_BASE = 40
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,11 @@ def _start_private(workers: int, common: dict[str, Any]) -> Connection:
     os.environ.pop(ADDRESS_ENV, None)
     token = secrets.token_hex(32)
     _use_token(token)
-    temp_dir = tempfile.mkdtemp(prefix=PRIVATE_PREFIX)
+    # Ray's Unix sockets live under this folder, and their paths are limited to ~107 bytes.
+    base = tempfile.gettempdir()
+    if len(base) > MAX_TEMP_BASE and os.access("/tmp", os.W_OK):
+        base = "/tmp"
+    temp_dir = tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=base)
     import ray  # noqa: PLC0415 - after the environment is set
 
     cpus = max(os.cpu_count() or 1, workers + 1)
@@ -241,6 +247,10 @@ def _start_private(workers: int, common: dict[str, Any]) -> Connection:
             _temp_dir=temp_dir,
             **common,
         )
+    except Exception as exc:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        first = " ".join(str(exc).split())[:300]
+        raise ClusterError(f"cannot start a private Ray: {type(exc).__name__}: {first}") from None
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
