@@ -75,6 +75,9 @@ def choose(flag: str | None, environ: dict[str, str] | None = None) -> Choice:
     env = os.environ if environ is None else environ
     named = (env.get(ADDRESS_ENV) or "").strip()
     if flag is None or flag == "":
+        if named in ("auto", "local"):
+            # Ray's own spellings: treated as the same words given to --address.
+            return choose(named, {k: v for k, v in env.items() if k != ADDRESS_ENV})
         if named:
             return Choice("cluster", named, f"${ADDRESS_ENV}")
         return Choice("local", None, "default")

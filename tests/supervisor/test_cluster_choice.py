@@ -16,6 +16,7 @@ from remedy.supervisor.exceptions import ClusterError
     ("flag", "env", "expected"),
     [
         (None, {}, Choice("local", None, "default")),
+        (None, {"RAY_ADDRESS": "local"}, Choice("local", None, "--address local")),
         (
             None,
             {"RAY_ADDRESS": "10.0.0.5:6379"},
@@ -46,6 +47,8 @@ def test_auto_reads_what_ray_start_recorded(tmp_path: Path) -> None:
         choose("auto", env)
     (tmp_path / "ray_current_cluster").write_text("127.0.0.1:6390\n")
     assert choose("auto", env) == Choice("cluster", "127.0.0.1:6390", "--address auto (ray start)")
+    # RAY_ADDRESS=auto, Ray's own spelling, means the same.
+    assert choose(None, {**env, "RAY_ADDRESS": "auto"}) == choose("auto", env)
 
 
 @pytest.mark.parametrize(
