@@ -17,8 +17,14 @@ from typing import Any
 import ray
 import structlog
 
-from remedy.policies import AnomalyEvent, Engine, PolicyError, load_policy, load_policy_text
+from remedy.policies import AnomalyEvent, Engine, PolicyError
 from remedy.supervisor.feed import Feed
+from remedy.supervisor.policy_source import (
+    is_policy_file,
+    load_policy_source,
+    policy_from_bytes,
+    read_policy_bytes,
+)
 from remedy.supervisor.spec import RunSpec
 from remedy.supervisor.worker_group import WorkerGroup
 from remedy.workers.control import Controller
@@ -29,6 +35,8 @@ from remedy.workers.rundir import RunDir
 log = structlog.get_logger("remedy.supervisor")
 
 POLL_S = 0.2
+# A refused policy's errors journaled (and returned) at most; the count is logged in full.
+MAX_REFUSAL_LINES = 50
 
 
 @ray.remote(num_cpus=0)
@@ -38,7 +46,7 @@ class SupervisorActor:
         configure_logging(verbose=self.spec.verbose)
         self.run_dir = RunDir(self.spec.run_dir, self.spec.run_id)
         engine = Engine(
-            load_policy(self.spec.policy), run_id=self.spec.run_id, dry_run=self.spec.dry_run
+            load_policy_source(self.spec.policy), run_id=self.spec.run_id, dry_run=self.spec.dry_run
         )
         self.controller = Controller(engine, world_size=self.spec.workers, run_dir=self.run_dir)
         self.started = time.time()
@@ -49,16 +57,19 @@ class SupervisorActor:
             RayBackend(), run_id=self.spec.run_id, checkpoints=self.run_dir.checkpoints
         )
         # A policy given as a file is watched: saving it applies it to the running job.
-        self._watched = Path(self.spec.policy) if Path(self.spec.policy).is_file() else None
-        self._watched_mtime = self._watched.stat().st_mtime if self._watched else 0.0
+        self._watched = Path(self.spec.policy) if is_policy_file(self.spec.policy) else None
+        self._watched_mtime = self._watched.stat().st_mtime_ns if self._watched else 0
 
-    async def apply_policy(self, text: str, filename: str) -> list[str]:
-        """Validate and swap in a new policy atomically; return its errors (old policy kept) or []."""
+    async def apply_policy(self, data: bytes | str, filename: str) -> list[str]:
+        """Validate and swap in a new policy atomically; return its errors (old policy kept) or [].
+
+        `data` is untrusted (whatever was saved in the file): every failure is a
+        refusal, journaled with its errors, never an exception out of here.
+        """
         try:
-            policy = load_policy_text(text, filename)
+            policy = policy_from_bytes(data, filename)
         except PolicyError as exc:
-            log.warning("policy_refused", file=filename, errors=len(exc.diagnostics))
-            return [d.format() for d in exc.diagnostics]
+            return self._refuse(filename, exc)
         old = self.controller.engine.policy.name
         self.controller.engine.reload(policy)
         self.run_dir.wal(
@@ -71,12 +82,32 @@ class SupervisorActor:
         if self._watched is None:
             return
         try:
-            mtime = self._watched.stat().st_mtime
+            mtime = self._watched.stat().st_mtime_ns
         except OSError:
             return
         if mtime != self._watched_mtime:
             self._watched_mtime = mtime
-            await self.apply_policy(self._watched.read_text(), str(self._watched))
+            try:
+                data, name = read_policy_bytes(str(self._watched))
+            except PolicyError as exc:
+                # Unreadable now (replaced by a folder, permissions): refuse, keep the old policy.
+                self._refuse(str(self._watched), exc)
+                return
+            await self.apply_policy(data, name)
+
+    def _refuse(self, filename: str, exc: PolicyError) -> list[str]:
+        """Journal a refused policy (the one in force stays); its error lines, capped."""
+        errors = [d.format() for d in exc.diagnostics][:MAX_REFUSAL_LINES]
+        log.warning("policy_refused", file=filename, errors=len(exc.diagnostics))
+        self.run_dir.wal(
+            {
+                "type": "policy_refused",
+                "file": filename,
+                "kept": self.controller.engine.policy.name,
+                "errors": errors,
+            }
+        )
+        return errors
 
     async def report(self, batch: Any) -> list[dict[str, Any]]:
         """A rank's report batch in; the commands that rank still owes out."""

@@ -1,46 +1,102 @@
 """The `remedy` command line.
 
     remedy run TARGET [--policy FILE|NAME] [--workers N] [--run-dir DIR] [--chaos FILE]
-                      [--dry-run] [--quiet] [-- ARGS...]
+                      [--address auto|local|ADDR] [--dry-run] [--quiet] [-- ARGS...]
     remedy policy check FILE...      remedy policy test FILE...
+    remedy policy apply FILE --run RUN_ID
     remedy report RUN_DIR [--out DIR]  remedy explain RUN_DIR [--step N | --decision ID | --rule NAME]
-    remedy status            remedy chaos list
+    remedy status [RUN_ID]           remedy chaos list
 
 Exit status: 0 completed, 3 aborted by policy, 1 failed, 2 usage.
-Bad input (a malformed policy or chaos file, an unknown target) is reported
-as located one-line errors before anything starts, never as a traceback.
+Bad input (a malformed policy or chaos file, an unknown target, a flag out of
+range, a run directory that cannot be written, a cluster that cannot be
+reached) is reported as one line before anything starts, never as a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import logging
+import math
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from remedy.supervisor.cluster import LOOPBACK_ENV
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED = 0, 1, 2, 3
 STATUS_EXIT = {"completed": EXIT_OK, "aborted": EXIT_ABORTED, "failed": EXIT_FAILED}
+MAX_WORKERS = 100_000
+# A private Ray runs every rank as a process of this machine: more than this
+# many per core is a typo, not a job (use --address for a cluster).
+LOCAL_RANKS_PER_CORE = 8
+MAX_GPUS_PER_WORKER = 1024
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `remedy run: error: ...`, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _workers(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if not 1 <= n <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_WORKERS}, not {text}")
+    return n
+
+
+def _gpus(text: str) -> float:
+    try:
+        g = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+    if not math.isfinite(g) or not 0 <= g <= MAX_GPUS_PER_WORKER:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_GPUS_PER_WORKER}, not {text}")
+    return g
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError("must not contain a NUL byte")
+    return text
+
+
+_ADDRESS_HELP = (
+    "Ray to run on: `local` (a private embedded Ray), `auto` (the cluster `ray start` "
+    "recorded here) or HOST:PORT (default: $RAY_ADDRESS, else local)"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="remedy", description="Auto-remediation supervisor for PyTorch training on Ray."
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run a training function under supervision")
-    run.add_argument("target", help="path/to/file.py:function or module:function")
+    run.add_argument("target", type=_nonempty, help="path/to/file.py:function or module:function")
     run.add_argument(
-        "--policy", default="default", help="policy file or bundled name (default: default)"
+        "--policy",
+        type=_nonempty,
+        default="default",
+        help="policy file or bundled name (default: default)",
     )
-    run.add_argument("--workers", type=int, default=1, help="number of ranks (default: 1)")
+    run.add_argument("--workers", type=_workers, default=1, help="number of ranks (default: 1)")
     run.add_argument("--run-dir", default="", help="run directory (default: runs/<run_id>)")
-    run.add_argument("--chaos", help="chaos file of faults to inject")
+    run.add_argument("--chaos", type=_nonempty, help="chaos file of faults to inject")
+    run.add_argument("--address", type=_nonempty, default=None, help=_ADDRESS_HELP)
     run.add_argument("--dry-run", action="store_true", help="decide and journal, but do not act")
     run.add_argument(
         "--quiet", action="store_true", help="no live display: one JSON line per event on stdout"
@@ -48,26 +104,29 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--verbose", action="store_true", help="log every action in the ranks")
     run.add_argument(
         "--gpus-per-worker",
-        type=float,
+        type=_gpus,
         default=None,
-        help="GPUs per rank (default: 1 if any, else 0)",
+        help="GPUs per rank (default: 1 if the cluster has one per rank, else 0)",
     )
 
-    pol = sub.add_parser("policy", help="check or test policy files")
-    pol_sub = pol.add_subparsers(dest="policy_command", required=True)
+    pol = sub.add_parser("policy", help="check, test or apply policy files")
+    pol_sub = pol.add_subparsers(dest="policy_command", required=True, parser_class=_Parser)
     chk = pol_sub.add_parser("check", help="validate policy files")
     chk.add_argument("files", nargs="+")
     chk.add_argument("--strict", action="store_true", help="treat lint warnings as errors")
     tst = pol_sub.add_parser("test", help="run policy test files")
     tst.add_argument("files", nargs="+")
     app = pol_sub.add_parser("apply", help="hot-reload a policy into a running job")
-    app.add_argument("file")
-    app.add_argument("--run", required=True, help="the run id (see `remedy status`)")
+    app.add_argument("file", type=_nonempty)
+    app.add_argument(
+        "--run", required=True, type=_nonempty, help="the run id (see `remedy status`)"
+    )
+    app.add_argument("--address", type=_nonempty, default=None, help="the run's Ray cluster")
 
     rep = sub.add_parser(
         "report", help="summarize a run directory; write its timeline (PNG) and HTML report"
     )
-    rep.add_argument("run_dir")
+    rep.add_argument("run_dir", type=_nonempty)
     rep.add_argument("--json", action="store_true", help="print the summary as JSON")
     rep.add_argument("--out", default=None, help="folder for report.png/.html (default: RUN_DIR)")
     rep.add_argument("--no-files", action="store_true", help="print the summary only")
@@ -79,10 +138,14 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--decision", help="one decision, by id (or its unique suffix, e.g. d00002)")
     which.add_argument("--rule", help="every match, firing and hold-back of this rule")
 
-    sub.add_parser("status", help="show supervised runs on the current Ray cluster")
+    st = sub.add_parser("status", help="show this machine's supervised runs")
+    st.add_argument("run_id", nargs="?", default=None, help="only this run")
+    st.add_argument(
+        "--address", type=_nonempty, default=None, help="list the runs on this Ray cluster"
+    )
 
     chaos = sub.add_parser("chaos", help="chaos faults")
-    chaos_sub = chaos.add_subparsers(dest="chaos_command", required=True)
+    chaos_sub = chaos.add_subparsers(dest="chaos_command", required=True, parser_class=_Parser)
     chaos_sub.add_parser("list", help="list injectable faults")
     return p
 
@@ -96,8 +159,6 @@ def main(argv: list[str] | None = None) -> int:
         argv, passthrough = argv[:cut], argv[cut + 1 :]
     # Set before Ray is imported anywhere in this process (see supervisor.cluster).
     os.environ.setdefault(LOOPBACK_ENV, "0")
-    args = _parser().parse_args(argv)
-    args.args = passthrough
     handlers = {
         "run": _run,
         "policy": _policy,
@@ -107,70 +168,207 @@ def main(argv: list[str] | None = None) -> int:
         "chaos": _chaos,
     }
     try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    args.args = passthrough
+    try:
         return handlers[args.command](args)
     except KeyboardInterrupt:
         print("remedy: interrupted", file=sys.stderr)
         return EXIT_FAILED
+    except BrokenPipeError:
+        # `remedy report ... | head`: the reader left; nothing more to say.
+        _silence_stdout()
+        return EXIT_OK
+    except Exception as exc:
+        # A backstop, not the way errors are reported: each known failure has its own line.
+        message = " ".join(str(exc).split())[:300]
+        print(f"remedy: internal error: {type(exc).__name__}: {message}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _usage(message: str) -> int:
+    print(f"remedy: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _run(args: argparse.Namespace) -> int:
-    from remedy.policies import PolicyError, load_policy  # noqa: PLC0415 - keep `remedy --help` fast
-    from remedy.supervisor.exceptions import TargetError  # noqa: PLC0415
-    from remedy.supervisor.target import split_target  # noqa: PLC0415
+    from remedy.policies import PolicyError  # noqa: PLC0415 - keep `remedy --help` fast
+    from remedy.supervisor.cluster import ClusterError, choose  # noqa: PLC0415
+    from remedy.supervisor.exceptions import TargetError, UsageError  # noqa: PLC0415
+    from remedy.supervisor.policy_source import load_policy_source  # noqa: PLC0415
+    from remedy.supervisor.rundir_claim import claim_run_dir  # noqa: PLC0415
+    from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
+    from remedy.supervisor.target import check_target  # noqa: PLC0415
+    from remedy.workers.exceptions import ChaosConfigError  # noqa: PLC0415
+
+    # Validate everything before any training (or Ray) starts.
+    try:
+        target = check_target(args.target)
+        load_policy_source(args.policy)
+        faults = _load_chaos(args.chaos, args.workers) if args.chaos else []
+        choice = choose(args.address)
+        if choice.mode == "local":
+            most = LOCAL_RANKS_PER_CORE * (os.cpu_count() or 1)
+            if args.workers > most:
+                raise UsageError(
+                    f"--workers {args.workers}: a local Ray runs every rank on this machine "
+                    f"({os.cpu_count()} cores, at most {most} ranks); use --address for a cluster"
+                )
+            if args.gpus_per_worker:
+                _check_gpus(args.gpus_per_worker, args.workers, _local_gpus(), "this machine")
+        policy = str(Path(args.policy).resolve()) if Path(args.policy).is_file() else args.policy
+        spec = RunSpec(
+            target=target,
+            policy=policy,
+            workers=args.workers,
+            run_dir=args.run_dir,
+            faults=[f.model_dump() for f in faults],
+            dry_run=args.dry_run,
+            argv=args.args,
+            gpus_per_rank=args.gpus_per_worker or 0.0,
+            verbose=args.verbose,
+        )
+        claim = claim_run_dir(
+            Path(spec.run_dir),
+            given=f"--run-dir {args.run_dir}" if args.run_dir else f"run directory {spec.run_dir}",
+            run_id=spec.run_id,
+        )
+    except (PolicyError, ChaosConfigError) as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except (TargetError, UsageError, ClusterError) as exc:
+        return _usage(str(exc))
+    try:
+        return _run_on_ray(spec, choice, args, claim)
+    finally:
+        claim.release()  # a no-op once the run has started: its directory is its record
+
+
+def _local_gpus() -> int:
+    import torch  # noqa: PLC0415 - only when GPUs are asked for
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def _check_gpus(per_rank: float, workers: int, available: float, where: str) -> None:
+    """UsageError unless `where` has the GPUs the ranks ask for (Ray would wait for them forever)."""
+    from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
+
+    need = per_rank * workers
+    if need > available:
+        what = (
+            "no GPU is available" if not available else f"only {available:g} GPU(s) are available"
+        )
+        raise UsageError(
+            f"--gpus-per-worker {per_rank:g} needs {need:g} GPU(s) for {workers} rank(s), "
+            f"but {what} on {where}"
+        )
+
+
+def _load_chaos(path: str, workers: int) -> list[Any]:
+    from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
     from remedy.workers.chaos import load_chaos  # noqa: PLC0415
     from remedy.workers.exceptions import ChaosConfigError  # noqa: PLC0415
 
-    if args.workers < 1:
-        print("remedy: error: --workers must be at least 1", file=sys.stderr)
-        return EXIT_USAGE
     try:
-        split_target(args.target)
-        where = args.target.rpartition(":")[0]
-        if where.endswith(".py") and not Path(where).is_file():
-            raise TargetError(f"target file {where} does not exist")
-        # Validate everything before any training starts.
-        load_policy(args.policy)
-        faults = load_chaos(args.chaos) if args.chaos else []
-    except PolicyError as exc:
-        print(str(exc), file=sys.stderr)
-        return EXIT_USAGE
-    except (ChaosConfigError, TargetError) as exc:
-        print(f"remedy: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return list(load_chaos(path, world_size=workers))
+    except ChaosConfigError:
+        raise  # its lines are located (FILE:LINE:COL: error: ...), printed as they are
+    except OSError as exc:
+        raise UsageError(f"cannot read chaos file {path}: {exc.strerror}") from None
+    # Untrusted input: whatever else the chaos loader trips on is a refusal of the file.
+    except Exception as exc:
+        raise UsageError(f"chaos file {path} cannot be loaded: {type(exc).__name__}") from None
 
-    from remedy.supervisor.cluster import connect  # noqa: PLC0415
-    from remedy.supervisor.display import make_display  # noqa: PLC0415
-    from remedy.supervisor.runner import format_summary, run_supervised  # noqa: PLC0415
-    from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
-    from remedy.workers.rundir import read_jsonl  # noqa: PLC0415
 
-    passthrough = args.args
-    policy = str(Path(args.policy).resolve()) if Path(args.policy).is_file() else args.policy
-    target = args.target
-    if where.endswith(".py"):
-        target = f"{Path(where).resolve()}:{args.target.rpartition(':')[2]}"
-    mode = connect(workers=args.workers, quiet=True)
-    gpus = args.gpus_per_worker
-    if gpus is None:
+def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) -> int:
+    """Connect, check the cluster's GPUs, and supervise; the exit code."""
+    from remedy.supervisor import registry  # noqa: PLC0415 - after validation
+    from remedy.supervisor.cluster import ClusterError, connect, disconnect  # noqa: PLC0415
+    from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
+
+    try:
+        conn = connect(choice, workers=spec.workers, quiet=True)
+    except ClusterError as exc:
+        if choice.mode == "local":  # this machine could not start Ray: a failure, not misuse
+            print(f"remedy: error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        return _usage(str(exc))
+    try:
         import ray  # noqa: PLC0415
 
-        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= args.workers else 0.0
-    spec = RunSpec(
-        target=target,
-        policy=policy,
-        workers=args.workers,
-        run_dir=args.run_dir,
-        faults=[f.model_dump() for f in faults],
-        dry_run=args.dry_run,
-        argv=passthrough,
-        gpus_per_rank=gpus,
-        verbose=args.verbose,
-    )
-    if not args.quiet:
-        print(
-            f"remedy: run {spec.run_id} on {mode} Ray, {args.workers} rank(s), run dir {spec.run_dir}",
-            file=sys.stderr,
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if args.gpus_per_worker is None:
+            spec.gpus_per_rank = 1.0 if gpus >= spec.workers else 0.0
+        elif spec.gpus_per_rank:
+            try:
+                _check_gpus(spec.gpus_per_rank, spec.workers, gpus, "the Ray cluster")
+            except UsageError as exc:
+                return _usage(str(exc))
+        registry.register(
+            spec.run_id,
+            {
+                "address": conn.address,
+                "token": conn.token if conn.mode == "local" else None,
+                "mode": conn.mode,
+                "run_dir": spec.run_dir,
+                "temp_dir": conn.temp_dir,
+            },
         )
+        if not args.quiet:
+            where = (
+                "a private local Ray"
+                if conn.mode == "local"
+                else f"the Ray cluster at {conn.address} ({conn.why})"
+            )
+            print(
+                f"remedy: run {spec.run_id} on {where}, "
+                f"{spec.workers} rank(s), run dir {spec.run_dir}",
+                file=sys.stderr,
+            )
+        claim.started = True
+        with _terminate_as_interrupt():
+            return _supervise(spec, args)
+    finally:
+        registry.unregister(spec.run_id)
+        disconnect(conn)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (`kill`, a job stop) ends the run like Ctrl-C: the private Ray is stopped, not orphaned."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread (main() called from a thread): leave signals be
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _supervise(spec: Any, args: argparse.Namespace) -> int:
+    import ray  # noqa: PLC0415
+
+    from remedy.supervisor.display import make_display  # noqa: PLC0415
+    from remedy.supervisor.rundata import load_run  # noqa: PLC0415
+    from remedy.supervisor.runner import format_summary, run_supervised  # noqa: PLC0415
+
     display = make_display(quiet=args.quiet)
     try:
         summary = run_supervised(spec, display=display)
@@ -178,8 +376,17 @@ def _run(args: argparse.Namespace) -> int:
         # Leave the terminal clean (the live display stopped) before main() reports it.
         display.close({"run_id": spec.run_id, "status": "interrupted"}, "")
         raise
-    text = format_summary(summary, read_jsonl(Path(spec.run_dir) / "decisions.jsonl"))
+    except ray.exceptions.RayError as exc:
+        display.close({"run_id": spec.run_id, "status": "failed"}, "")
+        first = " ".join(str(exc).split())[:300]
+        print(
+            f"remedy: error: the supervisor of run {spec.run_id} failed: {first}", file=sys.stderr
+        )
+        return EXIT_FAILED
+    text = format_summary(summary, load_run(spec.run_dir).decisions)
     display.close(summary, text, report=_write_report_files(spec.run_dir))
+    for line in rank_errors(summary):
+        print(line, file=sys.stderr)
     return STATUS_EXIT.get(summary["status"], EXIT_FAILED)
 
 
@@ -194,32 +401,56 @@ def _write_report_files(run_dir: str) -> dict[str, str]:
     return {"html": str(page), "png": str(png)}
 
 
+def rank_errors(summary: dict[str, Any]) -> list[str]:
+    """One or two lines per failed rank: its exception, and where in the user's code it was raised."""
+    lines: list[str] = []
+    ranks = summary.get("ranks")
+    for r in ranks if isinstance(ranks, list) else []:
+        if not isinstance(r, dict) or not r.get("error"):
+            continue
+        kind, message = r.get("error_type"), r.get("error_message")
+        text = f"{kind}: {message}" if kind else str(r["error"])
+        lines.append(f"rank {r.get('rank', '?')} failed: {' '.join(text.split())[:500]}")
+        if r.get("error_frame"):
+            lines.append(f"  at {r['error_frame']}")
+    return lines
+
+
 def _policy(args: argparse.Namespace) -> int:
     from remedy.policies.cli import check_main, test_main  # noqa: PLC0415
 
     if args.policy_command == "check":
         return check_main(args.files, strict=args.strict)
     if args.policy_command == "apply":
-        return _policy_apply(args.file, args.run)
+        return _policy_apply(args.file, args.run, args.address)
     return test_main(args.files)
 
 
-def _policy_apply(file: str, run_id: str) -> int:
+def _policy_apply(file: str, run_id: str, address: str | None) -> int:
     """Send a policy to a running supervisor; it validates before swapping, so a bad file changes nothing."""
-    from remedy.policies import PolicyError, load_policy  # noqa: PLC0415
+    from remedy.policies import PolicyError  # noqa: PLC0415
+    from remedy.supervisor.policy_source import policy_from_bytes, read_policy_bytes  # noqa: PLC0415
 
     try:
-        load_policy(file)  # fail here, with locations, before touching the cluster
+        data, name = read_policy_bytes(file)
+        policy_from_bytes(data, name)  # fail here, with locations, before touching the cluster
     except PolicyError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_FAILED
-    supervisor = _find_supervisor(run_id)
-    if supervisor is None:
-        print(f"remedy: error: no running supervisor for run {run_id!r}", file=sys.stderr)
-        return EXIT_FAILED
-    import ray  # noqa: PLC0415
+    with _RunHandle(run_id, address) as supervisor:
+        if supervisor is None:
+            return EXIT_FAILED
+        import ray  # noqa: PLC0415
 
-    errors: list[str] = ray.get(supervisor.apply_policy.remote(Path(file).read_text(), file))
+        try:
+            errors: list[str] = ray.get(supervisor.apply_policy.remote(data, file), timeout=60)
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            print(
+                f"remedy: error: run {run_id} did not take the policy ({type(exc).__name__}); "
+                "it may have ended",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
     for line in errors:
         print(line, file=sys.stderr)
     if errors:
@@ -228,41 +459,93 @@ def _policy_apply(file: str, run_id: str) -> int:
     return EXIT_OK
 
 
-def _find_supervisor(run_id: str) -> Any | None:
-    import ray  # noqa: PLC0415
+class _RunHandle:
+    """The supervisor actor of a live run, joined through its registry entry or a named cluster.
 
-    if not ray.is_initialized():
-        try:
-            ray.init(address="auto", logging_level=logging.ERROR, log_to_driver=False)
-        except ConnectionError:
+    Yields None (after printing why) when there is none; leaves Ray again if it joined.
+    """
+
+    def __init__(self, run_id: str, address: str | None, *, missing_ok: bool = False) -> None:
+        self.run_id = run_id
+        self.address = address
+        self.missing_ok = missing_ok
+        self.reached = False  # the run's cluster was reached (its supervisor may still be starting)
+        self.conn: Any = None
+
+    def __enter__(self) -> Any | None:
+        import ray  # noqa: PLC0415
+
+        if not ray.is_initialized() and not self._join():
             return None
-    try:
-        return ray.get_actor(f"remedy-supervisor-{run_id}", namespace="remedy")
-    except ValueError:
-        return None
+        self.reached = True
+        try:
+            return ray.get_actor(f"remedy-supervisor-{self.run_id}", namespace="remedy")
+        except ValueError:
+            if not self.missing_ok:
+                print(
+                    f"remedy: error: no running supervisor for run {self.run_id!r}",
+                    file=sys.stderr,
+                )
+            return None
+
+    def _join(self) -> bool:
+        from remedy.supervisor import registry  # noqa: PLC0415
+        from remedy.supervisor.cluster import Choice, ClusterError, choose, connect  # noqa: PLC0415
+
+        entry = registry.lookup(self.run_id) if self.address is None else None
+        try:
+            if entry is not None:
+                choice = Choice("cluster", str(entry["address"]), "registry")
+                self.conn = connect(choice, token=entry.get("token"))
+                return True
+            choice = choose(self.address)
+            if choice.mode == "local":
+                print(
+                    f"remedy: error: no running supervisor for run {self.run_id!r} on this machine",
+                    file=sys.stderr,
+                )
+                return False
+            self.conn = connect(choice)
+        except ClusterError as exc:
+            print(f"remedy: error: {exc}", file=sys.stderr)
+            return False
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.conn is not None:
+            from remedy.supervisor.cluster import disconnect  # noqa: PLC0415
+
+            disconnect(None)
 
 
 def _report(args: argparse.Namespace) -> int:
     from remedy.supervisor.rundata import RunDirError, load_run, status_line  # noqa: PLC0415
-    from remedy.supervisor.runner import format_summary  # noqa: PLC0415
 
     try:
         run = load_run(args.run_dir)
     except RunDirError as exc:
-        print(f"remedy: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage(str(exc))
+    from remedy.supervisor.runner import format_summary  # noqa: PLC0415 - imports Ray and torch
+
     if args.json:
-        print(json.dumps(run.summary, indent=2))
+        print(json.dumps(run.summary, indent=2, default=str))
     else:
         print(format_summary(run.summary, run.decisions))
         if run.summary_source != "summary.json":
             print(f"status: {status_line(run)}")
+        for line in rank_errors(run.summary):
+            print(line)
+    for line in run.problems:
+        print(f"remedy: warning: {line}", file=sys.stderr)
     if not args.no_files:
         from remedy.supervisor.report import write_report  # noqa: PLC0415 - matplotlib is slow to import
 
-        png, page = write_report(run.path, args.out)
-        print(f"report: {page} (timeline {png})", file=sys.stderr)
-    return EXIT_OK
+        try:
+            png, page = write_report(run.path, args.out)
+            print(f"report: {page} (timeline {png})", file=sys.stderr)
+        except Exception as exc:  # damaged journals may not draw; the text above still stands
+            print(f"remedy: warning: report files not written: {exc!r}", file=sys.stderr)
+    return EXIT_FAILED if run.summary_corrupt else EXIT_OK
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -273,32 +556,88 @@ def _explain(args: argparse.Namespace) -> int:
         run = load_run(args.run_dir)
         print(explain(run, step=args.step, decision=args.decision, rule=args.rule))
     except (RunDirError, LookupError) as exc:
-        print(f"remedy: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage(str(exc))
     return EXIT_OK
 
 
 def _status(args: argparse.Namespace) -> int:
     import ray  # noqa: PLC0415
 
-    try:
-        ray.init(address="auto", logging_level=logging.ERROR, log_to_driver=False)
-    except ConnectionError:
-        print("remedy: no Ray cluster is running here")
-        return EXIT_OK
-    from ray.util.state import list_actors  # noqa: PLC0415
+    from remedy.supervisor import registry  # noqa: PLC0415
 
-    found = 0
-    for actor in list_actors(filters=[("state", "=", "ALIVE")]):
-        name = actor.name or ""
-        if name.startswith("remedy-supervisor-"):
-            handle: Any = ray.get_actor(name, namespace="remedy")
-            status: dict[str, Any] = ray.get(handle.status.remote())
-            print(json.dumps(status))
-            found += 1
-    if not found:
-        print("remedy: no supervised runs on this cluster")
+    if ray.is_initialized() or args.address is not None or os.environ.get("RAY_ADDRESS"):
+        return _status_on_cluster(args)
+    entries = registry.live_runs()
+    if args.run_id is not None:
+        entries = [e for e in entries if e.get("run_id") == args.run_id]
+        if not entries:
+            print(f"remedy: error: no live run {args.run_id!r} on this machine", file=sys.stderr)
+            return EXIT_FAILED
+    if not entries:
+        print("remedy: no supervised runs on this machine")
+        return EXIT_OK
+    for entry in entries:
+        handle = _RunHandle(str(entry["run_id"]), None, missing_ok=True)
+        with handle as supervisor:
+            if supervisor is not None:
+                status = _ask_status(supervisor, str(entry["run_id"]))
+            elif handle.reached:
+                # Registered, and its Ray is up, but the supervisor is not yet.
+                status = {"run_id": entry["run_id"], "state": "starting"}
+            else:
+                continue
+            if status is not None:
+                status["run_dir"] = entry.get("run_dir")
+                print(json.dumps(status, default=str))
     return EXIT_OK
+
+
+def _ask_status(supervisor: Any, run_id: str) -> dict[str, Any] | None:
+    import ray  # noqa: PLC0415
+
+    try:
+        status: dict[str, Any] = ray.get(supervisor.status.remote(), timeout=30)
+    except (ray.exceptions.RayError, TimeoutError) as exc:
+        print(f"remedy: run {run_id} did not answer ({type(exc).__name__})", file=sys.stderr)
+        return None
+    return status
+
+
+def _status_on_cluster(args: argparse.Namespace) -> int:
+    import ray  # noqa: PLC0415
+
+    from remedy.supervisor.cluster import ClusterError, choose, connect, disconnect  # noqa: PLC0415
+
+    joined = False
+    if not ray.is_initialized():
+        try:
+            connect(choose(args.address))
+        except ClusterError as exc:
+            return _usage(str(exc))
+        joined = True
+    try:
+        found = 0
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            name = actor.get("name", "") if isinstance(actor, dict) else str(actor)
+            if not name.startswith("remedy-supervisor-"):
+                continue
+            if args.run_id is not None and name != f"remedy-supervisor-{args.run_id}":
+                continue
+            try:
+                handle: Any = ray.get_actor(name, namespace="remedy")
+            except ValueError:
+                continue  # ended since it was listed
+            status = _ask_status(handle, name.removeprefix("remedy-supervisor-"))
+            if status is not None:
+                print(json.dumps(status, default=str))
+                found += 1
+        if not found:
+            print("remedy: no supervised runs on this cluster")
+            return EXIT_FAILED if args.run_id is not None else EXIT_OK
+        return EXIT_OK
+    finally:
+        if joined:
+            disconnect(None)
 
 
 def _chaos(args: argparse.Namespace) -> int:

@@ -1,42 +1,293 @@
-"""Connect to the current Ray cluster, or start a local embedded one."""
+"""Which Ray a run uses: a named cluster, or a private embedded one that nothing else joins.
+
+`remedy run --address` chooses (the CLI contract):
+
+| `--address` | Ray used |
+| --- | --- |
+| not given | `RAY_ADDRESS` (also what a `ray job submit` entrypoint gets), else `local` |
+| `local` | a private embedded Ray, whatever the environment says |
+| `auto` | `RAY_ADDRESS`, else the cluster `ray start` recorded on this machine |
+| `HOST:PORT` | that cluster (its GCS address) |
+
+A private Ray lives in its own temporary directory, so `ray start`'s
+address file never names it, and takes a random authentication token of its
+own, so a process that finds it anyway (Ray's `address="auto"` also scans
+the process table) is refused instead of attaching to it and dying with it.
+A named cluster is probed before `ray.init`: one gRPC call with a short
+deadline, so an unreachable address or a refused token is one line within
+seconds instead of minutes of Ray's own retries.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import secrets
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from remedy.supervisor.exceptions import ClusterError
 
 # Ray advertises the host's network address unless this is set before it
 # starts; remedy's local clusters stay on loopback. An explicit setting in
 # the environment wins.
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# The environment variable naming the cluster to join. `--address` wins over it.
+ADDRESS_ENV = "RAY_ADDRESS"
+# Ray's token authentication settings, read by every Ray process of a private cluster.
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
+AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+PRIVATE_PREFIX = "remedy-ray-"
+# How long the reachability probe of a named cluster may take, per step.
+PROBE_TIMEOUT_S = 3.0
+# Longer temporary folders would push Ray's socket paths past the kernel's limit.
+MAX_TEMP_BASE = 40
 
 
-def connect(*, workers: int, quiet: bool = True) -> str:
-    """Join a reachable cluster (RAY_ADDRESS, a job's driver, a running head) or start one.
+@dataclass(frozen=True)
+class Choice:
+    """The Ray a command will use: `mode` is "local" or "cluster"; `why` says what chose it."""
 
-    Returns "cluster" or "local" to say which.
+    mode: str
+    address: str | None
+    why: str
+
+
+@dataclass
+class Connection:
+    """A connected Ray: what `disconnect` must undo, and what other commands need to reach it."""
+
+    mode: str
+    address: str
+    why: str
+    token: str | None = None
+    temp_dir: str | None = None
+
+
+def choose(flag: str | None, environ: dict[str, str] | None = None) -> Choice:
+    """Decide from `--address` and the environment which Ray to use (no I/O but `ray start`'s file)."""
+    env = os.environ if environ is None else environ
+    named = (env.get(ADDRESS_ENV) or "").strip()
+    if flag is None or flag == "":
+        if named in ("auto", "local"):
+            # Ray's own spellings: treated as the same words given to --address.
+            return choose(named, {k: v for k, v in env.items() if k != ADDRESS_ENV})
+        if named:
+            return Choice("cluster", named, f"${ADDRESS_ENV}")
+        return Choice("local", None, "default")
+    flag = flag.strip()
+    if flag == "local":
+        return Choice("local", None, "--address local")
+    if flag == "auto":
+        if named and named != "auto":
+            return Choice("cluster", named, f"--address auto (${ADDRESS_ENV})")
+        recorded = _recorded_address(env)
+        if recorded is None:
+            raise ClusterError(
+                "--address auto: no running Ray cluster found on this machine "
+                "(start one with `ray start --head`, name one with --address HOST:PORT, "
+                "or use --address local)"
+            )
+        return Choice("cluster", recorded, "--address auto (ray start)")
+    return Choice("cluster", flag, "--address")
+
+
+def _recorded_address(env: Any) -> str | None:
+    """The GCS address the last `ray start` on this machine wrote, if any."""
+    temp = env.get("RAY_TMPDIR") or os.path.join(tempfile.gettempdir(), "ray")
+    path = Path(temp) / "ray_current_cluster"
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def probe(address: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Raise ClusterError, with one line of reason, unless `address` is a Ray GCS that accepts us.
+
+    Returns whether the cluster requires a token (and accepts ours).
+    """
+    if address.startswith("ray://"):
+        # Ray Client goes through its own server; only its reachability can be checked here.
+        _tcp_check(address.removeprefix("ray://"), address, timeout_s)
+        return False
+    if "://" in address:
+        raise ClusterError(
+            f"--address {address}: give the cluster's GCS address HOST:PORT (port 6379 by default), "
+            "not a URL"
+        )
+    _tcp_check(address, address, timeout_s)
+    import grpc  # type: ignore[import-untyped]  # noqa: PLC0415 - only when a named cluster is probed
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc  # noqa: PLC0415
+
+    def ask(metadata: tuple[tuple[str, str], ...]) -> Any:
+        """None if the GCS answered, else the gRPC status code."""
+        with grpc.insecure_channel(address) as channel:
+            stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+            try:
+                stub.GetClusterId(
+                    gcs_service_pb2.GetClusterIdRequest(),  # type: ignore[attr-defined]
+                    timeout=timeout_s,
+                    metadata=metadata,
+                )
+            except grpc.RpcError as exc:
+                return exc
+        return None
+
+    failure = ask(())
+    if failure is None:
+        return False
+    token = _auth_metadata()
+    if failure.code() == grpc.StatusCode.UNAUTHENTICATED:
+        if not token:
+            raise ClusterError(
+                f"Ray cluster at {address} requires an authentication token and none is set "
+                f"(set {AUTH_TOKEN_ENV} or {AUTH_TOKEN_PATH_ENV} to the cluster's token)"
+            )
+        failure = ask(token)
+        if failure is None:
+            return True
+    if failure.code() == grpc.StatusCode.UNAUTHENTICATED:
+        raise ClusterError(
+            f"Ray cluster at {address} refused remedy's authentication token "
+            f"(set {AUTH_TOKEN_ENV} or {AUTH_TOKEN_PATH_ENV} to the cluster's token)"
+        )
+    raise ClusterError(
+        f"no Ray cluster answers at {address} ({failure.code().name.lower()}: {failure.details()})"
+    )
+
+
+def _tcp_check(hostport: str, address: str, timeout_s: float) -> None:
+    host, sep, port_s = hostport.rpartition(":")
+    if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise ClusterError(f"--address {address}: expected HOST:PORT, `auto` or `local`")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port_s)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ClusterError(f"no Ray cluster answers at {address}: {reason}") from None
+
+
+def _auth_metadata() -> tuple[tuple[str, str], ...]:
+    """The token Ray itself would send: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token."""
+    token = os.environ.get(AUTH_TOKEN_ENV, "").strip()
+    if not token:
+        path = os.environ.get(AUTH_TOKEN_PATH_ENV) or str(Path.home() / ".ray" / "auth_token")
+        with contextlib.suppress(OSError):
+            token = Path(path).read_text(encoding="utf-8", errors="replace").strip()
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def connect(
+    choice: Choice, *, workers: int = 1, quiet: bool = True, token: str | None = None
+) -> Connection:
+    """Join the chosen cluster (probed first) or start a private embedded Ray.
+
+    `token` joins a private Ray of another run (from its registry entry).
     """
     os.environ.setdefault(LOOPBACK_ENV, "0")
-    import ray  # noqa: PLC0415 - after the environment is set
-
-    if ray.is_initialized():
-        return "cluster"
     common: dict[str, Any] = {
         "log_to_driver": not quiet,
         "configure_logging": True,
         "logging_level": logging.ERROR,
     }
-    try:
-        ray.init(address="auto", **common)
-        return "cluster"
-    except ConnectionError:
-        pass
+    if choice.mode == "cluster":
+        assert choice.address is not None
+        if token is not None:
+            _use_token(token)
+        try:
+            needs_token = probe(choice.address)
+        except ClusterError as exc:
+            if choice.why.startswith("$"):
+                raise ClusterError(f"{exc} (from {choice.why})") from None
+            raise
+        if needs_token and os.environ.get(AUTH_MODE_ENV, "").lower() != "token":
+            if os.environ.get(AUTH_MODE_ENV, "").lower() == "disabled":
+                raise ClusterError(
+                    f"Ray cluster at {choice.address} requires token authentication, "
+                    f"but {AUTH_MODE_ENV}=disabled here"
+                )
+            # Ray sends its token only in token mode; the cluster asks for one.
+            _set_token_mode()
+        import ray  # noqa: PLC0415 - after the environment is set
+
+        # `--address` wins over $RAY_ADDRESS, which ray.init would otherwise prefer.
+        os.environ.pop(ADDRESS_ENV, None)
+        try:
+            ray.init(address=choice.address, **common)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ClusterError(f"cannot join the Ray cluster at {choice.address}: {exc}") from None
+        return Connection("cluster", choice.address, choice.why, token=token)
+    return _start_private(workers, common)
+
+
+def _start_private(workers: int, common: dict[str, Any]) -> Connection:
+    # Nothing in the environment may point this process at another cluster.
+    os.environ.pop(ADDRESS_ENV, None)
+    token = secrets.token_hex(32)
+    _use_token(token)
+    # Ray's Unix sockets live under this folder, and their paths are limited to ~107 bytes.
+    base = tempfile.gettempdir()
+    if len(base) > MAX_TEMP_BASE and os.access("/tmp", os.W_OK):
+        base = "/tmp"
+    temp_dir = tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=base)
+    import ray  # noqa: PLC0415 - after the environment is set
+
     cpus = max(os.cpu_count() or 1, workers + 1)
-    ray.init(
-        num_cpus=cpus,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        **common,
-    )
-    return "local"
+    try:
+        ray.init(
+            num_cpus=cpus,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            _temp_dir=temp_dir,
+            **common,
+        )
+    except Exception as exc:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        first = " ".join(str(exc).split())[:300]
+        raise ClusterError(f"cannot start a private Ray: {type(exc).__name__}: {first}") from None
+    except BaseException:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+    address = ray.get_runtime_context().gcs_address
+    return Connection("local", address, "private", token=token, temp_dir=temp_dir)
+
+
+def _use_token(token: str) -> None:
+    # Read by this process's Ray and inherited by every Ray process it starts.
+    os.environ[AUTH_TOKEN_ENV] = token
+    os.environ.pop(AUTH_TOKEN_PATH_ENV, None)
+    _set_token_mode()
+
+
+def _set_token_mode() -> None:
+    os.environ[AUTH_MODE_ENV] = "token"
+    import sys  # noqa: PLC0415
+
+    if "ray" in sys.modules:
+        # Ray caches its configuration and the token it loaded; make it see these.
+        from ray._raylet import (  # type: ignore[attr-defined]  # noqa: PLC0415
+            AuthenticationTokenLoader,
+            Config,
+        )
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+def disconnect(conn: Connection | None) -> None:
+    """Leave Ray; a private one is stopped and its directory removed."""
+    import ray  # noqa: PLC0415
+
+    if ray.is_initialized():
+        ray.shutdown()
+    if conn is not None and conn.temp_dir:
+        shutil.rmtree(conn.temp_dir, ignore_errors=True)

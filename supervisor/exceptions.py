@@ -16,3 +16,7 @@ class TargetError(SupervisorError):
 
 class UsageError(SupervisorError):
     """A command-line argument or input file is wrong; the message says which."""
+
+
+class ClusterError(SupervisorError):
+    """The Ray cluster asked for cannot be reached, or refuses remedy; the message says which."""

@@ -21,7 +21,12 @@ import torch.distributed as dist
 
 from remedy.supervisor.output import forward_output, supervisor_sink
 from remedy.supervisor.reporter import RayReporter
-from remedy.supervisor.target import call_target, load_target
+from remedy.supervisor.target import (
+    call_target,
+    describe_exception,
+    load_target,
+    picklable_result,
+)
 from remedy.workers import WorkerContext, set_context
 from remedy.workers.chaos import Fault
 from remedy.workers.logs import configure_logging
@@ -93,6 +98,7 @@ class RankActor:
         """Run the training function; return this rank's summary (never raises)."""
         t0 = time.time()
         set_context(self.ctx)
+        failure: dict[str, Any] = {}
         # The user's prints (and the traceback below) reach the driver's display, prefixed by rank.
         with forward_output(self.rank, supervisor_sink(self.supervisor)):
             try:
@@ -101,14 +107,23 @@ class RankActor:
             except (Exception, SystemExit) as exc:
                 # SystemExit too: an argparse error in the user's code must fail the rank, not kill the actor.
                 result, status = None, "failed"
-                error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-                traceback.print_exc()
+                if isinstance(exc, SystemExit) and exc.code in (None, 0):
+                    # `sys.exit()` / `sys.exit(0)` in the training function is a normal end.
+                    status, error = self.ctx.summary.get("status", "completed"), None
+                else:
+                    error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                    failure = describe_exception(exc)
+                    traceback.print_exc()
             finally:
                 set_context(None)
                 if dist.is_initialized():
                     dist.destroy_process_group()
         summary = dict(self.ctx.summary)
         summary.update(rank=self.rank, status=status, error=error, wall_s=time.time() - t0)
+        summary.update(failure)
         if isinstance(result, dict):
-            summary["result"] = result
+            # Whatever it holds, the return value must not kill the rank on its way back.
+            summary["result"], note = picklable_result(result)
+            if note:
+                summary["result_note"] = note
         return summary

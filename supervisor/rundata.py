@@ -9,16 +9,15 @@ reports and `explain` work the same on all of them.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from remedy.supervisor.exceptions import SupervisorError
-from remedy.workers.rundir import read_jsonl
+from remedy.supervisor.report_files import read_records, read_run_dir
 
 # A run directory whose journals changed this recently is taken to be running.
 RUNNING_WITHIN_S = 60.0
@@ -41,6 +40,8 @@ class RunData:
     metrics: list[dict[str, Any]]
     # "summary.json" when the run wrote one, else "journals" (running, crashed or standalone).
     summary_source: str
+    problems: list[str] = field(default_factory=list)  # what could not be read, and why
+    summary_corrupt: bool = False  # summary.json missing, unreadable or of the wrong shape
 
     @property
     def status(self) -> str:
@@ -70,25 +71,25 @@ def number(value: Any) -> float | None:
 
 
 def load_run(path: str | Path) -> RunData:
-    """Everything a report needs from `path`; raises `RunDirError` if it holds no run."""
+    """Everything a report needs from `path`; raises `RunDirError` if it holds no run.
+
+    Damaged files never stop a report: what can be read is used, and each
+    problem (corrupt JSON, wrong types, skipped lines) is named in `problems`.
+    """
     p = Path(path)
-    has_summary = (p / "summary.json").is_file()
-    if not has_summary and not any((p / name).is_file() for name in JOURNALS):
-        raise RunDirError(
-            f"{p} is not a run directory: none of summary.json, {', '.join(JOURNALS)} is there"
-        )
-    decisions = sorted(
-        read_jsonl(p / "decisions.jsonl"), key=lambda d: str(d.get("decision_id", ""))
-    )
-    anomalies = read_jsonl(p / "anomalies.jsonl")
-    metrics = read_jsonl(p / "metrics.jsonl")
-    if has_summary:
-        summary: dict[str, Any] = json.loads((p / "summary.json").read_text())
-        source = "summary.json"
+    files = read_run_dir(p)
+    if files.missing:
+        raise RunDirError(files.missing)
+    decisions = sorted(files.decisions, key=lambda d: str(d.get("decision_id", "")))
+    anomalies = read_records(p / "anomalies.jsonl", files)
+    metrics = read_records(p / "metrics.jsonl", files)
+    if (p / "summary.json").is_file():
+        summary, source = files.summary, "summary.json"
     else:
-        summary = derive_summary(p, decisions, anomalies, metrics)
-        source = "journals"
-    return RunData(p, summary, decisions, anomalies, metrics, source)
+        summary, source = derive_summary(p, decisions, anomalies, metrics), "journals"
+    return RunData(
+        p, summary, decisions, anomalies, metrics, source, files.problems, files.summary_corrupt
+    )
 
 
 def derive_summary(

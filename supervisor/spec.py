@@ -31,7 +31,7 @@ class RunSpec:
     def __post_init__(self) -> None:
         if not self.run_dir:
             self.run_dir = os.path.join("runs", self.run_id)
-        self.run_dir = os.path.abspath(self.run_dir)
+        self.run_dir = os.path.abspath(os.path.expanduser(self.run_dir))
         if self.threads_per_rank is None:
             # Ranks of one node share its cores; oversubscribing them makes every rank slower.
             self.threads_per_rank = max(1, (os.cpu_count() or 1) // max(self.workers, 1))

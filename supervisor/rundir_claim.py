@@ -1,0 +1,70 @@
+"""Claim a run directory for one `remedy run`, before Ray starts.
+
+The directory must be creatable and writable and hold no earlier run; it is
+claimed with an exclusive marker file, so two runs started at once with the
+same `--run-dir` cannot both write their journals there. A run that fails to
+start gives the claim back, leaving no empty directories behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from remedy.supervisor.exceptions import UsageError
+
+MARKER = ".remedy-run"
+# Files that mark a directory as holding a run already: a second run there would mix journals.
+RUN_FILES = (MARKER, "summary.json", "journal.wal", "decisions.jsonl")
+
+
+@dataclass
+class Claim:
+    path: Path
+    created: list[Path] = field(default_factory=list)
+    started: bool = False
+
+    def release(self) -> None:
+        """Undo the claim of a run that never started: the marker, and the folders made for it."""
+        if self.started:
+            return
+        with contextlib.suppress(OSError):
+            (self.path / MARKER).unlink()
+        for folder in reversed(self.created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if still empty
+
+
+def claim_run_dir(path: Path, *, given: str, run_id: str) -> Claim:
+    """Create (if needed) and claim `path`; UsageError naming it as `given` with the reason if not."""
+    try:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{given}: exists and is not a directory")
+        if path.is_dir():
+            held = [name for name in RUN_FILES if (path / name).exists()]
+            if held:
+                raise UsageError(
+                    f"{given}: already holds a run ({held[0]}); choose another directory"
+                )
+        missing = [p for p in (path, *path.parents) if not p.exists()]
+        path.mkdir(parents=True, exist_ok=True)
+        claim = Claim(path, created=list(reversed(missing)))
+        try:
+            fd = os.open(path / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            raise UsageError(
+                f"{given}: another run claimed it just now; choose another directory"
+            ) from None
+        except OSError:
+            claim.release()
+            raise
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(run_id + "\n")
+        return claim
+    except UsageError:
+        raise
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise UsageError(f"{given}: cannot create or write it ({reason})") from None

@@ -1,0 +1,3 @@
+"""A target whose `main` is not a function."""
+
+main = 42

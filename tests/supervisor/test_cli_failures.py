@@ -1,0 +1,91 @@
+"""A failing training function is reported with its exception and the user's frame; its return value never kills it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from remedy.supervisor.cli import rank_errors
+from remedy.supervisor.runner import run_supervised
+from remedy.supervisor.spec import RunSpec
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+
+REPO = Path(__file__).resolve().parents[2]
+TARGETS = REPO / "tests" / "robustness" / "targets"
+TINY = f"{TARGETS / 'tiny.py'}:main"
+
+
+def _run(tmp_path: Path, target: str, *argv: str) -> dict[str, object]:
+    spec = RunSpec(target=target, run_dir=str(tmp_path / "run"), argv=list(argv))
+    return run_supervised(spec)
+
+
+def test_target_raising_at_start_is_printed(ray_cluster: None, tmp_path: Path) -> None:
+    """A function raising before its first step fails the run; its type, message and frame are printed."""
+    summary = _run(tmp_path, f"{TARGETS / 'raise_at_start.py'}:main")
+    assert summary["status"] == "failed"
+    assert rank_errors(summary) == [
+        "rank 0 failed: ValueError: learning rate must be positive, got -3",
+        f"  at {TARGETS / 'raise_at_start.py'}:8 in main",
+    ]
+
+
+def test_target_raising_later_is_printed(ray_cluster: None, tmp_path: Path) -> None:
+    """A function raising at step 5 fails after 5 steps, and the user's innermost frame is named."""
+    summary = _run(tmp_path, TINY, "--raise-at", "5")
+    assert summary["status"] == "failed" and summary["steps_completed"] == 5
+    lines = rank_errors(summary)
+    assert lines[0] == "rank 0 failed: RuntimeError: loss went sideways at step 5"
+    assert lines[1].startswith(f"  at {TARGETS / 'tiny.py'}:") and lines[1].endswith(" in explode")
+
+
+def test_target_raising_on_import_is_printed(ray_cluster: None, tmp_path: Path) -> None:
+    """A module that raises while the rank imports it fails the run with that error and its line."""
+    summary = _run(tmp_path, f"{TARGETS / 'raise_on_import.py'}:main")
+    assert rank_errors(summary) == [
+        "rank 0 failed: ImportError: this module refuses to load: CUDA toolkit 99 required",
+        f"  at {TARGETS / 'raise_on_import.py'}:3 in <module>",
+    ]
+
+
+def test_unpicklable_return_value_does_not_kill_the_rank(ray_cluster: None, tmp_path: Path) -> None:
+    """A return value that cannot be pickled is replaced by its repr; the run completes."""
+    summary = _run(tmp_path, TINY, "--unpicklable")
+    assert summary["status"] == "completed"
+    rank = summary["ranks"][0]  # type: ignore[index]
+    assert "lock" in rank["result"] and isinstance(rank["result"], str)
+    assert rank["result_note"].startswith("return value not picklable")
+    assert summary["actions"] == {} and rank_errors(summary) == []
+
+
+@pytest.mark.parametrize(("func", "status"), [("clean", "completed"), ("dirty", "failed")])
+def test_sys_exit_in_the_target(ray_cluster: None, tmp_path: Path, func: str, status: str) -> None:
+    """`sys.exit(0)` in the training function ends it normally; `sys.exit(3)` fails it."""
+    summary = _run(tmp_path, f"{TARGETS / 'sys_exit.py'}:{func}")
+    assert summary["status"] == status
+    if status == "failed":
+        assert rank_errors(summary)[0] == "rank 0 failed: SystemExit: 3"
+
+
+def test_cli_prints_the_rank_exception(tmp_path: Path) -> None:
+    """`remedy run` of a function that raises exits 1 and prints the exception and the user's frame."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(REPO), HOME=str(tmp_path), REMEDY_HOME=str(tmp_path / ".remedy"))
+    argv = ["run", TINY, "--run-dir", str(tmp_path / "r"), "--", "--raise-at", "5"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "remedy.supervisor", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=180,
+        env=env,
+    )
+    assert proc.returncode == 1
+    assert "rank 0 failed: RuntimeError: loss went sideways at step 5" in proc.stderr
+    assert f"  at {TARGETS / 'tiny.py'}:" in proc.stderr
+    assert "failed (5 steps" in proc.stdout

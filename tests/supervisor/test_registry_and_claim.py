@@ -1,0 +1,64 @@
+"""The run registry (how status/apply find a private run) and run-directory claims."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from remedy.supervisor import registry
+from remedy.supervisor.exceptions import UsageError
+from remedy.supervisor.rundir_claim import MARKER, claim_run_dir
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The registry under a scratch REMEDY_HOME."""
+    monkeypatch.setenv("REMEDY_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_register_lookup_unregister(home: Path) -> None:
+    """An entry is owner-only, found by run id while its process lives, and gone once unregistered."""
+    registry.register("r1", {"address": "127.0.0.1:1", "token": "t"})
+    path = home / "runs" / "r1.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    entry = registry.lookup("r1")
+    assert entry is not None and entry["token"] == "t" and entry["pid"] == os.getpid()
+    assert [e["run_id"] for e in registry.live_runs()] == ["r1"]
+    registry.unregister("r1")
+    assert registry.lookup("r1") is None and registry.live_runs() == []
+
+
+def test_dead_and_broken_entries_are_ignored(home: Path) -> None:
+    """An entry whose process is gone is removed; corrupt entries and path-like ids are ignored."""
+    runs = home / "runs"
+    runs.mkdir()
+    (runs / "dead.json").write_text(json.dumps({"run_id": "dead", "pid": 2**22 + 12345}))
+    (runs / "junk.json").write_bytes(b"\xff\x00")
+    (runs / "list.json").write_text("[1]")
+    assert registry.live_runs() == []
+    assert not (runs / "dead.json").exists()
+    assert registry.lookup("../runs/junk") is None
+
+
+def test_claim_and_release(tmp_path: Path) -> None:
+    """A claim creates the folders and a marker; a second claim is refused; release removes what it made."""
+    run_dir = tmp_path / "a" / "b" / "run"
+    claim = claim_run_dir(run_dir, given="--run-dir x", run_id="r1")
+    assert (run_dir / MARKER).read_text() == "r1\n"
+    with pytest.raises(UsageError, match=r"--run-dir x: already holds a run \(\.remedy-run\)"):
+        claim_run_dir(run_dir, given="--run-dir x", run_id="r2")
+    claim.release()
+    assert not (tmp_path / "a").exists()
+
+
+def test_started_claim_is_kept(tmp_path: Path) -> None:
+    """Once the run has started, releasing keeps its directory and marker."""
+    claim = claim_run_dir(tmp_path / "run", given="--run-dir x", run_id="r1")
+    claim.started = True
+    claim.release()
+    assert (tmp_path / "run" / MARKER).exists()
