@@ -121,14 +121,20 @@ def test_report_of_a_crashed_run(
 
 
 def test_report_of_a_standalone_run(tmp_path: Path) -> None:
-    """A Guard run alone with run_dir= has no summary.json; the report derives it from the journals."""
+    """A Guard run alone with run_dir= writes summary.json; cut short without one, the journals serve."""
     run_dir = tmp_path / "alone"
     standalone(run_dir, "--steps", "60", "--nan-at", "30")
-    assert not (run_dir / "summary.json").exists()
+    run = load_run(run_dir)
+    assert run.summary_source == "summary.json" and run.summary["status"] == "completed"
+    assert run.summary["steps_completed"] == 60
+    assert run.summary["steps_executed"] > 60, "the rollback re-ran steps"
+    check_report(run_dir, tmp_path / "out")
+    # A standalone run killed before its end leaves only the journals.
+    (run_dir / "summary.json").unlink()
     run = load_run(run_dir)
     assert run.summary["standalone"] and run.summary["steps_completed"] == 60
-    assert run.summary["steps_executed"] > 60, "the rollback re-ran steps"
-    found = check_report(run_dir, tmp_path / "out")
+    assert run.summary["steps_executed"] > 60
+    found = check_report(run_dir, tmp_path / "out2")
     assert "standalone" in dict(found["summary"])["status"]
 
 
