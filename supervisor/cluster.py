@@ -26,6 +26,7 @@ import os
 import secrets
 import shutil
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,6 +195,13 @@ def connect(
     `token` joins a private Ray of another run (from its registry entry).
     """
     os.environ.setdefault(LOOPBACK_ENV, "0")
+    ray_module = sys.modules.get("ray")
+    if ray_module is not None and ray_module.is_initialized():
+        # The calling program (a notebook, a test, a driver calling `main()`) connected
+        # already: Ray allows one connection per process, so the run uses that one and
+        # leaves it connected afterwards.
+        address = ray_module.get_runtime_context().gcs_address
+        return Connection("attached", str(address), "this process's Ray connection")
     common: dict[str, Any] = {
         "log_to_driver": not quiet,
         "configure_logging": True,
@@ -287,6 +295,8 @@ def disconnect(conn: Connection | None) -> None:
     """Leave Ray; a private one is stopped and its directory removed."""
     import ray  # noqa: PLC0415
 
+    if conn is not None and conn.mode == "attached":
+        return  # the caller's connection: theirs to close
     if ray.is_initialized():
         ray.shutdown()
     if conn is not None and conn.temp_dir:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -88,4 +89,7 @@ def test_cli_prints_the_rank_exception(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "rank 0 failed: RuntimeError: loss went sideways at step 5" in proc.stderr
     assert f"  at {TARGETS / 'tiny.py'}:" in proc.stderr
-    assert "failed (5 steps" in proc.stdout
+    # Without a terminal the display writes JSON lines; the last one is the summary.
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["event"] == "summary"
+    assert (last["status"], last["steps_completed"]) == ("failed", 5), last
