@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from remedy.workers import process_faults
 from remedy.workers.exceptions import ChaosConfigError
 
 FaultKind = Literal[
@@ -55,7 +56,9 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "memory_leak": "each step from `at_step` keeps `bytes` more memory alive for `duration` steps",
     "oom": "the step raises an out-of-memory error (once)",
     "slow_loader": "fetching each batch sleeps `seconds` for `duration` steps",
-    "kill_rank": "the rank's process exits abruptly at the step",
+    "kill_rank": "the rank's process is killed (SIGKILL) at the start of the step (once per run)",
+    "hang_rank": "the rank's process is stopped (SIGSTOP) at the start of the step (once per run)",
+    "slow_collective": "the step's gradient all-reduce returns `seconds` late (once per run)",
 }
 SUPPORTED_FAULTS = frozenset(FAULT_DESCRIPTIONS)
 
@@ -160,7 +163,9 @@ class FaultInjector:
             self._note("oom", step)
             raise torch.OutOfMemoryError(f"chaos: injected out-of-memory at step {step}")
         if self._once("kill_rank", step) is not None:
-            os._exit(137)
+            process_faults.kill(self.rank, step)
+        if self._once("hang_rank", step) is not None:
+            process_faults.hang(self.rank, step)
 
     def on_loss(self, step: int, batch_index: int, loss: torch.Tensor) -> torch.Tensor:
         """Loss-side faults: NaN and poisoned (spiking) batches."""
@@ -178,7 +183,10 @@ class FaultInjector:
         return loss
 
     def on_grads(self, step: int, params: list[torch.nn.Parameter]) -> None:
-        """Gradient-side faults: a NaN gradient or an explosion."""
+        """Gradient-side faults: a NaN gradient or an explosion; a late all-reduce."""
+        f = self._once("slow_collective", step)
+        if f is not None and process_faults.slow(self.rank, step, f.seconds):
+            self._note("slow_collective", step, seconds=f.seconds)
         if self._once("nan_grad", step) is not None:
             for p in params:
                 if p.grad is not None:
