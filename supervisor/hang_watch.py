@@ -36,10 +36,10 @@ class HangWatchConfig:
     heartbeat_s: float = 0.5  # the Guard's longest quiet period between reports
     step_multiple: float = 10.0
     window: int = 50  # step times kept per rank
-    startup_s: float = 60.0  # from (re)start to the first step
+    startup_s: float = 120.0  # from (re)start until the rank's Guard first reports
     first_steps: int = 3  # steps that get `first_step_s` (DDP's first buckets, warm-up)
     first_step_s: float = 20.0
-    ping_timeout_s: float = 0.25
+    ping_timeout_s: float = 0.5
 
 
 @dataclass
@@ -128,6 +128,9 @@ class HangWatch:
         """
         dead = sorted(r for r, p in pings.items() if p == DEAD)
         silent = sorted(r for r, p in pings.items() if p is NO_ANSWER)
+        if silent and len(silent) == len(pings):
+            # Nobody answered: the node or Ray is stalled, not one rank; nothing to replace.
+            silent = []
         if silent or dead:
             parts = []
             if silent:
@@ -141,10 +144,7 @@ class HangWatch:
             return Verdict([], [], "")
         front = max(ticks.values())
         behind = sorted(r for r, t in ticks.items() if t < front)
-        waiting = [
-            r for r in ticks if ticks[r] == front and answers[r].get("phase") == "collective"
-        ]
-        if behind and waiting:
+        if behind:
             return Verdict(
                 behind,
                 [],

@@ -145,8 +145,10 @@ class Membership:
 
     # ---------------------------------------------------------- training side
     def attach(self, guard: Guard) -> None:
+        """The Guard exists: say so at once, which ends the supervisor's start-up allowance."""
         self.phase = "boundary"
         self.step, self.tick = guard.step_count, guard.tick
+        guard._send(force=True)
 
     def mark(self, guard: Guard) -> None:
         """The boundary this step starts from; `recover` returns here if the step fails."""
