@@ -35,7 +35,7 @@ from typing import Any
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-import ray  # noqa: E402 - after the environment is set
+import ray
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -114,7 +114,11 @@ def main() -> None:
             d = tmp / name[1]
             rows[name] = recovered(d, run(d, steps=args.steps, faults=fault, spares=spares))
     lost = args.hang_step % CHECKPOINT_EVERY
-    detect = args.full_detect_s if args.full_detect_s is not None else rows["(a) targeted, warm spare"]["detect"]
+    detect = (
+        args.full_detect_s
+        if args.full_detect_s is not None
+        else rows["(a) targeted, warm spare"]["detect"]
+    )
     rows["(c) full restart from checkpoint"] = {
         "detect": detect,
         "recover": start_s + lost * step_s,
@@ -124,7 +128,9 @@ def main() -> None:
     }
     print(f"4 ranks, hang_rank on rank 3 at step {args.hang_step}; step {step_s * 1000:.1f} ms; "
           f"fresh group start to first step {start_s:.2f} s; checkpoint every {CHECKPOINT_EVERY}")  # fmt: skip
-    print(f"{'recovery':<34} {'fault->detect':>14} {'detect->step':>13} {'total':>8} {'steps lost':>11} {'ranks':>6}")
+    print(
+        f"{'recovery':<34} {'fault->detect':>14} {'detect->step':>13} {'total':>8} {'steps lost':>11} {'ranks':>6}"
+    )
     for name, r in rows.items():
         print(f"{name:<34} {r['detect']:>13.2f}s {r['recover']:>12.2f}s {r['total']:>7.2f}s "
               f"{r['lost']:>11.0f} {r['replaced']:>6.0f}")  # fmt: skip

@@ -1,4 +1,4 @@
-"""Membership-aware commands: a lost rank leaves the targets of pending commands, and restart_rank is never held behind them."""
+"""Membership-aware commands: a lost rank leaves pending commands; restart_rank is not held behind them."""
 
 from __future__ import annotations
 
