@@ -31,6 +31,10 @@ from remedy.workers.logs import configure_logging
 from remedy.workers.membership import Membership, abort_collectives
 
 CONTROL = "control"
+# NCCL: on a collective error abort the communicators but keep the process
+# (2, "CleanUpOnly"), so remedy's control thread, not NCCL, decides what
+# happens to the rank. A value in the environment wins.
+NCCL_ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 
 @ray.remote(num_cpus=0, concurrency_groups={CONTROL: 4})  # type: ignore[call-overload]
@@ -47,6 +51,7 @@ class RankActor:
         verbose: bool = False,
     ) -> None:
         configure_logging(verbose=verbose)
+        os.environ.setdefault(NCCL_ERROR_HANDLING_ENV, "2")
         if threads:
             torch.set_num_threads(threads)
         self.run_id = run_id

@@ -58,7 +58,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "slow_loader": "fetching each batch sleeps `seconds` for `duration` steps",
     "kill_rank": "the rank's process is killed (SIGKILL) at the start of the step (once per run)",
     "hang_rank": "the rank's process is stopped (SIGSTOP) at the start of the step (once per run)",
-    "slow_collective": "the step's gradient all-reduce returns `seconds` late (once per run)",
+    "slow_collective": "the rank reaches its collectives after the step's backward `seconds` late "
+    "(once per run)",
 }
 SUPPORTED_FAULTS = frozenset(FAULT_DESCRIPTIONS)
 

@@ -58,7 +58,9 @@ def _assert_recovered(
     states = [
         r["to"]["phase"] for r in read_jsonl(tmp / "journal.wal") if r.get("type") == "job_state"
     ]
-    assert states[:3] == ["running", "recovering", "running"]
+    # Consecutive records of one phase: a survivor still blocked joins the same recovery.
+    phases = [p for i, p in enumerate(states) if i == 0 or states[i - 1] != p]
+    assert phases[:3] == ["running", "recovering", "running"]
     assert states[-1] == "finished"
 
 
