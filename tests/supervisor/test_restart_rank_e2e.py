@@ -85,3 +85,29 @@ def test_rank_zero_can_be_replaced(clean_digest: str, tmp_path: Path) -> None:
     """Rank 0 hangs: the supervisor's store outlives it, rank 1's state is adopted, the run matches."""
     summary = _run(tmp_path, [{"kind": "hang_rank", "at_step": 10, "rank": 0}])
     _assert_recovered(summary, tmp_path, clean_digest, "rank_hang", 0)
+
+
+@pytest.mark.timeout(240)
+def test_hang_before_the_first_step(clean_digest: str, tmp_path: Path) -> None:
+    """A rank that hangs before its first step is found after the first-step allowance and replaced."""
+    summary = _run(tmp_path, [{"kind": "hang_rank", "at_step": 0, "rank": 2}])
+    _assert_recovered(summary, tmp_path, clean_digest, "rank_hang", 2)
+
+
+@pytest.mark.timeout(300)
+def test_two_faults_in_a_row(clean_digest: str, tmp_path: Path) -> None:
+    """A hang of rank 3, then a kill of rank 1: two targeted restarts, and the run still matches."""
+    faults = [
+        {"kind": "hang_rank", "at_step": 8, "rank": 3},
+        {"kind": "kill_rank", "at_step": 28, "rank": 1},
+    ]
+    summary = _run(tmp_path, faults)
+    assert summary["status"] == "completed", summary
+    assert {r["result"]["params_digest"] for r in summary["ranks"]} == {clean_digest}
+    assert [r["steps_executed"] for r in summary["ranks"]] == [STEPS] * 4
+    restarts = [
+        d
+        for d in read_jsonl(tmp_path / "decisions.jsonl")
+        if d["action"] == "restart_rank" and d["outcome"] == "applied"
+    ]
+    assert [d["anomaly"]["kind"] for d in restarts] == ["rank_hang", "rank_dead"]
