@@ -183,19 +183,23 @@ class Membership:
             "collective_failed", rank=self.rank, step=guard.step_count, error=str(exc)[:200]
         )
         generation, source = self._next_order()
-        layout = ddp_bucket_layout(guard.model)
-        self.leave()
-        self.generation = generation
-        self.join()
-        joined = time.perf_counter()
-        rebuild_ddp(guard)
         if in_step and self._mark is not None:
             # The failed step is discarded: back to the boundary it started from.
             position, rng = self._mark
             guard.cursor.position = position
             restore_rng(rng)
             guard.optimizer.zero_grad(set_to_none=True)
-        state = train_state.broadcast(guard, src=source, extra={"ddp_buckets": layout})
+        captured = None
+        if self.rank == source:
+            # Taken before DDP's re-initialisation, whose start-up sync copies rank 0's
+            # parameters, and rank 0 may be a fresh replacement.
+            captured = {**train_state.capture(guard), "ddp_buckets": ddp_bucket_layout(guard.model)}
+        self.leave()
+        self.generation = generation
+        self.join()
+        joined = time.perf_counter()
+        rebuild_ddp(guard)
+        state = train_state.broadcast(guard, src=source, state=captured)
         relayout_ddp(guard, state.get("ddp_buckets"))
         guard._group = dist.group.WORLD
         guard._last_send = 0.0  # report the first step of the new generation at once

@@ -79,22 +79,25 @@ def adopt(guard: Guard, state: dict[str, Any]) -> None:
 
 
 def broadcast(
-    guard: Guard, *, src: int, group: Any = None, extra: dict[str, Any] | None = None
+    guard: Guard, *, src: int, group: Any = None, state: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Every rank of the group calls this; all adopt rank `src`'s state, which is returned.
 
-    `extra` (on the source) rides along, e.g. DDP's bucket layout.
+    The source sends `state` if given (captured before something overwrote
+    its live state, such as DDP's start-up sync from a replaced rank 0; it
+    then adopts it too), else what `capture` takes now.
 
     One pickled object broadcast: on CPU tensors the cost is a copy of the
     state per rank (a few ms for the example's 0.8M parameters).
     """
-    payload: list[Any] = [{**capture(guard), **(extra or {})} if dist.get_rank() == src else None]
+    source = dist.get_rank() == src
+    payload: list[Any] = [(state or capture(guard)) if source else None]
     dist.broadcast_object_list(payload, src=src, group=group)
-    state = payload[0]
-    if dist.get_rank() != src:
-        adopt(guard, state)
+    adopted: dict[str, Any] = payload[0]
+    if not source or state is not None:
+        adopt(guard, adopted)
     else:
         # The source too drops its ring, so every rank keeps the same snapshots.
         guard.snapshots = SnapshotRing(guard.config.snapshot_ring)
-        guard.snapshots.push(state["snapshot"])
-    return state
+        guard.snapshots.push(adopted["snapshot"])
+    return adopted
