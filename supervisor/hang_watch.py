@@ -120,14 +120,17 @@ class HangWatch:
     def age(self, rank: int, now: float) -> float:
         return now - self._ranks[rank].since
 
-    def judge(self, pings: dict[int, Any]) -> Verdict:
+    def judge(self, pings: dict[int, Any], suspects: list[int] | None = None) -> Verdict:
         """Name the hung and dead ranks from one ping of every rank.
 
         `pings[rank]` is the rank's status dict (`tick`, `phase`), `NO_ANSWER`
-        or `DEAD`.
+        or `DEAD`. Only `suspects` (ranks stalled past their timeout; default
+        every pinged rank) can be named hung: a rank one step behind its peers
+        in a ping that raced its report is not.
         """
+        stalled = set(pings if suspects is None else suspects)
         dead = sorted(r for r, p in pings.items() if p == DEAD)
-        silent = sorted(r for r, p in pings.items() if p is NO_ANSWER)
+        silent = sorted(r for r, p in pings.items() if p is NO_ANSWER and r in stalled)
         if silent and len(silent) == len(pings):
             # Nobody answered: the node or Ray is stalled, not one rank; nothing to replace.
             silent = []
@@ -143,7 +146,7 @@ class HangWatch:
         if not ticks:
             return Verdict([], [], "")
         front = max(ticks.values())
-        behind = sorted(r for r, t in ticks.items() if t < front)
+        behind = sorted(r for r, t in ticks.items() if t < front and r in stalled)
         if behind:
             return Verdict(
                 behind,

@@ -74,7 +74,8 @@ class Recovery:
             return
         self._next_ping = now + PING_EVERY_S
         pings = await self.group.ping_all(self.sup.watch.config.ping_timeout_s)
-        verdict = self.sup.watch.judge(pings)
+        # Judged against who is still stalled after the ping (reports may have come meanwhile).
+        verdict = self.sup.watch.judge(pings, self.sup.watch.suspects(time.monotonic()))
         for rank in verdict.hung:
             age = self.sup.watch.age(rank, now)
             self.lost(rank, "rank_hang", (
@@ -95,7 +96,8 @@ class Recovery:
         if self.sup.job.state.phase is Phase.RECOVERING and rank in self.sup.job.state.lost:
             self.replacement_failed(rank, reason)
             return
-        self.sup.slots.lose(rank)
+        # The slot is closed (its reports refused) only when a restart replaces it:
+        # if the policy does not restart it, a slow rank that comes back still counts.
         self._detected_at[rank] = time.time()
         c = self.sup.controller
         preempted = c.drop_rank(rank)
@@ -204,6 +206,7 @@ class Recovery:
             raise RestartError("no healthy rank is left to take the state from")
         for r in ranks:
             self._failed.pop(r, None)
+            sup.slots.lose(r)
         if first:
             front = max(c.tick_of.get(r, 0) for r in live)
             for r in ranks:

@@ -67,5 +67,9 @@ def test_judge_names_dead_ranks_and_laggards() -> None:
     laggard = watch.judge({0: {"tick": 5, "phase": "step"}, 1: {"tick": 4, "phase": "step"}})
     assert laggard.hung == [1]
     assert watch.judge({0: {"tick": 5}, 1: {"tick": 5}}).hung == []
+    # A rank one tick behind that is not stalled merely raced its report.
+    racing = {0: {"tick": 11}, 1: {"tick": 10}}
+    assert watch.judge(racing, suspects=[0]).hung == []
+    assert watch.judge({0: NO_ANSWER, 1: {"tick": 3}}, suspects=[1]).hung == []
     # Nobody answered: a stalled node, not a hung rank.
     assert watch.judge({0: NO_ANSWER, 1: NO_ANSWER}).hung == []
