@@ -42,8 +42,9 @@ log = structlog.get_logger("remedy.recovery")
 # generation within this long, or the attempt failed.
 REGROUP_TIMEOUT_S = 120.0
 # How long survivors get to catch the broken collective's error after the
-# lost rank is killed (at least twice their p99 step time).
-BLOCKED_GRACE_S = 1.0
+# lost rank is killed (at least three times their p99 step time): gloo fails the
+# blocked collectives of the killed rank's peers within ~50 ms here.
+BLOCKED_GRACE_S = 0.3
 # No second ping round for the same stall sooner than this.
 PING_EVERY_S = 0.25
 
@@ -184,7 +185,7 @@ class Recovery:
     async def _blocked(self, live: list[int]) -> list[int]:
         """Survivors that have not caught the broken collective's error after a grace period."""
         sup = self.sup
-        grace = max(BLOCKED_GRACE_S, *(2 * sup.watch.p99(r) for r in live))
+        grace = max(BLOCKED_GRACE_S, *(3 * sup.watch.p99(r) for r in live))
         deadline = time.monotonic() + grace
         while True:
             pings = await self.group.ping_all(sup.watch.config.ping_timeout_s, ranks=live)
