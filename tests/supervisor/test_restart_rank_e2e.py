@@ -111,3 +111,23 @@ def test_two_faults_in_a_row(clean_digest: str, tmp_path: Path) -> None:
         if d["action"] == "restart_rank" and d["outcome"] == "applied"
     ]
     assert [d["anomaly"]["kind"] for d in restarts] == ["rank_hang", "rank_dead"]
+
+
+@pytest.mark.timeout(300)
+def test_hang_while_a_rollback_is_in_flight(ray_cluster: None, tmp_path: Path) -> None:
+    """A NaN's rollback is pending when rank 2 hangs: both are applied and the replicas end identical."""
+    faults = [
+        {"kind": "nan_loss", "at_step": 12, "rank": 0},
+        {"kind": "hang_rank", "at_step": 13, "rank": 2},
+    ]
+    summary = _run(tmp_path, faults)
+    assert summary["status"] == "completed", summary
+    ranks = summary["ranks"]
+    assert [r["steps_completed"] for r in ranks] == [STEPS] * 4
+    assert len({r["result"]["params_digest"] for r in ranks}) == 1
+    assert len({r["steps_executed"] for r in ranks}) == 1
+    outcomes = {}
+    for d in read_jsonl(tmp_path / "decisions.jsonl"):
+        outcomes.setdefault(d["action"], d["outcome"])
+    assert outcomes["rollback"] == "applied"
+    assert outcomes["restart_rank"] == "applied"
