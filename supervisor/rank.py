@@ -88,8 +88,12 @@ class RankActor:
 
     @ray.method(concurrency_group=CONTROL)
     def abort(self) -> None:
-        """Abort this rank's communicators (NCCL), so a blocked collective returns."""
-        abort_collectives()
+        """Abort this rank's NCCL communicators, so a blocked collective returns.
+
+        gloo needs nothing: killing the lost peer fails the blocked collective.
+        """
+        if self.membership is not None and self.membership.backend == "nccl":
+            abort_collectives()
 
     # ------------------------------------------------------------- training
     def run(

@@ -212,6 +212,10 @@ class Recovery:
             front = max(c.tick_of.get(r, 0) for r in live)
             for r in ranks:
                 self.group.kill(r)
+            if sup.spec.gpus_per_rank:
+                # NCCL kernels keep spinning after a peer dies: abort the survivors'
+                # communicators from their control threads (a no-op on gloo ranks).
+                await asyncio.gather(*(self.group.actors[r].abort.remote() for r in live))
             blocked = await self._blocked(live)
             if blocked:
                 # gloo: a survivor waiting on a peer that itself left the collective
