@@ -10,6 +10,7 @@ waits, on one event loop, so controller state needs no locks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -17,14 +18,19 @@ from typing import Any
 import ray
 import structlog
 
-from remedy.policies import AnomalyEvent, Engine, PolicyError
+from remedy.policies import Decision, Engine, PolicyError
 from remedy.supervisor.feed import Feed
+from remedy.supervisor.hang_watch import HangWatch, HangWatchConfig
+from remedy.supervisor.job_state import JobStateMachine, Phase, RanksEnded, Started, TransitionError
 from remedy.supervisor.policy_source import (
     is_policy_file,
     load_policy_source,
     policy_from_bytes,
     read_policy_bytes,
 )
+from remedy.supervisor.rank_slots import RankSlots
+from remedy.supervisor.recovery import Recovery
+from remedy.supervisor.rendezvous import Rendezvous
 from remedy.supervisor.spec import RunSpec
 from remedy.supervisor.worker_group import WorkerGroup
 from remedy.workers.control import Controller
@@ -34,7 +40,7 @@ from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.supervisor")
 
-POLL_S = 0.2
+POLL_S = 0.05
 # A refused policy's errors journaled (and returned) at most; the count is logged in full.
 MAX_REFUSAL_LINES = 50
 
@@ -48,7 +54,12 @@ class SupervisorActor:
         engine = Engine(
             load_policy_source(self.spec.policy), run_id=self.spec.run_id, dry_run=self.spec.dry_run
         )
-        self.controller = Controller(engine, world_size=self.spec.workers, run_dir=self.run_dir)
+        self.controller = Controller(
+            engine,
+            world_size=self.spec.workers,
+            run_dir=self.run_dir,
+            group_action=self._group_action,
+        )
         self.started = time.time()
         self.state = "starting"
         self.rank_results: dict[int, dict[str, Any]] = {}
@@ -56,6 +67,16 @@ class SupervisorActor:
         self.metrics = RunMetrics(
             RayBackend(), run_id=self.spec.run_id, checkpoints=self.run_dir.checkpoints
         )
+        # Multi-rank lifecycle: slots with incarnations, the job's state machine,
+        # the rendezvous store, the hang watch, and targeted restarts.
+        self.slots = RankSlots(self.spec.workers)
+        self.job = JobStateMachine(
+            journal=self.run_dir.wal, max_targeted=self.spec.max_targeted_restarts
+        )
+        self.watch = HangWatch(HangWatchConfig(**self.spec.hang_watch))  # type: ignore[arg-type]
+        self.rendezvous = Rendezvous()
+        self.group: WorkerGroup | None = None
+        self.recovery: Recovery | None = None
         # A policy given as a file is watched: saving it applies it to the running job.
         self._watched = Path(self.spec.policy) if is_policy_file(self.spec.policy) else None
         self._watched_mtime = self._watched.stat().st_mtime_ns if self._watched else 0
@@ -110,12 +131,29 @@ class SupervisorActor:
         return errors
 
     async def report(self, batch: Any) -> list[dict[str, Any]]:
-        """A rank's report batch in; the commands that rank still owes out."""
+        """A rank's report batch in; the commands that rank still owes out.
+
+        A batch from a replaced incarnation (still in flight from a killed
+        process) is refused and counted.
+        """
+        if isinstance(batch, dict) and not self.slots.accept(
+            batch.get("rank"), batch.get("incarnation"), batch.get("seq")
+        ):
+            return []
         self.feed.observe(batch)
         self.metrics.observe(batch)
         commands = self.controller.ingest(batch)
         self.feed.decisions(self.controller.decisions)
         self.metrics.decisions(self.controller.decisions)
+        if isinstance(batch, dict):
+            rank, tick = batch.get("rank"), batch.get("tick")
+            if rank in self.slots.slots and type(tick) is int:
+                times = [
+                    m["step_time_s"]
+                    for m in batch.get("metrics") or []
+                    if isinstance(m, dict) and isinstance(m.get("step_time_s"), int | float)
+                ]
+                self.watch.beat(rank, tick, time.monotonic(), times)
         return commands
 
     async def output(self, lines: Any) -> None:
@@ -141,47 +179,69 @@ class SupervisorActor:
             "rejected": dict(c.rejected),
             "wall_s": round(time.time() - self.started, 1),
             "policy": self.controller.engine.policy.name,
+            "job": self.job.state.to_dict(),
+            "slots": self.slots.records(),
         }
 
     async def run(self) -> dict[str, Any]:
         me = ray.get_runtime_context().current_actor
-        group = WorkerGroup(self.spec, supervisor=me)
+        group = self.group = WorkerGroup(
+            self.spec, supervisor=me, store_addr=self.rendezvous.address, slots=self.slots
+        )
+        self.recovery = Recovery(self, group)
         self.state = "running"
         try:
+            now = time.monotonic()
+            for rank in range(self.spec.workers):
+                self.watch.started(rank, now)
             await group.start()
-            running = group.run_refs()
-            while running:
-                ready, running = ray.wait(running, num_returns=len(running), timeout=0)
+            self.job.step(Started(0))
+            while group.run_refs():
+                running = group.run_refs()
+                ready, _ = ray.wait(running, num_returns=len(running), timeout=0)
                 for ref in ready:
                     await self._rank_finished(group, ref)
+                if self.job.state.phase is Phase.RUNNING:
+                    await self.recovery.check_hangs()
                 await self._watch_policy()
                 await asyncio.sleep(POLL_S)
+            await self.recovery.settle()
         finally:
             group.shutdown()
         return self._finish()
 
+    def _group_action(self, d: Decision) -> tuple[str, str] | None:
+        """restart_rank: replace the decision's ranks asynchronously (resolved when done)."""
+        if d.action != "restart_rank":
+            return "failed", f"{d.action} is not a group action"
+        if self.recovery is None:
+            return "failed", "restart_rank needs a running worker group; none is attached"
+        self.recovery.start(d)
+        return None
+
     async def _rank_finished(self, group: WorkerGroup, ref: ray.ObjectRef) -> None:
-        rank = group.rank_of(ref)
+        rank, incarnation = group.owner(ref)
+        retired = group.retired(ref)
+        group.forget(ref)
         try:
             result = await ref
         except ray.exceptions.RayError as exc:
-            # The rank's process died: report it as an anomaly so the policy sees it.
+            if retired:
+                return  # remedy killed this process itself to replace it
             result = {"rank": rank, "status": "failed", "error": f"rank process died: {exc}"}
-            ev = AnomalyEvent(
-                kind="rank_dead",
-                rank=rank,
-                step=self.controller.step_of.get(rank, 0),
-                tick=self.controller.tick_of.get(rank, 0),
-                severity="critical",
-                source="supervisor",
-                ts=time.time(),
-                details={"error": str(exc)[:300]},
-            )
-            self.controller.ingest(
-                {"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]}
-            )
+            self.rank_results[rank] = result
+            assert self.recovery is not None
+            self.recovery.lost(rank, "rank_dead", f"rank {rank}'s process died", details={
+                "error": str(exc)[:300], "incarnation": incarnation,
+            })  # fmt: skip
+            return
+        if incarnation != self.slots.incarnation(rank):
+            return  # a replaced incarnation's late result
         self.rank_results[rank] = result
         self.feed.set_rank_state(rank, str(result.get("status")))
+        if result.get("status") == "failed" and self.recovery is not None:
+            self.recovery.replacement_failed(rank, str(result.get("error")))
+        self.slots.end(rank)
 
     def _finish(self) -> dict[str, Any]:
         c = self.controller
@@ -189,10 +249,16 @@ class SupervisorActor:
         results = [self.rank_results[r] for r in sorted(self.rank_results)]
         if c.abort_reason is not None:
             status = "aborted"
-        elif results and all(r.get("status") == "completed" for r in results):
+        elif (
+            len(results) == self.spec.workers
+            and all(r.get("status") == "completed" for r in results)
+            and self.job.state.phase is Phase.RUNNING
+        ):
             status = "completed"
         else:
             status = "failed"
+        with contextlib.suppress(TransitionError):  # ended already
+            self.job.step(RanksEnded(status))
         lead = results[0] if results else {}
         completed = int(lead.get("steps_completed", 0))
         executed = int(lead.get("steps_executed", 0))
@@ -211,9 +277,12 @@ class SupervisorActor:
             "rejected_events": c.rejected_events,
             "rejected_batches": c.rejected_batches,
             "rejected": dict(c.rejected),  # refused report input, by reason
+            "refused_stale_reports": self.slots.refused_stale,
             "skipped_batches": lead.get("skipped_batches", []),
             "policy": self.spec.policy,
             "workers": self.spec.workers,
+            "job": self.job.state.to_dict(),
+            "recoveries": self.recovery.records if self.recovery is not None else [],
             "wall_s": round(time.time() - self.started, 2),
             "ranks": results,
         }

@@ -37,6 +37,8 @@ from remedy.supervisor.exceptions import ClusterError
 # Ray advertises the host's network address unless this is set before it
 # starts; remedy's local clusters stay on loopback. An explicit setting in
 # the environment wins.
+# On the Ray remedy starts: how long the raylet waits for a killed worker before SIGKILL.
+KILL_WORKER_TIMEOUT_MS = 100
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 # The environment variable naming the cluster to join. `--address` wins over it.
 ADDRESS_ENV = "RAY_ADDRESS"
@@ -256,6 +258,8 @@ def _start_private(workers: int, common: dict[str, Any]) -> Connection:
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
             _temp_dir=temp_dir,
+            # ray.kill() of a stopped (hung) actor waits this long before SIGKILL (default 5 s).
+            _system_config={"kill_worker_timeout_milliseconds": KILL_WORKER_TIMEOUT_MS},
             **common,
         )
     except Exception as exc:

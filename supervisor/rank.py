@@ -1,15 +1,19 @@
-"""One training rank as a Ray actor.
+"""One training rank as a Ray actor that stays reachable while it trains.
 
-The actor joins the job's `torch.distributed` process group (gloo on CPU,
-NCCL when it has a GPU), installs the worker context the Guard reads, and
-calls the user's training function. It returns the rank's summary.
+Training runs in the actor's default concurrency group (one thread); the
+control calls `ping`, `pid`, `regroup` and `abort` are served by their own
+group's threads, so the supervisor can reach a rank whose training thread
+is blocked in a collective (a ping answers in milliseconds). A rank that
+answers nothing, not even a ping, is hung (a stopped or wedged process).
+
+An actor can be started as a *warm spare* before it is needed: it imports
+the training module when it is created, and becomes a rank only when
+`run` hands it one, so replacing a rank costs no process start.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
-import socket
 import time
 import traceback
 from pathlib import Path
@@ -30,79 +34,113 @@ from remedy.supervisor.target import (
 from remedy.workers import WorkerContext, set_context
 from remedy.workers.chaos import Fault
 from remedy.workers.logs import configure_logging
+from remedy.workers.membership import Membership, abort_collectives
 
-# How long a rank waits for its peers to join the process group.
-INIT_TIMEOUT_S = 120
+CONTROL = "control"
+# NCCL: on a collective error abort the communicators but keep the process
+# (2, "CleanUpOnly"), so remedy's control thread, not NCCL, decides what
+# happens to the rank. A value in the environment wins.
+NCCL_ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, concurrency_groups={CONTROL: 4})  # type: ignore[call-overload]
 class RankActor:
     def __init__(
         self,
         *,
-        rank: int,
-        world_size: int,
         run_id: str,
         run_dir: str,
         supervisor: Any,
-        faults: list[dict[str, Any]],
+        target: str,
         argv: list[str],
         threads: int | None = None,
         verbose: bool = False,
     ) -> None:
         configure_logging(verbose=verbose)
+        os.environ.setdefault(NCCL_ERROR_HANDLING_ENV, "2")
         if threads:
             torch.set_num_threads(threads)
-        self.rank = rank
-        self.world_size = world_size
+        self.run_id = run_id
+        self.run_dir = run_dir
         self.supervisor = supervisor
+        self.target = target
+        self.argv = list(argv)
+        self.membership: Membership | None = None
+        self.ctx: WorkerContext | None = None
+        self._fn: Any = None
+        try:  # warm up: import the training code now, off the critical path of a restart
+            self._fn = load_target(target)
+        except Exception:  # reported by `run`, where it fails the rank
+            self._fn = None
+
+    # ------------------------------------------------------------- control
+    @ray.method(concurrency_group=CONTROL)
+    def ping(self) -> dict[str, Any]:
+        """This rank's progress, answered while training is blocked."""
+        if self.membership is None:
+            return {"phase": "idle", "pid": os.getpid(), "tick": -1, "step": 0}
+        return self.membership.status()
+
+    @ray.method(concurrency_group=CONTROL)
+    def where(self) -> tuple[str, int]:
+        """(node address, pid) of this actor's process, for a fast kill."""
+        return ray.util.get_node_ip_address(), os.getpid()
+
+    @ray.method(concurrency_group=CONTROL)
+    def regroup(self, generation: int, source: int) -> None:
+        """The supervisor's order: form `generation` and adopt rank `source`'s state."""
+        if self.membership is not None:
+            self.membership.regroup(generation, source)
+
+    @ray.method(concurrency_group=CONTROL)
+    def abort(self) -> None:
+        """Abort this rank's NCCL communicators, so a blocked collective returns.
+
+        gloo needs nothing: killing the lost peer fails the blocked collective.
+        """
+        if self.membership is not None and self.membership.backend == "nccl":
+            abort_collectives()
+
+    # ------------------------------------------------------------- training
+    def run(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        store_addr: tuple[str, int],
+        incarnation: int = 1,
+        generation: int = 0,
+        adopt_from: int | None = None,
+        faults: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """Join generation `generation` as `rank` and run the training function; never raises."""
+        t0 = time.time()
+        self.membership = Membership(
+            rank=rank,
+            world_size=world_size,
+            store_addr=store_addr,
+            generation=generation,
+            adopt_from=adopt_from,
+        )
         self.ctx = WorkerContext(
             rank=rank,
             world_size=world_size,
-            run_id=run_id,
-            run_dir=Path(run_dir),
-            reporter=RayReporter(supervisor),
-            faults=[Fault.model_validate(f) for f in faults],
-            argv=list(argv),
+            run_id=self.run_id,
+            run_dir=Path(self.run_dir),
+            reporter=RayReporter(self.supervisor, rank=rank, incarnation=incarnation),
+            faults=[Fault.model_validate(f) for f in faults or []],
+            argv=list(self.argv),
+            membership=self.membership,
         )
-
-    def node_address(self) -> tuple[str, int]:
-        """An address and a free port on this node, for the process group's rendezvous."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def init_process_group(self, addr: str, port: int) -> None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(0)
-        os.environ.update(
-            MASTER_ADDR=addr,
-            MASTER_PORT=str(port),
-            RANK=str(self.rank),
-            WORLD_SIZE=str(self.world_size),
-            LOCAL_RANK="0",
-        )
-        dist.init_process_group(
-            backend,
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S),
-        )
-
-    def run(self, target: str) -> dict[str, Any]:
-        """Run the training function; return this rank's summary (never raises)."""
-        t0 = time.time()
         set_context(self.ctx)
+        result: Any = None
         failure: dict[str, Any] = {}
         # The user's prints (and the traceback below) reach the driver's display, prefixed by rank.
-        with forward_output(self.rank, supervisor_sink(self.supervisor)):
+        with forward_output(rank, supervisor_sink(self.supervisor)):
             try:
-                result = call_target(load_target(target), self.ctx.argv)
+                self.membership.join()
+                fn = self._fn or load_target(self.target)
+                result = call_target(fn, self.ctx.argv)
                 status, error = self.ctx.summary.get("status", "completed"), None
             except (Exception, SystemExit) as exc:
                 # SystemExit too: an argparse error in the user's code must fail the rank, not kill the actor.
@@ -119,7 +157,14 @@ class RankActor:
                 if dist.is_initialized():
                     dist.destroy_process_group()
         summary = dict(self.ctx.summary)
-        summary.update(rank=self.rank, status=status, error=error, wall_s=time.time() - t0)
+        summary.update(
+            rank=rank,
+            incarnation=incarnation,
+            status=status,
+            error=error,
+            wall_s=time.time() - t0,
+            recoveries=self.membership.recoveries,
+        )
         summary.update(failure)
         if isinstance(result, dict):
             # Whatever it holds, the return value must not kill the rank on its way back.

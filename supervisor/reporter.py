@@ -20,13 +20,25 @@ MAX_IN_FLIGHT = 64
 
 
 class RayReporter:
-    def __init__(self, supervisor: Any) -> None:
+    """Sends this rank's batches stamped with (rank, incarnation, seq).
+
+    The supervisor refuses batches of an incarnation it has replaced, so
+    messages still in flight from a killed process count for nothing.
+    """
+
+    def __init__(self, supervisor: Any, *, rank: int = 0, incarnation: int = 1) -> None:
         self.supervisor = supervisor
+        self.rank = rank
+        self.incarnation = incarnation
+        self.seq = 0
         self._in_flight: list[ray.ObjectRef] = []
         self._inbox: list[dict[str, Any]] = []
         self.lost_replies = 0
 
     def send(self, batch: dict[str, Any], *, wait: bool = False) -> None:
+        self.seq += 1
+        batch["incarnation"] = self.incarnation
+        batch["seq"] = self.seq
         ref = self.supervisor.report.remote(batch)
         self._in_flight.append(ref)
         if wait or len(self._in_flight) > MAX_IN_FLIGHT:

@@ -27,11 +27,20 @@ class RunSpec:
     threads_per_rank: int | None = None
     gpus_per_rank: float = 0.0
     verbose: bool = False
+    # Multi-rank jobs: warm spare actors kept ready to replace a lost rank
+    # (None: 1 when workers > 1), the hang watch's timeouts
+    # (`supervisor.hang_watch.HangWatchConfig` keys), and the targeted
+    # restarts that may fail in a row before the whole group restarts.
+    spares: int | None = None
+    hang_watch: dict[str, float] = field(default_factory=dict)
+    max_targeted_restarts: int = 3
 
     def __post_init__(self) -> None:
         if not self.run_dir:
             self.run_dir = os.path.join("runs", self.run_id)
         self.run_dir = os.path.abspath(os.path.expanduser(self.run_dir))
+        if self.spares is None:
+            self.spares = 1 if self.workers > 1 else 0
         if self.threads_per_rank is None:
             # Ranks of one node share its cores; oversubscribing them makes every rank slower.
             self.threads_per_rank = max(1, (os.cpu_count() or 1) // max(self.workers, 1))

@@ -63,6 +63,8 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         _temp_dir=str(tmp_path_factory.mktemp("ray")),
         log_to_driver=False,
         logging_level="ERROR",
+        # As on the Rays remedy starts: a hung actor is SIGKILLed 0.1 s after ray.kill().
+        _system_config={"kill_worker_timeout_milliseconds": 100},
     )
     yield
     ray.shutdown()

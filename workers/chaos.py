@@ -43,6 +43,7 @@ from ruamel.yaml.error import YAMLError
 
 from remedy.policies import Diagnostic, PolicyError
 from remedy.policies._yaml import Document, load_yaml
+from remedy.workers import process_faults
 from remedy.workers.chaos_record import FiredRecord, fired_dir
 from remedy.workers.exceptions import ChaosConfigError
 
@@ -74,7 +75,10 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "memory_leak": "each step from `at_step` keeps `bytes` more memory alive for `duration` steps",
     "oom": "the step raises an out-of-memory error (once per run)",
     "slow_loader": "fetching each batch sleeps `seconds` for `duration` steps",
-    "kill_rank": "the rank's process exits abruptly at the step (once per run)",
+    "kill_rank": "the rank's process is killed (SIGKILL) at the start of the step (once per run)",
+    "hang_rank": "the rank's process is stopped (SIGSTOP) at the start of the step (once per run)",
+    "slow_collective": "the rank reaches its collectives after the step's backward `seconds` late "
+    "(once per run)",
 }
 SUPPORTED_FAULTS = frozenset(FAULT_DESCRIPTIONS)
 
@@ -88,6 +92,8 @@ FAULT_PARAMS: dict[str, frozenset[str]] = {
     "oom": frozenset(),
     "slow_loader": frozenset({"duration", "seconds"}),
     "kill_rank": frozenset(),
+    "hang_rank": frozenset(),
+    "slow_collective": frozenset({"seconds"}),
 }
 
 _ALL_PARAMS = frozenset({"duration", "factor", "seconds", "bytes"})  # a kind not listed above
@@ -402,7 +408,9 @@ class FaultInjector:
             self._note("oom", step)
             raise torch.OutOfMemoryError(f"chaos: injected out-of-memory at step {step}")
         if self.fire_once("kill_rank", step) is not None:
-            os._exit(137)
+            process_faults.kill()
+        if self.fire_once("hang_rank", step) is not None:
+            process_faults.hang()
 
     def on_loss(self, step: int, batch_index: int, loss: torch.Tensor) -> torch.Tensor:
         """Loss-side faults: NaN and poisoned (spiking) batches."""
@@ -445,7 +453,11 @@ class FaultInjector:
         return None
 
     def on_grads(self, step: int, params: list[torch.nn.Parameter]) -> None:
-        """Gradient-side faults: a NaN gradient or an explosion."""
+        """Gradient-side faults: a NaN gradient or an explosion; a late all-reduce."""
+        f = self.fire_once("slow_collective", step)
+        if f is not None:
+            process_faults.slow(f.seconds)
+            self._note("slow_collective", step, seconds=f.seconds)
         if self.fire_once("nan_grad", step) is not None:
             for p in params:
                 if p.grad is not None:

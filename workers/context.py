@@ -42,6 +42,9 @@ class WorkerContext:
     argv: list[str] = field(default_factory=list)
     # Set by a rank started as a replacement: resume from this durable checkpoint step.
     resume_step: int | None = None
+    # Set by a rank actor of a multi-rank job: process-group membership across
+    # generations (`workers.membership.Membership`); the Guard delegates to it.
+    membership: Any = None
     # Filled by the Guard when its loop ends: this rank's totals for the run summary.
     summary: dict[str, Any] = field(default_factory=dict)
 

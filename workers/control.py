@@ -25,7 +25,13 @@ from typing import Any
 
 import structlog
 
-from remedy.policies import SUPERVISOR_ACTIONS, AnomalyEvent, Decision, Engine
+from remedy.policies import (
+    DISRUPTIVE_ACTIONS,
+    SUPERVISOR_ACTIONS,
+    AnomalyEvent,
+    Decision,
+    Engine,
+)
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.detectors.straggler import StragglerWatch
 from remedy.workers.report_validation import Limits, RankMark, validate_batch
@@ -36,8 +42,9 @@ log = structlog.get_logger("remedy.control")
 DEFAULT_LIMITS = Limits()
 
 # A group action (restart_rank) is carried out by whoever owns the ranks;
-# it returns (outcome, detail).
-GroupActionHook = Callable[[Decision], tuple[str, str]]
+# it returns (outcome, detail), or None when it goes on asynchronously and
+# `Controller.resolve_group_action` will end it.
+GroupActionHook = Callable[[Decision], tuple[str, str] | None]
 
 
 class _Default(enum.Enum):
@@ -62,6 +69,9 @@ class _Pending:
     targets: set[int]
     dispatched_at: float
     outcomes: dict[int, Outcome] = field(default_factory=dict)
+    # Lost ranks no longer awaited: their replacements still receive the
+    # command (and apply it unless the adopted state has it done already).
+    dropped: set[int] = field(default_factory=set)
 
 
 class Controller:
@@ -108,6 +118,7 @@ class Controller:
         self.outcome_counts: Counter[str] = Counter()
         self.abort_reason: str | None = None
         self.decisions: list[dict[str, Any]] = []  # journaled records, for the summary and tests
+        self.deferred: dict[str, Decision] = {}  # group actions under way
         if isinstance(straggler, _Default):
             straggler = StragglerWatch() if world_size > 1 else None
         self.straggler = straggler
@@ -182,7 +193,7 @@ class Controller:
         return [
             p.command.to_dict()
             for p in self.pending.values()
-            if rank in p.targets and rank not in p.outcomes
+            if (rank in p.targets and rank not in p.outcomes) or rank in p.dropped
         ]
 
     def _record(self, ev: AnomalyEvent) -> None:
@@ -298,11 +309,60 @@ class Controller:
         else:
             if self.run_dir is not None:
                 self.run_dir.wal({"type": "decided", "decision": d.to_dict(), "command": None})
-            outcome, detail = self.group_action(d)
+            result = self.group_action(d)
+            if result is None:
+                self.deferred[d.decision_id] = d
+                return
+            outcome, detail = result
             if d.action == "restart_rank" and outcome == "applied":
                 for rank in d.ranks:
                     self.forget_rank(rank)
             self._resolve_now(d, outcome, detail)
+
+    def resolve_group_action(
+        self, decision_id: str, outcome: str, detail: str, **extra: Any
+    ) -> None:
+        """End a group action that went on asynchronously (see `GroupActionHook`)."""
+        d = self.deferred.pop(decision_id)
+        if d.action == "restart_rank" and outcome == "applied":
+            for rank in d.ranks:
+                self.forget_rank(rank)
+        if self.run_dir is not None:
+            self.run_dir.wal({"type": "resolved", "decision_id": decision_id, "outcome": outcome})
+        self._journal(d, outcome, detail=detail, **extra)
+        self.handle(
+            self.engine.record_outcome(decision_id, outcome, tick=self._tick(), detail=detail)
+        )
+
+    def drop_rank(self, rank: int) -> list[str]:
+        """A rank was lost: it leaves the targets of every pending command.
+
+        A decision then resolves once every live target has answered. A
+        disruptive one (a rollback) still waiting for others gives up the
+        disruption budget, so the `restart_rank` that brings the lost rank back
+        is not held behind it (the rollback still completes on the live ranks,
+        and a replacement adopts it with the survivors' state). Returns the
+        pre-empted decision ids.
+        """
+        preempted = []
+        for pending in list(self.pending.values()):
+            if rank not in pending.targets:
+                continue
+            pending.targets.discard(rank)
+            pending.outcomes.pop(rank, None)
+            pending.dropped.add(rank)
+            decision_id = pending.command.decision_id
+            if pending.command.decision_id.endswith("-stop"):
+                if set(pending.outcomes) >= pending.targets:
+                    del self.pending[decision_id]
+                continue
+            failed = [o for o in pending.outcomes.values() if o.outcome != "applied"]
+            if pending.targets and (failed or set(pending.outcomes) >= pending.targets):
+                self._resolve(pending, failed)
+            elif pending.decision.action in DISRUPTIVE_ACTIONS:
+                self.engine._budget.release(decision_id)
+                preempted.append(decision_id)
+        return preempted
 
     def _dispatch_stop(self, d: Decision) -> None:
         apply_at = max(self.step_of.values(), default=0)

@@ -31,3 +31,7 @@ class ChaosConfigError(WorkerError):
 
 class RunAborted(WorkerError):
     """The supervisor or the policy aborted the run; raised out of the training loop."""
+
+
+class GroupLostError(WorkerError):
+    """A collective failed because a peer was lost, and the group could not be re-formed."""

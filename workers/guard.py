@@ -212,6 +212,10 @@ class Guard:
         self._loader_time = 0.0
         self._closed = False
         self.summary: dict[str, Any] = {}
+        # Several ranks under a supervisor: a lost peer is survived, not raised (workers.membership).
+        self.membership = ctx.membership
+        if self.membership is not None:
+            self.membership.attach(self)
 
     # ------------------------------------------------------------- local mode
     def _local_reporter(self, ctx: WorkerContext) -> Reporter:
@@ -235,6 +239,8 @@ class Guard:
                 ):
                     break
                 t0 = time.perf_counter()
+                if self.membership is not None:
+                    self.membership.mark(self)
                 self.injector.before_batch(self.step_count)
                 try:
                     self._batch_index, batch = self.cursor.next()
@@ -254,12 +260,20 @@ class Guard:
 
     def _boundary(self) -> None:
         """The safe point between steps: take commands, apply due ones, snapshot."""
+        if self.membership is not None:
+            self.membership.adopt_if_joining(self)
         self._take_commands()
         if self._group is not None:
             # Every rank applies the same commands at the same boundary, or
             # their step counts and collectives would part ways.
             agreed = torch.tensor([self._max_seq], dtype=torch.int64, device=self._group_device)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self._group)
+            try:
+                dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self._group)
+            except RuntimeError as exc:
+                if self.membership is None or not self.membership.recover(self, exc, in_step=False):
+                    raise
+                self._boundary()  # agree again, in the new generation
+                return
             ready = [c for c in self._queued.values() if c.seq <= int(agreed.item())]
         else:
             ready = [c for c in self._queued.values() if c.apply_at_tick <= self.tick]
@@ -352,6 +366,12 @@ class Guard:
                 self._report_oom(step, str(exc), attempt)
                 if attempt == self.config.oom_retries or not self._await_commands():
                     return self._finish_step(t0, math.nan, math.nan, skipped=True, oom=True)
+            except RuntimeError as exc:
+                # A peer was lost inside a collective: the step is discarded, not raised.
+                if self.membership is None or not self.membership.recover(self, exc, in_step=True):
+                    raise
+                lr = float(self.optimizer.param_groups[0]["lr"])
+                return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
         self.injector.on_grads(step, self.params)
         if self.scaler is not None and self.scaler.is_enabled():
             self.scaler.unscale_(self.optimizer)

@@ -36,7 +36,14 @@ from remedy.workers.commands import Outcome
 MAX_INT = 2**53
 
 # Top-level keys a batch may have; others are counted and ignored.
-BATCH_FIELDS = frozenset({"rank", "step", "tick", "ts", "events", "metrics", "outcomes"})
+BATCH_FIELDS = frozenset(
+    {
+        *("rank", "step", "tick", "ts", "events", "metrics", "outcomes"),
+        # Read by the supervisor beside the Controller: the rank slot's incarnation and the
+        # batch's sequence number (stale reports), and the step total and batch size (displays).
+        *("incarnation", "seq", "max_steps", "batch_size"),
+    }
+)
 
 _OUTCOME_FIELDS = frozenset(
     {"decision_id", "rank", "outcome", "step", "tick", "detail", "result", "attempts"}

@@ -1,0 +1,145 @@
+"""Mean time to recover from a hung rank: targeted restart (warm spare, cold actor) vs a full-group restart.
+
+The same 4-rank DDP job of examples/pretrain_gpt.py (gloo on CPU) runs three
+times in one process on one local Ray, with the same `hang_rank` fault
+(SIGSTOP of rank 3's process at step HANG_STEP):
+
+(a) targeted restart with warm spares (`RunSpec(spares=2)`);
+(b) targeted restart with a cold replacement actor (`spares=0`);
+(c) a full-group restart from the last durable checkpoint, as torchrun and
+    Ray Train's FailureConfig do. remedy does not carry one out, so (c) is
+    measured from its parts: a fault-free run of the same job gives the time
+    from launching a fresh group to every rank's first completed step and
+    the step time; the full restart costs the detection a timeout-based
+    system needs (given as `--full-detect-s`, by default remedy's own
+    measured detection: a generous lower bound), plus that start, plus
+    re-executing the steps since the last checkpoint.
+
+For each it prints fault -> detection, detection -> next completed step on
+every rank, the total, and the steps lost, then the ratios.
+
+    python benchmarks/mttr.py [--steps 60] [--hang-step 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import ray
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from remedy.supervisor.runner import run_supervised  # noqa: E402
+from remedy.supervisor.spec import RunSpec  # noqa: E402
+from remedy.workers.rundir import read_jsonl  # noqa: E402
+
+TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
+CHECKPOINT_EVERY = 100  # GuardConfig's default
+
+
+def job_args(steps: int) -> list[str]:
+    return ["--steps", str(steps), "--layers", "2", "--width", "64", "--batch-size", "8",
+            "--block-size", "64", "--sample-every", "0"]  # fmt: skip
+
+
+def run(tmp: Path, *, steps: int, faults: list[dict[str, Any]], spares: int) -> dict[str, Any]:
+    t0 = time.time()
+    spec = RunSpec(
+        target=TARGET, workers=4, run_dir=str(tmp), faults=faults, argv=job_args(steps),
+        threads_per_rank=1, spares=spares,
+    )  # fmt: skip
+    summary = run_supervised(spec)
+    summary["launched_at"] = t0
+    return summary
+
+
+def recovered(tmp: Path, summary: dict[str, Any]) -> dict[str, float]:
+    assert summary["status"] == "completed", summary["status"]
+    [rec] = summary["recoveries"]
+    [marker] = (tmp / "chaos").iterdir()
+    fault_at = float(marker.read_text().split()[0])
+    ranks = summary["ranks"]
+    lost = max(r["steps_executed"] - r["steps_completed"] for r in ranks)
+    return {
+        "detect": rec["detected_at"] - fault_at,
+        "recover": rec["stepped_at"] - rec["detected_at"],
+        "total": rec["stepped_at"] - fault_at,
+        "lost": float(lost),
+        "replaced": float(len(rec["ranks"])),
+    }
+
+
+def fresh_start(tmp: Path, summary: dict[str, Any]) -> tuple[float, float]:
+    """(launch -> first step reported by every rank, median step time) of a fault-free run."""
+    first: dict[int, float] = {}
+    times = []
+    for m in read_jsonl(tmp / "metrics.jsonl"):
+        first.setdefault(m["rank"], _ts(m["ts"]))
+        times.append(m["step_time_s"])
+    return max(first.values()) - summary["launched_at"], statistics.median(times)
+
+
+def _ts(iso: str) -> float:
+    from datetime import datetime  # noqa: PLC0415
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--hang-step", type=int, default=30)
+    p.add_argument("--full-detect-s", type=float, default=None)
+    args = p.parse_args()
+    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False, logging_level="ERROR")  # fmt: skip
+    fault = [{"kind": "hang_rank", "at_step": args.hang_step, "rank": 3}]
+    rows: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        clean = run(tmp / "clean", steps=args.steps, faults=[], spares=0)
+        start_s, step_s = fresh_start(tmp / "clean", clean)
+        for name, spares in (("(a) targeted, warm spare", 2), ("(b) targeted, cold actor", 0)):
+            d = tmp / name[1]
+            rows[name] = recovered(d, run(d, steps=args.steps, faults=fault, spares=spares))
+    lost = args.hang_step % CHECKPOINT_EVERY
+    detect = (
+        args.full_detect_s
+        if args.full_detect_s is not None
+        else rows["(a) targeted, warm spare"]["detect"]
+    )
+    rows["(c) full restart from checkpoint"] = {
+        "detect": detect,
+        "recover": start_s + lost * step_s,
+        "total": detect + start_s + lost * step_s,
+        "lost": float(lost),
+        "replaced": 4.0,
+    }
+    print(f"4 ranks, hang_rank on rank 3 at step {args.hang_step}; step {step_s * 1000:.1f} ms; "
+          f"fresh group start to first step {start_s:.2f} s; checkpoint every {CHECKPOINT_EVERY}")  # fmt: skip
+    print(
+        f"{'recovery':<34} {'fault->detect':>14} {'detect->step':>13} {'total':>8} {'steps lost':>11} {'ranks':>6}"
+    )
+    for name, r in rows.items():
+        print(f"{name:<34} {r['detect']:>13.2f}s {r['recover']:>12.2f}s {r['total']:>7.2f}s "
+              f"{r['lost']:>11.0f} {r['replaced']:>6.0f}")  # fmt: skip
+    full = rows["(c) full restart from checkpoint"]["total"]
+    for name in ("(a) targeted, warm spare", "(b) targeted, cold actor"):
+        print(f"full restart / {name[4:]}: {full / rows[name]['total']:.1f}x")
+    print(json.dumps(rows))
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Hang detection: a pure heartbeat watch over each rank's progress, judged by pinging.
+
+Each report a rank sends moves its progress (tick) and brings its step
+times. A rank is *suspect* when its tick has not moved for longer than its
+timeout:
+
+    timeout = max(floor_s, heartbeat_s + step_multiple * p99(step times))
+
+with longer allowances while a rank starts (before its first step), during
+its first `first_steps` steps, and whenever the rank says it is busy for
+longer (a checkpoint write, adopting state after a restart: `allow`).
+
+When one rank hangs inside a collective, every other rank blocks in the
+same collective, so all of them stop moving. Suspicion therefore only
+triggers a ping of every rank; `judge` then names the hung rank as the one
+that did not answer (a stopped or wedged process), or, when every rank
+answered, the ones that have not reached the step the others wait at. A
+rank whose actor is gone is dead, not hung.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+NO_ANSWER = None  # a ping that timed out
+DEAD = "dead"  # a ping whose actor has died
+
+
+@dataclass(frozen=True)
+class HangWatchConfig:
+    """Timeouts of the hang watch, in seconds (`RunSpec.hang_watch` takes these keys)."""
+
+    floor_s: float = 0.75  # never suspect a rank sooner than this
+    heartbeat_s: float = 0.5  # the Guard's longest quiet period between reports
+    step_multiple: float = 10.0
+    window: int = 50  # step times kept per rank
+    startup_s: float = 120.0  # from (re)start until the rank's Guard first reports
+    first_steps: int = 3  # steps that get `first_step_s` (DDP's first buckets, warm-up)
+    first_step_s: float = 20.0
+    ping_timeout_s: float = 0.5
+
+
+@dataclass
+class _Rank:
+    since: float  # when the tick last moved (or the rank started)
+    tick: int = -1
+    steps_seen: int = 0
+    times: deque[float] = field(default_factory=lambda: deque(maxlen=50))
+    busy_until: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    hung: list[int]
+    dead: list[int]
+    reason: str
+
+
+class HangWatch:
+    """Per-rank progress ages against adaptive timeouts."""
+
+    def __init__(self, config: HangWatchConfig | None = None) -> None:
+        self.config = config or HangWatchConfig()
+        self._ranks: dict[int, _Rank] = {}
+
+    def started(self, rank: int, now: float) -> None:
+        """A process (re)started for `rank`: a fresh history with the start-up allowance."""
+        self._ranks[rank] = _Rank(since=now, times=deque(maxlen=self.config.window))
+
+    def forget(self, rank: int) -> None:
+        self._ranks.pop(rank, None)
+
+    def beat(self, rank: int, tick: int, now: float, step_times: list[float] = ()) -> None:  # type: ignore[assignment]
+        """A report from `rank` at `tick`; `step_times` are the seconds of its new steps."""
+        r = self._ranks.get(rank)
+        if r is None:
+            r = self._ranks[rank] = _Rank(since=now, times=deque(maxlen=self.config.window))
+        r.times.extend(t for t in step_times if t >= 0)
+        if tick > r.tick:
+            if r.tick >= 0:
+                r.steps_seen += tick - r.tick
+            r.tick, r.since = tick, now
+
+    def allow(self, rank: int, seconds: float, now: float) -> None:
+        """`rank` may be quiet for `seconds` from now (checkpoint write, state adoption)."""
+        r = self._ranks.get(rank)
+        if r is not None:
+            r.busy_until = max(r.busy_until, now + seconds)
+
+    def p99(self, rank: int) -> float:
+        """The rank's 99th-percentile step time (0 before any)."""
+        r = self._ranks.get(rank)
+        if r is None or not r.times:
+            return 0.0
+        ordered = sorted(r.times)
+        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+    def timeout(self, rank: int) -> float:
+        r = self._ranks[rank]
+        c = self.config
+        if r.tick < 0:
+            return c.startup_s
+        base = c.floor_s
+        if r.times:
+            base = max(base, c.heartbeat_s + c.step_multiple * self.p99(rank))
+        if r.steps_seen < c.first_steps:
+            base = max(base, c.first_step_s)
+        return base
+
+    def suspects(self, now: float) -> list[int]:
+        """Ranks whose progress is older than their timeout."""
+        return sorted(
+            rank
+            for rank, r in self._ranks.items()
+            if now > r.busy_until and now - r.since > self.timeout(rank)
+        )
+
+    def age(self, rank: int, now: float) -> float:
+        return now - self._ranks[rank].since
+
+    def judge(self, pings: dict[int, Any], suspects: list[int] | None = None) -> Verdict:
+        """Name the hung and dead ranks from one ping of every rank.
+
+        `pings[rank]` is the rank's status dict (`tick`, `phase`), `NO_ANSWER`
+        or `DEAD`. Only `suspects` (ranks stalled past their timeout; default
+        every pinged rank) can be named hung: a rank one step behind its peers
+        in a ping that raced its report is not.
+        """
+        stalled = set(pings if suspects is None else suspects)
+        dead = sorted(r for r, p in pings.items() if p == DEAD)
+        silent = sorted(r for r, p in pings.items() if p is NO_ANSWER and r in stalled)
+        if silent and len(silent) == len(pings):
+            # Nobody answered: the node or Ray is stalled, not one rank; nothing to replace.
+            silent = []
+        if silent or dead:
+            parts = []
+            if silent:
+                parts.append(f"did not answer a ping within {self.config.ping_timeout_s:g}s")
+            if dead:
+                parts.append("process gone")
+            return Verdict(silent, dead, "; ".join(parts))
+        answers = {r: p for r, p in pings.items() if isinstance(p, dict)}
+        ticks = {r: int(p.get("tick", 0)) for r, p in answers.items()}
+        if not ticks:
+            return Verdict([], [], "")
+        front = max(ticks.values())
+        behind = sorted(r for r, t in ticks.items() if t < front and r in stalled)
+        if behind:
+            return Verdict(
+                behind,
+                [],
+                f"still at tick {min(ticks[r] for r in behind)} while its peers wait at {front}",
+            )
+        return Verdict([], [], "")

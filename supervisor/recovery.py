@@ -1,0 +1,256 @@
+"""Finding lost ranks and replacing only them: the supervisor side of `restart_rank`.
+
+`check_hangs` runs in the supervisor's loop while the job is running: when
+the hang watch suspects a rank it pings every rank and names the hung or
+dead one (`HangWatch.judge`), which becomes a `rank_hang` / `rank_dead`
+anomaly (source `supervisor`) for the policy like any other. The lost rank
+leaves the targets of pending commands at once (`Controller.drop_rank`), so
+a rollback waiting on it neither deadlocks nor holds the disruption budget.
+
+When the policy answers `restart_rank`, `start` runs a targeted restart as
+a task: kill the lost ranks, start a warm spare (else a new actor) as each
+of them in the next generation, order the survivors to regroup from the
+lowest healthy rank's state, and wait until every rank has completed a
+step in the new generation. A replacement that fails is relaunched into the
+same generation, with jittered back-off (tenacity), up to
+`RunSpec.max_targeted_restarts` attempts; then the job state machine moves
+to restarting-all and, as the full-group restart is not carried out by this
+version, to aborting, and the decision fails (the policy's `on_failure`
+follows). Each transition is journaled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from tenacity import AsyncRetrying, RetryError, stop_after_attempt, wait_random_exponential
+
+from remedy.policies import AnomalyEvent, Decision
+from remedy.supervisor.exceptions import SupervisorError
+from remedy.supervisor.job_state import Phase, RanksLost, Regrouped, RestartFailed
+
+if TYPE_CHECKING:
+    from remedy.supervisor.actor import SupervisorActor
+    from remedy.supervisor.worker_group import WorkerGroup
+
+log = structlog.get_logger("remedy.recovery")
+
+# A replaced rank and its peers must each complete a step in the new
+# generation within this long, or the attempt failed.
+REGROUP_TIMEOUT_S = 120.0
+# How long survivors get to catch the broken collective's error after the
+# lost rank is killed (at least three times their p99 step time): gloo fails the
+# blocked collectives of the killed rank's peers within ~50 ms here.
+BLOCKED_GRACE_S = 0.3
+# No second ping round for the same stall sooner than this.
+PING_EVERY_S = 0.25
+
+
+class RestartError(SupervisorError):
+    """A targeted restart did not bring the group back; the message says why."""
+
+
+class Recovery:
+    """Hang checks and targeted restarts for one supervisor."""
+
+    def __init__(self, sup: SupervisorActor, group: WorkerGroup) -> None:
+        self.sup = sup
+        self.group = group
+        self.records: list[dict[str, Any]] = []  # one per restart, for the summary and benchmarks
+        self._reported: set[tuple[int, int]] = set()  # (rank, incarnation) already reported lost
+        self._detected_at: dict[int, float] = {}
+        self._failed: dict[int, str] = {}  # replacement rank -> why it failed
+        self._next_ping = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._front = 0  # the tick every rank must pass for a restart to count
+
+    # ------------------------------------------------------------- detection
+    async def check_hangs(self) -> None:
+        now = time.monotonic()
+        suspects = self.sup.watch.suspects(now)
+        if not suspects or now < self._next_ping:
+            return
+        self._next_ping = now + PING_EVERY_S
+        pings = await self.group.ping_all(self.sup.watch.config.ping_timeout_s)
+        # Judged against who is still stalled after the ping (reports may have come meanwhile).
+        verdict = self.sup.watch.judge(pings, self.sup.watch.suspects(time.monotonic()))
+        for rank in verdict.hung:
+            age = self.sup.watch.age(rank, now)
+            self.lost(rank, "rank_hang", (
+                f"rank {rank} made no progress for {age:.2f}s "
+                f"(timeout {self.sup.watch.timeout(rank):.2f}s) and {verdict.reason}"
+            ), details={"age_s": round(age, 3), "timeout_s": round(self.sup.watch.timeout(rank), 3)})  # fmt: skip
+        for rank in verdict.dead:
+            self.lost(rank, "rank_dead", f"rank {rank}'s process is gone")
+
+    def lost(
+        self, rank: int, kind: str, reason: str, *, details: dict[str, Any] | None = None
+    ) -> None:
+        """Report `rank` (its current incarnation) lost to the policy, once."""
+        incarnation = self.sup.slots.incarnation(rank)
+        if (rank, incarnation) in self._reported:
+            return
+        self._reported.add((rank, incarnation))
+        if self.sup.job.state.phase is Phase.RECOVERING and rank in self.sup.job.state.lost:
+            self.replacement_failed(rank, reason)
+            return
+        # The slot is closed (its reports refused) only when a restart replaces it:
+        # if the policy does not restart it, a slow rank that comes back still counts.
+        self._detected_at[rank] = time.time()
+        c = self.sup.controller
+        preempted = c.drop_rank(rank)
+        ev = AnomalyEvent(
+            kind=kind,
+            rank=rank,
+            # The step the group is stuck at: a hung rank's own reports may lag behind.
+            step=max(c.step_of.values(), default=0),
+            tick=max(c.tick_of.values(), default=0),
+            severity="critical",
+            source="supervisor",
+            ts=time.time(),
+            details={
+                "reason": reason,
+                "incarnation": incarnation,
+                "preempted": preempted,
+                **(details or {}),
+            },
+        )
+        log.warning(kind, rank=rank, reason=reason)
+        c.ingest({"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]})
+
+    def replacement_failed(self, rank: int, why: str) -> None:
+        if self.sup.job.state.phase is Phase.RECOVERING and rank in self.sup.job.state.lost:
+            self._failed[rank] = why
+
+    # --------------------------------------------------------------- restart
+    def start(self, d: Decision) -> None:
+        """Begin a targeted restart of `d.ranks`; the decision resolves when it ends."""
+        self._task = asyncio.get_running_loop().create_task(self._restart(d))
+
+    async def settle(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def _restart(self, d: Decision) -> None:
+        sup = self.sup
+        ranks = sorted(r for r in d.ranks if r in sup.slots.slots)
+        sup.job.step(RanksLost(frozenset(ranks), f"{d.anomaly.kind} on rank {d.anomaly.rank}"))
+        t_detect = min(self._detected_at.get(r, time.time()) for r in ranks)
+        info: dict[str, Any] = {}
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(sup.job.max_targeted),
+                wait=wait_random_exponential(multiplier=0.05, max=1.0),
+                reraise=False,
+            ):
+                with attempt:
+                    info = await self._attempt(ranks, first=attempt.retry_state.attempt_number == 1)
+                if attempt.retry_state.outcome is not None and attempt.retry_state.outcome.failed:
+                    exc = attempt.retry_state.outcome.exception()
+                    sup.job.step(RestartFailed(str(exc)))
+        except RetryError as exc:
+            why = str(exc.last_attempt.exception())
+            if sup.job.state.phase is Phase.RESTARTING_ALL:
+                # The full-group restart from a durable checkpoint is not carried out yet.
+                sup.job.step(RestartFailed("a full-group restart is not available in this version"))
+            sup.controller.resolve_group_action(
+                d.decision_id, "failed", f"targeted restart failed: {why}"
+            )
+            return
+        t_stepped = time.time()
+        sup.job.step(Regrouped(info["generation"]))
+        record = {
+            **info,
+            "ranks": ranks,
+            "anomaly": d.anomaly.kind,
+            "detected_at": t_detect,
+            "stepped_at": t_stepped,
+            "detect_to_step_s": round(t_stepped - t_detect, 4),
+        }
+        self.records.append(record)
+        how = ", ".join(f"rank {r} by a {k}" for r, k in info["replacements"].items())
+        sup.controller.resolve_group_action(
+            d.decision_id,
+            "applied",
+            f"replaced {how}; generation {info['generation']} formed from rank "
+            f"{info['source']}'s state; every rank stepped {record['detect_to_step_s']:.2f}s "
+            "after detection",
+            result=record,
+        )
+        self.group.refill_spares()
+
+    async def _blocked(self, live: list[int]) -> list[int]:
+        """Survivors that have not caught the broken collective's error after a grace period."""
+        sup = self.sup
+        grace = max(BLOCKED_GRACE_S, *(3 * sup.watch.p99(r) for r in live))
+        deadline = time.monotonic() + grace
+        while True:
+            pings = await self.group.ping_all(sup.watch.config.ping_timeout_s, ranks=live)
+            still = [
+                r
+                for r in live
+                if not (isinstance(pings[r], dict) and pings[r].get("phase") == "recovering")
+            ]
+            if not still or time.monotonic() > deadline:
+                return still
+            await asyncio.sleep(0.02)
+
+    async def _attempt(self, ranks: list[int], *, first: bool) -> dict[str, Any]:
+        sup = self.sup
+        c = sup.controller
+        world = range(sup.spec.workers)
+        live = [r for r in world if r not in ranks]
+        if not live:
+            raise RestartError("no healthy rank is left to take the state from")
+        for r in ranks:
+            self._failed.pop(r, None)
+            sup.slots.lose(r)
+        if first:
+            front = max(c.tick_of.get(r, 0) for r in live)
+            for r in ranks:
+                self.group.kill(r)
+            if sup.spec.gpus_per_rank:
+                # NCCL kernels keep spinning after a peer dies: abort the survivors'
+                # communicators from their control threads (a no-op on gloo ranks).
+                await asyncio.gather(*(self.group.actors[r].abort.remote() for r in live))
+            blocked = await self._blocked(live)
+            if blocked:
+                # gloo: a survivor waiting on a peer that itself left the collective
+                # (not on the killed rank) stays blocked until that peer's process
+                # exits; it is replaced too, from a survivor that did recover.
+                for r in blocked:
+                    self._reported.add((r, sup.slots.incarnation(r)))
+                    sup.slots.lose(r)
+                    c.drop_rank(r)
+                    self.group.kill(r)
+                sup.job.step(
+                    RanksLost(frozenset(blocked), "still blocked in the broken collective")
+                )
+                ranks[:] = sorted({*ranks, *blocked})
+                live = [r for r in live if r not in blocked]
+                if not live:
+                    raise RestartError("no survivor recovered from the broken collective")
+            info = await self.group.replace(ranks, source=min(live))
+            info["blocked"] = blocked
+        else:
+            front = self._front
+            info = await self.group.relaunch(ranks, source=min(live))
+        self._front = front
+        now = time.monotonic()
+        for r in ranks:
+            c.tick_of[r] = -1
+            sup.watch.started(r, now)
+        for r in live:
+            sup.watch.allow(r, REGROUP_TIMEOUT_S, now)
+        deadline = now + REGROUP_TIMEOUT_S
+        while not all(c.tick_of.get(r, -1) > front for r in world):
+            failed = {r: why for r, why in self._failed.items() if r in ranks}
+            if failed:
+                raise RestartError("; ".join(f"rank {r}: {why}" for r, why in failed.items()))
+            if time.monotonic() > deadline:
+                raise RestartError(f"the group did not step within {REGROUP_TIMEOUT_S:g}s")
+            await asyncio.sleep(0.005)
+        return info

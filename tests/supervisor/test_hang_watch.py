@@ -1,0 +1,75 @@
+"""The hang watch suspects stalled ranks against adaptive timeouts and names the hung one from pings."""
+
+from __future__ import annotations
+
+import pytest
+
+from remedy.supervisor.hang_watch import DEAD, NO_ANSWER, HangWatch, HangWatchConfig
+
+CFG = HangWatchConfig(floor_s=0.75, heartbeat_s=0.5, step_multiple=10.0, startup_s=60.0,
+                      first_steps=3, first_step_s=20.0)  # fmt: skip
+
+
+def _running(
+    watch: HangWatch, rank: int, *, step_s: float, ticks: int = 10, t0: float = 0.0
+) -> float:
+    watch.started(rank, t0)
+    now = t0
+    for tick in range(ticks):
+        now += step_s
+        watch.beat(rank, tick, now, [step_s])
+    return now
+
+
+def test_timeout_has_a_floor_and_follows_step_times() -> None:
+    """Fast steps get the floor; slow steps get heartbeat + 10 x p99."""
+    watch = HangWatch(CFG)
+    _running(watch, 0, step_s=0.01)
+    _running(watch, 1, step_s=0.2)
+    assert watch.timeout(0) == pytest.approx(0.75)
+    assert watch.timeout(1) == pytest.approx(0.5 + 2.0)
+
+
+def test_start_up_and_first_steps_get_longer_allowances() -> None:
+    """Before its first step a rank gets startup_s; during its first steps first_step_s."""
+    watch = HangWatch(CFG)
+    watch.started(0, 0.0)
+    assert watch.timeout(0) == 60.0
+    watch.beat(0, 0, 1.0, [0.01])
+    assert watch.timeout(0) == 20.0
+    assert watch.suspects(15.0) == []
+    assert watch.suspects(22.0) == [0]
+
+
+def test_a_stalled_rank_is_suspected_only_after_its_timeout() -> None:
+    """A rank quiet for longer than its timeout is suspect; an allowance defers it."""
+    watch = HangWatch(CFG)
+    now = _running(watch, 0, step_s=0.01)
+    assert watch.suspects(now + 0.7) == []
+    assert watch.suspects(now + 0.8) == [0]
+    watch.allow(0, 5.0, now + 0.8)
+    assert watch.suspects(now + 3.0) == []
+
+
+def test_judge_names_the_silent_rank_not_its_blocked_peers() -> None:
+    """Ranks blocked in the collective answer pings; the one that does not is hung."""
+    watch = HangWatch(CFG)
+    pings = {0: {"tick": 20, "phase": "step"}, 1: {"tick": 20, "phase": "step"}, 2: NO_ANSWER}
+    verdict = watch.judge(pings)
+    assert verdict.hung == [2] and verdict.dead == []
+    assert "did not answer" in verdict.reason
+
+
+def test_judge_names_dead_ranks_and_laggards() -> None:
+    """A gone actor is dead; with every rank answering, the one behind the others is hung."""
+    watch = HangWatch(CFG)
+    assert watch.judge({0: {"tick": 3}, 1: DEAD}).dead == [1]
+    laggard = watch.judge({0: {"tick": 5, "phase": "step"}, 1: {"tick": 4, "phase": "step"}})
+    assert laggard.hung == [1]
+    assert watch.judge({0: {"tick": 5}, 1: {"tick": 5}}).hung == []
+    # A rank one tick behind that is not stalled merely raced its report.
+    racing = {0: {"tick": 11}, 1: {"tick": 10}}
+    assert watch.judge(racing, suspects=[0]).hung == []
+    assert watch.judge({0: NO_ANSWER, 1: {"tick": 3}}, suspects=[1]).hung == []
+    # Nobody answered: a stalled node, not a hung rank.
+    assert watch.judge({0: NO_ANSWER, 1: NO_ANSWER}).hung == []

@@ -1,0 +1,92 @@
+"""The job state machine walks one transition at a time, journals each with a reason, and refuses nonsense."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from remedy.supervisor.job_state import (
+    AbortRequested,
+    JobState,
+    JobStateMachine,
+    Phase,
+    RanksEnded,
+    RanksLost,
+    Regrouped,
+    RestartFailed,
+    Started,
+    TransitionError,
+    transition,
+)
+
+
+def _machine(max_targeted: int = 3) -> tuple[JobStateMachine, list[dict[str, Any]]]:
+    journal: list[dict[str, Any]] = []
+    return JobStateMachine(journal=journal.append, max_targeted=max_targeted), journal
+
+
+def test_targeted_restart_cycle_is_journaled() -> None:
+    """starting -> running(0) -> recovering(0, {3}) -> running(1) -> finished, each step journaled."""
+    m, journal = _machine()
+    assert m.step(Started(0))[1] == JobState(Phase.RUNNING, 0)
+    prev, nxt = m.step(RanksLost(frozenset({3}), "rank_hang on rank 3"))
+    assert prev.phase is Phase.RUNNING
+    assert nxt.phase is Phase.RECOVERING and nxt.lost == {3} and nxt.generation == 0
+    assert m.step(Regrouped(1))[1] == JobState(Phase.RUNNING, 1)
+    assert m.step(RanksEnded("completed"))[1].phase is Phase.FINISHED
+    assert [r["to"]["phase"] for r in journal] == ["running", "recovering", "running", "finished"]
+    assert "replacing only rank 3 of generation 0" in journal[1]["reason"]
+    assert "formed generation 1" in journal[2]["reason"]
+
+
+def test_failed_restarts_escalate_to_full_restart_then_abort() -> None:
+    """K failed targeted restarts -> restarting-all; a failed full restart -> aborting -> aborted."""
+    m, journal = _machine(max_targeted=2)
+    m.step(Started(0))
+    m.step(RanksLost(frozenset({1}), "rank_dead on rank 1"))
+    assert m.step(RestartFailed("spare died"))[1].phase is Phase.RECOVERING
+    assert m.step(RestartFailed("spare died"))[1].phase is Phase.RESTARTING_ALL
+    assert m.step(RestartFailed("no checkpoint"))[1].phase is Phase.ABORTING
+    assert m.step(RanksEnded("failed"))[1].phase is Phase.ABORTED
+    reasons = [r["reason"] for r in journal]
+    assert "trying again" in reasons[2]
+    assert "restarting the whole group" in reasons[3]
+    assert "aborting the run" in reasons[4]
+
+
+def test_a_second_loss_during_recovery_widens_the_lost_set() -> None:
+    """A rank lost while another is being replaced joins the same recovery."""
+    m, _ = _machine()
+    m.step(Started(0))
+    m.step(RanksLost(frozenset({3}), "hang"))
+    assert m.step(RanksLost(frozenset({1}), "blocked"))[1].lost == {1, 3}
+
+
+@pytest.mark.parametrize(
+    ("state", "inp"),
+    [
+        (JobState(Phase.RUNNING), Started(0)),
+        (JobState(Phase.RUNNING), Regrouped(1)),
+        (JobState(Phase.RUNNING), RestartFailed("x")),
+        (JobState(Phase.FINISHED), RanksLost(frozenset({0}), "x")),
+        (JobState(Phase.STARTING), RanksLost(frozenset({0}), "x")),
+    ],
+)
+def test_inputs_that_make_no_sense_are_refused(state: JobState, inp: Any) -> None:
+    """An input impossible in the current phase raises TransitionError (a supervisor bug, not a job fault)."""
+    with pytest.raises(TransitionError):
+        transition(state, inp)
+
+
+def test_abort_and_end_states() -> None:
+    """An abort request ends aborted; a run that ends while recovering has failed."""
+    assert transition(JobState(Phase.RUNNING), AbortRequested("policy"))[0].phase is Phase.ABORTING
+    recovering = JobState(Phase.RECOVERING, 0, frozenset({2}))
+    assert transition(recovering, RanksEnded("completed"))[0].phase is Phase.FAILED
+
+
+def test_state_round_trips_through_its_record() -> None:
+    """A journaled state record rebuilds the same state."""
+    state = JobState(Phase.RECOVERING, 4, frozenset({1, 3}), "hang", 2)
+    assert JobState.from_dict(state.to_dict()) == state

@@ -1,0 +1,322 @@
+"""Process-group membership of one rank across generations.
+
+The rendezvous store belongs to the supervisor side (`supervisor.rendezvous`);
+generation N of the job's process group forms over `PrefixStore(f"gen{N}",
+store)`, so any rank, rank 0 included, can be replaced. This object lives in
+the rank's process and has two sides:
+
+- the control side (the rank actor's control threads): `regroup` hands
+  over the supervisor's order to form generation N from a given source rank,
+  `status` answers pings;
+- the training side (the Guard): `mark` records the boundary each step starts
+  from; when a collective fails because a peer was lost, `recover` records
+  the error inside the step instead of raising, leaves the broken group, forms
+  the next generation in this process (DDP rebuilt on it) and adopts one
+  state broadcast from the source rank. A replacement rank adopts the same
+  broadcast at its first boundary (`adopt_if_joining`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import torch
+import torch.distributed as dist
+
+from remedy.workers import train_state
+from remedy.workers.exceptions import GroupLostError
+from remedy.workers.snapshots import capture_rng, restore_rng
+
+if TYPE_CHECKING:
+    from remedy.workers.guard import Guard
+
+log = structlog.get_logger("remedy.membership")
+
+# Collectives and rendezvous time out after this long. remedy finds a hung
+# rank itself in about a second, so this is only the last resort; the
+# environment variable wins over the constant.
+COLLECTIVE_TIMEOUT_ENV = "REMEDY_COLLECTIVE_TIMEOUT_S"
+COLLECTIVE_TIMEOUT_S = 1800.0
+# How long a survivor waits for the supervisor's order to regroup after a
+# collective failed.
+REGROUP_WAIT_S = 120.0
+
+_FAILURE_WORDS = (
+    "connection closed",
+    "connection reset",
+    "broken pipe",
+    "gloo",
+    "nccl",
+    "process group",
+    "processgroup",
+    "timed out",
+)
+
+
+def collective_timeout() -> datetime.timedelta:
+    return datetime.timedelta(
+        seconds=float(os.environ.get(COLLECTIVE_TIMEOUT_ENV, COLLECTIVE_TIMEOUT_S))
+    )
+
+
+def is_group_failure(exc: BaseException) -> bool:
+    """True for the errors a collective raises when a peer hangs, dies or its group is aborted."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(w in text for w in _FAILURE_WORDS)
+
+
+class Membership:
+    """This rank's place in the job's current process-group generation."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        store_addr: tuple[str, int],
+        generation: int = 0,
+        adopt_from: int | None = None,
+        backend: str | None = None,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.store_addr = store_addr
+        self.generation = generation
+        self.adopt_from = adopt_from  # set on a replacement: adopt this rank's state first
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self._store: Any = None
+        self._orders: queue.Queue[tuple[int, int]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._mark: tuple[int, dict[str, Any]] | None = None
+        self.phase = "starting"
+        self.step = 0
+        self.tick = 0
+        self.recoveries = 0
+        self.last_recovery: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ generations
+    def join(self) -> None:
+        """Form (or join) the current generation's process group in this process."""
+        if self._store is None:
+            host, port = self.store_addr
+            self._store = dist.TCPStore(
+                host, port, is_master=False, timeout=collective_timeout(), wait_for_workers=False
+            )
+        if self.backend == "nccl":
+            torch.cuda.set_device(0)
+        dist.init_process_group(
+            self.backend,
+            store=dist.PrefixStore(f"gen{self.generation}", self._store),
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=collective_timeout(),
+        )
+
+    def leave(self) -> None:
+        """Leave the current group (a broken one included)."""
+        if dist.is_initialized():
+            if self.backend == "nccl":
+                abort_collectives()
+            dist.destroy_process_group()
+
+    # ----------------------------------------------------------- control side
+    def regroup(self, generation: int, source: int) -> None:
+        """The supervisor's order: form `generation`, adopting rank `source`'s state."""
+        self._orders.put((generation, source))
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "generation": self.generation,
+            "phase": self.phase,
+            "step": self.step,
+            "tick": self.tick,
+            "pid": os.getpid(),
+            "recoveries": self.recoveries,
+        }
+
+    # ---------------------------------------------------------- training side
+    def attach(self, guard: Guard) -> None:
+        """The Guard exists: say so at once, which ends the supervisor's start-up allowance."""
+        self.phase = "boundary"
+        self.step, self.tick = guard.step_count, guard.tick
+        guard._send(force=True)
+
+    def mark(self, guard: Guard) -> None:
+        """The boundary this step starts from; `recover` returns here if the step fails."""
+        self._mark = (guard.cursor.position, capture_rng())
+        self.phase = "step"
+        self.step, self.tick = guard.step_count, guard.tick
+
+    def adopt_if_joining(self, guard: Guard) -> None:
+        """A replacement's first boundary: adopt the source rank's state with every peer."""
+        if self.adopt_from is None:
+            return
+        source, self.adopt_from = self.adopt_from, None
+        t0 = time.perf_counter()
+        state = train_state.broadcast(guard, src=source)
+        relayout_ddp(guard, state.get("ddp_buckets"))
+        guard._last_send = 0.0  # report the first step of the new generation at once
+        self.phase = "boundary"
+        self.step, self.tick = guard.step_count, guard.tick
+        log.info("state_adopted", rank=self.rank, source=source, step=guard.step_count,
+                 seconds=round(time.perf_counter() - t0, 4))  # fmt: skip
+
+    def recover(self, guard: Guard, exc: BaseException, *, in_step: bool) -> bool:
+        """After a failed collective: regroup and adopt the source's state; False if not a group failure.
+
+        Raises `GroupLostError` when no order to regroup comes in time.
+        """
+        if self.world_size <= 1 or not is_group_failure(exc):
+            return False
+        t0 = time.perf_counter()
+        self.phase = "recovering"
+        log.warning(
+            "collective_failed", rank=self.rank, step=guard.step_count, error=str(exc)[:200]
+        )
+        generation, source = self._next_order()
+        if in_step and self._mark is not None:
+            # The failed step is discarded: back to the boundary it started from.
+            position, rng = self._mark
+            guard.cursor.position = position
+            restore_rng(rng)
+            guard.optimizer.zero_grad(set_to_none=True)
+        captured = None
+        if self.rank == source:
+            # Taken before DDP's re-initialisation, whose start-up sync copies rank 0's
+            # parameters, and rank 0 may be a fresh replacement.
+            captured = {**train_state.capture(guard), "ddp_buckets": ddp_bucket_layout(guard.model)}
+        self.leave()
+        self.generation = generation
+        self.join()
+        joined = time.perf_counter()
+        rebuild_ddp(guard)
+        state = train_state.broadcast(guard, src=source, state=captured)
+        relayout_ddp(guard, state.get("ddp_buckets"))
+        guard._group = dist.group.WORLD
+        guard._last_send = 0.0  # report the first step of the new generation at once
+        self.recoveries += 1
+        self.last_recovery = {
+            "generation": generation,
+            "source": source,
+            "rendezvous_s": round(joined - t0, 4),
+            "total_s": round(time.perf_counter() - t0, 4),
+        }
+        self.phase = "boundary"
+        self.step, self.tick = guard.step_count, guard.tick
+        log.warning("regrouped", rank=self.rank, **self.last_recovery)
+        return True
+
+    def _next_order(self) -> tuple[int, int]:
+        deadline = time.monotonic() + REGROUP_WAIT_S
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                generation, source = self._orders.get(timeout=max(left, 0.0))
+            except queue.Empty:
+                raise GroupLostError(
+                    f"rank {self.rank}: a collective failed and no order to regroup came within "
+                    f"{REGROUP_WAIT_S:g}s"
+                ) from None
+            if generation > self.generation:
+                return generation, source
+
+
+def rebuild_ddp(guard: Guard) -> None:
+    """Re-initialise a DDP model on the current default group, keeping its settings.
+
+    The optimizer holds the module's parameters, which stay the same tensors;
+    only DDP's reducer and its hooks are rebuilt. Detectors that timed the old
+    reducer's all-reduces attach to the new one.
+    """
+    model = guard.model
+    ddp = torch.nn.parallel.DistributedDataParallel
+    if not isinstance(model, ddp):
+        return
+    ddp.__init__(
+        model,
+        model.module,
+        device_ids=model.device_ids,
+        output_device=model.output_device,
+        dim=model.dim,
+        broadcast_buffers=model.forward_sync_buffers,
+        bucket_cap_mb=model.bucket_bytes_cap / (1024 * 1024),
+        find_unused_parameters=model.find_unused_parameters,
+        gradient_as_bucket_view=model.gradient_as_bucket_view,
+        static_graph=model.static_graph,
+    )
+    _reattach_timers(guard)
+
+
+def ddp_bucket_layout(model: Any) -> list[list[int]] | None:
+    """A DDP model's gradient buckets as parameter indices, in the reducer's order."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return None
+    params, _ = model._build_params_for_reducer()
+    index = {id(p): i for i, p in enumerate(params)}
+    buckets = model.reducer._get_zeros_like_grad_buckets()
+    return [[index[id(p)] for p in bucket.parameters()] for bucket in buckets]
+
+
+def relayout_ddp(guard: Guard, layout: list[list[int]] | None) -> None:
+    """Give a DDP model a fresh reducer whose buckets are `layout` (no collectives).
+
+    A new DDP starts with buckets in reverse parameter order and rebuilds them
+    after its first step from the order gradients arrived in. A long-running
+    rank has rebuilt them already; gloo and NCCL sum each element in an order
+    that depends on where it sits in its bucket, so a replacement (and the
+    survivors, whose DDP was re-initialised) take the source's layout to give
+    the same bits as a run that never lost a rank.
+    """
+    model = guard.model
+    if layout is None or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return
+    params, sparse = model._build_params_for_reducer()
+    limit = model.bucket_bytes_cap
+    original = dist._compute_bucket_assignment_by_size
+
+    def fixed(*_args: Any, **_kwargs: Any) -> tuple[list[list[int]], list[int]]:
+        # DDP reverses what this returns before building its reducer.
+        return list(reversed(layout)), [limit] * len(layout)
+
+    dist._compute_bucket_assignment_by_size = fixed
+    try:
+        model._ddp_init_helper(
+            params, sparse, model._build_debug_param_to_name_mapping(params), model.static_graph
+        )
+    finally:
+        dist._compute_bucket_assignment_by_size = original
+    _reattach_timers(guard)
+
+
+def _reattach_timers(guard: Guard) -> None:
+    """Detectors that timed the old reducer's all-reduces attach to the new one."""
+    for detector in guard.detectors.detectors:
+        d: Any = detector
+        if getattr(d, "timer", None) is not None and callable(getattr(d, "attach", None)):
+            d.timer = None
+            d.attach(guard.model)
+
+
+def abort_collectives() -> None:
+    """NCCL: abort every communicator of this process from any thread, so a blocked kernel returns.
+
+    Killing a hung peer unblocks gloo; NCCL kernels keep spinning until the
+    communicator is aborted. A no-op where nothing is initialised.
+    """
+    if not dist.is_initialized():
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if callable(abort):
+        abort()
+        return
+    backend = dist.group.WORLD._get_backend(torch.device("cuda"))  # type: ignore[union-attr]
+    backend.abort()

@@ -1,0 +1,107 @@
+"""Training state as one value: capture it, adopt it, broadcast it to a new process group.
+
+After a rank is replaced, every rank of the next generation adopts the
+state of the lowest healthy rank, so the replacement (a fresh process) and
+the survivors continue from one identical boundary. The state is
+everything a step depends on: model, optimizer, LR scheduler, GradScaler,
+every RNG, the data position and the skipped batches, every remediation
+applied so far (LR scale, micro-batch split, activation-checkpointed
+modules, KV allocator) and the command bookkeeping (applied, queued and
+failed commands), so a command in flight is applied at the same boundary
+by the replacement too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from remedy.workers.activation_checkpointing import (
+    checkpointed_modules,
+    enable_activation_checkpointing,
+)
+from remedy.workers.commands import Command
+from remedy.workers.lr_scale import LRScale
+from remedy.workers.snapshots import SnapshotRing, clone_to_host, restore_rng
+
+if TYPE_CHECKING:
+    from remedy.workers.guard import Guard
+
+
+def _plain(model: Any) -> Any:
+    return getattr(model, "module", model)
+
+
+def capture(guard: Guard) -> dict[str, Any]:
+    """Host copy of `guard`'s training state at the current step boundary."""
+    snap = guard.take_snapshot()
+    return {
+        "snapshot": snap,
+        "skipped": sorted(guard.cursor.skipped),
+        "micro_batches": guard.micro_batches,
+        "kv_allocator": guard.kv_allocator,
+        "lr_cut": (guard.lr_cut.scale, guard.lr_cut.floor),
+        "checkpointed": checkpointed_modules(_plain(guard.model)),
+        "done_ids": sorted(guard._done_ids),
+        "queued": [c.to_dict() for c in guard._queued.values()],
+        "max_seq": guard._max_seq,
+        "failed_chains": sorted(guard._failed_chains),
+    }
+
+
+def adopt(guard: Guard, state: dict[str, Any]) -> None:
+    """Make `guard` continue from `state` exactly (no remediation is applied twice)."""
+    snap = state["snapshot"]
+    guard.model.load_state_dict(snap.model)
+    guard.optimizer.load_state_dict(clone_to_host(snap.optimizer))
+    if guard.scheduler is not None and snap.scheduler is not None:
+        guard.scheduler.load_state_dict(clone_to_host(snap.scheduler))
+    if guard.scaler is not None and snap.scaler is not None:
+        guard.scaler.load_state_dict(snap.scaler)
+    restore_rng(snap.rng)
+    guard.step_count, guard.tick = snap.step, snap.tick
+    guard.cursor.position = snap.cursor
+    guard.cursor.skipped = set(state["skipped"])
+    # The param groups hold the scheduled LR; the cuts decided so far are applied around
+    # each optimizer step (lr_scale.py), so a replacement must adopt them to step alike.
+    scale, floor = state["lr_cut"]
+    guard.lr_cut = LRScale(scale=scale, floor=floor)
+    guard.micro_batches = state["micro_batches"]
+    guard.kv_allocator = state["kv_allocator"]
+    if state["checkpointed"]:
+        enable_activation_checkpointing(_plain(guard.model), modules=state["checkpointed"])
+    guard._done_ids = set(state["done_ids"])
+    guard._queued = {c["decision_id"]: Command.from_dict(c) for c in state["queued"]}
+    guard._max_seq = state["max_seq"]
+    guard._failed_chains = set(state["failed_chains"])
+    # Rings differ between survivors and the replacement; all restart from this boundary.
+    guard.snapshots = SnapshotRing(guard.config.snapshot_ring)
+    guard.snapshots.push(snap)
+    guard.detectors.reset()
+    guard.optimizer.zero_grad(set_to_none=True)
+
+
+def broadcast(
+    guard: Guard, *, src: int, group: Any = None, state: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Every rank of the group calls this; all adopt rank `src`'s state, which is returned.
+
+    The source sends `state` if given (captured before something overwrote
+    its live state, such as DDP's start-up sync from a replaced rank 0; it
+    then adopts it too), else what `capture` takes now.
+
+    One pickled object broadcast: on CPU tensors the cost is a copy of the
+    state per rank (a few ms for the example's 0.8M parameters).
+    """
+    source = dist.get_rank() == src
+    payload: list[Any] = [(state or capture(guard)) if source else None]
+    dist.broadcast_object_list(payload, src=src, group=group)
+    adopted: dict[str, Any] = payload[0]
+    if not source or state is not None:
+        adopt(guard, adopted)
+    else:
+        # The source too drops its ring, so every rank keeps the same snapshots.
+        guard.snapshots = SnapshotRing(guard.config.snapshot_ring)
+        guard.snapshots.push(adopted["snapshot"])
+    return adopted
