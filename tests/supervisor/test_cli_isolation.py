@@ -106,8 +106,11 @@ def test_two_concurrent_runs_both_complete(tmp_path: Path) -> None:
                 proc.kill()
     assert first.returncode == 0, err
     assert second.returncode == 0, err2
-    assert out.strip() == f"completed {first_dir}"
-    assert out2.strip() == f"completed {second_dir}"
+    # --quiet prints JSON lines; the last is the run's summary.
+    for stdout, run_dir in ((out, first_dir), (out2, second_dir)):
+        last = json.loads(stdout.strip().splitlines()[-1])
+        assert (last["event"], last["status"]) == ("summary", "completed")
+        assert str(run_dir) in stdout, "the report event names the run directory"
     for run_dir, steps in ((first_dir, 400), (second_dir, 500)):
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["status"] == "completed"
