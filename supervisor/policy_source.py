@@ -12,8 +12,7 @@ import os
 import stat
 from pathlib import Path
 
-from remedy import policies
-from remedy.policies import Diagnostic, Policy, PolicyError, load_policy_text
+from remedy.policies import Diagnostic, Policy, PolicyError, load_policy_bytes
 from remedy.policies._loader import resolve_policy_source
 
 # More than any real policy (the bundled ones are a few kB); the policy
@@ -39,47 +38,23 @@ def read_policy_bytes(source: str) -> tuple[bytes, str]:
 
 
 def policy_from_bytes(data: bytes | str, filename: str) -> Policy:
-    """Validate policy bytes (or text); PolicyError for anything wrong, never another exception."""
+    """Validate policy bytes (or text); PolicyError for anything wrong, never another exception.
+
+    The policy package bounds what a policy may be (size, encoding, control
+    characters, nesting, aliases) with located errors; this only makes sure
+    nothing else can escape to the supervisor that called it.
+    """
     if isinstance(data, str):
         data = data.encode("utf-8", errors="surrogateescape")
     if len(data) > MAX_POLICY_BYTES:
         raise PolicyError(
             [Diagnostic(filename, 1, 1, f"policy file is larger than {MAX_POLICY_BYTES} bytes")]
         )
-    loader = getattr(policies, "load_policy_bytes", None)
     try:
-        if loader is not None:
-            policy: Policy = loader(data, filename)
-            return policy
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise PolicyError(
-                [Diagnostic(filename, *_line_col(data, exc.start), "policy file is not UTF-8 text")]
-            ) from None
-        if "\x00" in text:
-            raise PolicyError(
-                [
-                    Diagnostic(
-                        filename, *_line_col(data, data.index(b"\x00")), "policy file is binary"
-                    )
-                ]
-            )
-        return load_policy_text(text, filename)
+        return load_policy_bytes(data, filename)
     except PolicyError:
         raise
-    except (RecursionError, MemoryError) as exc:
-        raise PolicyError(
-            [
-                Diagnostic(
-                    filename,
-                    1,
-                    1,
-                    f"policy file is too deeply nested or too large ({type(exc).__name__})",
-                )
-            ]
-        ) from None
-    # Untrusted input: any failure is a refusal, never a crash of the caller.
+    # Untrusted input: any other failure is a refusal, never a crash of the caller.
     except Exception as exc:
         raise PolicyError(
             [
@@ -94,12 +69,6 @@ def load_policy_source(source: str) -> Policy:
     """A policy file or bundled name, loaded as untrusted bytes."""
     data, name = read_policy_bytes(source)
     return policy_from_bytes(data, name)
-
-
-def _line_col(data: bytes, offset: int) -> tuple[int, int]:
-    head = data[:offset]
-    line = head.count(b"\n") + 1
-    return line, offset - (head.rfind(b"\n") + 1) + 1
 
 
 def is_policy_file(source: str) -> bool:

@@ -206,13 +206,21 @@ def _items(batch: Mapping[str, Any], key: str, cap: int, rejected: Counter[str])
     return value
 
 
+def _event_reason(raw: Any, exc: EventError) -> str:
+    """The rejection count an event refused by `AnomalyEvent.from_dict` goes to."""
+    if exc.reason == "bad_details":
+        return "event_too_large"  # oversized, too deep or not plain data
+    field = {"bad_step": "step", "bad_tick": "tick"}.get(exc.reason)
+    if field is not None and isinstance(raw, dict) and type(raw.get(field)) is int:
+        return f"event_{field}_out_of_range"  # a whole number, but negative or absurdly far
+    return "event_invalid"
+
+
 def _event(raw: Any, ctx: _Context, limits: Limits, rejected: Counter[str]) -> AnomalyEvent | None:
     try:
         ev = AnomalyEvent.from_dict(raw)
-    except (EventError, TypeError, ValueError, OverflowError):
-        # Until from_dict raises only EventError, a number too large for a float
-        # or an unhashable kind surfaces as one of the others.
-        rejected["event_invalid"] += 1
+    except EventError as exc:
+        rejected[_event_reason(raw, exc)] += 1
         return None
     if ev.rank != ctx.rank:
         rejected["event_rank_mismatch"] += 1

@@ -23,7 +23,7 @@ from remedy.workers.activation_checkpointing import (
 )
 from remedy.workers.commands import Command
 from remedy.workers.lr_scale import LRScale
-from remedy.workers.snapshots import SnapshotRing, clone_to_host, restore_rng
+from remedy.workers.snapshots import SnapshotRing
 
 if TYPE_CHECKING:
     from remedy.workers.guard import Guard
@@ -53,15 +53,10 @@ def capture(guard: Guard) -> dict[str, Any]:
 def adopt(guard: Guard, state: dict[str, Any]) -> None:
     """Make `guard` continue from `state` exactly (no remediation is applied twice)."""
     snap = state["snapshot"]
-    guard.model.load_state_dict(snap.model)
-    guard.optimizer.load_state_dict(clone_to_host(snap.optimizer))
-    if guard.scheduler is not None and snap.scheduler is not None:
-        guard.scheduler.load_state_dict(clone_to_host(snap.scheduler))
-    if guard.scaler is not None and snap.scaler is not None:
-        guard.scaler.load_state_dict(snap.scaler)
-    restore_rng(snap.rng)
-    guard.step_count, guard.tick = snap.step, snap.tick
-    guard.cursor.position = snap.cursor
+    # What a rollback restores: weights, optimizer, scheduler, scaler, RNG, step; detectors reset.
+    guard.restore(snap)
+    guard.tick = snap.tick
+    guard.cursor.position = snap.cursor  # also for a source that cannot seek: ranks must agree
     guard.cursor.skipped = set(state["skipped"])
     # The param groups hold the scheduled LR; the cuts decided so far are applied around
     # each optimizer step (lr_scale.py), so a replacement must adopt them to step alike.
@@ -78,8 +73,6 @@ def adopt(guard: Guard, state: dict[str, Any]) -> None:
     # Rings differ between survivors and the replacement; all restart from this boundary.
     guard.snapshots = SnapshotRing(guard.config.snapshot_ring)
     guard.snapshots.push(snap)
-    guard.detectors.reset()
-    guard.optimizer.zero_grad(set_to_none=True)
 
 
 def broadcast(

@@ -166,6 +166,12 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("status-none", ["status"], 0, "no supervised runs on this machine"),
     ("status-unknown", ["status", "nope"], 1, "no live run 'nope'"),
     ("status-refused", ["status", "--address", "127.0.0.1:1"], 2, "no Ray cluster answers"),
+    (
+        "chaos-rank-outside-world",
+        ["run", TINY, "--chaos", str(INPUTS / "chaos" / "rank_outside_world.yaml")],
+        2,
+        "rank_outside_world.yaml:3:40: error: faults.0.rank: rank 7 is outside the world of 1",
+    ),
 ]
 
 # Every policy and chaos file of the hostile folder goes through the commands that read it.

@@ -22,11 +22,11 @@ INPUTS = Path(__file__).resolve().parents[1] / "robustness" / "inputs" / "polici
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (GOOD.replace(b"ok", b"caf\xe9"), "2:10: error: policy file is not UTF-8 text"),
-        (GOOD.replace(b"notify", b"not\x00ify"), "6:13: error: policy file is binary"),
+        (GOOD.replace(b"ok", b"caf\xe9"), "2:10: error: policy file is not UTF-8 text (byte 0xe9)"),
+        (GOOD.replace(b"notify", b"not\x00ify"), "6:13: error: control character U+0000"),
         (
             b"version: 1\nrules: " + b"[" * 5000 + b"]" * 5000,
-            "error: policy file is too deeply nested",
+            "2:136: error: nesting deeper than 32 levels",
         ),
         (b"#" * (MAX_POLICY_BYTES + 1), f"larger than {MAX_POLICY_BYTES} bytes"),
     ],

@@ -82,7 +82,11 @@ def test_live_supervisor_refuses_hostile_batches(ray_cluster: None, tmp_path: Pa
         policy=str(policy),
         run_dir=str(tmp_path / "run"),
         argv=argv,
-        faults=[{"kind": "nan_loss", "at_step": NAN_AT, "rank": 0}],
+        faults=[
+            {"kind": "nan_loss", "at_step": NAN_AT, "rank": 0},
+            # Slow steps until the NaN, so the hostile batches surely come first (>= 8 s).
+            {"kind": "slow_loader", "at_step": 0, "duration": NAN_AT, "seconds": 0.1, "rank": 0},
+        ],
     )
     actor = SupervisorActor.remote(spec.to_dict())  # type: ignore[attr-defined]
     done = actor.run.remote()  # type: ignore[attr-defined]
