@@ -383,19 +383,20 @@ def _supervise(spec: Any, args: argparse.Namespace) -> int:
             f"remedy: error: the supervisor of run {spec.run_id} failed: {first}", file=sys.stderr
         )
         return EXIT_FAILED
-    text = format_summary(summary, load_run(spec.run_dir).decisions)
-    display.close(summary, text, report=_write_report_files(spec.run_dir))
+    run = load_run(spec.run_dir)
+    text = format_summary(summary, run.decisions)
+    display.close(summary, text, report=_write_report_files(run))
     for line in rank_errors(summary):
         print(line, file=sys.stderr)
     return STATUS_EXIT.get(summary["status"], EXIT_FAILED)
 
 
-def _write_report_files(run_dir: str) -> dict[str, str]:
+def _write_report_files(run: Any) -> dict[str, str]:
     """The run's report.png and report.html; a report that fails to render never fails the run."""
     from remedy.supervisor.report import write_report  # noqa: PLC0415 - matplotlib is slow to import
 
     try:
-        png, page = write_report(run_dir)
+        png, page = write_report(run)
     except Exception as exc:  # the run's result matters more than its picture
         return {"error": f"report not written: {exc!r}"}
     return {"html": str(page), "png": str(png)}
@@ -541,7 +542,7 @@ def _report(args: argparse.Namespace) -> int:
         from remedy.supervisor.report import write_report  # noqa: PLC0415 - matplotlib is slow to import
 
         try:
-            png, page = write_report(run.path, args.out)
+            png, page = write_report(run, args.out)
             print(f"report: {page} (timeline {png})", file=sys.stderr)
         except Exception as exc:  # damaged journals may not draw; the text above still stands
             print(f"remedy: warning: report files not written: {exc!r}", file=sys.stderr)

@@ -41,9 +41,15 @@ PANELS: list[tuple[str, str, float]] = [
 KIND_COLORS = ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e"]
 
 
-def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path, Path]:
-    """Render `report.png` and `report.html` for the run in `run_dir` (into `out_dir`, default the run dir)."""
-    run = load_run(run_dir)
+def write_report(
+    run_dir: str | Path | RunData, out_dir: str | Path | None = None
+) -> tuple[Path, Path]:
+    """Render `report.png` and `report.html` for the run in `run_dir` (into `out_dir`, default the run dir).
+
+    `run_dir` may be the run already read (`load_run`), so a caller that printed
+    its summary does not read the journals a second time.
+    """
+    run = run_dir if isinstance(run_dir, RunData) else load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else run.path
     out.mkdir(parents=True, exist_ok=True)
     fig = timeline(run)
