@@ -40,6 +40,10 @@ def seen(event: AnomalyEvent, ranks: Sequence[int]) -> str:
         if event.threshold is not None:
             measured += f", threshold {event.threshold:.4g}"
         measured = f" ({measured})"
+    checkpoint = event.details.get("checkpoint_step") if event.details else None
+    if event.kind == "checkpoint_corrupt" and type(checkpoint) is int:
+        # Which checkpoint failed: the step of the event is only when the restore ran.
+        measured = f" (the checkpoint of step {checkpoint} failed its checksum)"
     return f"{event.kind}{measured} on {ranks_text(ranks)} at step {event.step}"
 
 

@@ -37,6 +37,7 @@ ANOMALY_KINDS: Final[tuple[str, ...]] = (
     "gpu_util_drop",
     "pcie_throughput_drop",
     "nvlink_error",
+    "checkpoint_corrupt",
 )
 
 ACTIONS: Final[tuple[str, ...]] = (

@@ -19,11 +19,13 @@ import structlog
 import torch
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from remedy.workers import restore_point
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.exceptions import ActionError, CheckpointError, TransientActionError
 
 if TYPE_CHECKING:
     from remedy.workers.guard import Guard
+    from remedy.workers.snapshots import Snapshot
 
 log = structlog.get_logger("remedy.actions")
 
@@ -100,24 +102,38 @@ def apply_command(guard: Guard, command: Command) -> Outcome:
 
 @applier("rollback")
 def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
-    """Restore the newest snapshot at least `steps_back` before the anomaly, then skip batches."""
+    """Restore the newest state at least `steps_back` before the anomaly, then skip batches.
+
+    From the snapshot ring when every rank holds the step there, else from
+    the newest durable checkpoint every rank holds a good copy of (the ranks
+    agree through the process group, `restore_point`). Checkpoints newer than
+    the restored step are retired: their timeline is abandoned.
+    """
     steps_back = int(params.get("steps_back", 100))
     target = max(command.anomaly_step - steps_back, 0)
-    snap, source = guard.snapshots.newest_at_or_before(target), "memory"
+    group = guard._group
+    snap, source, why = _agreed_memory(guard, target, group), "memory", ""
     if snap is None and guard.checkpoints is not None:
-        try:
-            snap, source = guard.checkpoints.load_latest(at_or_before=target), "disk"
-        except CheckpointError:
-            snap = None
+        choice = restore_point.agree_on_disk(guard.checkpoints, at_or_before=target, group=group)
+        why = choice.describe()
+        if choice.step is not None:
+            try:
+                snap, source = guard.checkpoints.load(choice.step), "disk"
+            except CheckpointError as exc:  # changed since it was verified: no agreed state
+                raise ActionError(
+                    f"checkpoint at step {choice.step} became unreadable: {exc}"
+                ) from exc
     if snap is None:
         # Nothing that far back: the newest state from before the anomaly still beats going on.
-        snap, source = guard.snapshots.newest_at_or_before(command.anomaly_step), "memory"
+        snap, source = _agreed_memory(guard, command.anomaly_step, group), "memory"
     if snap is None:
         raise ActionError(
             f"no snapshot or checkpoint at or before step {command.anomaly_step} to roll back to"
+            + (f" ({why})" if why else "")
         )
     from_step = guard.step_count
     guard.restore(snap)
+    retired = guard.checkpoints.retire_after(snap.step) if guard.checkpoints is not None else []
     skipped = guard.skip_next(int(params.get("skip_batches", 0)))
     rewound = guard.cursor.rewindable
     # The policy's reason says how far back it asked to go; the snapshot ring decides
@@ -126,6 +142,13 @@ def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str
         f"restored step {snap.step} from {source} ({from_step - snap.step} steps back, "
         f"from step {from_step}); skipped {len(skipped)} batches"
     )
+    if why:
+        detail += f"; {why}"
+    if retired:
+        detail += (
+            f"; retired the checkpoints of steps {', '.join(map(str, retired))} "
+            "(their timeline is abandoned)"
+        )
     if not rewound:
         detail += (
             "; the data was not rewound (a plain iterable cannot go back): training "
@@ -139,8 +162,16 @@ def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str
         "source": source,
         "data_rewound": rewound,
         "skipped_batches": skipped,
+        "retired_checkpoints": retired,
         "detail": detail,
     }
+
+
+def _agreed_memory(guard: Guard, step: int, group: Any) -> Snapshot | None:
+    """The ring's newest snapshot at or before `step`, if every rank has that same one."""
+    snap = guard.snapshots.newest_at_or_before(step)
+    agreed = restore_point.gather(None if snap is None else snap.step, group).common_step()
+    return snap if snap is not None and agreed == snap.step else None
 
 
 @applier("skip_batches")
@@ -213,10 +244,11 @@ def checkpoint_now(guard: Guard, params: dict[str, Any], command: Command) -> di
     if guard.checkpoints is None:
         raise ActionError("checkpoint_now needs a run directory for durable checkpoints")
     snap = guard.take_snapshot()
+    snap.extra = guard.checkpoint_extra()
     try:
         path = guard.checkpoints.save_now(snap)
-    except OSError as exc:
-        raise TransientActionError(f"checkpoint write failed: {exc}") from exc
+    except CheckpointError as exc:  # retried within bounds by the store already
+        raise ActionError(str(exc)) from exc
     return {"path": str(path), "step": snap.step, "detail": f"checkpoint at step {snap.step}"}
 
 

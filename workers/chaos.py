@@ -79,6 +79,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "hang_rank": "the rank's process is stopped (SIGSTOP) at the start of the step (once per run)",
     "slow_collective": "the rank reaches its collectives after the step's backward `seconds` late "
     "(once per run)",
+    "corrupt_checkpoint": "flips bytes in the rank's newest durable checkpoint payload at the "
+    "boundary before the step (once per run); its checksum then fails on restore",
 }
 SUPPORTED_FAULTS = frozenset(FAULT_DESCRIPTIONS)
 
@@ -94,6 +96,7 @@ FAULT_PARAMS: dict[str, frozenset[str]] = {
     "kill_rank": frozenset(),
     "hang_rank": frozenset(),
     "slow_collective": frozenset({"seconds"}),
+    "corrupt_checkpoint": frozenset(),
 }
 
 _ALL_PARAMS = frozenset({"duration", "factor", "seconds", "bytes"})  # a kind not listed above
@@ -337,6 +340,18 @@ def _error(diagnostics: list[Diagnostic]) -> ChaosConfigError:
     return ChaosConfigError("\n".join(lines))
 
 
+def corrupt_file(path: Path, count: int = 16) -> None:
+    """Flip `count` bytes in the middle of `path` in place, as bit rot on disk does."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    for i in range(middle, min(middle + count, len(data))):
+        data[i] ^= 0xFF
+    with open(path, "r+b") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 class FaultInjector:
     """Applies the faults scheduled for one rank to the running step.
 
@@ -392,6 +407,19 @@ class FaultInjector:
     def drain_log(self) -> list[dict[str, Any]]:
         out, self.log = self.log, []
         return out
+
+    def at_boundary(self, step: int, checkpoints: Any) -> None:
+        """Boundary faults: flip bytes in the newest durable checkpoint (`CheckpointStore`)."""
+        if checkpoints is None or not self._window("corrupt_checkpoint", step):
+            return
+        checkpoints.wait()  # the newest one may still be on its way to disk
+        steps = checkpoints.steps()
+        if not steps:
+            return  # nothing written yet: nothing to corrupt
+        newest = steps[-1]
+        if self.fire_once("corrupt_checkpoint", step, checkpoint_step=newest) is not None:
+            corrupt_file(checkpoints.directory / f"step-{newest:08d}.rank{self.rank}.pt")
+            self._note("corrupt_checkpoint", step, checkpoint_step=newest)
 
     def before_batch(self, step: int) -> None:
         """Loader-side faults: slow batches."""

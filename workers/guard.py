@@ -33,7 +33,11 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from remedy.workers import actions, memory_actions  # noqa: F401 - memory_actions registers its appliers
+from remedy.workers import (  # noqa: F401 - memory_actions registers its appliers
+    actions,
+    memory_actions,
+    restore_point,
+)
 from remedy.workers.activation_checkpointing import SavedActivationCap
 from remedy.workers.chaos import FaultInjector
 from remedy.workers.checkpoint_store import CheckpointStore
@@ -168,6 +172,13 @@ class Guard:
             if self.run_dir is not None and self.config.checkpoint_every > 0
             else None
         )
+        # Checksum failures found while restoring, reported as `checkpoint_corrupt` events.
+        self._corrupt: list[tuple[int, str]] = []
+        if self.checkpoints is not None:
+            self.checkpoints.on_corrupt = lambda step, error: self._corrupt.append((step, error))
+        # A rank started by a full-group restart resumes from this checkpoint before its first step.
+        self._resume_step = ctx.resume_step
+        self.resumed: dict[str, Any] | None = None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self._memory = MemoryProbe(self.device)
@@ -234,6 +245,7 @@ class Guard:
         try:
             while True:
                 self._boundary()
+                self.injector.at_boundary(self.step_count, self.checkpoints)
                 if self._stop_reason is not None or (
                     self.max_steps is not None and self.step_count >= self.max_steps
                 ):
@@ -262,6 +274,10 @@ class Guard:
         """The safe point between steps: take commands, apply due ones, snapshot."""
         if self.membership is not None:
             self.membership.adopt_if_joining(self)
+        if self._resume_step is not None:
+            step, self._resume_step = self._resume_step, None
+            self.resumed = restore_point.resume(self, step)
+            self._report_corrupt()
         self._take_commands()
         if self._group is not None:
             # Every rank applies the same commands at the same boundary, or
@@ -280,8 +296,11 @@ class Guard:
         due = sorted(ready, key=lambda c: (c.seq, c.chain_id, c.chain_index))
         self._apply(due)
         if due:
+            self._report_corrupt()
             self._send(force=True)
-        if self.step_count % self.config.snapshot_every == 0 and (
+        # A durable checkpoint is written from a snapshot: one is taken at its boundary too.
+        due_snapshot = self.step_count % self.config.snapshot_every == 0 or self._checkpoint_due()
+        if due_snapshot and (
             not len(self.snapshots) or self.snapshots.steps()[-1] != self.step_count
         ):
             self._snapshot()
@@ -309,12 +328,43 @@ class Guard:
                 self._prepare_spares = False
         snap = self.take_snapshot(into=reuse)
         self.snapshots.push(snap)
-        if self.checkpoints is not None and self.step_count % self.config.checkpoint_every == 0:
-            self._writes[id(snap)] = self.checkpoints.save(snap)
+        if self.checkpoints is not None and self._checkpoint_due():
+            snap.extra = self.checkpoint_extra()
+            write = self.checkpoints.save(snap)
+            write.add_done_callback(_log_failed_write)
+            self._writes[id(snap)] = write
         if not self.snapshots.full and self._spare is None and self._prepare_spares:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="remedy-snapshot")
             self._spare = self._pool.submit(_blank_snapshot, snap)
+
+    def _checkpoint_due(self) -> bool:
+        every = self.config.checkpoint_every
+        return self.checkpoints is not None and every > 0 and self.step_count % every == 0
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """What a checkpoint holds besides the snapshot: the remediations and command bookkeeping,
+        so a fresh process resuming from it continues as the run did (`restore_point.resume`)."""
+        return restore_point.remediations(self)
+
+    def _report_corrupt(self) -> None:
+        """Checksum failures met while restoring become `checkpoint_corrupt` events."""
+        from remedy.policies import AnomalyEvent  # noqa: PLC0415
+
+        found, self._corrupt = self._corrupt, []
+        for checkpoint_step, error in found:
+            ev = AnomalyEvent(
+                kind="checkpoint_corrupt",
+                rank=self.rank,
+                step=self.step_count,
+                tick=self.tick,
+                severity="warning",
+                ts=time.time(),
+                details={"checkpoint_step": checkpoint_step, "error": error[:300]},
+            )
+            self._events.append(ev.to_dict())
+        if found:
+            self._send(force=True)
 
     def _take_commands(self) -> None:
         for raw in self.reporter.poll():
@@ -668,6 +718,8 @@ class Guard:
             "epochs_started": self.cursor.epoch + 1,
             "skipped_batches": sorted(self.cursor.skipped),
         }
+        if self.resumed is not None:
+            self.summary["resumed"] = self.resumed
         self.ctx.summary = self.summary
         if self._owns_controller:
             assert isinstance(self.reporter, LocalReporter)
@@ -730,6 +782,12 @@ def _local_summary(controller: Any, rank: dict[str, Any], wall_s: float) -> dict
         "wall_s": round(wall_s, 2),
         "ranks": [rank],
     }
+
+
+def _log_failed_write(write: Future[Any]) -> None:
+    failed = write.exception()
+    if failed is not None:
+        log.error("checkpoint_write_failed", error=str(failed))
 
 
 def _blank_snapshot(like: Snapshot) -> Snapshot:

@@ -108,10 +108,11 @@ def test_store_keeps_newest(tmp_path: Path) -> None:
 
 
 def test_atomic_write_leaves_no_temp_files(tmp_path: Path) -> None:
-    """Completed writes leave only payloads and manifests behind."""
+    """Completed writes leave only payloads, manifests and the known-good marker behind."""
     store = CheckpointStore(tmp_path, rank=1)
     store.save_now(snap(5))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "known-good.rank1.json",
         "step-00000005.rank1.json",
         "step-00000005.rank1.pt",
     ]
