@@ -9,9 +9,9 @@ restarted supervisor could rebuild the state from the last journaled
 record (`JobState.to_dict` / `from_dict`).
 
     starting -> running(g) -> recovering(g, lost, reason) -> running(g+1)
-                                  | K failed targeted restarts
-                                  v
-                            restarting-all(g) -> running(g+1)
+                   |              | K failed targeted restarts
+                   | K = 0        v
+                   +------> restarting-all(g) -> running(g+1)   (every rank from a checkpoint)
                                   | failed again
                                   v
                                aborting -> aborted
@@ -98,6 +98,7 @@ class Regrouped:
     """A restart formed generation `generation` and every rank took a step in it."""
 
     generation: int
+    detail: str = ""  # e.g. the checkpoint a full-group restart resumed from
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +144,16 @@ def transition(
             )
         case RanksLost(ranks, reason):
             ranks_s = _ranks(ranks)
+            if state.phase is Phase.RUNNING and max_targeted <= 0:
+                return (
+                    replace(
+                        state, phase=Phase.RESTARTING_ALL, lost=frozenset(ranks), reason=reason
+                    ),
+                    (
+                        f"{reason}; targeted restarts are off (max_targeted_restarts is 0): "
+                        "restarting the whole group from the last checkpoint every rank committed"
+                    ),
+                )
             if state.phase is Phase.RUNNING:
                 return (
                     replace(state, phase=Phase.RECOVERING, lost=frozenset(ranks), reason=reason),
@@ -155,13 +166,17 @@ def transition(
                     f"{reason} during recovery; now replacing {_ranks(lost)}",
                 )
             raise TransitionError(f"RanksLost in {state.phase}")
-        case Regrouped(generation):
+        case Regrouped(generation, detail):
             if state.phase not in (Phase.RECOVERING, Phase.RESTARTING_ALL):
                 raise TransitionError(f"Regrouped in {state.phase}")
-            how = "targeted restart" if state.phase is Phase.RECOVERING else "full-group restart"
+            if state.phase is Phase.RECOVERING:
+                how = f"targeted restart of {_ranks(state.lost)}"
+            else:
+                how = f"full-group restart after losing {_ranks(state.lost)}"
+            detail = f" ({detail})" if detail else ""
             return (
                 JobState(Phase.RUNNING, generation),
-                f"{how} of {_ranks(state.lost)} formed generation {generation}; training",
+                f"{how} formed generation {generation}{detail}; training",
             )
         case RestartFailed(reason):
             if state.phase is Phase.RECOVERING:

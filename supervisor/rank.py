@@ -112,8 +112,12 @@ class RankActor:
         generation: int = 0,
         adopt_from: int | None = None,
         faults: list[dict[str, Any]] | None = None,
+        resume_step: int | None = None,
     ) -> dict[str, Any]:
-        """Join generation `generation` as `rank` and run the training function; never raises."""
+        """Join generation `generation` as `rank` and run the training function; never raises.
+
+        With `resume_step` (a full-group restart) the Guard starts from that durable checkpoint.
+        """
         t0 = time.time()
         self.membership = Membership(
             rank=rank,
@@ -131,6 +135,7 @@ class RankActor:
             faults=[Fault.model_validate(f) for f in faults or []],
             argv=list(self.argv),
             membership=self.membership,
+            resume_step=resume_step,
         )
         set_context(self.ctx)
         result: Any = None

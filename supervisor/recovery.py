@@ -13,16 +13,22 @@ of them in the next generation, order the survivors to regroup from the
 lowest healthy rank's state, and wait until every rank has completed a
 step in the new generation. A replacement that fails is relaunched into the
 same generation, with jittered back-off (tenacity), up to
-`RunSpec.max_targeted_restarts` attempts; then the job state machine moves
-to restarting-all and, as the full-group restart is not carried out by this
-version, to aborting, and the decision fails (the policy's `on_failure`
-follows). Each transition is journaled.
+`RunSpec.max_targeted_restarts` attempts (0: none); then the job state
+machine moves to restarting-all and `_restart_all` kills every rank and
+starts the whole group afresh in the next generation, warm spares first,
+each rank resuming from the newest durable checkpoint every rank committed
+(`committed_steps`; retired checkpoints of an abandoned timeline are never
+among them), or from step 0 with the initial state when there is none. If
+that fails too, every rank is stopped, the job moves to aborting and the
+decision fails (the policy's `on_failure` follows). Each transition is
+journaled with its reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -31,6 +37,7 @@ from tenacity import AsyncRetrying, RetryError, stop_after_attempt, wait_random_
 from remedy.policies import AnomalyEvent, Decision
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.job_state import Phase, RanksLost, Regrouped, RestartFailed
+from remedy.workers.checkpoint_store import checkpoint_tick, committed_steps
 
 if TYPE_CHECKING:
     from remedy.supervisor.actor import SupervisorActor
@@ -66,6 +73,7 @@ class Recovery:
         self._next_ping = 0.0
         self._task: asyncio.Task[None] | None = None
         self._front = 0  # the tick every rank must pass for a restart to count
+        self._restarting: set[int] = set()  # every rank, while a full-group restart runs
 
     # ------------------------------------------------------------- detection
     async def check_hangs(self) -> None:
@@ -94,7 +102,7 @@ class Recovery:
         if (rank, incarnation) in self._reported:
             return
         self._reported.add((rank, incarnation))
-        if self.sup.job.state.phase is Phase.RECOVERING and rank in self.sup.job.state.lost:
+        if self._replacing(rank):
             self.replacement_failed(rank, reason)
             return
         # The slot is closed (its reports refused) only when a restart replaces it:
@@ -121,8 +129,18 @@ class Recovery:
         log.warning(kind, rank=rank, reason=reason)
         c.ingest({"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]})
 
+    def _restarting_all(self) -> bool:
+        return self.sup.job.state.phase is Phase.RESTARTING_ALL
+
+    def _replacing(self, rank: int) -> bool:
+        """True while `rank` is being started by a restart (targeted or full-group)."""
+        state = self.sup.job.state
+        if state.phase is Phase.RECOVERING:
+            return rank in state.lost
+        return state.phase is Phase.RESTARTING_ALL and rank in self._restarting
+
     def replacement_failed(self, rank: int, why: str) -> None:
-        if self.sup.job.state.phase is Phase.RECOVERING and rank in self.sup.job.state.lost:
+        if self._replacing(rank):
             self._failed[rank] = why
 
     # --------------------------------------------------------------- restart
@@ -140,25 +158,27 @@ class Recovery:
         sup.job.step(RanksLost(frozenset(ranks), f"{d.anomaly.kind} on rank {d.anomaly.rank}"))
         t_detect = min(self._detected_at.get(r, time.time()) for r in ranks)
         info: dict[str, Any] = {}
-        try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(sup.job.max_targeted),
-                wait=wait_random_exponential(multiplier=0.05, max=1.0),
-                reraise=False,
-            ):
-                with attempt:
-                    info = await self._attempt(ranks, first=attempt.retry_state.attempt_number == 1)
-                if attempt.retry_state.outcome is not None and attempt.retry_state.outcome.failed:
-                    exc = attempt.retry_state.outcome.exception()
-                    sup.job.step(RestartFailed(str(exc)))
-        except RetryError as exc:
-            why = str(exc.last_attempt.exception())
-            if sup.job.state.phase is Phase.RESTARTING_ALL:
-                # The full-group restart from a durable checkpoint is not carried out yet.
-                sup.job.step(RestartFailed("a full-group restart is not available in this version"))
-            sup.controller.resolve_group_action(
-                d.decision_id, "failed", f"targeted restart failed: {why}"
-            )
+        why = "targeted restarts are off (max_targeted_restarts is 0)"
+        if sup.job.state.phase is Phase.RECOVERING:
+            try:
+                async for attempt in AsyncRetrying(
+                    stop=stop_after_attempt(sup.job.max_targeted),
+                    wait=wait_random_exponential(multiplier=0.05, max=1.0),
+                    reraise=False,
+                ):
+                    with attempt:
+                        first = attempt.retry_state.attempt_number == 1
+                        info = await self._attempt(ranks, first=first)
+                    outcome = attempt.retry_state.outcome
+                    if outcome is not None and outcome.failed:
+                        sup.job.step(RestartFailed(str(outcome.exception())))
+            except RetryError as exc:
+                why = f"targeted restart failed: {exc.last_attempt.exception()}"
+                if not self._restarting_all():
+                    sup.controller.resolve_group_action(d.decision_id, "failed", why)
+                    return
+        if self._restarting_all():
+            await self._full_restart(d, ranks, t_detect, why)
             return
         t_stepped = time.time()
         sup.job.step(Regrouped(info["generation"]))
@@ -181,6 +201,108 @@ class Recovery:
             result=record,
         )
         self.group.refill_spares()
+
+    # ------------------------------------------------------ full-group restart
+    async def _full_restart(self, d: Decision, lost: list[int], t_detect: float, why: str) -> None:
+        """Restart every rank from the last committed checkpoint; resolve `d` either way."""
+        sup = self.sup
+        try:
+            info = await self._restart_all()
+        except RestartError as exc:
+            self._restarting.clear()
+            sup.job.step(RestartFailed(str(exc)))
+            self.group.kill_all()  # nothing left to supervise: the run ends
+            sup.controller.resolve_group_action(
+                d.decision_id, "failed", f"{why}; full-group restart failed: {exc}"
+            )
+            return
+        self._restarting.clear()
+        t_stepped = time.time()
+        sup.job.step(Regrouped(info["generation"], info["resumed"]))
+        record = {
+            **info,
+            "ranks": lost,
+            "anomaly": d.anomaly.kind,
+            "detected_at": t_detect,
+            "stepped_at": t_stepped,
+            "detect_to_step_s": round(t_stepped - t_detect, 4),
+        }
+        self.records.append(record)
+        sup.controller.resolve_group_action(
+            d.decision_id,
+            "applied",
+            f"{why}; restarted every rank in generation {info['generation']} {info['resumed']}; "
+            f"every rank stepped {record['detect_to_step_s']:.2f}s after detection",
+            result=record,
+        )
+        self.group.refill_spares()
+
+    async def _restart_all(self) -> dict[str, Any]:
+        """Kill every rank, start them all in a new generation from the last committed checkpoint."""
+        sup = self.sup
+        c = sup.controller
+        world = list(range(sup.spec.workers))
+        directory = Path(sup.spec.run_dir) / "checkpoints"
+        steps = committed_steps(directory, sup.spec.workers)
+        resume = steps[-1] if steps else None
+        # The steps redone: from the checkpoint to the furthest step a rank reported.
+        reached = max((m.step for r, m in c._marks.items() if r in world), default=0)
+        if resume is None:
+            resumed = "from step 0 with the initial state: no checkpoint is committed by every rank"
+            floor = 0
+        else:
+            resumed = (
+                f"from checkpoint step {resume}, the newest of the steps every rank "
+                f"committed: {', '.join(map(str, steps))}"
+            )
+            floor = checkpoint_tick(directory, resume) or 0
+        sup.run_dir.wal({
+            "type": "full_restart", "resume_step": resume, "committed_steps": steps,
+            "reached_step": reached, "reason": f"restarting every rank {resumed}",
+        })  # fmt: skip
+        self._restarting = set(world)
+        self._failed.clear()
+        for r in world:
+            self._reported.add((r, sup.slots.incarnation(r)))
+            sup.slots.lose(r)
+        info = await self.group.restart_all(resume)
+        self._reissue_pending()
+        now = time.monotonic()
+        for r in world:
+            c.tick_of[r] = -1
+            c.forget_rank(r)
+            sup.watch.started(r, now)
+        deadline = now + REGROUP_TIMEOUT_S
+        # Each rank reports once when its Guard exists (tick 0), then resumes at the
+        # checkpoint's tick: a tick past it is a step completed in the new generation.
+        while not all(c.tick_of.get(r, -1) > floor for r in world):
+            failed = {r: why for r, why in self._failed.items() if r in world}
+            if failed:
+                raise RestartError(
+                    "; ".join(f"rank {r}: {why}" for r, why in sorted(failed.items()))
+                )
+            if time.monotonic() > deadline:
+                raise RestartError(f"the group did not step within {REGROUP_TIMEOUT_S:g}s")
+            await asyncio.sleep(0.005)
+        return {
+            **info,
+            "resumed": resumed,
+            "reached_step": reached,
+            "steps_lost": max(reached - (resume or 0), 0),
+        }
+
+    def _reissue_pending(self) -> None:
+        """Every rank of the new generation gets every pending command again.
+
+        The ranks resume from a checkpoint older than any answer the old
+        processes gave, so an answer from before the restart does not count:
+        a command applied by some of the old ranks is applied by all new ones.
+        """
+        world = set(range(self.sup.spec.workers))
+        for pending in self.sup.controller.pending.values():
+            pending.outcomes.clear()
+            pending.dropped.clear()
+            pending.targets = set(world)
 
     async def _blocked(self, live: list[int]) -> list[int]:
         """Survivors that have not caught the broken collective's error after a grace period."""

@@ -69,7 +69,13 @@ class WorkerGroup:
         return [f for f in self.spec.faults if f.get("rank", 0) in (None, rank)]
 
     def _launch(
-        self, rank: int, actor: Any, *, generation: int, adopt_from: int | None
+        self,
+        rank: int,
+        actor: Any,
+        *,
+        generation: int,
+        adopt_from: int | None,
+        resume_step: int | None = None,
     ) -> ray.ObjectRef:
         incarnation = self.slots.incarnation(rank)
         ref = actor.run.remote(
@@ -80,6 +86,7 @@ class WorkerGroup:
             generation=generation,
             adopt_from=adopt_from,
             faults=self._faults(rank),
+            resume_step=resume_step,
         )
         self.actors[rank] = actor
         self._refs[ref] = (rank, incarnation)
@@ -189,6 +196,40 @@ class WorkerGroup:
             "replacements": {str(r): "new actor" for r in ranks},
             "launch_s": round(time.perf_counter() - t0, 4),
         }
+
+    async def restart_all(self, resume_step: int | None) -> dict[str, Any]:
+        """Kill every rank and start the whole group afresh in the next generation.
+
+        Warm spares become ranks first, then new actors; each rank's Guard
+        resumes from durable checkpoint `resume_step` (None: from the start).
+        """
+        t0 = time.perf_counter()
+        ranks = list(range(self.spec.workers))
+        for rank in ranks:
+            self.kill(rank)
+        self.generation += 1
+        how: dict[int, str] = {}
+        for rank in ranks:
+            self.slots.replace(rank)
+            if self.spares:
+                actor, how[rank] = self.spares.pop(0), "warm spare"
+            else:
+                actor, how[rank] = self._new_actor(), "new actor"
+            self._launch(
+                rank, actor, generation=self.generation, adopt_from=None, resume_step=resume_step
+            )
+        await self._learn_pids(ranks)
+        return {
+            "generation": self.generation,
+            "resume_step": resume_step,
+            "replacements": {str(r): how[r] for r in ranks},
+            "launch_s": round(time.perf_counter() - t0, 4),
+        }
+
+    def kill_all(self) -> None:
+        """Kill every rank's process (the run is ending)."""
+        for rank in list(self.actors):
+            self.kill(rank)
 
     def refill_spares(self) -> None:
         """Start spares up to the configured count (their start is off the critical path)."""

@@ -55,6 +55,29 @@ def test_failed_restarts_escalate_to_full_restart_then_abort() -> None:
     assert "aborting the run" in reasons[4]
 
 
+def test_full_restart_that_works_returns_to_running() -> None:
+    """restarting-all -> running(g+1), the reason naming the checkpoint resumed from."""
+    m, journal = _machine(max_targeted=1)
+    m.step(Started(0))
+    m.step(RanksLost(frozenset({2}), "rank_dead on rank 2"))
+    assert m.step(RestartFailed("replacement raised"))[1].phase is Phase.RESTARTING_ALL
+    assert m.step(Regrouped(2, "from checkpoint step 30"))[1] == JobState(Phase.RUNNING, 2)
+    assert journal[-1]["reason"] == (
+        "full-group restart after losing rank 2 formed generation 2 "
+        "(from checkpoint step 30); training"
+    )
+
+
+def test_no_targeted_restarts_goes_straight_to_full_restart() -> None:
+    """With max_targeted_restarts 0 a lost rank moves running -> restarting-all at once."""
+    m, journal = _machine(max_targeted=0)
+    m.step(Started(0))
+    assert m.step(RanksLost(frozenset({3}), "rank_hang on rank 3"))[1].phase is (
+        Phase.RESTARTING_ALL
+    )
+    assert "targeted restarts are off" in journal[-1]["reason"]
+
+
 def test_a_second_loss_during_recovery_widens_the_lost_set() -> None:
     """A rank lost while another is being replaced joins the same recovery."""
     m, _ = _machine()

@@ -1,0 +1,116 @@
+"""Durable checkpoints under a real supervisor: a corrupt checkpoint on one rank, and the full-group restart.
+
+Real Ray actors, real gloo, real torch training (`durable_train.py`, a small
+MLP under DDP), real files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from remedy.supervisor.runner import run_supervised
+from remedy.supervisor.spec import RunSpec
+from remedy.workers.rundir import read_jsonl
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+HERE = Path(__file__).resolve().parent
+TARGET = f"{HERE / 'durable_train.py'}:main"
+POLICY = str(HERE / "durable_policy.yaml")
+
+
+def _run(
+    tmp: Path, workers: int, steps: int, faults: list[dict[str, Any]], *args: str, **kw: Any
+) -> dict[str, Any]:
+    spec = RunSpec(
+        target=TARGET, policy=POLICY, workers=workers, run_dir=str(tmp), faults=faults,
+        argv=["--steps", str(steps), *args], threads_per_rank=1,
+        hang_watch={"first_step_s": 10.0}, **kw,
+    )  # fmt: skip
+    return run_supervised(spec)
+
+
+def _phases(tmp: Path) -> list[str]:
+    states = [
+        r["to"]["phase"] for r in read_jsonl(tmp / "journal.wal") if r.get("type") == "job_state"
+    ]
+    return [p for i, p in enumerate(states) if i == 0 or states[i - 1] != p]
+
+
+@pytest.mark.timeout(180)
+def test_corrupt_checkpoint_on_one_rank_both_restore_the_previous_good_step(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """Rank 1's checkpoint of step 50 is corrupted; a NaN's rollback reaches past the ring to disk:
+    both ranks restore step 40, end bitwise equal, and the journals say why."""
+    faults = [
+        {"kind": "corrupt_checkpoint", "at_step": 55, "rank": 1},
+        {"kind": "nan_loss", "at_step": 62, "rank": 0},
+    ]
+    summary = _run(tmp_path, 2, 100, faults, "--checkpoint-keep", "5")
+    assert summary["status"] == "completed", summary
+    ranks = summary["ranks"]
+    assert [r["steps_completed"] for r in ranks] == [100, 100]
+    assert len({r["result"]["params_digest"] for r in ranks}) == 1
+    decisions = read_jsonl(tmp_path / "decisions.jsonl")
+    [rollback] = [d for d in decisions if d["action"] == "rollback"]
+    assert rollback["outcome"] == "applied", rollback
+    assert (rollback["result"]["restored_step"], rollback["result"]["source"]) == (40, "disk")
+    assert "step 50 failed its checksum on rank 1" in rollback["detail"]
+    assert "every rank used step 40" in rollback["detail"]
+    corrupt = [
+        e for e in read_jsonl(tmp_path / "anomalies.jsonl") if e["kind"] == "checkpoint_corrupt"
+    ]
+    assert [(e["rank"], e["details"]["checkpoint_step"]) for e in corrupt] == [(1, 50)]
+    [notice] = [d for d in decisions if d["anomaly"]["kind"] == "checkpoint_corrupt"]
+    assert "the checkpoint of step 50 failed its checksum" in notice["reason"]
+
+
+@pytest.mark.timeout(240)
+def test_replacement_that_keeps_failing_leads_to_a_full_group_restart(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """Rank 2 is killed at step 25; its replacement raises; every rank restarts from checkpoint 20
+    in generation 2, the run completes and every rank ends bitwise equal."""
+    faults = [{"kind": "kill_rank", "at_step": 25, "rank": 2}]
+    summary = _run(tmp_path, 4, 40, faults, "--fail-replacement", "gen1", max_targeted_restarts=1)
+    assert summary["status"] == "completed", summary
+    ranks = summary["ranks"]
+    assert [r["steps_completed"] for r in ranks] == [40] * 4
+    assert len({r["result"]["params_digest"] for r in ranks}) == 1
+    assert all(r["incarnation"] >= 2 for r in ranks)
+    assert {r["resumed"]["step"] for r in ranks} == {20}
+    assert _phases(tmp_path) == ["running", "recovering", "restarting-all", "running", "finished"]
+    [full] = [r for r in read_jsonl(tmp_path / "journal.wal") if r.get("type") == "full_restart"]
+    assert (
+        full["resume_step"] == 20 and "newest of the steps every rank committed" in full["reason"]
+    )
+    [restart] = [
+        d for d in read_jsonl(tmp_path / "decisions.jsonl") if d["action"] == "restart_rank"
+    ]
+    assert restart["outcome"] == "applied", restart
+    assert "from checkpoint step 20" in restart["detail"]
+    record = summary["recoveries"][-1]
+    assert record["reached_step"] >= 20
+    assert record["steps_lost"] == record["reached_step"] - 20
+
+
+@pytest.mark.timeout(240)
+def test_full_restart_that_fails_too_aborts(ray_cluster: None, tmp_path: Path) -> None:
+    """Every replacement raises: the targeted restart, then the full-group restart fail; the run aborts, journaled."""
+    faults = [{"kind": "kill_rank", "at_step": 15, "rank": 1}]
+    summary = _run(tmp_path, 4, 40, faults, "--fail-replacement", "always", max_targeted_restarts=1)
+    assert summary["status"] == "aborted", summary
+    assert _phases(tmp_path)[-3:] == ["restarting-all", "aborting", "aborted"]
+    reasons = [
+        r["reason"] for r in read_jsonl(tmp_path / "journal.wal") if r.get("type") == "job_state"
+    ]
+    assert any("full-group restart failed" in r for r in reasons), reasons
+    [restart] = [
+        d for d in read_jsonl(tmp_path / "decisions.jsonl") if d["action"] == "restart_rank"
+    ]
+    assert restart["outcome"] in ("failed", "escalated")
+    assert "full-group restart failed" in restart["detail"]
