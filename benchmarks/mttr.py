@@ -7,18 +7,17 @@ times in one process on one local Ray, with the same `hang_rank` fault
 (a) targeted restart with warm spares (`RunSpec(spares=2)`);
 (b) targeted restart with a cold replacement actor (`spares=0`);
 (c) a full-group restart from the last durable checkpoint, as torchrun and
-    Ray Train's FailureConfig do. remedy does not carry one out, so (c) is
-    measured from its parts: a fault-free run of the same job gives the time
-    from launching a fresh group to every rank's first completed step and
-    the step time; the full restart costs the detection a timeout-based
-    system needs (given as `--full-detect-s`, by default remedy's own
-    measured detection: a generous lower bound), plus that start, plus
-    re-executing the steps since the last checkpoint.
+    Ray Train's FailureConfig do, measured: the same job and hang with
+    `max_targeted_restarts=0`, so remedy's restart kills every rank and
+    starts the group afresh (warm spares first), each rank resuming from
+    the newest checkpoint every rank committed (every 100 steps, so step 0
+    here) and re-executing the steps since. Its detection is remedy's own,
+    a lower bound for a system that waits for the collective timeout.
 
 For each it prints fault -> detection, detection -> next completed step on
 every rank, the total, and the steps lost, then the ratios.
 
-    python benchmarks/mttr.py [--steps 60] [--hang-step 30]
+    python benchmarks/mttr.py [--steps 60] [--hang-step 30] [--rows abc]
 """
 
 from __future__ import annotations
@@ -67,8 +66,7 @@ def run(tmp: Path, *, steps: int, faults: list[dict[str, Any]], spares: int) -> 
 def recovered(tmp: Path, summary: dict[str, Any]) -> dict[str, float]:
     assert summary["status"] == "completed", summary["status"]
     [rec] = summary["recoveries"]
-    [marker] = (tmp / "chaos").iterdir()
-    fault_at = float(marker.read_text().split()[0])
+    fault_at = _fault_at(tmp)
     ranks = summary["ranks"]
     lost = max(r["steps_executed"] - r["steps_completed"] for r in ranks)
     return {
@@ -77,6 +75,34 @@ def recovered(tmp: Path, summary: dict[str, Any]) -> dict[str, float]:
         "total": rec["stepped_at"] - fault_at,
         "lost": float(lost),
         "replaced": float(len(rec["ranks"])),
+    }
+
+
+def _fault_at(tmp: Path) -> float:
+    """When the hang fired: its marker is written just before the rank stops itself."""
+    [marker] = (tmp / "chaos" / "fired").glob("hang_rank-*.json")
+    return marker.stat().st_mtime
+
+
+def full_restart_row(tmp: Path, *, steps: int, hang_step: int) -> dict[str, float]:
+    """Row (c), measured: the hang recovered by a full-group restart from the last checkpoint."""
+    fault = [{"kind": "hang_rank", "at_step": hang_step, "rank": 3}]
+    spec = RunSpec(
+        target=TARGET, workers=4, run_dir=str(tmp), faults=fault, argv=job_args(steps),
+        threads_per_rank=1, spares=2, max_targeted_restarts=0,
+    )  # fmt: skip
+    summary = run_supervised(spec)
+    assert summary["status"] == "completed", summary["status"]
+    [rec] = summary["recoveries"]
+    assert "resumed" in rec, rec  # a full-group restart's record
+    fault_at = _fault_at(tmp)
+    resume = rec["resume_step"] or 0
+    return {
+        "detect": rec["detected_at"] - fault_at,
+        "recover": rec["stepped_at"] - rec["detected_at"],
+        "total": rec["stepped_at"] - fault_at,
+        "lost": float(hang_step - resume),
+        "replaced": float(len(rec["replacements"])),
     }
 
 
@@ -100,32 +126,25 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--hang-step", type=int, default=30)
-    p.add_argument("--full-detect-s", type=float, default=None)
+    p.add_argument("--rows", default="abc", help="which rows to run, e.g. 'ac'")
     args = p.parse_args()
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, logging_level="ERROR")  # fmt: skip
     fault = [{"kind": "hang_rank", "at_step": args.hang_step, "rank": 3}]
     rows: dict[str, dict[str, float]] = {}
+    full_name = "(c) full restart from checkpoint"
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         clean = run(tmp / "clean", steps=args.steps, faults=[], spares=0)
         start_s, step_s = fresh_start(tmp / "clean", clean)
         for name, spares in (("(a) targeted, warm spare", 2), ("(b) targeted, cold actor", 0)):
-            d = tmp / name[1]
-            rows[name] = recovered(d, run(d, steps=args.steps, faults=fault, spares=spares))
-    lost = args.hang_step % CHECKPOINT_EVERY
-    detect = (
-        args.full_detect_s
-        if args.full_detect_s is not None
-        else rows["(a) targeted, warm spare"]["detect"]
-    )
-    rows["(c) full restart from checkpoint"] = {
-        "detect": detect,
-        "recover": start_s + lost * step_s,
-        "total": detect + start_s + lost * step_s,
-        "lost": float(lost),
-        "replaced": 4.0,
-    }
+            if name[1] in args.rows:
+                d = tmp / name[1]
+                rows[name] = recovered(d, run(d, steps=args.steps, faults=fault, spares=spares))
+        if "c" in args.rows:
+            rows[full_name] = full_restart_row(
+                tmp / "c", steps=args.steps, hang_step=args.hang_step
+            )
     print(f"4 ranks, hang_rank on rank 3 at step {args.hang_step}; step {step_s * 1000:.1f} ms; "
           f"fresh group start to first step {start_s:.2f} s; checkpoint every {CHECKPOINT_EVERY}")  # fmt: skip
     print(
@@ -134,9 +153,11 @@ def main() -> None:
     for name, r in rows.items():
         print(f"{name:<34} {r['detect']:>13.2f}s {r['recover']:>12.2f}s {r['total']:>7.2f}s "
               f"{r['lost']:>11.0f} {r['replaced']:>6.0f}")  # fmt: skip
-    full = rows["(c) full restart from checkpoint"]["total"]
-    for name in ("(a) targeted, warm spare", "(b) targeted, cold actor"):
-        print(f"full restart / {name[4:]}: {full / rows[name]['total']:.1f}x")
+    if full_name in rows:
+        full = rows[full_name]["total"]
+        for name in ("(a) targeted, warm spare", "(b) targeted, cold actor"):
+            if name in rows:
+                print(f"full restart / {name[4:]}: {full / rows[name]['total']:.1f}x")
     print(json.dumps(rows))
     ray.shutdown()
 

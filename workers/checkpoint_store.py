@@ -95,6 +95,7 @@ class CheckpointStore:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="remedy-ckpt")
         self._lock = threading.Lock()
         self.on_corrupt: Callable[[int, str], None] | None = None
+        self._closed = False
         self.known_good = self._read_known_good()
 
     def _payload(self, step: int) -> Path:
@@ -215,7 +216,8 @@ class CheckpointStore:
 
     def wait(self) -> None:
         """Block until queued writes are on disk."""
-        self._pool.submit(lambda: None).result()
+        if not self._closed:
+            self._pool.submit(lambda: None).result()
 
     # ----------------------------------------------------------------- read
     def _read(self, step: int) -> bytes:
@@ -280,6 +282,8 @@ class CheckpointStore:
         raise CheckpointError(f"no usable checkpoint{bound} in {self.directory}: {detail}")
 
     def close(self) -> None:
+        """Finish queued writes; the store can still be read afterwards."""
+        self._closed = True
         self._pool.shutdown(wait=True)
 
 

@@ -69,6 +69,8 @@ def test_rollback_retires_newer_checkpoints(tmp_path: Path) -> None:
     """A rollback to step 10 retires the checkpoints of steps 15, 20 and 25: a resume never lands on them."""
     guard, it = guarded(tmp_path, 60, snapshot_every=5, checkpoint_every=5, checkpoint_keep=10)
     train(guard, it, 27)
+    assert guard.checkpoints is not None
+    guard.checkpoints.wait()  # written in the background
     assert disk_steps(tmp_path) == [0, 5, 10, 15, 20, 25]
     guard.submit(command("rollback", anomaly_step=27, steps_back=17))
     next(it)
@@ -114,3 +116,21 @@ def test_resume_falls_back_past_a_corrupt_checkpoint(tmp_path: Path) -> None:
     kinds = [(e["kind"], e["details"]["checkpoint_step"]) for e in read_jsonl(
         tmp_path / "anomalies.jsonl") if e["kind"] == "checkpoint_corrupt"]  # fmt: skip
     assert kinds == [("checkpoint_corrupt", 15)]
+
+
+def test_corrupt_checkpoint_fault_flips_the_newest_payload_once(tmp_path: Path) -> None:
+    """corrupt_checkpoint at step 12 breaks the checksum of checkpoint 10 only, and fires once per run."""
+    from remedy.workers.chaos import parse_chaos  # noqa: PLC0415
+
+    guard, it = guarded(tmp_path, 30, snapshot_every=5, checkpoint_every=5, checkpoint_keep=10)
+    guard.injector = type(guard.injector)(
+        parse_chaos({"faults": [{"kind": "corrupt_checkpoint", "at_step": 12, "rank": 0}]}),
+        0,
+        run_dir=tmp_path,
+    )
+    train(guard, it, 30)
+    guard.close()
+    assert guard.checkpoints is not None
+    assert guard.checkpoints.verified_steps() == [0, 5, 15, 20, 25]
+    fired = list((tmp_path / "chaos" / "fired").glob("corrupt_checkpoint-*.json"))
+    assert len(fired) == 1
