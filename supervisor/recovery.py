@@ -180,8 +180,19 @@ class Recovery:
         if self._restarting_all():
             await self._full_restart(d, ranks, t_detect, why)
             return
-        t_stepped = time.time()
         sup.job.step(Regrouped(info["generation"]))
+        how = ", ".join(f"rank {r} by a {k}" for r, k in info["replacements"].items())
+        self._applied(
+            d, info, ranks, t_detect,
+            f"replaced {how}; generation {info['generation']} formed from rank "
+            f"{info['source']}'s state",
+        )  # fmt: skip
+
+    def _applied(
+        self, d: Decision, info: dict[str, Any], ranks: list[int], t_detect: float, what: str
+    ) -> None:
+        """Record a restart that worked and resolve its decision `applied`."""
+        t_stepped = time.time()
         record = {
             **info,
             "ranks": ranks,
@@ -191,13 +202,10 @@ class Recovery:
             "detect_to_step_s": round(t_stepped - t_detect, 4),
         }
         self.records.append(record)
-        how = ", ".join(f"rank {r} by a {k}" for r, k in info["replacements"].items())
-        sup.controller.resolve_group_action(
+        self.sup.controller.resolve_group_action(
             d.decision_id,
             "applied",
-            f"replaced {how}; generation {info['generation']} formed from rank "
-            f"{info['source']}'s state; every rank stepped {record['detect_to_step_s']:.2f}s "
-            "after detection",
+            f"{what}; every rank stepped {record['detect_to_step_s']:.2f}s after detection",
             result=record,
         )
         self.group.refill_spares()
@@ -217,25 +225,11 @@ class Recovery:
             )
             return
         self._restarting.clear()
-        t_stepped = time.time()
         sup.job.step(Regrouped(info["generation"], info["resumed"]))
-        record = {
-            **info,
-            "ranks": lost,
-            "anomaly": d.anomaly.kind,
-            "detected_at": t_detect,
-            "stepped_at": t_stepped,
-            "detect_to_step_s": round(t_stepped - t_detect, 4),
-        }
-        self.records.append(record)
-        sup.controller.resolve_group_action(
-            d.decision_id,
-            "applied",
-            f"{why}; restarted every rank in generation {info['generation']} {info['resumed']}; "
-            f"every rank stepped {record['detect_to_step_s']:.2f}s after detection",
-            result=record,
-        )
-        self.group.refill_spares()
+        self._applied(
+            d, info, lost, t_detect,
+            f"{why}; restarted every rank in generation {info['generation']} {info['resumed']}",
+        )  # fmt: skip
 
     async def _restart_all(self) -> dict[str, Any]:
         """Kill every rank, start them all in a new generation from the last committed checkpoint."""

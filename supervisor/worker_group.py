@@ -165,10 +165,7 @@ class WorkerGroup:
         new: list[int] = []
         for rank in ranks:
             self.slots.replace(rank)
-            if self.spares:
-                actor, how[rank] = self.spares.pop(0), "warm spare"
-            else:
-                actor, how[rank] = self._new_actor(), "new actor"
+            actor, how[rank] = self._spare_or_new()
             self._launch(rank, actor, generation=generation, adopt_from=source)
             new.append(rank)
         for rank, actor in self.actors.items():
@@ -211,10 +208,7 @@ class WorkerGroup:
         how: dict[int, str] = {}
         for rank in ranks:
             self.slots.replace(rank)
-            if self.spares:
-                actor, how[rank] = self.spares.pop(0), "warm spare"
-            else:
-                actor, how[rank] = self._new_actor(), "new actor"
+            actor, how[rank] = self._spare_or_new()
             self._launch(
                 rank, actor, generation=self.generation, adopt_from=None, resume_step=resume_step
             )
@@ -230,6 +224,12 @@ class WorkerGroup:
         """Kill every rank's process (the run is ending)."""
         for rank in list(self.actors):
             self.kill(rank)
+
+    def _spare_or_new(self) -> tuple[Any, str]:
+        """A warm spare if one is ready, else a new actor; and which it was."""
+        if self.spares:
+            return self.spares.pop(0), "warm spare"
+        return self._new_actor(), "new actor"
 
     def refill_spares(self) -> None:
         """Start spares up to the configured count (their start is off the critical path)."""

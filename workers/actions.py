@@ -25,7 +25,6 @@ from remedy.workers.exceptions import ActionError, CheckpointError, TransientAct
 
 if TYPE_CHECKING:
     from remedy.workers.guard import Guard
-    from remedy.workers.snapshots import Snapshot
 
 log = structlog.get_logger("remedy.actions")
 
@@ -104,17 +103,20 @@ def apply_command(guard: Guard, command: Command) -> Outcome:
 def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
     """Restore the newest state at least `steps_back` before the anomaly, then skip batches.
 
-    From the snapshot ring when every rank holds the step there, else from
-    the newest durable checkpoint every rank holds a good copy of (the ranks
-    agree through the process group, `restore_point`). Checkpoints newer than
-    the restored step are retired: their timeline is abandoned.
+    From the snapshot ring when it reaches back that far (every rank's ring
+    holds the same steps: the same cadence, and a restart resets every ring
+    to one adopted state), else from the newest durable checkpoint every
+    rank holds a good copy of: the ranks agree through the process group
+    (`restore_point`), the one collective a rollback may run. Checkpoints
+    newer than the restored step are retired: their timeline is abandoned.
     """
     steps_back = int(params.get("steps_back", 100))
     target = max(command.anomaly_step - steps_back, 0)
-    group = guard._group
-    snap, source, why = _agreed_memory(guard, target, group), "memory", ""
+    snap, source, why = guard.snapshots.newest_at_or_before(target), "memory", ""
     if snap is None and guard.checkpoints is not None:
-        choice = restore_point.agree_on_disk(guard.checkpoints, at_or_before=target, group=group)
+        choice = restore_point.agree_on_disk(
+            guard.checkpoints, at_or_before=target, group=guard._group
+        )
         why = choice.describe()
         if choice.step is not None:
             try:
@@ -125,7 +127,7 @@ def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str
                 ) from exc
     if snap is None:
         # Nothing that far back: the newest state from before the anomaly still beats going on.
-        snap, source = _agreed_memory(guard, command.anomaly_step, group), "memory"
+        snap, source = guard.snapshots.newest_at_or_before(command.anomaly_step), "memory"
     if snap is None:
         raise ActionError(
             f"no snapshot or checkpoint at or before step {command.anomaly_step} to roll back to"
@@ -165,13 +167,6 @@ def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str
         "retired_checkpoints": retired,
         "detail": detail,
     }
-
-
-def _agreed_memory(guard: Guard, step: int, group: Any) -> Snapshot | None:
-    """The ring's newest snapshot at or before `step`, if every rank has that same one."""
-    snap = guard.snapshots.newest_at_or_before(step)
-    agreed = restore_point.gather(None if snap is None else snap.step, group).common_step()
-    return snap if snap is not None and agreed == snap.step else None
 
 
 @applier("skip_batches")

@@ -69,6 +69,15 @@ def _atomic_write(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def _sha256(path: Path) -> str:
+    """The file's SHA-256, read in chunks (no second copy of a large payload in memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _step_of(name: str) -> int | None:
     try:
         return int(name.split(".")[0].removeprefix("step-"))
@@ -147,7 +156,7 @@ class CheckpointStore:
 
     def _write(self, payload: Path, data: bytes, manifest: dict[str, Any]) -> None:
         _atomic_write(payload, data)
-        if self.verify_writes and payload.read_bytes() != data:
+        if self.verify_writes and _sha256(payload) != manifest["sha256"]:
             # Read back wrong: as transient as a failed write, and retried like one.
             raise OSError(f"{payload.name} read back different from what was written")
         # The manifest last: it is the commit marker of this rank's checkpoint.

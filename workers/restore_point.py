@@ -11,9 +11,6 @@ sentence `describe` builds says which step was used and why.
 A checkpoint carries, besides the snapshot, the remediations applied so
 far and the command bookkeeping (`remediations`), so that `resume` brings
 a fresh process (a full-group restart) to the state the run had there.
-
-The same exchange settles in-memory restores: ranks whose rings differ
-(which they should not) would otherwise restore different steps.
 """
 
 from __future__ import annotations
@@ -40,13 +37,6 @@ class Views:
     """What each rank of the group offered, indexed by rank."""
 
     values: list[Any]
-
-    def common_step(self) -> int | None:
-        """The one step every rank offered (None if any offered none, or they differ)."""
-        steps = set(self.values)
-        if len(steps) == 1 and None not in steps:
-            return int(next(iter(steps)))
-        return None
 
 
 def gather(value: Any, group: Any = None) -> Views:
