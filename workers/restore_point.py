@@ -121,9 +121,10 @@ def resume(guard: Guard, step: int) -> dict[str, Any]:
     """Every rank calls this before its first step: continue from checkpoint `step`.
 
     Falls back to the newest older step good on every rank when a checkpoint
-    fails its checksum; raises CheckpointError when there is none. Returns
-    what was resumed, for the rank's summary. Checkpoints newer than the step
-    used are retired.
+    fails its checksum; with none good on every rank, the process keeps the
+    initial state it built (every rank is fresh: the same start) and every
+    checkpoint is retired. Returns what was resumed, for the rank's summary.
+    Checkpoints newer than the step used are retired.
     """
     if guard.checkpoints is None:
         raise CheckpointError(
@@ -133,7 +134,14 @@ def resume(guard: Guard, step: int) -> dict[str, Any]:
     choice = agree_on_disk(guard.checkpoints, at_or_before=step, group=guard._group)
     if choice.step is None:
         why = choice.describe() or f"no checkpoint at or before step {step} on every rank"
-        raise CheckpointError(f"cannot resume from step {step}: {why}")
+        out = {
+            "requested_step": step,
+            "step": 0,
+            "why": f"{why}: starting from the initial state",
+            "retired": guard.checkpoints.retire_after(-1),
+        }
+        log.warning("resumed", rank=guard.rank, **out)
+        return out
     snap = guard.checkpoints.load(choice.step)
     extra = dict(snap.extra)
     current = remediations(guard)

@@ -134,3 +134,21 @@ def test_corrupt_checkpoint_fault_flips_the_newest_payload_once(tmp_path: Path) 
     assert guard.checkpoints.verified_steps() == [0, 5, 15, 20, 25]
     fired = list((tmp_path / "chaos" / "fired").glob("corrupt_checkpoint-*.json"))
     assert len(fired) == 1
+
+
+def test_resume_with_no_good_checkpoint_starts_from_the_initial_state(tmp_path: Path) -> None:
+    """Every checkpoint failing its checksum: the rank keeps its initial state, says why, retires them."""
+    first, it = guarded(tmp_path, 10, snapshot_every=5, checkpoint_every=5, checkpoint_keep=5)
+    train(first, it, 10)
+    first.close()
+    for path in (tmp_path / "checkpoints").glob("step-*.pt"):
+        corrupt_file(path)
+    second, it2 = guarded(tmp_path, 10, resume_step=10, snapshot_every=5, checkpoint_every=5)
+    initial = {k: v.clone() for k, v in second.model.state_dict().items()}
+    next(it2)
+    assert second.resumed is not None and second.resumed["step"] == 0
+    assert second.resumed["why"].endswith("starting from the initial state")
+    assert second.step_count == 0
+    for k, v in second.model.state_dict().items():
+        assert torch.equal(v, initial[k]), k
+    second.close()
