@@ -64,11 +64,16 @@ def run(tmp: Path, *, steps: int, faults: list[dict[str, Any]], spares: int) -> 
     return summary
 
 
+def fault_time(tmp: Path) -> float:
+    """When the fault fired: its marker is written (and synced) just before the rank stops itself."""
+    [marker] = (tmp / "chaos" / "fired").glob("*.json")
+    return marker.stat().st_mtime
+
+
 def recovered(tmp: Path, summary: dict[str, Any]) -> dict[str, float]:
     assert summary["status"] == "completed", summary["status"]
     [rec] = summary["recoveries"]
-    [marker] = (tmp / "chaos").iterdir()
-    fault_at = float(marker.read_text().split()[0])
+    fault_at = fault_time(tmp)
     ranks = summary["ranks"]
     lost = max(r["steps_executed"] - r["steps_completed"] for r in ranks)
     return {
@@ -78,6 +83,16 @@ def recovered(tmp: Path, summary: dict[str, Any]) -> dict[str, float]:
         "lost": float(lost),
         "replaced": float(len(rec["ranks"])),
     }
+
+
+def profile(tmp: Path, summary: dict[str, Any]) -> list[tuple[str, float]]:
+    """The recovery's marks (supervisor's and each rank's), in seconds after the fault, in order."""
+    [rec] = summary["recoveries"]
+    t0 = fault_time(tmp)
+    marks = [(f"supervisor {k}", v - t0) for k, v in rec["timeline"].items()]
+    for rank, timeline in rec.get("rank_timelines", {}).items():
+        marks += [(f"rank {rank} {k}", v - t0) for k, v in timeline.items() if v >= t0]
+    return sorted(marks, key=lambda m: m[1])
 
 
 def fresh_start(tmp: Path, summary: dict[str, Any]) -> tuple[float, float]:
@@ -101,6 +116,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--hang-step", type=int, default=30)
     p.add_argument("--full-detect-s", type=float, default=None)
+    p.add_argument("--repeat", type=int, default=1, help="runs of each row; medians are printed")
+    p.add_argument("--rows", default="ab", help="targeted rows to run: a (warm), b (cold)")
+    p.add_argument("--profile", action="store_true", help="print each warm run's timeline")
     args = p.parse_args()
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, logging_level="ERROR")  # fmt: skip
@@ -111,13 +129,28 @@ def main() -> None:
         clean = run(tmp / "clean", steps=args.steps, faults=[], spares=0)
         start_s, step_s = fresh_start(tmp / "clean", clean)
         for name, spares in (("(a) targeted, warm spare", 2), ("(b) targeted, cold actor", 0)):
-            d = tmp / name[1]
-            rows[name] = recovered(d, run(d, steps=args.steps, faults=fault, spares=spares))
+            if name[1] not in args.rows:
+                continue
+            runs = []
+            for i in range(args.repeat):
+                d = tmp / f"{name[1]}{i}"
+                summary = run(d, steps=args.steps, faults=fault, spares=spares)
+                runs.append(recovered(d, summary))
+                if args.profile:
+                    print(
+                        f"{name} run {i}: "
+                        + json.dumps({k: round(v, 3) for k, v in runs[-1].items()})
+                    )
+                    for mark, at in profile(d, summary):
+                        print(f"  {at:7.3f}s  {mark}")
+            rows[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    if not rows:
+        p.error("--rows names no targeted row")
     lost = args.hang_step % CHECKPOINT_EVERY
     detect = (
         args.full_detect_s
         if args.full_detect_s is not None
-        else rows["(a) targeted, warm spare"]["detect"]
+        else next(iter(rows.values()))["detect"]
     )
     rows["(c) full restart from checkpoint"] = {
         "detect": detect,
@@ -136,6 +169,8 @@ def main() -> None:
               f"{r['lost']:>11.0f} {r['replaced']:>6.0f}")  # fmt: skip
     full = rows["(c) full restart from checkpoint"]["total"]
     for name in ("(a) targeted, warm spare", "(b) targeted, cold actor"):
+        if name not in rows:
+            continue
         print(f"full restart / {name[4:]}: {full / rows[name]['total']:.1f}x")
     print(json.dumps(rows))
     ray.shutdown()

@@ -55,6 +55,9 @@ def _assert_recovered(
     assert restart and restart[0]["outcome"] == "applied", decisions
     assert restart[0]["anomaly"]["kind"] == kind
     assert restart[0]["ranks"] == [rank]
+    # Only the lost rank is replaced: no survivor stayed blocked on another survivor.
+    [record] = summary["recoveries"]
+    assert (record["ranks"], record["blocked"]) == ([rank], [])
     states = [
         r["to"]["phase"] for r in read_jsonl(tmp / "journal.wal") if r.get("type") == "job_state"
     ]
