@@ -134,3 +134,15 @@ def test_hang_while_a_rollback_is_in_flight(ray_cluster: None, tmp_path: Path) -
         outcomes.setdefault(d["action"], d["outcome"])
     assert outcomes["rollback"] == "applied"
     assert outcomes["restart_rank"] == "applied"
+
+
+@pytest.mark.timeout(240)
+def test_a_slow_rank_is_not_named_hung(clean_digest: str, tmp_path: Path) -> None:
+    """Rank 1 is 3 s late in its collectives: every rank stalls past its timeout, all answer, none is replaced."""
+    faults = [{"kind": "slow_collective", "at_step": 15, "rank": 1, "seconds": 3.0}]
+    summary = _run(tmp_path, faults)
+    assert summary["status"] == "completed", summary
+    assert summary["recoveries"] == []
+    assert "rank_hang" not in summary["anomalies"]
+    assert {r["result"]["params_digest"] for r in summary["ranks"]} == {clean_digest}
+    assert [r["incarnation"] for r in summary["ranks"]] == [1] * 4
