@@ -15,6 +15,9 @@ The connections are found as the sockets that appeared in this process
 while `init_process_group` formed the group (`GroupSockets.around`), each
 kept with its inode, so a descriptor number that gloo closed and the
 process reused for something else (a Ray connection) is never touched.
+A connection another thread happened to open in that window would be
+shut down too; a survivor's re-formed generations open theirs long after
+its Ray connections exist, and a Ray connection that is cut reconnects.
 Listening sockets are skipped (gloo's listener thread aborts the process if
 its socket fails under it). Linux only (`/proc/self/fd`); elsewhere this
 finds nothing and releases nothing.
