@@ -127,6 +127,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         clean = run(tmp / "clean", steps=args.steps, faults=[], spares=0)
+        # A false alarm on the fault-free run would make every figure below meaningless.
+        assert clean["recoveries"] == [] and "rank_hang" not in clean["anomalies"], clean
         start_s, step_s = fresh_start(tmp / "clean", clean)
         for name, spares in (("(a) targeted, warm spare", 2), ("(b) targeted, cold actor", 0)):
             if name[1] not in args.rows:

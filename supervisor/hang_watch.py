@@ -50,7 +50,7 @@ class HangWatchConfig:
     # A ping unanswered this long (or `ping_patience` times the slowest answer of
     # the same round, when that is longer: a loaded node) marks the rank silent.
     ping_timeout_s: float = 0.25
-    ping_patience: float = 10.0
+    ping_patience: float = 3.0
     behind_s: float = 10.0  # a rank that answers but stays behind is hung after this long
 
 

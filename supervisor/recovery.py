@@ -67,6 +67,7 @@ class Recovery:
         self._task: asyncio.Task[None] | None = None
         self._front = 0  # the tick every rank must pass for a restart to count
         self._suspected_at = 0.0  # wall time the current stall was first suspected
+        self._ping_started = 0.0  # wall time the latest ping round began
         self._marks: dict[str, float] = {}  # wall times of the restart in progress
 
     # ------------------------------------------------------------- detection
@@ -81,6 +82,7 @@ class Recovery:
             return
         self._next_ping = now + PING_EVERY_S
         watch = self.sup.watch
+        self._ping_started = time.time()
         pings = await self.group.ping_all(
             watch.config.ping_timeout_s, patience=watch.config.ping_patience
         )
@@ -115,7 +117,10 @@ class Recovery:
         # The slot is closed (its reports refused) only when a restart replaces it:
         # if the policy does not restart it, a slow rank that comes back still counts.
         self._detected_at[rank] = time.time()
-        self._marks = {"suspected": self._suspected_at or self._detected_at[rank]}
+        self._marks = {
+            "suspected": self._suspected_at or self._detected_at[rank],
+            "pinged": self._ping_started or self._detected_at[rank],  # the confirming round
+        }
         c = self.sup.controller
         preempted = c.drop_rank(rank)
         ev = AnomalyEvent(

@@ -35,6 +35,9 @@ def clean_digest(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) ->
     """The parameters' digest of the same run without faults."""
     summary = _run(tmp_path_factory.mktemp("clean"), [])
     assert summary["status"] == "completed"
+    # No false alarm: pings of healthy ranks quiet between reports name nobody.
+    assert summary["recoveries"] == [], summary["recoveries"]
+    assert not {"rank_hang", "rank_dead"} & set(summary["anomalies"]), summary["anomalies"]
     digests = {r["result"]["params_digest"] for r in summary["ranks"]}
     assert len(digests) == 1
     return digests.pop()
