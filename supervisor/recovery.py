@@ -43,7 +43,10 @@ log = structlog.get_logger("remedy.recovery")
 REGROUP_TIMEOUT_S = 120.0
 # How long survivors get to catch the broken collective's error after the
 # lost rank is killed (at least three times their p99 step time): gloo fails the
-# blocked collectives of the killed rank's peers within ~50 ms here.
+# blocked collectives of the killed rank's peers within ~50 ms here, and each
+# survivor then breaks off its connections of the broken group
+# (`workers.group_sockets`), failing the collectives of peers blocked on it. A
+# survivor still blocked after this (where that cannot be done) is replaced too.
 BLOCKED_GRACE_S = 0.3
 # No second ping round for the same stall sooner than this.
 PING_EVERY_S = 0.25
