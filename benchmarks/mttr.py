@@ -63,10 +63,16 @@ def run(tmp: Path, *, steps: int, faults: list[dict[str, Any]], spares: int) -> 
     return summary
 
 
+def fault_time(tmp: Path) -> float:
+    """When the fault fired: its marker is written (and synced) just before the rank stops itself."""
+    [marker] = (tmp / "chaos" / "fired").glob("*.json")
+    return marker.stat().st_mtime
+
+
 def recovered(tmp: Path, summary: dict[str, Any]) -> dict[str, float]:
     assert summary["status"] == "completed", summary["status"]
     [rec] = summary["recoveries"]
-    fault_at = _fault_at(tmp)
+    fault_at = fault_time(tmp)
     ranks = summary["ranks"]
     lost = max(r["steps_executed"] - r["steps_completed"] for r in ranks)
     return {
@@ -78,10 +84,14 @@ def recovered(tmp: Path, summary: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def _fault_at(tmp: Path) -> float:
-    """When the hang fired: its marker is written just before the rank stops itself."""
-    [marker] = (tmp / "chaos" / "fired").glob("hang_rank-*.json")
-    return marker.stat().st_mtime
+def profile(tmp: Path, summary: dict[str, Any]) -> list[tuple[str, float]]:
+    """The recovery's marks (supervisor's and each rank's), in seconds after the fault, in order."""
+    [rec] = summary["recoveries"]
+    t0 = fault_time(tmp)
+    marks = [(f"supervisor {k}", v - t0) for k, v in rec["timeline"].items()]
+    for rank, timeline in rec.get("rank_timelines", {}).items():
+        marks += [(f"rank {rank} {k}", v - t0) for k, v in timeline.items() if v >= t0]
+    return sorted(marks, key=lambda m: m[1])
 
 
 def full_restart_row(tmp: Path, *, steps: int, hang_step: int) -> dict[str, float]:
@@ -95,7 +105,7 @@ def full_restart_row(tmp: Path, *, steps: int, hang_step: int) -> dict[str, floa
     assert summary["status"] == "completed", summary["status"]
     [rec] = summary["recoveries"]
     assert "resumed" in rec, rec  # a full-group restart's record
-    fault_at = _fault_at(tmp)
+    fault_at = fault_time(tmp)
     resume = rec["resume_step"] or 0
     return {
         "detect": rec["detected_at"] - fault_at,
@@ -126,7 +136,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--hang-step", type=int, default=30)
-    p.add_argument("--rows", default="abc", help="which rows to run, e.g. 'ac'")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each row; medians are printed")
+    p.add_argument(
+        "--rows", default="abc", help="rows to run: a (warm), b (cold), c (full restart)"
+    )
+    p.add_argument("--profile", action="store_true", help="print each warm run's timeline")
     args = p.parse_args()
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, logging_level="ERROR")  # fmt: skip
@@ -136,15 +150,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         clean = run(tmp / "clean", steps=args.steps, faults=[], spares=0)
+        # A false alarm on the fault-free run would make every figure below meaningless.
+        assert clean["recoveries"] == [] and "rank_hang" not in clean["anomalies"], clean
         start_s, step_s = fresh_start(tmp / "clean", clean)
         for name, spares in (("(a) targeted, warm spare", 2), ("(b) targeted, cold actor", 0)):
-            if name[1] in args.rows:
-                d = tmp / name[1]
-                rows[name] = recovered(d, run(d, steps=args.steps, faults=fault, spares=spares))
+            if name[1] not in args.rows:
+                continue
+            runs = []
+            for i in range(args.repeat):
+                d = tmp / f"{name[1]}{i}"
+                summary = run(d, steps=args.steps, faults=fault, spares=spares)
+                runs.append(recovered(d, summary))
+                if args.profile:
+                    print(
+                        f"{name} run {i}: "
+                        + json.dumps({k: round(v, 3) for k, v in runs[-1].items()})
+                    )
+                    for mark, at in profile(d, summary):
+                        print(f"  {at:7.3f}s  {mark}")
+            rows[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         if "c" in args.rows:
-            rows[full_name] = full_restart_row(
-                tmp / "c", steps=args.steps, hang_step=args.hang_step
-            )
+            runs = [
+                full_restart_row(tmp / f"c{i}", steps=args.steps, hang_step=args.hang_step)
+                for i in range(args.repeat)
+            ]
+            rows[full_name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    if not rows:
+        p.error("--rows names no row")
     print(f"4 ranks, hang_rank on rank 3 at step {args.hang_step}; step {step_s * 1000:.1f} ms; "
           f"fresh group start to first step {start_s:.2f} s; checkpoint every {CHECKPOINT_EVERY}")  # fmt: skip
     print(

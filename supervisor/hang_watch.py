@@ -1,21 +1,28 @@
 """Hang detection: a pure heartbeat watch over each rank's progress, judged by pinging.
 
 Each report a rank sends moves its progress (tick) and brings its step
-times. A rank is *suspect* when its tick has not moved for longer than its
-timeout:
+times; so does each ping answer (`beat` with the tick the rank says it is
+at). A rank is *suspect* when its tick has not moved, as far as the
+supervisor knows, for longer than its timeout:
 
-    timeout = max(floor_s, heartbeat_s + step_multiple * p99(step times))
+    timeout = max(floor_s, step_multiple * p99(step times))
 
 with longer allowances while a rank starts (before its first step), during
-its first `first_steps` steps, and whenever the rank says it is busy for
-longer (a checkpoint write, adopting state after a restart: `allow`).
+its first `first_steps` steps, and whenever the rank is busy for longer
+(adopting state after a restart: `allow`). The Guard reports only every
+`heartbeat_s` (0.5 s), so a healthy rank is often quiet for longer than its
+timeout: suspicion is cheap, it only triggers a ping of every rank, whose
+answers either show progress (the suspicion ends) or confirm the stall.
+Adding the report period to the timeout instead would add it to every
+detection.
 
 When one rank hangs inside a collective, every other rank blocks in the
-same collective, so all of them stop moving. Suspicion therefore only
-triggers a ping of every rank; `judge` then names the hung rank as the one
-that did not answer (a stopped or wedged process), or, when every rank
-answered, the ones that have not reached the step the others wait at. A
-rank whose actor is gone is dead, not hung.
+same collective, so all of them stop moving. `judge` then names the hung
+rank as the one that did not answer the ping (a stopped or wedged process),
+or, when every rank answered, one that has stayed behind the step the others
+wait at for longer than `behind_s` (a rank whose control thread still
+answers but whose training is stuck; slow is not stuck, hence the longer
+allowance). A rank whose actor is gone is dead, not hung.
 """
 
 from __future__ import annotations
@@ -32,14 +39,19 @@ DEAD = "dead"  # a ping whose actor has died
 class HangWatchConfig:
     """Timeouts of the hang watch, in seconds (`RunSpec.hang_watch` takes these keys)."""
 
-    floor_s: float = 0.75  # never suspect a rank sooner than this
-    heartbeat_s: float = 0.5  # the Guard's longest quiet period between reports
-    step_multiple: float = 10.0
+    floor_s: float = 0.5  # never suspect a rank sooner than this
+    # timeout = max(floor_s, step_multiple * p99 step time). A suspicion costs one ping
+    # round and the ping confirms, so this sets how soon to look, not what is judged.
+    step_multiple: float = 5.0
     window: int = 50  # step times kept per rank
     startup_s: float = 120.0  # from (re)start until the rank's Guard first reports
     first_steps: int = 3  # steps that get `first_step_s` (DDP's first buckets, warm-up)
     first_step_s: float = 20.0
-    ping_timeout_s: float = 0.5
+    # A ping unanswered this long (or `ping_patience` times the slowest answer of
+    # the same round, when that is longer: a loaded node) marks the rank silent.
+    ping_timeout_s: float = 0.25
+    ping_patience: float = 3.0
+    behind_s: float = 10.0  # a rank that answers but stays behind is hung after this long
 
 
 @dataclass
@@ -47,6 +59,7 @@ class _Rank:
     since: float  # when the tick last moved (or the rank started)
     tick: int = -1
     steps_seen: int = 0
+    timed: int = 0  # step times received
     times: deque[float] = field(default_factory=lambda: deque(maxlen=50))
     busy_until: float = 0.0
 
@@ -77,7 +90,12 @@ class HangWatch:
         r = self._ranks.get(rank)
         if r is None:
             r = self._ranks[rank] = _Rank(since=now, times=deque(maxlen=self.config.window))
-        r.times.extend(t for t in step_times if t >= 0)
+        for t in step_times:
+            r.timed += 1
+            # The first steps (DDP's first buckets, warm-up) have their own allowance;
+            # kept in the window, one of them would set the timeout for the next 50 steps.
+            if t >= 0 and r.timed > self.config.first_steps:
+                r.times.append(t)
         if tick > r.tick:
             if r.tick >= 0:
                 r.steps_seen += tick - r.tick
@@ -88,6 +106,12 @@ class HangWatch:
         r = self._ranks.get(rank)
         if r is not None:
             r.busy_until = max(r.busy_until, now + seconds)
+
+    def settle(self, rank: int) -> None:
+        """`rank`'s allowance (see `allow`) ends now: it is back to its step-time timeout."""
+        r = self._ranks.get(rank)
+        if r is not None:
+            r.busy_until = 0.0
 
     def p99(self, rank: int) -> float:
         """The rank's 99th-percentile step time (0 before any)."""
@@ -104,7 +128,7 @@ class HangWatch:
             return c.startup_s
         base = c.floor_s
         if r.times:
-            base = max(base, c.heartbeat_s + c.step_multiple * self.p99(rank))
+            base = max(base, c.step_multiple * self.p99(rank))
         if r.steps_seen < c.first_steps:
             base = max(base, c.first_step_s)
         return base
@@ -120,13 +144,16 @@ class HangWatch:
     def age(self, rank: int, now: float) -> float:
         return now - self._ranks[rank].since
 
-    def judge(self, pings: dict[int, Any], suspects: list[int] | None = None) -> Verdict:
+    def judge(
+        self, pings: dict[int, Any], suspects: list[int] | None = None, now: float | None = None
+    ) -> Verdict:
         """Name the hung and dead ranks from one ping of every rank.
 
         `pings[rank]` is the rank's status dict (`tick`, `phase`), `NO_ANSWER`
         or `DEAD`. Only `suspects` (ranks stalled past their timeout; default
         every pinged rank) can be named hung: a rank one step behind its peers
-        in a ping that raced its report is not.
+        in a ping that raced its report is not. With `now`, a rank that
+        answered but is behind is named only once stalled for `behind_s`.
         """
         stalled = set(pings if suspects is None else suspects)
         dead = sorted(r for r, p in pings.items() if p == DEAD)
@@ -146,7 +173,13 @@ class HangWatch:
         if not ticks:
             return Verdict([], [], "")
         front = max(ticks.values())
-        behind = sorted(r for r, t in ticks.items() if t < front and r in stalled)
+        behind = sorted(
+            r
+            for r, t in ticks.items()
+            if t < front
+            and r in stalled
+            and (now is None or self.age(r, now) > self.config.behind_s)
+        )
         if behind:
             return Verdict(
                 behind,

@@ -34,7 +34,7 @@ from remedy.supervisor.target import (
 from remedy.workers import WorkerContext, set_context
 from remedy.workers.chaos import Fault
 from remedy.workers.logs import configure_logging
-from remedy.workers.membership import Membership, abort_collectives
+from remedy.workers.membership import Membership, abort_collectives, warm_up
 
 CONTROL = "control"
 # NCCL: on a collective error abort the communicators but keep the process
@@ -72,6 +72,7 @@ class RankActor:
             self._fn = load_target(target)
         except Exception:  # reported by `run`, where it fails the rank
             self._fn = None
+        warm_up()
 
     # ------------------------------------------------------------- control
     @ray.method(concurrency_group=CONTROL)

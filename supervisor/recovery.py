@@ -50,7 +50,10 @@ log = structlog.get_logger("remedy.recovery")
 REGROUP_TIMEOUT_S = 120.0
 # How long survivors get to catch the broken collective's error after the
 # lost rank is killed (at least three times their p99 step time): gloo fails the
-# blocked collectives of the killed rank's peers within ~50 ms here.
+# blocked collectives of the killed rank's peers within ~50 ms here, and each
+# survivor then breaks off its connections of the broken group
+# (`workers.group_sockets`), failing the collectives of peers blocked on it. A
+# survivor still blocked after this (where that cannot be done) is replaced too.
 BLOCKED_GRACE_S = 0.3
 # No second ping round for the same stall sooner than this.
 PING_EVERY_S = 0.25
@@ -74,17 +77,34 @@ class Recovery:
         self._task: asyncio.Task[None] | None = None
         self._front = 0  # the tick every rank must pass for a restart to count
         self._restarting: set[int] = set()  # every rank, while a full-group restart runs
+        self._suspected_at = 0.0  # wall time the current stall was first suspected
+        self._ping_started = 0.0  # wall time the latest ping round began
+        self._marks: dict[str, float] = {}  # wall times of the restart in progress
 
     # ------------------------------------------------------------- detection
     async def check_hangs(self) -> None:
         now = time.monotonic()
         suspects = self.sup.watch.suspects(now)
-        if not suspects or now < self._next_ping:
+        if not suspects:
+            self._suspected_at = 0.0
+            return
+        self._suspected_at = self._suspected_at or time.time()
+        if now < self._next_ping:
             return
         self._next_ping = now + PING_EVERY_S
-        pings = await self.group.ping_all(self.sup.watch.config.ping_timeout_s)
+        watch = self.sup.watch
+        self._ping_started = time.time()
+        pings = await self.group.ping_all(
+            watch.config.ping_timeout_s, patience=watch.config.ping_patience
+        )
+        answered = time.monotonic()
+        for rank, p in pings.items():
+            # A rank that answers from inside its loop says how far it got: progress
+            # the Guard has not reported yet (it reports every heartbeat_s) ends suspicion.
+            if isinstance(p, dict) and p.get("phase") in ("step", "boundary"):
+                watch.beat(rank, int(p.get("tick", -1)), answered)
         # Judged against who is still stalled after the ping (reports may have come meanwhile).
-        verdict = self.sup.watch.judge(pings, self.sup.watch.suspects(time.monotonic()))
+        verdict = watch.judge(pings, watch.suspects(answered), now=answered)
         for rank in verdict.hung:
             age = self.sup.watch.age(rank, now)
             self.lost(rank, "rank_hang", (
@@ -108,6 +128,10 @@ class Recovery:
         # The slot is closed (its reports refused) only when a restart replaces it:
         # if the policy does not restart it, a slow rank that comes back still counts.
         self._detected_at[rank] = time.time()
+        self._marks = {
+            "suspected": self._suspected_at or self._detected_at[rank],
+            "pinged": self._ping_started or self._detected_at[rank],  # the confirming round
+        }
         c = self.sup.controller
         preempted = c.drop_rank(rank)
         ev = AnomalyEvent(
@@ -157,6 +181,7 @@ class Recovery:
         ranks = sorted(r for r in d.ranks if r in sup.slots.slots)
         sup.job.step(RanksLost(frozenset(ranks), f"{d.anomaly.kind} on rank {d.anomaly.rank}"))
         t_detect = min(self._detected_at.get(r, time.time()) for r in ranks)
+        self._marks["restart"] = time.time()
         info: dict[str, Any] = {}
         why = "targeted restarts are off (max_targeted_restarts is 0)"
         if sup.job.state.phase is Phase.RECOVERING:
@@ -182,17 +207,18 @@ class Recovery:
             return
         sup.job.step(Regrouped(info["generation"]))
         how = ", ".join(f"rank {r} by a {k}" for r, k in info["replacements"].items())
-        self._applied(
+        await self._applied(
             d, info, ranks, t_detect,
             f"replaced {how}; generation {info['generation']} formed from rank "
             f"{info['source']}'s state",
         )  # fmt: skip
 
-    def _applied(
+    async def _applied(
         self, d: Decision, info: dict[str, Any], ranks: list[int], t_detect: float, what: str
     ) -> None:
         """Record a restart that worked and resolve its decision `applied`."""
         t_stepped = time.time()
+        pings = await self.group.ping_all(self.sup.watch.config.ping_timeout_s)
         record = {
             **info,
             "ranks": ranks,
@@ -200,6 +226,11 @@ class Recovery:
             "detected_at": t_detect,
             "stepped_at": t_stepped,
             "detect_to_step_s": round(t_stepped - t_detect, 4),
+            # Where the time went: the supervisor's marks and each rank's own.
+            "timeline": {**self._marks, "detected": t_detect, "stepped": t_stepped},
+            "rank_timelines": {
+                str(r): p.get("timeline", {}) for r, p in pings.items() if isinstance(p, dict)
+            },
         }
         self.records.append(record)
         self.sup.controller.resolve_group_action(
@@ -226,7 +257,7 @@ class Recovery:
             return
         self._restarting.clear()
         sup.job.step(Regrouped(info["generation"], info["resumed"]))
-        self._applied(
+        await self._applied(
             d, info, lost, t_detect,
             f"{why}; restarted every rank in generation {info['generation']} {info['resumed']}",
         )  # fmt: skip
@@ -328,11 +359,13 @@ class Recovery:
             front = max(c.tick_of.get(r, 0) for r in live)
             for r in ranks:
                 self.group.kill(r)
+            self._marks["killed"] = time.time()
             if sup.spec.gpus_per_rank:
                 # NCCL kernels keep spinning after a peer dies: abort the survivors'
                 # communicators from their control threads (a no-op on gloo ranks).
                 await asyncio.gather(*(self.group.actors[r].abort.remote() for r in live))
             blocked = await self._blocked(live)
+            self._marks["survivors_checked"] = time.time()
             if blocked:
                 # gloo: a survivor waiting on a peer that itself left the collective
                 # (not on the killed rank) stays blocked until that peer's process
@@ -350,6 +383,7 @@ class Recovery:
                 if not live:
                     raise RestartError("no survivor recovered from the broken collective")
             info = await self.group.replace(ranks, source=min(live))
+            self._marks["launched"] = time.time()
             info["blocked"] = blocked
         else:
             front = self._front
@@ -369,4 +403,6 @@ class Recovery:
             if time.monotonic() > deadline:
                 raise RestartError(f"the group did not step within {REGROUP_TIMEOUT_S:g}s")
             await asyncio.sleep(0.005)
+        for r in world:
+            sup.watch.settle(r)  # back to step-time timeouts: a second hang is found as fast
         return info

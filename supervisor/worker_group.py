@@ -120,8 +120,14 @@ class WorkerGroup:
         self._refs.pop(ref, None)
         self._retired.discard(ref)
 
-    async def ping_all(self, timeout_s: float, ranks: list[int] | None = None) -> dict[int, Any]:
-        """Every rank's status, `NO_ANSWER` if it did not answer within `timeout_s`, or `DEAD`."""
+    async def ping_all(
+        self, timeout_s: float, ranks: list[int] | None = None, *, patience: float = 0.0
+    ) -> dict[int, Any]:
+        """Every rank's status, `NO_ANSWER` if it did not answer in time, or `DEAD`.
+
+        In time: within `timeout_s`, or `patience` times the slowest answer
+        received, when that is longer (on a loaded node every answer is slow).
+        """
 
         async def one(actor: Any) -> Any:
             try:
@@ -130,8 +136,18 @@ class WorkerGroup:
                 return DEAD
 
         chosen = self.actors if ranks is None else {r: self.actors[r] for r in ranks}
+        t0 = time.monotonic()
         tasks = {rank: asyncio.ensure_future(one(a)) for rank, a in chosen.items()}
-        await asyncio.wait(tasks.values(), timeout=timeout_s)
+        deadline = t0 + timeout_s
+        pending = set(tasks.values())
+        while pending:
+            done, pending = await asyncio.wait(
+                pending, timeout=max(0.0, deadline - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )  # fmt: skip
+            if not done:
+                break
+            deadline = max(deadline, t0 + patience * (time.monotonic() - t0))
         out: dict[int, Any] = {}
         for rank, task in tasks.items():
             if task.done():

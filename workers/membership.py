@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from remedy.workers import train_state
 from remedy.workers.exceptions import GroupLostError
+from remedy.workers.group_sockets import GroupSockets
 from remedy.workers.snapshots import capture_rng, restore_rng
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ class Membership:
         self.adopt_from = adopt_from  # set on a replacement: adopt this rank's state first
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self._store: Any = None
+        self._sockets = GroupSockets()  # gloo: this generation's connections, to break off
         self._orders: queue.Queue[tuple[int, int]] = queue.Queue()
         self._lock = threading.Lock()
         self._mark: tuple[int, dict[str, Any]] | None = None
@@ -101,6 +103,9 @@ class Membership:
         self.tick = 0
         self.recoveries = 0
         self.last_recovery: dict[str, Any] = {}
+        # Wall-clock times of this process's latest recovery (or, on a replacement,
+        # its start), for the supervisor's recovery record: where the time went.
+        self.timeline: dict[str, float] = {"started": time.time()}
 
     # ------------------------------------------------------------ generations
     def join(self) -> None:
@@ -112,13 +117,15 @@ class Membership:
             )
         if self.backend == "nccl":
             torch.cuda.set_device(0)
-        dist.init_process_group(
-            self.backend,
-            store=dist.PrefixStore(f"gen{self.generation}", self._store),
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=collective_timeout(),
-        )
+        with self._sockets.around():
+            dist.init_process_group(
+                self.backend,
+                store=dist.PrefixStore(f"gen{self.generation}", self._store),
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=collective_timeout(),
+            )
+        self.timeline["joined"] = time.time()
 
     def leave(self) -> None:
         """Leave the current group (a broken one included)."""
@@ -141,11 +148,13 @@ class Membership:
             "tick": self.tick,
             "pid": os.getpid(),
             "recoveries": self.recoveries,
+            "timeline": dict(self.timeline),
         }
 
     # ---------------------------------------------------------- training side
     def attach(self, guard: Guard) -> None:
         """The Guard exists: say so at once, which ends the supervisor's start-up allowance."""
+        self.timeline["guard"] = time.time()
         self.phase = "boundary"
         self.step, self.tick = guard.step_count, guard.tick
         guard._send(force=True)
@@ -153,6 +162,8 @@ class Membership:
     def mark(self, guard: Guard) -> None:
         """The boundary this step starts from; `recover` returns here if the step fails."""
         self._mark = (guard.cursor.position, capture_rng())
+        if "adopted" in self.timeline and "next_step" not in self.timeline:
+            self.timeline["next_step"] = time.time()
         self.phase = "step"
         self.step, self.tick = guard.step_count, guard.tick
 
@@ -162,8 +173,10 @@ class Membership:
             return
         source, self.adopt_from = self.adopt_from, None
         t0 = time.perf_counter()
+        self.timeline["adopting"] = time.time()
         state = train_state.broadcast(guard, src=source)
         relayout_ddp(guard, state.get("ddp_buckets"))
+        self.timeline["adopted"] = time.time()
         guard._last_send = 0.0  # report the first step of the new generation at once
         self.phase = "boundary"
         self.step, self.tick = guard.step_count, guard.tick
@@ -178,11 +191,22 @@ class Membership:
         if self.world_size <= 1 or not is_group_failure(exc):
             return False
         t0 = time.perf_counter()
+        self.timeline = {"error": time.time()}
         self.phase = "recovering"
+        # gloo: peers still blocked on this rank (not on the lost one) stay blocked
+        # while this process holds the broken group's connections; break them off
+        # now, before waiting for the order, so only the lost rank is replaced.
+        released = self._sockets.release() if self.backend == "gloo" else 0
+        self.timeline["released"] = time.time()
         log.warning(
-            "collective_failed", rank=self.rank, step=guard.step_count, error=str(exc)[:200]
+            "collective_failed",
+            rank=self.rank,
+            step=guard.step_count,
+            error=str(exc)[:200],
+            released=released,
         )
         generation, source = self._next_order()
+        self.timeline["order"] = time.time()
         if in_step and self._mark is not None:
             # The failed step is discarded: back to the boundary it started from.
             position, rng = self._mark
@@ -195,12 +219,15 @@ class Membership:
             # parameters, and rank 0 may be a fresh replacement.
             captured = {**train_state.capture(guard), "ddp_buckets": ddp_bucket_layout(guard.model)}
         self.leave()
+        self.timeline["left"] = time.time()
         self.generation = generation
         self.join()
         joined = time.perf_counter()
         rebuild_ddp(guard)
+        self.timeline["ddp"] = time.time()
         state = train_state.broadcast(guard, src=source, state=captured)
         relayout_ddp(guard, state.get("ddp_buckets"))
+        self.timeline["adopted"] = time.time()
         guard._group = dist.group.WORLD
         guard._last_send = 0.0  # report the first step of the new generation at once
         self.recoveries += 1
@@ -228,6 +255,17 @@ class Membership:
                 ) from None
             if generation > self.generation:
                 return generation, source
+
+
+def warm_up() -> None:
+    """Import now what a rank's first DDP construction and optimizer step import lazily.
+
+    `DistributedDataParallel(...)` and the optimizers' `step` import
+    `torch._dynamo` on first use: 0.7-1.6 s here, which a warm spare would
+    otherwise spend on the critical path of a restart, with its peers waiting.
+    """
+    import torch._dynamo  # noqa: PLC0415
+    import torch.nn.parallel  # noqa: F401, PLC0415
 
 
 def rebuild_ddp(guard: Guard) -> None:

@@ -6,8 +6,8 @@ import pytest
 
 from remedy.supervisor.hang_watch import DEAD, NO_ANSWER, HangWatch, HangWatchConfig
 
-CFG = HangWatchConfig(floor_s=0.75, heartbeat_s=0.5, step_multiple=10.0, startup_s=60.0,
-                      first_steps=3, first_step_s=20.0)  # fmt: skip
+CFG = HangWatchConfig(floor_s=0.75, step_multiple=10.0, startup_s=60.0,
+                      first_steps=3, first_step_s=20.0, behind_s=5.0)  # fmt: skip
 
 
 def _running(
@@ -22,12 +22,12 @@ def _running(
 
 
 def test_timeout_has_a_floor_and_follows_step_times() -> None:
-    """Fast steps get the floor; slow steps get heartbeat + 10 x p99."""
+    """Fast steps get the floor; slow steps get 10 x p99."""
     watch = HangWatch(CFG)
     _running(watch, 0, step_s=0.01)
     _running(watch, 1, step_s=0.2)
     assert watch.timeout(0) == pytest.approx(0.75)
-    assert watch.timeout(1) == pytest.approx(0.5 + 2.0)
+    assert watch.timeout(1) == pytest.approx(2.0)
 
 
 def test_start_up_and_first_steps_get_longer_allowances() -> None:
@@ -73,3 +73,47 @@ def test_judge_names_dead_ranks_and_laggards() -> None:
     assert watch.judge({0: NO_ANSWER, 1: {"tick": 3}}, suspects=[1]).hung == []
     # Nobody answered: a stalled node, not a hung rank.
     assert watch.judge({0: NO_ANSWER, 1: NO_ANSWER}).hung == []
+
+
+def test_a_rank_behind_but_answering_is_hung_only_after_behind_s() -> None:
+    """Slow is not stuck: a laggard that answers pings is named only once stalled for behind_s."""
+    watch = HangWatch(CFG)
+    now = _running(watch, 0, step_s=0.01, ticks=12)
+    _running(watch, 1, step_s=0.01, ticks=11)
+    pings = {0: {"tick": 11, "phase": "step"}, 1: {"tick": 10, "phase": "boundary"}}
+    stalled = now + 1.0
+    assert watch.judge(pings, watch.suspects(stalled), now=stalled).hung == []
+    late = now + 5.5
+    assert watch.judge(pings, watch.suspects(late), now=late).hung == [1]
+
+
+def test_progress_seen_in_a_ping_ends_suspicion() -> None:
+    """A rank quiet between reports but answering a ping from a later tick is not suspect."""
+    watch = HangWatch(CFG)
+    now = _running(watch, 0, step_s=0.01)
+    assert watch.suspects(now + 0.8) == [0]
+    watch.beat(0, 30, now + 0.8)
+    assert watch.suspects(now + 0.9) == []
+
+
+def test_slow_first_steps_do_not_set_the_timeout() -> None:
+    """The first steps' times (DDP warm-up) stay out of the p99 that sets the timeout."""
+    watch = HangWatch(CFG)
+    watch.started(0, 0.0)
+    watch.beat(0, 0, 0.1)
+    watch.beat(0, 3, 9.0, [5.0, 2.0, 1.0])
+    now = 9.0
+    for tick in range(4, 20):
+        now += 0.01
+        watch.beat(0, tick, now, [0.01])
+    assert watch.timeout(0) == pytest.approx(0.75)
+
+
+def test_an_allowance_ends_when_settled() -> None:
+    """After a restart the survivors' regroup allowance ends, so a second hang is found as fast."""
+    watch = HangWatch(CFG)
+    now = _running(watch, 0, step_s=0.01)
+    watch.allow(0, 120.0, now)
+    assert watch.suspects(now + 1.0) == []
+    watch.settle(0)
+    assert watch.suspects(now + 1.0) == [0]

@@ -35,6 +35,9 @@ def clean_digest(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) ->
     """The parameters' digest of the same run without faults."""
     summary = _run(tmp_path_factory.mktemp("clean"), [])
     assert summary["status"] == "completed"
+    # No false alarm: pings of healthy ranks quiet between reports name nobody.
+    assert summary["recoveries"] == [], summary["recoveries"]
+    assert not {"rank_hang", "rank_dead"} & set(summary["anomalies"]), summary["anomalies"]
     digests = {r["result"]["params_digest"] for r in summary["ranks"]}
     assert len(digests) == 1
     return digests.pop()
@@ -55,6 +58,9 @@ def _assert_recovered(
     assert restart and restart[0]["outcome"] == "applied", decisions
     assert restart[0]["anomaly"]["kind"] == kind
     assert restart[0]["ranks"] == [rank]
+    # Only the lost rank is replaced: no survivor stayed blocked on another survivor.
+    [record] = summary["recoveries"]
+    assert (record["ranks"], record["blocked"]) == ([rank], [])
     states = [
         r["to"]["phase"] for r in read_jsonl(tmp / "journal.wal") if r.get("type") == "job_state"
     ]
@@ -131,3 +137,15 @@ def test_hang_while_a_rollback_is_in_flight(ray_cluster: None, tmp_path: Path) -
         outcomes.setdefault(d["action"], d["outcome"])
     assert outcomes["rollback"] == "applied"
     assert outcomes["restart_rank"] == "applied"
+
+
+@pytest.mark.timeout(240)
+def test_a_slow_rank_is_not_named_hung(clean_digest: str, tmp_path: Path) -> None:
+    """Rank 1 is 3 s late in its collectives: every rank stalls past its timeout, all answer, none is replaced."""
+    faults = [{"kind": "slow_collective", "at_step": 15, "rank": 1, "seconds": 3.0}]
+    summary = _run(tmp_path, faults)
+    assert summary["status"] == "completed", summary
+    assert summary["recoveries"] == []
+    assert "rank_hang" not in summary["anomalies"]
+    assert {r["result"]["params_digest"] for r in summary["ranks"]} == {clean_digest}
+    assert [r["incarnation"] for r in summary["ranks"]] == [1] * 4
