@@ -48,6 +48,21 @@ class RankSlots:
         self.refused_stale = 0  # reports from a replaced incarnation
         self.refused_duplicate = 0  # a batch sequence number seen already
 
+    @classmethod
+    def from_records(cls, records: list[dict[str, Any]]) -> RankSlots:
+        """The slots `records()` describes (a restarted supervisor's)."""
+        slots = cls(0)
+        for r in records:
+            rank = int(r["rank"])
+            slots.slots[rank] = Slot(
+                rank,
+                int(r["incarnation"]),
+                SlotState(r["state"]),
+                int(r["last_seq"]),
+                r.get("pid"),
+            )
+        return slots
+
     def accept(self, rank: Any, incarnation: Any, seq: Any) -> bool:
         """True if a report of (rank, incarnation, seq) is current; counts what it refuses.
 
