@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -293,6 +294,10 @@ class SupervisorActor:
                 self.watch.beat(rank, tick, time.monotonic(), times)
         self._keep_state()  # before the reply: no rank holds a command the journal lacks
         return commands
+
+    async def where(self) -> tuple[str, int]:
+        """(node address, pid) of this supervisor's process (the `kill_supervisor` fault's target)."""
+        return ray.util.get_node_ip_address(), os.getpid()
 
     async def output(self, lines: Any) -> None:
         """Lines the ranks printed, for the displays."""
