@@ -64,8 +64,9 @@ from remedy.workers.rundir import RunDir
 log = structlog.get_logger("remedy.supervisor")
 
 POLL_S = 0.05
-# A state record at least this often, besides the one before each new promise.
-STATE_EVERY_S = 2.0
+# A state record at least this often, besides the one before each new promise
+# (which keeps it exact; this one only refreshes steps and losses).
+STATE_EVERY_S = 30.0
 # How often a restarted supervisor asks the ranks it adopted whether they finished.
 RESULT_POLL_S = 0.5
 # A refused policy's errors journaled (and returned) at most; the count is logged in full.

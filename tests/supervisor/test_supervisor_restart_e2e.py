@@ -15,6 +15,7 @@ from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
 from remedy.supervisor.worker_group import run_actor_names
 from remedy.workers.rundir import read_jsonl
+from tests.supervisor.runs import finished
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -140,5 +141,25 @@ def test_launch_supervisor_is_named_detached_and_restartable(
         assert ray.get(found.status.remote())["state"] == "starting"
         ray.kill(sup, no_restart=False)  # as a crash: Ray restarts it, the handle still works
         assert ray.get(sup.status.remote(), timeout=60)["run_id"] == spec.run_id
+    finally:
+        ray.kill(sup, no_restart=True)
+
+
+@pytest.mark.timeout(120)
+def test_wait_survives_a_restart_after_the_run_ended(ray_cluster: None, tmp_path: Path) -> None:
+    """A supervisor restarted after its run ended answers `wait` with the same summary, read back from the run."""
+    from remedy.supervisor.actor import launch_supervisor  # noqa: PLC0415
+
+    spec = RunSpec(target=TARGET, run_dir=str(tmp_path), argv=["--steps", "5"], threads_per_rank=1)
+    sup = launch_supervisor(spec)
+    try:
+        ray.get(sup.start.remote())
+        summary = finished(sup, 100)
+        assert summary["status"] == "completed"
+        ray.kill(sup, no_restart=False)
+        again = ray.get(sup.wait.remote(30.0), timeout=90)
+        assert again is not None
+        assert again["run_id"] == summary["run_id"] and again["status"] == "completed"
+        assert again["supervisor_restarts"] == 0  # the restart came after the run's end
     finally:
         ray.kill(sup, no_restart=True)
