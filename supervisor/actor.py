@@ -360,6 +360,11 @@ class SupervisorActor:
                 self.watch.started(rank, now)
             self.run_dir.wal({"type": "supervisor_started", "incarnation": self.incarnation})
             if self._group_record is None:
+                if self.incarnation > 1:
+                    # Died while starting the group, before its first state record: start
+                    # over (the actors it had created carry names a new group would reuse).
+                    kill_run_actors(self.spec.run_id)
+                    self.job.state = JobState()
                 await group.start()
                 self.job.step(Started(0))
             else:

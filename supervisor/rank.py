@@ -170,6 +170,10 @@ class RankActor:
                 set_context(None)
                 if dist.is_initialized():
                     dist.destroy_process_group()
+                # The last reports (outcomes included) wait for a supervisor that is
+                # restarting, up to `reporter.CLOSE_TIMEOUT_S`.
+                if self.ctx.reporter is not None:
+                    self.ctx.reporter.close()
         summary = dict(self.ctx.summary)
         summary.update(
             rank=rank,
