@@ -102,6 +102,9 @@ class Controller:
         self.command_lead = command_lead
         self.pending: dict[str, _Pending] = {}
         self._closed: set[str] = set()  # ids of commands no longer pending
+        # The newest of them, all a state record keeps: an outcome later than these
+        # after a restart is counted as unknown, and the record stays small.
+        self._recent_closed: deque[str] = deque(maxlen=control_state.MAX_CLOSED_KEPT)
         self._seq = 0
         self.step_of: dict[int, int] = {}
         self.tick_of: dict[int, int] = {}
@@ -404,6 +407,7 @@ class Controller:
         """Take a command off the pending list; outcomes still on their way are then late, not invalid."""
         del self.pending[decision_id]
         self._closed.add(decision_id)
+        self._recent_closed.append(decision_id)
 
     def _outcome(self, outcome: Outcome) -> None:
         pending = self.pending.get(outcome.decision_id)

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 FORMAT = 1
 STATE = "state"
+# Closed decision ids a state record keeps (the newest): 1,000 ids are ~20 kB.
+MAX_CLOSED_KEPT = 1000
 
 
 def dump(c: Controller) -> dict[str, Any]:
@@ -54,7 +56,7 @@ def dump(c: Controller) -> dict[str, Any]:
             }
             for p in c.pending.values()
         ],
-        "closed": sorted(c._closed),
+        "closed": list(c._recent_closed),
         "deferred": [d.to_dict() for d in c.deferred.values()],
         "step_of": _keyed(c.step_of),
         "tick_of": _keyed(c.tick_of),
@@ -88,7 +90,9 @@ def load(c: Controller, data: dict[str, Any]) -> None:
             dropped={int(r) for r in raw["dropped"]},
         )
         c.pending[pending.command.decision_id] = pending
-    c._closed = {str(i) for i in data["closed"]}
+    c._recent_closed.clear()
+    c._recent_closed.extend(str(i) for i in data["closed"])
+    c._closed = set(c._recent_closed)
     c.deferred = {}
     for raw in data["deferred"]:
         d = Decision.from_dict(raw)
