@@ -137,6 +137,7 @@ class SupervisorActor:
         self._state_changes = -1  # controller changes covered by the last state record
         self._state_at = 0.0
         self._group_record: dict[str, Any] | None = None  # set when restoring
+        self._ranks_ended = False  # restored after every rank had ended
         if lives:
             self._restore(journal)
             # Nobody else will call `start` on a restarted supervisor: call it ourselves,
@@ -154,6 +155,10 @@ class SupervisorActor:
             self._done.set()
             return
         c = self.controller
+        ranks_ended = next((r for r in reversed(journal) if r.get("type") == "ranks_ended"), None)
+        if ranks_ended is not None and isinstance(ranks_ended.get("results"), dict):
+            self._ranks_ended = True
+            self.rank_results = {int(r): v for r, v in ranks_ended["results"].items()}
         if state is not None:
             c.load_state_dict(state["controller"])
             self.slots = RankSlots.from_records(state["slots"])
@@ -343,11 +348,19 @@ class SupervisorActor:
             summary = await self._loop()
         except Exception as exc:  # a supervisor bug: end the run as failed, and say why
             log.exception("supervisor_failed")
-            summary = self._finish(error=f"the supervisor failed: {exc!r}")
+            error = f"the supervisor failed: {exc!r}"
+            try:
+                summary = self._finish(error=error)
+            except Exception:  # drivers waiting on `wait` must still get an answer
+                log.exception("summary_failed")
+                summary = {"run_id": self.spec.run_id, "status": "failed", "error": error}
         self._summary = summary
         self._done.set()
 
     async def _loop(self) -> dict[str, Any]:
+        if self._ranks_ended:
+            # Restarted after every rank had ended (their actors are gone): just finish.
+            return self._finish()
         me = ray.get_runtime_context().current_actor
         group = self.group = WorkerGroup(
             self.spec, supervisor=me, store_addr=self.rendezvous.address, slots=self.slots
@@ -389,6 +402,9 @@ class SupervisorActor:
                     self._keep_state()
                 await asyncio.sleep(POLL_S)
             await self.recovery.settle()
+            # Before the ranks are killed: a supervisor restarted from here on finishes
+            # from these results instead of looking for the actors.
+            self.run_dir.wal({"type": "ranks_ended", "results": self.rank_results})
         finally:
             group.shutdown()
             with contextlib.suppress(ray.exceptions.RayError):

@@ -163,3 +163,31 @@ def test_wait_survives_a_restart_after_the_run_ended(ray_cluster: None, tmp_path
         assert again["supervisor_restarts"] == 0  # the restart came after the run's end
     finally:
         ray.kill(sup, no_restart=True)
+
+
+@pytest.mark.timeout(120)
+def test_restart_after_every_rank_ended_finishes_from_the_journal(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """Died after the ranks ended, before the summary: the next supervisor writes it from journal.wal alone."""
+    from remedy.supervisor.actor import launch_supervisor  # noqa: PLC0415
+
+    spec = RunSpec(target=TARGET, run_dir=str(tmp_path), threads_per_rank=1)
+    rank = {"rank": 0, "incarnation": 1, "status": "completed", "steps_completed": 5,
+            "steps_executed": 5, "final_loss": 0.25}  # fmt: skip
+    running = {"phase": "running", "generation": 0, "lost": [], "reason": "", "attempts": 0}
+    records = [
+        {"type": "supervisor_started", "incarnation": 1},
+        {"type": "job_state", "input": "Started", "to": running},
+        {"type": "ranks_ended", "results": {"0": rank}},
+    ]
+    (tmp_path / "journal.wal").write_text("".join(json.dumps(r) + "\n" for r in records))
+    sup = launch_supervisor(spec)
+    try:
+        summary = finished(sup, 100)
+    finally:
+        ray.kill(sup, no_restart=True)
+    assert summary["status"] == "completed" and summary["supervisor_restarts"] == 1
+    assert summary["ranks"] == [rank] and summary["final_loss"] == 0.25
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
+    assert [r["type"] for r in read_jsonl(tmp_path / "journal.wal")][-1] == "run_ended"
