@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 TARGET = f"{HERE / 'daemon_train.py'}:main"
 STEPS = 260
 # Slow steps after the NaN until its rollback is applied: the run outlasts the restart.
-ARGS = ["--steps", str(STEPS), "--step-s", "0.03", "--await-after", "200", "--await-s", "0.5"]
+ARGS = ["--steps", str(STEPS), "--step-s", "0.03", "--await-after", "200", "--await-s", "1.0"]
 NAN = {"kind": "nan_loss", "at_step": 200, "rank": 0}
 KILL = {"kind": "kill_supervisor", "at_step": 150, "rank": 0}
 
