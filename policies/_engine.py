@@ -45,8 +45,14 @@ _MAX_ESCALATION_DEPTH = 8
 class Engine:
     """Runs a `Policy` over anomaly events; see the module docstring."""
 
-    def __init__(self, policy: Policy, *, run_id: str = "run", dry_run: bool = False) -> None:
+    def __init__(
+        self, policy: Policy, *, run_id: str = "run", dry_run: bool = False, incarnation: int = 1
+    ) -> None:
         self.run_id = run_id
+        # The supervisor's incarnation (1, then one more per restart) is part of every
+        # decision id after the first: ids stay unique across restarts even if the
+        # restored sequence number were behind (see `decision_id`).
+        self.incarnation = incarnation
         self._dry_run_flag = dry_run
         self._lock = threading.RLock()
         self._seq = 0
@@ -321,7 +327,7 @@ class Engine:
         suppressed: bool = False,
     ) -> Decision:
         self._seq += 1
-        decision_id = f"{self.run_id}-d{self._seq:05d}"
+        decision_id = self.decision_id(self._seq)
         return Decision(
             decision_id=decision_id,
             step=occ.event.step,
@@ -364,6 +370,22 @@ class Engine:
                 self._pending.move_to_end(oldest)
                 break
             del self._pending[oldest]
+
+    def decision_id(self, seq: int) -> str:
+        """The id of decision number `seq`: `RUN-dNNNNN`, `RUN-sK-dNNNNN` from supervisor incarnation K > 1."""
+        if self.incarnation > 1:
+            return f"{self.run_id}-s{self.incarnation}-d{seq:05d}"
+        return f"{self.run_id}-d{seq:05d}"
+
+    @property
+    def seq(self) -> int:
+        """Decisions issued so far (the number in the last id)."""
+        return self._seq
+
+    def advance_seq(self, seq: int) -> None:
+        """Never issue a number at or below `seq` (a journaled decision newer than the restored state)."""
+        with self._lock:
+            self._seq = max(self._seq, seq)
 
     # -- outcomes --------------------------------------------------------------------
 

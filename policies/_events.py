@@ -200,6 +200,32 @@ class Decision:
             "continue_on_failure": self.continue_on_failure,
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Decision:
+        """Rebuild a decision from `to_dict` output (a journal record the supervisor wrote).
+
+        Raises `EventError` for a malformed anomaly and `KeyError`/`TypeError`/
+        `ValueError` for a malformed decision: the journal is trusted input,
+        but a torn record must not pass for a good one.
+        """
+        return cls(
+            decision_id=str(data["decision_id"]),
+            step=int(data["step"]),
+            ranks=tuple(int(r) for r in data["ranks"]),
+            rule=str(data["rule"]),
+            anomaly=AnomalyEvent.from_dict(data["anomaly"]),
+            action=str(data["action"]),
+            params=dict(data["params"]),
+            reason=str(data["reason"]),
+            chain_id=str(data.get("chain_id", "")),
+            chain_index=int(data.get("chain_index", 0)),
+            chain_length=int(data.get("chain_length", 1)),
+            dry_run=bool(data.get("dry_run", False)),
+            suppressed=bool(data.get("suppressed", False)),
+            disruptive=bool(data.get("disruptive", False)),
+            continue_on_failure=bool(data.get("continue_on_failure", False)),
+        )
+
 
 def _short(value: Any) -> str:
     """A bounded repr for error messages (input may be huge)."""

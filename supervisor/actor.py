@@ -1,16 +1,31 @@
-"""The supervisor: a Ray actor that runs the ranks and answers their reports.
+"""The supervisor: a named, detached Ray actor that runs the ranks and answers their reports.
 
 It owns the worker group and the `Controller` (engine, journal, command
 queue). Ranks call `report` with each batch and get back the commands they
-owe; `run` starts the group, watches it until every rank has finished, and
-writes the summary. Being an async actor, it serves reports while `run`
-waits, on one event loop, so controller state needs no locks.
+owe. `start` begins the control loop, which runs inside the actor: it
+starts the group, watches it until every rank has finished, and writes the
+summary; drivers loop on `wait`. Being an async actor, it serves reports
+while the loop runs, on one event loop, so controller state needs no locks.
+
+`launch_supervisor` creates it as `remedy-supervisor-<run_id>` in the
+`remedy` namespace, detached, with unbounded restarts and task retries. Its
+state lives in `journal.wal` (see `workers.control_state`): a state record
+is written before any reply that carries a new promise leaves, and every
+`STATE_EVERY_S`. When Ray restarts the actor after a crash, the constructor
+runs again with the same spec, finds that the run had started, rebuilds
+itself from the last state record and the records after it, and resumes the
+loop by itself: it finds the rank actors again by name, learns from their
+`result()` which finished meanwhile, and carries on. Calls that were in
+flight (reports, `wait`) are retried by Ray against the new instance;
+reports are deduplicated by (rank, incarnation, seq).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +35,15 @@ import structlog
 
 from remedy.policies import Decision, Engine, PolicyError
 from remedy.supervisor.feed import Feed
-from remedy.supervisor.hang_watch import HangWatch, HangWatchConfig
-from remedy.supervisor.job_state import JobStateMachine, Phase, RanksEnded, Started, TransitionError
+from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig
+from remedy.supervisor.job_state import (
+    JobState,
+    JobStateMachine,
+    Phase,
+    RanksEnded,
+    Started,
+    TransitionError,
+)
 from remedy.supervisor.policy_source import (
     is_policy_file,
     load_policy_source,
@@ -32,7 +54,8 @@ from remedy.supervisor.rank_slots import RankSlots
 from remedy.supervisor.recovery import Recovery
 from remedy.supervisor.rendezvous import Rendezvous
 from remedy.supervisor.spec import RunSpec
-from remedy.supervisor.worker_group import WorkerGroup
+from remedy.supervisor.worker_group import NAMESPACE, WorkerGroup, kill_run_actors
+from remedy.workers import control_state
 from remedy.workers.control import Controller
 from remedy.workers.logs import configure_logging
 from remedy.workers.metrics import RayBackend, RunMetrics
@@ -41,8 +64,28 @@ from remedy.workers.rundir import RunDir
 log = structlog.get_logger("remedy.supervisor")
 
 POLL_S = 0.05
+# A state record at least this often, besides the one before each new promise
+# (which keeps it exact; this one only refreshes steps and losses).
+STATE_EVERY_S = 30.0
+# How often a restarted supervisor asks the ranks it adopted whether they finished.
+RESULT_POLL_S = 0.5
 # A refused policy's errors journaled (and returned) at most; the count is logged in full.
 MAX_REFUSAL_LINES = 50
+
+
+def supervisor_name(run_id: str) -> str:
+    return f"remedy-supervisor-{run_id}"
+
+
+def launch_supervisor(spec: RunSpec) -> Any:
+    """Create the supervisor of `spec` (named, detached, restarted by Ray after a crash)."""
+    return SupervisorActor.options(  # type: ignore[attr-defined]
+        name=supervisor_name(spec.run_id),
+        namespace=NAMESPACE,
+        lifetime="detached",
+        max_restarts=-1,
+        max_task_retries=-1,
+    ).remote(spec.to_dict())
 
 
 @ray.remote(num_cpus=0)
@@ -51,8 +94,15 @@ class SupervisorActor:
         self.spec = RunSpec(**spec)
         configure_logging(verbose=self.spec.verbose)
         self.run_dir = RunDir(self.spec.run_dir, self.spec.run_id)
+        journal = control_state.read_journal(self.run_dir.path / "journal.wal")
+        lives = [r for r in journal if r.get("type") == "supervisor_started"]
+        # 1 for a new run; one more for each time Ray restarted this supervisor.
+        self.incarnation = 1 + max((int(r.get("incarnation", 1)) for r in lives), default=0)
         engine = Engine(
-            load_policy_source(self.spec.policy), run_id=self.spec.run_id, dry_run=self.spec.dry_run
+            load_policy_source(self.spec.policy),
+            run_id=self.spec.run_id,
+            dry_run=self.spec.dry_run,
+            incarnation=self.incarnation,
         )
         self.controller = Controller(
             engine,
@@ -80,6 +130,95 @@ class SupervisorActor:
         # A policy given as a file is watched: saving it applies it to the running job.
         self._watched = Path(self.spec.policy) if is_policy_file(self.spec.policy) else None
         self._watched_mtime = self._watched.stat().st_mtime_ns if self._watched else 0
+        # The control loop and its end.
+        self._task: asyncio.Task[None] | None = None
+        self._done = asyncio.Event()
+        self._summary: dict[str, Any] | None = None
+        self._state_changes = -1  # controller changes covered by the last state record
+        self._state_at = 0.0
+        self._group_record: dict[str, Any] | None = None  # set when restoring
+        self._ranks_ended = False  # restored after every rank had ended
+        if lives:
+            self._restore(journal)
+            # Nobody else will call `start` on a restarted supervisor: call it ourselves,
+            # so the loop resumes with no driver around.
+            ray.get_runtime_context().current_actor.start.remote()
+
+    # ------------------------------------------------------------ restore
+    def _restore(self, journal: list[dict[str, Any]]) -> None:
+        """Rebuild from journal.wal: the last state record, then the records after it."""
+        state, tail = control_state.split_at_last_state(journal)
+        ended = next((r for r in reversed(journal) if r.get("type") == "run_ended"), None)
+        if ended is not None:
+            self._summary = self._read_summary(ended)
+            self.state = str(self._summary.get("status", ended.get("status")))
+            self._done.set()
+            return
+        c = self.controller
+        ranks_ended = next((r for r in reversed(journal) if r.get("type") == "ranks_ended"), None)
+        if ranks_ended is not None and isinstance(ranks_ended.get("results"), dict):
+            self._ranks_ended = True
+            self.rank_results = {int(r): v for r, v in ranks_ended["results"].items()}
+        if state is not None:
+            c.load_state_dict(state["controller"])
+            self.slots = RankSlots.from_records(state["slots"])
+            self.job.state = JobState.from_dict(state["job"])
+            self.started = float(state["started"])
+            self._group_record = state["group"]
+        abandoned = control_state.replay_tail(c, tail)
+        for record in tail:
+            if record.get("type") == "job_state" and isinstance(record.get("to"), dict):
+                self.job.state = JobState.from_dict(record["to"])
+        c.restore_decisions(control_state.read_journal(self.run_dir.path / "decisions.jsonl"))
+        self.run_dir.wal(
+            {
+                "type": "supervisor_restored",
+                "incarnation": self.incarnation,
+                "from_state": state is not None,
+                "tail_records": len(tail),
+                "abandoned": abandoned,
+                "pending": sorted(c.pending),
+                "job": self.job.state.to_dict(),
+            }
+        )
+        log.warning(
+            "supervisor_restored",
+            incarnation=self.incarnation,
+            pending=len(c.pending),
+            abandoned=len(abandoned),
+        )
+
+    def _read_summary(self, ended: dict[str, Any]) -> dict[str, Any]:
+        try:
+            summary = json.loads((self.run_dir.path / "summary.json").read_text())
+        except (OSError, ValueError):
+            summary = None
+        if not isinstance(summary, dict):
+            summary = {"run_id": self.spec.run_id, "status": ended.get("status", "failed")}
+        return summary
+
+    def _write_state(self) -> None:
+        """A state record in journal.wal: what a restarted supervisor resumes from."""
+        c = self.controller
+        group = self.group
+        self.run_dir.wal(
+            {
+                "type": control_state.STATE,
+                "incarnation": self.incarnation,
+                "started": self.started,
+                "controller": c.state_dict(),
+                "slots": self.slots.records(),
+                "job": self.job.state.to_dict(),
+                "group": group.record() if group is not None else self._group_record,
+            }
+        )
+        self._state_changes = c.changes
+        self._state_at = time.monotonic()
+
+    def _keep_state(self) -> None:
+        """A state record if the controller promised something new since the last one."""
+        if self.controller.changes != self._state_changes:
+            self._write_state()
 
     async def apply_policy(self, data: bytes | str, filename: str) -> list[str]:
         """Validate and swap in a new policy atomically; return its errors (old policy kept) or [].
@@ -136,9 +275,14 @@ class SupervisorActor:
         A batch from a replaced incarnation (still in flight from a killed
         process) is refused and counted.
         """
+        duplicates = self.slots.refused_duplicate
         if isinstance(batch, dict) and not self.slots.accept(
             batch.get("rank"), batch.get("incarnation"), batch.get("seq")
         ):
+            if self.slots.refused_duplicate > duplicates:
+                # Seen already (a call Ray retried after a restart): its reply was lost,
+                # so answer again with what the rank still owes.
+                return self.controller.commands_for(batch["rank"])
             return []
         self.feed.observe(batch)
         self.metrics.observe(batch)
@@ -154,7 +298,12 @@ class SupervisorActor:
                     if isinstance(m, dict) and isinstance(m.get("step_time_s"), int | float)
                 ]
                 self.watch.beat(rank, tick, time.monotonic(), times)
+        self._keep_state()  # before the reply: no rank holds a command the journal lacks
         return commands
+
+    async def where(self) -> tuple[str, int]:
+        """(node address, pid) of this supervisor's process (the `kill_supervisor` fault's target)."""
+        return ray.util.get_node_ip_address(), os.getpid()
 
     async def output(self, lines: Any) -> None:
         """Lines the ranks printed, for the displays."""
@@ -183,7 +332,35 @@ class SupervisorActor:
             "slots": self.slots.records(),
         }
 
-    async def run(self) -> dict[str, Any]:
+    async def start(self) -> None:
+        """Begin the run (idempotent); returns at once. The loop runs inside this actor."""
+        if self._task is None and not self._done.is_set():
+            self._task = asyncio.get_running_loop().create_task(self._control())
+
+    async def wait(self, timeout_s: float) -> dict[str, Any] | None:
+        """The run's summary once it ended, else None after `timeout_s`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._done.wait(), timeout=max(0.0, timeout_s))
+        return self._summary
+
+    async def _control(self) -> None:
+        try:
+            summary = await self._loop()
+        except Exception as exc:  # a supervisor bug: end the run as failed, and say why
+            log.exception("supervisor_failed")
+            error = f"the supervisor failed: {exc!r}"
+            try:
+                summary = self._finish(error=error)
+            except Exception:  # drivers waiting on `wait` must still get an answer
+                log.exception("summary_failed")
+                summary = {"run_id": self.spec.run_id, "status": "failed", "error": error}
+        self._summary = summary
+        self._done.set()
+
+    async def _loop(self) -> dict[str, Any]:
+        if self._ranks_ended:
+            # Restarted after every rank had ended (their actors are gone): just finish.
+            return self._finish()
         me = ray.get_runtime_context().current_actor
         group = self.group = WorkerGroup(
             self.spec, supervisor=me, store_addr=self.rendezvous.address, slots=self.slots
@@ -194,21 +371,69 @@ class SupervisorActor:
             now = time.monotonic()
             for rank in range(self.spec.workers):
                 self.watch.started(rank, now)
-            await group.start()
-            self.job.step(Started(0))
-            while group.run_refs():
+            self.run_dir.wal({"type": "supervisor_started", "incarnation": self.incarnation})
+            if self._group_record is None:
+                if self.incarnation > 1:
+                    # Died while starting the group, before its first state record: start
+                    # over (the actors it had created carry names a new group would reuse).
+                    kill_run_actors(self.spec.run_id)
+                    self.job.state = JobState()
+                await group.start()
+                self.job.step(Started(0))
+            else:
+                await self._adopt(group, self._group_record)
+            self._write_state()
+            next_poll = 0.0
+            while group.run_refs() or group.adopted:
                 running = group.run_refs()
                 ready, _ = ray.wait(running, num_returns=len(running), timeout=0)
                 for ref in ready:
                     await self._rank_finished(group, ref)
+                if group.adopted and time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + RESULT_POLL_S
+                    for rank, result in (await group.poll_adopted()).items():
+                        self._adopted_result(rank, result)
                 if self.job.state.phase is Phase.RUNNING:
                     await self.recovery.check_hangs()
                 await self._watch_policy()
+                if time.monotonic() - self._state_at >= STATE_EVERY_S:
+                    self._write_state()
+                else:
+                    self._keep_state()
                 await asyncio.sleep(POLL_S)
             await self.recovery.settle()
+            # Before the ranks are killed: a supervisor restarted from here on finishes
+            # from these results instead of looking for the actors.
+            self.run_dir.wal({"type": "ranks_ended", "results": self.rank_results})
         finally:
             group.shutdown()
+            with contextlib.suppress(ray.exceptions.RayError):
+                kill_run_actors(self.spec.run_id)  # any a crash left out of the records
         return self._finish()
+
+    async def _adopt(self, group: WorkerGroup, record: dict[str, Any]) -> None:
+        """Take over the ranks of the supervisor before this one."""
+        # Every rank, ended ones too: their `result()` is how this supervisor learns them.
+        missing = await group.adopt(record, sorted(self.slots.slots))
+        for rank in missing:
+            self._adopted_result(rank, DEAD)
+
+    def _adopted_result(self, rank: int, result: Any) -> None:
+        """An adopted rank ended (its summary) or is gone (`DEAD`)."""
+        if result == DEAD:
+            assert self.recovery is not None
+            self.rank_results[rank] = {
+                "rank": rank,
+                "status": "failed",
+                "error": "rank process died while the supervisor was away",
+            }
+            self.recovery.lost(rank, "rank_dead", f"rank {rank}'s process is gone")
+            return
+        if result.get("incarnation") != self.slots.incarnation(rank):
+            return  # a replaced incarnation's late result
+        self.rank_results[rank] = result
+        self.feed.set_rank_state(rank, str(result.get("status")))
+        self.slots.end(rank)
 
     def _group_action(self, d: Decision) -> tuple[str, str] | None:
         """restart_rank: replace the decision's ranks asynchronously (resolved when done)."""
@@ -243,11 +468,13 @@ class SupervisorActor:
             self.recovery.replacement_failed(rank, str(result.get("error")))
         self.slots.end(rank)
 
-    def _finish(self) -> dict[str, Any]:
+    def _finish(self, error: str | None = None) -> dict[str, Any]:
         c = self.controller
         c.finish()
         results = [self.rank_results[r] for r in sorted(self.rank_results)]
-        if c.abort_reason is not None:
+        if error is not None:
+            status = "failed"
+        elif c.abort_reason is not None:
             status = "aborted"
         elif (
             len(results) == self.spec.workers
@@ -283,10 +510,14 @@ class SupervisorActor:
             "workers": self.spec.workers,
             "job": self.job.state.to_dict(),
             "recoveries": self.recovery.records if self.recovery is not None else [],
+            "supervisor_restarts": self.incarnation - 1,
             "wall_s": round(time.time() - self.started, 2),
             "ranks": results,
         }
+        if error is not None:
+            summary["error"] = error
         self.run_dir.write_summary(summary)
+        self.run_dir.wal({"type": "run_ended", "status": status})
         self.run_dir.close()
         self.state = status
         return summary

@@ -6,6 +6,10 @@ group's threads, so the supervisor can reach a rank whose training thread
 is blocked in a collective (a ping answers in milliseconds). A rank that
 answers nothing, not even a ping, is hung (a stopped or wedged process).
 
+Rank actors are named and detached (see `worker_group`): they outlive a
+supervisor that crashes, which finds them again by name when Ray restarts
+it, and learns from `result` which of them finished meanwhile.
+
 An actor can be started as a *warm spare* before it is needed: it imports
 the training module when it is created, and becomes a rank only when
 `run` hands it one, so replacing a rank costs no process start.
@@ -67,6 +71,7 @@ class RankActor:
         self.argv = list(argv)
         self.membership: Membership | None = None
         self.ctx: WorkerContext | None = None
+        self._result: dict[str, Any] | None = None
         self._fn: Any = None
         try:  # warm up: import the training code now, off the critical path of a restart
             self._fn = load_target(target)
@@ -92,6 +97,15 @@ class RankActor:
         """The supervisor's order: form `generation` and adopt rank `source`'s state."""
         if self.membership is not None:
             self.membership.regroup(generation, source)
+
+    @ray.method(concurrency_group=CONTROL)
+    def result(self) -> dict[str, Any] | None:
+        """This rank's summary once its training ended, else None.
+
+        How a restarted supervisor, which does not own the `run` call of the
+        one before it, learns that this rank finished.
+        """
+        return self._result
 
     @ray.method(concurrency_group=CONTROL)
     def abort(self) -> None:
@@ -162,6 +176,10 @@ class RankActor:
                 set_context(None)
                 if dist.is_initialized():
                     dist.destroy_process_group()
+                # The last reports (outcomes included) wait for a supervisor that is
+                # restarting, up to `reporter.CLOSE_TIMEOUT_S`.
+                if self.ctx.reporter is not None:
+                    self.ctx.reporter.close()
         summary = dict(self.ctx.summary)
         summary.update(
             rank=rank,
@@ -177,4 +195,5 @@ class RankActor:
             summary["result"], note = picklable_result(result)
             if note:
                 summary["result_note"] = note
+        self._result = summary
         return summary

@@ -11,8 +11,11 @@ dicts a supervisor could rebuild the slots from.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+# Out-of-order batches remembered per slot before a missing one is given up on.
+MAX_GAP = 1024
 
 
 class SlotState(enum.StrEnum):
@@ -27,8 +30,23 @@ class Slot:
     rank: int
     incarnation: int = 1
     state: SlotState = SlotState.STARTING
-    last_seq: int = 0
+    last_seq: int = 0  # every batch up to this one has been seen
     pid: int | None = None
+    # Batches seen past `last_seq`: after a supervisor restart Ray retries the calls
+    # that were in flight, not necessarily in order, so a gap may fill later.
+    seen: set[int] = field(default_factory=set)
+
+    def take(self, seq: int) -> bool:
+        """Mark batch `seq` seen; False if it was already."""
+        if seq <= self.last_seq or seq in self.seen:
+            return False
+        self.seen.add(seq)
+        if len(self.seen) > MAX_GAP:  # a batch that never comes: give up waiting for it
+            self.last_seq = min(self.seen) - 1
+        while self.last_seq + 1 in self.seen:
+            self.last_seq += 1
+            self.seen.discard(self.last_seq)
+        return True
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -36,6 +54,7 @@ class Slot:
             "incarnation": self.incarnation,
             "state": self.state.value,
             "last_seq": self.last_seq,
+            "seen": sorted(self.seen),
             "pid": self.pid,
         }
 
@@ -47,6 +66,22 @@ class RankSlots:
         self.slots = {rank: Slot(rank) for rank in range(world_size)}
         self.refused_stale = 0  # reports from a replaced incarnation
         self.refused_duplicate = 0  # a batch sequence number seen already
+
+    @classmethod
+    def from_records(cls, records: list[dict[str, Any]]) -> RankSlots:
+        """The slots `records()` describes (a restarted supervisor's)."""
+        slots = cls(0)
+        for r in records:
+            rank = int(r["rank"])
+            slots.slots[rank] = Slot(
+                rank,
+                int(r["incarnation"]),
+                SlotState(r["state"]),
+                int(r["last_seq"]),
+                r.get("pid"),
+                {int(q) for q in r.get("seen", [])},
+            )
+        return slots
 
     def accept(self, rank: Any, incarnation: Any, seq: Any) -> bool:
         """True if a report of (rank, incarnation, seq) is current; counts what it refuses.
@@ -60,11 +95,9 @@ class RankSlots:
         if incarnation != slot.incarnation or slot.state is SlotState.LOST:
             self.refused_stale += 1
             return False
-        if isinstance(seq, int):
-            if seq <= slot.last_seq:
-                self.refused_duplicate += 1
-                return False
-            slot.last_seq = seq
+        if isinstance(seq, int) and not slot.take(seq):
+            self.refused_duplicate += 1
+            return False
         if slot.state is SlotState.STARTING:
             slot.state = SlotState.RUNNING
         return True
@@ -79,6 +112,7 @@ class RankSlots:
         slot.incarnation += 1
         slot.state = SlotState.STARTING
         slot.last_seq = 0
+        slot.seen.clear()
         slot.pid = None
         return slot.incarnation
 

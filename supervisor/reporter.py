@@ -3,10 +3,26 @@
 Each report is an actor call whose reply carries the commands this rank
 still owes. Replies are collected with a zero-timeout `ray.wait` at the
 next step boundary, so the training loop never waits on the supervisor.
+
+The supervisor may be away: killed and restarted by Ray (it is a detached
+actor with unbounded restarts), which takes seconds. Its handle stays good
+across the restart and Ray retries the calls that were in flight, so the
+reports reach the new instance, which deduplicates them by (rank,
+incarnation, seq). Meanwhile the rank keeps training: past
+`MAX_IN_FLIGHT` unanswered reports, new batches are held back and merged
+into one (events and outcomes all kept, metrics bounded with the oldest
+dropped first) that goes out as soon as the replies come again. A reply is
+the supervisor's acknowledgement: it journals what a batch carried before
+it answers. A report that fails outright (the supervisor gone for good, or
+a reply lost) puts its events and outcomes back into the held batch, to be
+sent again.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any
 
 import ray
@@ -14,9 +30,14 @@ import structlog
 
 log = structlog.get_logger("remedy.reporter")
 
-# Replies kept in flight before the oldest is waited for; bounds memory if
-# the supervisor falls behind.
-MAX_IN_FLIGHT = 64
+# Unanswered reports in flight before new batches are held back and merged.
+MAX_IN_FLIGHT = 16
+# Metrics records held while the supervisor is away; past this the oldest are dropped.
+MAX_HELD_METRICS = 5000
+# How long the last reports of a rank wait for a supervisor (a restart takes seconds).
+CLOSE_TIMEOUT_S = 120.0
+# A `send(wait=True)` (the OOM path) waits at most this long.
+WAIT_TIMEOUT_S = 30.0
 
 
 class RayReporter:
@@ -31,39 +52,108 @@ class RayReporter:
         self.rank = rank
         self.incarnation = incarnation
         self.seq = 0
-        self._in_flight: list[ray.ObjectRef] = []
+        self._in_flight: list[tuple[ray.ObjectRef, dict[str, Any]]] = []
+        self._held: dict[str, Any] | None = None
         self._inbox: list[dict[str, Any]] = []
         self.lost_replies = 0
+        self.dropped_metrics = 0  # metrics records dropped while the supervisor was away
 
     def send(self, batch: dict[str, Any], *, wait: bool = False) -> None:
-        self.seq += 1
-        batch["incarnation"] = self.incarnation
-        batch["seq"] = self.seq
-        ref = self.supervisor.report.remote(batch)
-        self._in_flight.append(ref)
-        if wait or len(self._in_flight) > MAX_IN_FLIGHT:
-            self._collect(timeout=None if wait else 5.0, everything=wait)
+        self._collect(timeout=0)
+        if self._held is not None or len(self._in_flight) >= MAX_IN_FLIGHT:
+            self._hold(batch)
+            self._release()
+        else:
+            self._post(batch)
+        if wait:
+            self._drain(WAIT_TIMEOUT_S)
 
     def poll(self) -> list[dict[str, Any]]:
-        if self._in_flight:
-            self._collect(timeout=0)
+        self._collect(timeout=0)
+        self._release()
         out, self._inbox = self._inbox, []
         return out
 
-    def _collect(self, *, timeout: float | None, everything: bool = False) -> None:
-        n = len(self._in_flight) if everything else 1
-        ready, self._in_flight = ray.wait(
-            self._in_flight,
-            num_returns=n if timeout != 0 else len(self._in_flight),
-            timeout=timeout,
-        )
-        for ref in ready:
+    def close(self) -> None:
+        self._drain(CLOSE_TIMEOUT_S)
+
+    def kill_supervisor(self) -> None:
+        """Chaos: SIGKILL the supervisor's process (Ray restarts it); by Ray if on another node."""
+        node, pid = ray.get(self.supervisor.where.remote(), timeout=30)
+        if node == ray.util.get_node_ip_address():
+            os.kill(pid, signal.SIGKILL)
+        else:
+            ray.kill(self.supervisor, no_restart=False)
+
+    # ------------------------------------------------------------------
+    def _post(self, batch: dict[str, Any]) -> None:
+        self.seq += 1
+        batch["incarnation"] = self.incarnation
+        batch["seq"] = self.seq
+        self._in_flight.append((self.supervisor.report.remote(batch), batch))
+
+    def _hold(self, batch: dict[str, Any], *, newer: bool = True) -> None:
+        """Merge `batch` into the held one: the newest header, every event and outcome.
+
+        `newer=False`: `batch` is older than what is held (a failed report sent
+        again), so the held header (step, tick) stays.
+        """
+        held = self._held
+        if held is None:
+            self._held = held = {**batch, "events": [], "metrics": [], "outcomes": []}
+        elif newer:
+            body = ("events", "metrics", "outcomes")
+            held.update({k: v for k, v in batch.items() if k not in body})
+        held["events"].extend(batch.get("events") or [])
+        held["outcomes"].extend(batch.get("outcomes") or [])
+        metrics = held["metrics"]
+        metrics.extend(batch.get("metrics") or [])
+        if len(metrics) > MAX_HELD_METRICS:
+            drop = len(metrics) - MAX_HELD_METRICS
+            del metrics[:drop]
+            self.dropped_metrics += drop
+
+    def _release(self) -> None:
+        """Send the held batch once the supervisor answers again."""
+        if self._held is not None and len(self._in_flight) < MAX_IN_FLIGHT:
+            held, self._held = self._held, None
+            if self.dropped_metrics:
+                log.warning("report_metrics_dropped", count=self.dropped_metrics)
+            self._post(held)
+
+    def _collect(self, *, timeout: float | None) -> None:
+        if not self._in_flight:
+            return
+        refs = [ref for ref, _ in self._in_flight]
+        ready, _ = ray.wait(refs, num_returns=len(refs) if timeout == 0 else 1, timeout=timeout)
+        if not ready:
+            return
+        done = set(ready)
+        kept = []
+        for ref, batch in self._in_flight:
+            if ref not in done:
+                kept.append((ref, batch))
+                continue
             try:
                 self._inbox.extend(ray.get(ref))
             except ray.exceptions.RayError as exc:
-                # A lost reply loses nothing: commands are re-sent until acknowledged.
+                # Unacknowledged: its events and outcomes go out again with the next batch.
                 self.lost_replies += 1
-                log.warning("report_failed", error=str(exc))
+                log.warning("report_failed", error=str(exc)[:300])
+                self._hold({**batch, "metrics": []}, newer=False)
+        self._in_flight = kept
 
-    def close(self) -> None:
-        self._collect(timeout=10.0, everything=True)
+    def _drain(self, timeout_s: float) -> None:
+        """Wait until every report is answered (held ones sent), at most `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self._in_flight or self._held is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning(
+                    "reports_unanswered",
+                    in_flight=len(self._in_flight),
+                    held=self._held is not None,
+                )
+                return
+            self._release()
+            self._collect(timeout=min(left, 1.0))

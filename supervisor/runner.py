@@ -9,9 +9,10 @@ from typing import Any
 
 import ray
 
-from remedy.supervisor.actor import SupervisorActor
+from remedy.supervisor.actor import launch_supervisor
 from remedy.supervisor.display import Display
 from remedy.supervisor.spec import RunSpec
+from remedy.supervisor.worker_group import kill_run_actors
 
 PROGRESS_EVERY_S = 5.0
 # How often a display polls the supervisor's feed.
@@ -30,29 +31,36 @@ def run_supervised(
     progress) as it happens; `progress`, the supervisor's status every
     `PROGRESS_EVERY_S`.
     """
-    sup = SupervisorActor.options(  # type: ignore[attr-defined]
-        name=f"remedy-supervisor-{spec.run_id}", namespace="remedy"
-    ).remote(spec.to_dict())
-    done = sup.run.remote()
+    sup = launch_supervisor(spec)
+    ray.get(sup.start.remote())
     cursor = 0
     last_status = time.monotonic()
+    summary: dict[str, Any] | None = None
     try:
         while True:
-            ready, _ = ray.wait([done], timeout=POLL_S if display else PROGRESS_EVERY_S)
+            summary = ray.get(sup.wait.remote(POLL_S if display else PROGRESS_EVERY_S))
             if display is not None:
                 cursor = pump(sup, display, cursor)
-            if ready:
-                return ray.get(done)
+            if summary is not None:
+                return dict(summary)
             if progress is not None and time.monotonic() - last_status >= PROGRESS_EVERY_S:
                 last_status = time.monotonic()
                 progress(ray.get(sup.status.remote()))
     finally:
+        # The supervisor is detached (it outlives a crash of its own); a run that is
+        # not detached ends with its driver: the supervisor, and the ranks if it had
+        # no time to kill them itself.
         ray.kill(sup, no_restart=True)
+        if summary is None:
+            kill_run_actors(spec.run_id)
 
 
 def pump(supervisor: Any, display: Display, cursor: int) -> int:
     """Hand the supervisor's new feed events to `display`; return the next cursor."""
-    events, cursor = ray.get(supervisor.events.remote(cursor))
+    events, after = ray.get(supervisor.events.remote(cursor))
+    if after < cursor:  # a restarted supervisor's feed starts again from 0
+        events, after = ray.get(supervisor.events.remote(0))
+    cursor = after
     for event in events:
         display.handle(event)
     return int(cursor)

@@ -7,6 +7,15 @@ critical path. Replacing a rank kills only its process (by pid when it runs
 on this node: `ray.kill` of a stopped process waits the raylet's
 `kill_worker_timeout_milliseconds` first), starts the spare as that rank
 in the next generation, and orders every survivor to regroup.
+
+Every actor is named and detached in the `remedy` namespace
+(`remedy-rank-<run_id>-<rank>-i<incarnation>`, spares
+`remedy-spare-<run_id>-<n>`), so it outlives a supervisor that crashes: the
+group's `record()` goes into the supervisor's state record, and a restarted
+supervisor `adopt`s the actors again by name. It does not own their `run`
+calls, so it learns that an adopted rank finished from `RankActor.result`
+(`poll_adopted`). The supervisor kills every actor of its run at the end
+(`shutdown`, then `kill_run_actors` for any a crash left unrecorded).
 """
 
 from __future__ import annotations
@@ -28,6 +37,41 @@ from remedy.supervisor.spec import RunSpec
 
 log = structlog.get_logger("remedy.worker_group")
 
+NAMESPACE = "remedy"
+# How long a rank gets to answer `result()` before it counts as still running.
+RESULT_TIMEOUT_S = 2.0
+
+
+def rank_name(run_id: str, rank: int, incarnation: int) -> str:
+    return f"remedy-rank-{run_id}-{rank}-i{incarnation}"
+
+
+def spare_name(run_id: str, number: int) -> str:
+    return f"remedy-spare-{run_id}-{number}"
+
+
+def run_actor_names(run_id: str) -> list[str]:
+    """The named rank and spare actors of `run_id` alive on the cluster."""
+    prefixes = (f"remedy-rank-{run_id}-", f"remedy-spare-{run_id}-")
+    found = ray.util.list_named_actors(all_namespaces=True)
+    return sorted(
+        a["name"]
+        for a in found
+        if isinstance(a, dict)
+        and a.get("namespace") == NAMESPACE
+        and a["name"].startswith(prefixes)
+    )
+
+
+def kill_run_actors(run_id: str) -> int:
+    """Kill every rank and spare actor of `run_id` still alive; return how many."""
+    killed = 0
+    for name in run_actor_names(run_id):
+        with contextlib.suppress(ValueError):  # gone meanwhile
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+            killed += 1
+    return killed
+
 
 class WorkerGroup:
     def __init__(
@@ -46,13 +90,18 @@ class WorkerGroup:
         self.actors: dict[int, Any] = {}
         self.pids: dict[int, tuple[str, int]] = {}  # rank -> (node address, pid)
         self.spares: list[Any] = []
+        self.names: dict[int, str] = {}  # rank -> the name of the actor that is it now
+        self.spare_names: list[str] = []
+        self.next_spare = 0
+        # Ranks of an earlier supervisor: running, but whose `run` this one does not own.
+        self.adopted: set[int] = set()
         self._refs: dict[ray.ObjectRef, tuple[int, int]] = {}  # run ref -> (rank, incarnation)
         self._retired: set[ray.ObjectRef] = set()  # runs of processes remedy killed itself
         self._node = ray.util.get_node_ip_address()
         self._refilling: asyncio.Task[None] | None = None
 
-    def _new_actor(self) -> Any:
-        options: dict[str, Any] = {}
+    def _new_actor(self, name: str) -> Any:
+        options: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "lifetime": "detached"}
         if self.spec.gpus_per_rank:
             options["num_gpus"] = self.spec.gpus_per_rank
         return RankActor.options(**options).remote(  # type: ignore[attr-defined]
@@ -65,6 +114,19 @@ class WorkerGroup:
             verbose=self.spec.verbose,
         )
 
+    def _new_rank(self, rank: int) -> tuple[Any, str]:
+        name = rank_name(self.spec.run_id, rank, self.slots.incarnation(rank))
+        return self._new_actor(name), name
+
+    def _new_spare(self) -> None:
+        self.next_spare += 1
+        name = spare_name(self.spec.run_id, self.next_spare)
+        self.spares.append(self._new_actor(name))
+        self.spare_names.append(name)
+
+    def _take_spare(self) -> tuple[Any, str]:
+        return self.spares.pop(0), self.spare_names.pop(0)
+
     def _faults(self, rank: int) -> list[dict[str, Any]]:
         return [f for f in self.spec.faults if f.get("rank", 0) in (None, rank)]
 
@@ -72,6 +134,7 @@ class WorkerGroup:
         self,
         rank: int,
         actor: Any,
+        name: str,
         *,
         generation: int,
         adopt_from: int | None,
@@ -89,15 +152,83 @@ class WorkerGroup:
             resume_step=resume_step,
         )
         self.actors[rank] = actor
+        self.names[rank] = name
+        self.adopted.discard(rank)
         self._refs[ref] = (rank, incarnation)
         return ref
 
     async def start(self) -> None:
         """Create every rank (and the warm spares) and start training in generation 0."""
         for rank in range(self.spec.workers):
-            self._launch(rank, self._new_actor(), generation=0, adopt_from=None)
-        self.spares = [self._new_actor() for _ in range(self.spec.spares or 0)]
+            self._launch(rank, *self._new_rank(rank), generation=0, adopt_from=None)
+        for _ in range(self.spec.spares or 0):
+            self._new_spare()
         await self._learn_pids(list(self.actors))
+
+    # ---------------------------------------------------------- restart
+    def record(self) -> dict[str, Any]:
+        """What a restarted supervisor needs to find this group again (JSON-able)."""
+        return {
+            "generation": self.generation,
+            "names": {str(r): n for r, n in self.names.items()},
+            "spares": list(self.spare_names),
+            "next_spare": self.next_spare,
+        }
+
+    async def adopt(self, record: dict[str, Any], ranks: list[int]) -> list[int]:
+        """Find the actors of `record` by name; return the `ranks` whose actor is gone.
+
+        Spares started after the record was written are found by their names.
+        """
+        self.generation = int(record["generation"])
+        self.next_spare = int(record["next_spare"])
+        names = {int(r): str(n) for r, n in record["names"].items()}
+        missing = []
+        for rank in ranks:
+            try:
+                self.actors[rank] = ray.get_actor(names[rank], namespace=NAMESPACE)
+            except (KeyError, ValueError):
+                missing.append(rank)
+                continue
+            self.names[rank] = names[rank]
+            self.adopted.add(rank)
+        in_use = set(names.values())
+        prefix = f"remedy-spare-{self.spec.run_id}-"
+        for name in run_actor_names(self.spec.run_id):
+            if name.startswith(prefix) and name not in in_use:
+                with contextlib.suppress(ValueError):
+                    self.spares.append(ray.get_actor(name, namespace=NAMESPACE))
+                    self.spare_names.append(name)
+                    self.next_spare = max(self.next_spare, int(name.rsplit("-", 1)[1]))
+        live = [r for r in ranks if r not in missing]
+        with contextlib.suppress(ray.exceptions.RayError, asyncio.TimeoutError):
+            await asyncio.wait_for(self._learn_pids(live), RESULT_TIMEOUT_S)
+        return missing
+
+    async def poll_adopted(self) -> dict[int, Any]:
+        """Adopted ranks that ended: their summary, or `DEAD` if the actor is gone."""
+
+        async def one(actor: Any) -> Any:
+            try:
+                return await actor.result.remote()
+            except ray.exceptions.RayActorError:
+                return DEAD
+
+        ranks = sorted(r for r in self.adopted if r in self.actors)
+        tasks = {r: asyncio.ensure_future(one(self.actors[r])) for r in ranks}
+        if tasks:
+            await asyncio.wait(tasks.values(), timeout=RESULT_TIMEOUT_S)
+        out: dict[int, Any] = {}
+        for rank, task in tasks.items():
+            if not task.done():
+                task.cancel()
+            elif task.result() is not None:
+                out[rank] = task.result()
+                self.adopted.discard(rank)
+        for rank in sorted(self.adopted - set(self.actors)):
+            out[rank] = DEAD
+            self.adopted.discard(rank)
+        return out
 
     async def _learn_pids(self, ranks: list[int]) -> None:
         found = await asyncio.gather(*(self.actors[r].where.remote() for r in ranks))
@@ -160,6 +291,7 @@ class WorkerGroup:
     def kill(self, rank: int) -> None:
         """Kill `rank`'s process now: by pid on this node, and through Ray everywhere."""
         actor = self.actors.pop(rank, None)
+        self.adopted.discard(rank)
         for ref, (r, _inc) in self._refs.items():
             if r == rank:
                 self._retired.add(ref)
@@ -181,8 +313,8 @@ class WorkerGroup:
         new: list[int] = []
         for rank in ranks:
             self.slots.replace(rank)
-            actor, how[rank] = self._spare_or_new()
-            self._launch(rank, actor, generation=generation, adopt_from=source)
+            (actor, name), how[rank] = self._spare_or_new(rank)
+            self._launch(rank, actor, name, generation=generation, adopt_from=source)
             new.append(rank)
         for rank, actor in self.actors.items():
             if rank not in new:
@@ -201,7 +333,7 @@ class WorkerGroup:
         for rank in ranks:
             self.kill(rank)
             self.slots.replace(rank)
-            self._launch(rank, self._new_actor(), generation=self.generation, adopt_from=source)
+            self._launch(rank, *self._new_rank(rank), generation=self.generation, adopt_from=source)
         await self._learn_pids(ranks)
         return {
             "generation": self.generation,
@@ -224,9 +356,14 @@ class WorkerGroup:
         how: dict[int, str] = {}
         for rank in ranks:
             self.slots.replace(rank)
-            actor, how[rank] = self._spare_or_new()
+            (actor, name), how[rank] = self._spare_or_new(rank)
             self._launch(
-                rank, actor, generation=self.generation, adopt_from=None, resume_step=resume_step
+                rank,
+                actor,
+                name,
+                generation=self.generation,
+                adopt_from=None,
+                resume_step=resume_step,
             )
         await self._learn_pids(ranks)
         return {
@@ -241,19 +378,21 @@ class WorkerGroup:
         for rank in list(self.actors):
             self.kill(rank)
 
-    def _spare_or_new(self) -> tuple[Any, str]:
-        """A warm spare if one is ready, else a new actor; and which it was."""
+    def _spare_or_new(self, rank: int) -> tuple[tuple[Any, str], str]:
+        """(actor, its name) of a warm spare if one is ready, else of a new actor; and which it was."""
         if self.spares:
-            return self.spares.pop(0), "warm spare"
-        return self._new_actor(), "new actor"
+            return self._take_spare(), "warm spare"
+        return self._new_rank(rank), "new actor"
 
     def refill_spares(self) -> None:
         """Start spares up to the configured count (their start is off the critical path)."""
         while len(self.spares) < (self.spec.spares or 0):
-            self.spares.append(self._new_actor())
+            self._new_spare()
 
     def shutdown(self) -> None:
         for actor in [*self.actors.values(), *self.spares]:
             ray.kill(actor, no_restart=True)
         self.actors.clear()
         self.spares.clear()
+        self.spare_names.clear()
+        self.adopted.clear()

@@ -8,7 +8,7 @@ as one located line, `FILE:LINE:COL: error: ...`, before anything runs.
 
 Two kinds of fault model two kinds of real trouble:
 - transient faults (`nan_loss`, `nan_grad`, `grad_explosion`, `oom`,
-  `kill_rank`) fire once per run, the first time their step executes: a
+  `kill_rank`, `kill_supervisor`) fire once per run, the first time their step executes: a
   replay after a rollback, or in a replacement rank, is clean, as it is
   after a flipped bit or a one-off kernel error;
 - data faults (`loss_spike`) poison batches: when the fault first fires it
@@ -32,7 +32,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -81,6 +81,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "(once per run)",
     "corrupt_checkpoint": "flips bytes in the rank's newest durable checkpoint payload at the "
     "boundary before the step (once per run); its checksum then fails on restore",
+    "kill_supervisor": "the supervisor's process is killed (SIGKILL) from this rank at the start "
+    "of the step (once per run); Ray restarts it and it resumes from its journal",
 }
 SUPPORTED_FAULTS = frozenset(FAULT_DESCRIPTIONS)
 
@@ -97,6 +99,7 @@ FAULT_PARAMS: dict[str, frozenset[str]] = {
     "hang_rank": frozenset(),
     "slow_collective": frozenset({"seconds"}),
     "corrupt_checkpoint": frozenset(),
+    "kill_supervisor": frozenset(),
 }
 
 _ALL_PARAMS = frozenset({"duration", "factor", "seconds", "bytes"})  # a kind not listed above
@@ -360,9 +363,16 @@ class FaultInjector:
     """
 
     def __init__(
-        self, faults: Iterable[Fault], rank: int, *, run_dir: str | os.PathLike[str] | None = None
+        self,
+        faults: Iterable[Fault],
+        rank: int,
+        *,
+        run_dir: str | os.PathLike[str] | None = None,
+        kill_supervisor: Callable[[], None] | None = None,
     ) -> None:
         self.rank = rank
+        # How this rank kills its supervisor (`RayReporter.kill_supervisor`); None alone.
+        self._kill_supervisor = kill_supervisor
         self.faults = [f for f in faults if f.hits(rank)]
         self._keys = [f.key(rank) for f in self.faults]
         self.record = FiredRecord(fired_dir(run_dir))
@@ -439,6 +449,9 @@ class FaultInjector:
             process_faults.kill()
         if self.fire_once("hang_rank", step) is not None:
             process_faults.hang()
+        if self._kill_supervisor is not None and self.fire_once("kill_supervisor", step):
+            self._note("kill_supervisor", step)
+            self._kill_supervisor()
 
     def on_loss(self, step: int, batch_index: int, loss: torch.Tensor) -> torch.Tensor:
         """Loss-side faults: NaN and poisoned (spiking) batches."""

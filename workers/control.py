@@ -32,6 +32,7 @@ from remedy.policies import (
     Decision,
     Engine,
 )
+from remedy.workers import control_state
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.detectors.straggler import StragglerWatch
 from remedy.workers.report_validation import Limits, RankMark, validate_batch
@@ -101,6 +102,9 @@ class Controller:
         self.command_lead = command_lead
         self.pending: dict[str, _Pending] = {}
         self._closed: set[str] = set()  # ids of commands no longer pending
+        # The newest of them, all a state record keeps: an outcome later than these
+        # after a restart is counted as unknown, and the record stays small.
+        self._recent_closed: deque[str] = deque(maxlen=control_state.MAX_CLOSED_KEPT)
         self._seq = 0
         self.step_of: dict[int, int] = {}
         self.tick_of: dict[int, int] = {}
@@ -118,6 +122,13 @@ class Controller:
         self.outcome_counts: Counter[str] = Counter()
         self.abort_reason: str | None = None
         self.decisions: list[dict[str, Any]] = []  # journaled records, for the summary and tests
+        # Ids with a line in decisions.jsonl: an outcome re-sent after a supervisor
+        # restart resolves its decision again, and must not journal it twice.
+        self._journaled: set[str] = set()
+        # Bumped whenever what the controller promised changes (a decision, an
+        # outcome, an anomaly, a dropped rank): the supervisor writes a state
+        # record before a reply leaves when it moved (see `control_state`).
+        self.changes = 0
         self.deferred: dict[str, Decision] = {}  # group actions under way
         if isinstance(straggler, _Default):
             straggler = StragglerWatch() if world_size > 1 else None
@@ -198,6 +209,7 @@ class Controller:
 
     def _record(self, ev: AnomalyEvent) -> None:
         """Count and log one valid anomaly, whoever saw it."""
+        self.changes += 1
         self.anomaly_counts[ev.kind] += 1
         if self.run_dir is not None:
             self.run_dir.anomaly(ev.to_dict())
@@ -268,6 +280,7 @@ class Controller:
     def handle(self, decisions: Iterable[Decision]) -> None:
         """Journal and dispatch decisions from the engine (new ones or follow-ups)."""
         for d in decisions:
+            self.changes += 1
             if d.suppressed:
                 self._journal(d, "suppressed")
             elif d.dry_run:
@@ -345,6 +358,7 @@ class Controller:
         pre-empted decision ids.
         """
         preempted = []
+        self.changes += 1
         for pending in list(self.pending.values()):
             if rank not in pending.targets:
                 continue
@@ -393,6 +407,7 @@ class Controller:
         """Take a command off the pending list; outcomes still on their way are then late, not invalid."""
         del self.pending[decision_id]
         self._closed.add(decision_id)
+        self._recent_closed.append(decision_id)
 
     def _outcome(self, outcome: Outcome) -> None:
         pending = self.pending.get(outcome.decision_id)
@@ -402,6 +417,7 @@ class Controller:
             if outcome.decision_id not in self._closed:
                 self.rejected["outcome_unknown_decision"] += 1
             return
+        self.changes += 1
         pending.outcomes[outcome.rank] = outcome
         if pending.command.action == "abort" and pending.command.decision_id.endswith("-stop"):
             if set(pending.outcomes) >= pending.targets:
@@ -475,12 +491,43 @@ class Controller:
             "chain": {"id": d.chain_id, "index": d.chain_index, "length": d.chain_length},
             **extra,
         }
+        if d.decision_id in self._journaled:
+            return  # journaled before a supervisor restart; its outcome came again
+        self._journaled.add(d.decision_id)
+        self.changes += 1
         self.decisions.append(record)
         self.outcome_counts[outcome] += 1
         if outcome == "applied":
             self.action_counts[d.action] += 1
         if self.run_dir is not None:
             self.run_dir.decision(record)
+
+    # ---------------------------------------------------------- persistence
+    def state_dict(self) -> dict[str, Any]:
+        """The state record a restarted supervisor resumes from (`control_state.dump`)."""
+        return control_state.dump(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a `state_dict`; the policy must be the one it was taken under."""
+        control_state.load(self, state)
+
+    def restore_decisions(self, records: Iterable[dict[str, Any]]) -> None:
+        """The lines of decisions.jsonl written before a restart: kept, and never written again.
+
+        The outcome and action counts are the journal's, recounted from these lines
+        (a line written after the last state record counts too).
+        """
+        self.outcome_counts, self.action_counts = Counter(), Counter()
+        for record in records:
+            decision_id = record.get("decision_id")
+            if not isinstance(decision_id, str) or decision_id in self._journaled:
+                continue
+            self._journaled.add(decision_id)
+            self.decisions.append(record)
+            outcome = str(record.get("outcome"))
+            self.outcome_counts[outcome] += 1
+            if outcome == "applied":
+                self.action_counts[str(record.get("action"))] += 1
 
     def final_loss(self, rank: int = 0) -> float | None:
         losses = self.recent_loss.get(rank)

@@ -65,6 +65,8 @@ from remedy.workers.stats import StepStats
 
 log = structlog.get_logger("remedy.guard")
 
+# A done command sent again this long after its outcome went out gets the outcome again.
+OUTCOME_RESEND_S = 2.0
 # summary["final_loss"] is the mean of the finite training losses of the last this many steps.
 FINAL_LOSS_STEPS = 10
 
@@ -149,7 +151,12 @@ class Guard:
         self.rank = ctx.rank
         self.run_dir = ctx.run_dir
         self.reporter: Reporter = ctx.reporter or self._local_reporter(ctx)
-        self.injector = FaultInjector(ctx.faults, ctx.rank, run_dir=ctx.run_dir)
+        self.injector = FaultInjector(
+            ctx.faults,
+            ctx.rank,
+            run_dir=ctx.run_dir,
+            kill_supervisor=getattr(self.reporter, "kill_supervisor", None),
+        )
         self.cursor = BatchCursor(data, epochs=epochs)
         self.data_exhausted: str | None = None  # why the data ended the loop, if it did
         self._epoch = 0  # the epoch the detectors were last told of
@@ -195,6 +202,9 @@ class Guard:
         self.kv_allocator = self.config.kv_allocator
         self._queued: dict[str, Command] = {}
         self._done_ids: set[str] = set()
+        # Each done command's outcome and when it last went out: a command sent again
+        # after that (a restarted supervisor that never got the outcome) gets it again.
+        self._outcome_of: dict[str, tuple[Outcome, float]] = {}
         self._failed_chains: set[str] = set()
         self._max_seq = 0
         # Checkpoint writes in flight, by id of the snapshot they read; such a
@@ -367,11 +377,19 @@ class Guard:
             self._send(force=True)
 
     def _take_commands(self) -> None:
+        now = time.monotonic()
         for raw in self.reporter.poll():
             cmd = Command.from_dict(raw)
             self._max_seq = max(self._max_seq, cmd.seq)
             if cmd.decision_id not in self._done_ids:
                 self._queued.setdefault(cmd.decision_id, cmd)
+                continue
+            # Done already: once the replies to reports sent before the outcome are
+            # in, a command that still comes is one whose outcome was lost.
+            done = self._outcome_of.get(cmd.decision_id)
+            if done is not None and now - done[1] >= OUTCOME_RESEND_S:
+                self._outcomes.append(done[0])
+                self._outcome_of[cmd.decision_id] = (done[0], now)
 
     def _apply(self, commands: list[Command]) -> None:
         """Apply commands in order; a failed step stops the rest of its chain."""
@@ -389,6 +407,7 @@ class Guard:
                 if outcome.outcome != "applied" and cmd.chain_id and not cmd.continue_on_failure:
                     self._failed_chains.add(cmd.chain_id)
             self._outcomes.append(outcome)
+            self._outcome_of[cmd.decision_id] = (outcome, time.monotonic())
             self.history.append(outcome)
             log.info(
                 "action",

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+import ray
 
 from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
@@ -47,3 +50,13 @@ def standalone(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=120,
         env=env,
     )
+
+
+def finished(supervisor: Any, timeout_s: float = 240.0) -> dict[str, Any]:
+    """The summary of a started supervisor's run, waiting for it as drivers do (`wait` in a loop)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        summary = ray.get(supervisor.wait.remote(1.0))
+        if summary is not None:
+            return dict(summary)
+    raise TimeoutError(f"the run did not end within {timeout_s:g}s")

@@ -12,6 +12,7 @@ from remedy.supervisor.actor import SupervisorActor
 from remedy.supervisor.cli import main
 from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl
+from tests.supervisor.runs import finished
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -72,7 +73,7 @@ def test_watched_policy_file_reloads_a_running_job(ray_cluster: None, tmp_path: 
         target=TARGET, policy=str(policy), run_dir=str(tmp_path / "watched"), argv=spec_args
     )
     actor = SupervisorActor.remote(spec.to_dict())  # type: ignore[attr-defined]
-    done = actor.run.remote()  # type: ignore[attr-defined]
+    actor.start.remote()  # type: ignore[attr-defined]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         status = ray.get(actor.status.remote())  # type: ignore[attr-defined]
@@ -80,7 +81,7 @@ def test_watched_policy_file_reloads_a_running_job(ray_cluster: None, tmp_path: 
             break
         time.sleep(0.2)
     policy.write_text(V2)
-    summary = ray.get(done, timeout=240)
+    summary = finished(actor)
     assert summary["status"] == "completed"
     wal = read_jsonl(tmp_path / "watched" / "journal.wal")
     reloads = [r for r in wal if r.get("type") == "policy_reloaded"]

@@ -19,6 +19,7 @@ import ray
 from remedy.supervisor.actor import SupervisorActor
 from remedy.supervisor.cli import main
 from remedy.supervisor.spec import RunSpec
+from tests.supervisor.runs import finished
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -76,7 +77,7 @@ def test_hostile_saves_and_applies_never_kill_the_run(
     actor = SupervisorActor.options(  # type: ignore[attr-defined]
         name=f"remedy-supervisor-{spec.run_id}", namespace="remedy"
     ).remote(spec.to_dict())
-    done = actor.run.remote()
+    actor.start.remote()
     deadline = time.monotonic() + 120
     while max(ray.get(actor.status.remote())["step"].values(), default=0) < 3:
         assert time.monotonic() < deadline, "the run never started"
@@ -97,7 +98,7 @@ def test_hostile_saves_and_applies_never_kill_the_run(
     _save(policy, V2.encode(), len(HOSTILE) + 1)
     _wait_for(wal, "policy_reloaded", 1)
     assert ray.get(actor.status.remote())["policy"] == "v2"
-    summary = ray.get(done, timeout=240)
+    summary = finished(actor)
     assert summary["status"] == "completed"
     refused = [r for r in _wal(wal) if r.get("type") == "policy_refused"]
     assert len(refused) == len(HOSTILE) + 1  # every save, and the direct call

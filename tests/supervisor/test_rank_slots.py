@@ -40,6 +40,34 @@ def test_records_rebuild_the_picture() -> None:
     slots.lose(1)
     slots.replace(1)
     assert slots.records()[1] == {
-        "rank": 1, "incarnation": 2, "state": "starting", "last_seq": 0, "pid": None,
+        "rank": 1, "incarnation": 2, "state": "starting", "last_seq": 0, "seen": [], "pid": None,
     }  # fmt: skip
     assert slots.live() == [0, 1]
+
+
+def test_batches_retried_out_of_order_are_accepted_once() -> None:
+    """After a supervisor restart Ray retries calls out of order: each seq counts once, in any order."""
+    slots = RankSlots(1)
+    assert slots.accept(0, 1, 1)
+    assert [slots.accept(0, 1, q) for q in (4, 2, 3, 2, 4, 5)] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+        True,
+    ]
+    assert slots.refused_duplicate == 2
+    assert slots.slots[0].last_seq == 5 and not slots.slots[0].seen
+
+
+def test_records_restore_the_slots() -> None:
+    """`from_records(records())` gives the same slots, out-of-order seqs included (a restarted supervisor)."""
+    slots = RankSlots(2)
+    for q in (1, 3):
+        slots.accept(1, 1, q)
+    slots.lose(0)
+    slots.replace(0)
+    again = RankSlots.from_records(slots.records())
+    assert again.records() == slots.records()
+    assert not again.accept(1, 1, 3) and again.accept(1, 1, 2)

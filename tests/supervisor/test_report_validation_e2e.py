@@ -12,6 +12,7 @@ import ray
 from remedy.supervisor.actor import SupervisorActor
 from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl
+from tests.supervisor.runs import finished
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -89,7 +90,7 @@ def test_live_supervisor_refuses_hostile_batches(ray_cluster: None, tmp_path: Pa
         ],
     )
     actor = SupervisorActor.remote(spec.to_dict())  # type: ignore[attr-defined]
-    done = actor.run.remote()  # type: ignore[attr-defined]
+    actor.start.remote()  # type: ignore[attr-defined]
     deadline = time.monotonic() + 200
     step = 0
     while step < 3 and time.monotonic() < deadline:
@@ -104,7 +105,7 @@ def test_live_supervisor_refuses_hostile_batches(ray_cluster: None, tmp_path: Pa
     status = ray.get(actor.status.remote())  # type: ignore[attr-defined]
     assert status["rejected"] == expected
     assert max(status["step"].values()) < NAN_AT, "the NaN must come after the hostile batches"
-    summary = ray.get(done, timeout=240)
+    summary = finished(actor)
     assert summary["status"] == "completed"
     assert summary["rejected"] == expected
     decisions = read_jsonl(tmp_path / "run" / "decisions.jsonl")

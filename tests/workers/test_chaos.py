@@ -37,7 +37,7 @@ def test_load_demo_chaos_file() -> None:
         ({"faults": [{"kind": "nan_loss", "at_step": -1}]}, "at_step"),
         ({"faults": [{"kind": "nan_loss", "at_step": 1, "colour": "red"}]}, "colour"),
         ({"fault": []}, "fault"),
-        ({"faults": [{"kind": "kill_supervisor", "at_step": 3}]}, "cannot be injected"),
+        ({"faults": [{"kind": "corrupt_checkpoint", "at_step": 3}]}, "cannot be injected"),
         ({"faults": [{"kind": "slow_loader", "at_step": 3, "seconds": math.inf}]}, "finite"),
     ],
 )
@@ -119,7 +119,6 @@ BROKEN_FILES = [
     ("leak_100tb.yaml", 4, 12, "faults.0.bytes: must be at most 17179869184"),
     ("leak_total.yaml", 2, 5, "at most 1099511627776 (1 TiB)"),
     ("unknown_kind.yaml", 2, 12, "faults.0.kind: unknown fault 'nan_lose'; one of: "),
-    ("not_injectable.yaml", 2, 12, "fault 'kill_supervisor' cannot be injected by this version"),
     ("param_not_taken.yaml", 2, 34, "nan_loss does not take 'seconds'; it takes: at_step, rank"),
     ("negative_step.yaml", 2, 31, "faults.0.at_step: must be at least 0, got -1"),
     ("step_as_text.yaml", 2, 31, "faults.0.at_step: must be an integer, got '5'"),

@@ -1,0 +1,109 @@
+"""A rank's reporter never blocks on an absent supervisor, holds what it cannot send, and loses no event or outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+import ray
+
+from remedy.supervisor import reporter as reporter_mod
+from remedy.supervisor.reporter import RayReporter
+
+pytestmark = [pytest.mark.ray]
+
+
+@ray.remote(num_cpus=0)
+class _Supervisor:
+    """Takes report batches; answers none while closed (a supervisor that is away)."""
+
+    def __init__(self, fail_seq: int | None = None) -> None:
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.batches: list[dict[str, Any]] = []
+        self.fail_seq = fail_seq
+
+    async def close(self) -> None:
+        self.gate.clear()
+
+    async def open(self) -> None:
+        self.gate.set()
+
+    async def report(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        await self.gate.wait()
+        if batch["seq"] == self.fail_seq:
+            raise RuntimeError("the reply is lost")
+        self.batches.append(batch)
+        return [{"echo": batch["seq"]}]
+
+    async def seen(self) -> list[dict[str, Any]]:
+        return self.batches
+
+
+def _batch(i: int, *, event: bool = False, outcome: bool = False) -> dict[str, Any]:
+    return {
+        "rank": 0,
+        "step": i,
+        "tick": i,
+        "events": [{"kind": "loss_spike", "n": i}] if event else [],
+        "metrics": [{"step": i}],
+        "outcomes": [{"decision_id": f"d{i}"}] if outcome else [],
+    }
+
+
+def _drain(rep: RayReporter) -> list[dict[str, Any]]:
+    replies = []
+    deadline = time.monotonic() + 60
+    while (rep._in_flight or rep._held is not None) and time.monotonic() < deadline:
+        replies += rep.poll()
+        time.sleep(0.05)
+    return replies + rep.poll()
+
+
+@pytest.mark.timeout(120)
+def test_absent_supervisor_batches_are_held_merged_and_bounded(
+    ray_cluster: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While nothing answers, sends return at once; held batches merge; only the oldest metrics are dropped."""
+    monkeypatch.setattr(reporter_mod, "MAX_IN_FLIGHT", 4)
+    monkeypatch.setattr(reporter_mod, "MAX_HELD_METRICS", 10)
+    sup = _Supervisor.remote()
+    ray.get(sup.close.remote())
+    rep = RayReporter(sup)
+    for i in range(40):
+        rep.send(_batch(i, event=i % 7 == 0, outcome=i % 11 == 0))  # returns: nothing is waited for
+    assert len(rep._in_flight) == 4 and rep._held is not None
+    assert rep.dropped_metrics == 40 - 4 - 10
+    ray.get(sup.open.remote())
+    _drain(rep)
+    got = sorted(ray.get(sup.seen.remote()), key=lambda b: b["seq"])  # waiters wake in any order
+    assert [b["seq"] for b in got] == [1, 2, 3, 4, 5]  # four in flight, then one merged batch
+    events = [e["n"] for b in got for e in b["events"]]
+    outcomes = [o["decision_id"] for b in got for o in b["outcomes"]]
+    assert events == [i for i in range(40) if i % 7 == 0]
+    assert outcomes == [f"d{i}" for i in range(40) if i % 11 == 0]
+    metrics = [m["step"] for b in got for m in b["metrics"]]
+    assert metrics == [0, 1, 2, 3, *range(30, 40)]
+    assert got[-1]["step"] == 39  # the merged batch has the newest header
+    ray.kill(sup)
+
+
+@pytest.mark.timeout(120)
+def test_failed_report_sends_its_events_and_outcomes_again(ray_cluster: None) -> None:
+    """A report whose reply fails is not acknowledged: its event and outcome go out again, once."""
+    sup = _Supervisor.remote(fail_seq=2)
+    rep = RayReporter(sup)
+    rep.send(_batch(0))
+    rep.send(_batch(1, event=True, outcome=True))
+    rep.send(_batch(2))
+    time.sleep(0.5)
+    rep.send(_batch(3))
+    _drain(rep)
+    assert rep.lost_replies == 1
+    got = sorted(ray.get(sup.seen.remote()), key=lambda b: b["seq"])
+    assert [e["n"] for b in got for e in b["events"]] == [1]
+    assert [o["decision_id"] for b in got for o in b["outcomes"]] == ["d1"]
+    assert 2 not in [b["seq"] for b in got]
+    ray.kill(sup)

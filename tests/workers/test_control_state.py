@@ -1,0 +1,171 @@
+"""A Controller rebuilt from its journal's last state record and tail carries on as if it never stopped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from remedy.policies import AnomalyEvent, Engine, load_policy_text
+from remedy.workers import control_state
+from remedy.workers.control import Controller
+from remedy.workers.rundir import RunDir, read_jsonl
+
+POLICY = """
+version: 1
+name: state-test
+rules:
+  - name: nan-rollback
+    when: {anomaly: nonfinite_loss}
+    do:
+      - rollback: {steps_back: 10, skip_batches: 0}
+      - shrink_lr: {factor: 0.5}
+    cooldown: 50
+  - name: told
+    when: {anomaly: data_stall}
+    do: [notify]
+"""
+
+
+def _controller(run_dir: Path, incarnation: int = 1) -> Controller:
+    engine = Engine(load_policy_text(POLICY, "state.yaml"), run_id="r", incarnation=incarnation)
+    return Controller(engine, world_size=2, run_dir=RunDir(run_dir, "r"))
+
+
+def _batch(rank: int, step: int, *events: dict[str, Any], outcomes: Any = ()) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "step": step,
+        "tick": step,
+        "events": list(events),
+        "metrics": [{"step": step, "rank": rank, "loss": 1.0 / (step + 1), "step_time_s": 0.01}],
+        "outcomes": list(outcomes),
+    }
+
+
+def _nan(rank: int, step: int) -> dict[str, Any]:
+    return AnomalyEvent(
+        "nonfinite_loss", rank, step, tick=step, value=float("nan"), severity="critical"
+    ).to_dict()
+
+
+def _applied(decision_id: str, rank: int, step: int) -> dict[str, Any]:
+    return {
+        "decision_id": decision_id,
+        "rank": rank,
+        "outcome": "applied",
+        "step": step,
+        "tick": step,
+    }
+
+
+def _roundtrip(c: Controller) -> dict[str, Any]:
+    """The state record as it is read back from journal.wal (JSON)."""
+    out: dict[str, Any] = json.loads(json.dumps(c.state_dict(), default=str))
+    return out
+
+
+def _restored(tmp: Path, state: dict[str, Any], incarnation: int = 2) -> Controller:
+    c = _controller(tmp, incarnation)
+    c.load_state_dict(state)
+    return c
+
+
+def test_record_then_restore_gives_the_same_state(tmp_path: Path) -> None:
+    """A state record restored into a fresh Controller dumps to the same record, pending rollback included."""
+    c = _controller(tmp_path / "a")
+    for step in range(5):
+        c.ingest(_batch(0, step))
+        c.ingest(_batch(1, step))
+    commands = c.ingest(_batch(0, 5, _nan(0, 5)))
+    assert [cmd["action"] for cmd in commands] == ["rollback", "shrink_lr"]
+    rollback = commands[0]["decision_id"]
+    c.ingest(_batch(0, 6, outcomes=[_applied(rollback, 0, 6)]))
+    record = _roundtrip(c)
+    again = _restored(tmp_path / "b", record)
+    assert _roundtrip(again) == record
+    assert again.pending[rollback].outcomes.keys() == {0}
+    assert again.step_of == c.step_of and again.tick_of == c.tick_of
+    assert again.final_loss() == c.final_loss()
+
+
+def test_restored_controller_decides_like_the_original(tmp_path: Path) -> None:
+    """After a restore, the rest of the stream resolves the same decisions and keeps the cooldown."""
+    original = _controller(tmp_path / "a")
+    commands = original.ingest(_batch(0, 5, _nan(0, 5)))
+    ids = [cmd["decision_id"] for cmd in commands]
+    record = _roundtrip(original)
+    restored = _restored(tmp_path / "b", record)
+    rest = [
+        _batch(1, 6, outcomes=[_applied(i, 1, 6) for i in ids]),
+        _batch(0, 6, outcomes=[_applied(i, 0, 6) for i in ids]),
+        _batch(0, 10, _nan(0, 10)),  # within the cooldown: suppressed, not a second rollback
+    ]
+    for c in (original, restored):
+        for batch in rest:
+            c.ingest(batch)
+    assert not original.pending and not restored.pending
+    seen = [
+        [(d["action"], d["outcome"], d["anomaly"]["step"]) for d in c.decisions]
+        for c in (original, restored)
+    ]
+    assert seen[0] == seen[1]
+    assert ("rollback", "applied", 5) in seen[0]
+    assert [d["outcome"] for d in original.decisions].count("suppressed") == 1
+    assert restored.action_counts == original.action_counts
+
+
+def test_decision_after_the_last_state_record_is_abandoned_and_its_number_never_reused(
+    tmp_path: Path,
+) -> None:
+    """A decided record in the tail went to no rank: abandoned; the re-sent batch decides anew under a new id."""
+    c = _controller(tmp_path)
+    c.ingest(_batch(0, 1))
+    c.run_dir.wal({"type": control_state.STATE, "controller": c.state_dict()})  # type: ignore[union-attr]
+    lost = c.ingest(_batch(0, 5, _nan(0, 5)))  # decided, then the supervisor died before replying
+    lost_ids = {cmd["decision_id"] for cmd in lost}
+    records = control_state.read_journal(tmp_path / "journal.wal")
+    state, tail = control_state.split_at_last_state(records)
+    assert state is not None and [r["type"] for r in tail] == ["decided", "decided"]
+    restored = _restored(tmp_path, state["controller"])
+    assert set(control_state.replay_tail(restored, tail)) == lost_ids
+    again = restored.ingest(_batch(0, 5, _nan(0, 5)))  # the unanswered batch, re-sent
+    assert [cmd["action"] for cmd in again] == ["rollback", "shrink_lr"]
+    new_ids = {cmd["decision_id"] for cmd in again}
+    assert not new_ids & lost_ids
+    assert all("-s2-" in i for i in new_ids)
+    assert restored.engine.seq == c.engine.seq + 2
+    assert max(cmd["seq"] for cmd in again) > max(cmd["seq"] for cmd in lost)
+
+
+def test_outcome_resent_after_restart_is_not_journaled_twice(tmp_path: Path) -> None:
+    """An outcome resolved just before the crash, re-sent after it: one decisions.jsonl line, counts kept."""
+    c = _controller(tmp_path)
+    ids = [cmd["decision_id"] for cmd in c.ingest(_batch(0, 5, _nan(0, 5)))]
+    state = _roundtrip(c)  # the last state record: both ranks still owe their outcomes
+    c.ingest(_batch(1, 6, outcomes=[_applied(i, 1, 6) for i in ids]))
+    c.ingest(_batch(0, 6, outcomes=[_applied(i, 0, 6) for i in ids]))
+    assert not c.pending
+    restored = _restored(tmp_path, state)
+    restored.restore_decisions(read_jsonl(tmp_path / "decisions.jsonl"))
+    assert set(restored.pending) == set(ids)
+    restored.ingest(_batch(1, 6, outcomes=[_applied(i, 1, 6) for i in ids]))
+    restored.ingest(_batch(0, 6, outcomes=[_applied(i, 0, 6) for i in ids]))
+    assert not restored.pending
+    lines = read_jsonl(tmp_path / "decisions.jsonl")
+    assert sorted(d["decision_id"] for d in lines) == sorted(ids)
+    assert restored.action_counts == {"rollback": 1, "shrink_lr": 1}
+    assert restored.commands_for(0) == [] and restored.commands_for(1) == []
+
+
+def test_torn_last_journal_line_is_skipped(tmp_path: Path) -> None:
+    """A crash mid-write leaves half a line: the reader skips it and finds the state record before it."""
+    c = _controller(tmp_path)
+    c.ingest(_batch(0, 1))
+    c.run_dir.wal({"type": control_state.STATE, "controller": c.state_dict()})  # type: ignore[union-attr]
+    with open(tmp_path / "journal.wal", "a", encoding="utf-8") as fh:
+        fh.write('{"type": "decided", "decis')
+    state, tail = control_state.split_at_last_state(
+        control_state.read_journal(tmp_path / "journal.wal")
+    )
+    assert state is not None and tail == []

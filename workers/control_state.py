@@ -1,0 +1,178 @@
+"""The Controller's state record, and rebuilding a Controller from the journal.
+
+`journal.wal` is the source of truth of a supervised run. Besides the
+write-ahead records of each decision (`decided`) and its resolution
+(`resolved`), the supervisor writes a `state` record whenever what it has
+promised changed (before the reply that carries a new command goes out) and
+every few seconds: the engine's state (counters, cooldowns, budget, the
+decision sequence number), the pending commands with their targets and the
+outcomes received, the ids already closed, each rank's step and tick, and
+the counters of the summary.
+
+A restarted supervisor loads the last state record (`restore`) and replays
+the records after it (`replay_tail`): a decision journaled after the last
+state record was never dispatched (no reply carried it: the record is
+written before the reply), so it is abandoned, and the rank's batch that
+caused it, re-sent because it was never answered, is decided again, under
+an id of the new incarnation; a resolution after the last state record is
+redone when the outcome it came with is re-sent. Nothing here touches Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter, deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from remedy.policies import Decision
+from remedy.workers.commands import Command, Outcome
+from remedy.workers.report_validation import RankMark
+
+if TYPE_CHECKING:
+    from remedy.workers.control import Controller
+
+FORMAT = 1
+STATE = "state"
+# Closed decision ids a state record keeps (the newest): 1,000 ids are ~20 kB.
+MAX_CLOSED_KEPT = 1000
+
+
+def dump(c: Controller) -> dict[str, Any]:
+    """The JSON-able state of `c` (everything `load` needs to carry on)."""
+    return {
+        "format": FORMAT,
+        "engine": c.engine.state_dict(),
+        "seq": c._seq,
+        "pending": [
+            {
+                "decision": p.decision.to_dict(),
+                "command": p.command.to_dict(),
+                "targets": sorted(p.targets),
+                "outcomes": [o.to_dict() for o in p.outcomes.values()],
+                "dropped": sorted(p.dropped),
+                "dispatched_at": p.dispatched_at,
+            }
+            for p in c.pending.values()
+        ],
+        "closed": list(c._recent_closed),
+        "deferred": [d.to_dict() for d in c.deferred.values()],
+        "step_of": _keyed(c.step_of),
+        "tick_of": _keyed(c.tick_of),
+        "recent_loss": {str(r): list(v) for r, v in c.recent_loss.items()},
+        "marks": {str(r): [m.step, m.tick, m.at] for r, m in c._marks.items()},
+        "anomaly_counts": dict(c.anomaly_counts),
+        "action_counts": dict(c.action_counts),
+        "outcome_counts": dict(c.outcome_counts),
+        "rejected": dict(c.rejected),
+        "abort_reason": c.abort_reason,
+    }
+
+
+def load(c: Controller, data: dict[str, Any]) -> None:
+    """Put `c` (freshly built, same policy) in the state `dump` recorded."""
+    from remedy.workers.control import _Pending  # noqa: PLC0415 - the two modules are one concept
+
+    if data.get("format") != FORMAT:
+        raise ValueError(f"not a controller state of format {FORMAT}")
+    c.engine.load_state_dict(data["engine"])
+    c._seq = int(data["seq"])
+    c.pending = {}
+    for raw in data["pending"]:
+        decision = Decision.from_dict(raw["decision"])
+        pending = _Pending(
+            decision,
+            Command.from_dict(raw["command"]),
+            {int(r) for r in raw["targets"]},
+            float(raw["dispatched_at"]),
+            outcomes={int(o["rank"]): Outcome.from_dict(o) for o in raw["outcomes"]},
+            dropped={int(r) for r in raw["dropped"]},
+        )
+        c.pending[pending.command.decision_id] = pending
+    c._recent_closed.clear()
+    c._recent_closed.extend(str(i) for i in data["closed"])
+    c._closed = set(c._recent_closed)
+    c.deferred = {}
+    for raw in data["deferred"]:
+        d = Decision.from_dict(raw)
+        c.deferred[d.decision_id] = d
+    c.step_of = _unkeyed(data["step_of"])
+    c.tick_of = _unkeyed(data["tick_of"])
+    c.recent_loss = {
+        int(r): deque((float(x) for x in v), maxlen=10) for r, v in data["recent_loss"].items()
+    }
+    c._marks = {
+        int(r): RankMark(int(m[0]), int(m[1]), float(m[2])) for r, m in data["marks"].items()
+    }
+    c.anomaly_counts = Counter(data["anomaly_counts"])
+    c.action_counts = Counter(data["action_counts"])
+    c.outcome_counts = Counter(data["outcome_counts"])
+    c.rejected = Counter(data["rejected"])
+    c.abort_reason = data["abort_reason"]
+
+
+def replay_tail(c: Controller, tail: list[dict[str, Any]]) -> list[str]:
+    """Replay the journal records after the last state record; return the abandoned decision ids.
+
+    A `decided` decision is abandoned (it went to no rank; its cause will be
+    decided again) but its number is never reused. A `resolved` one changes
+    nothing: its outcome is re-sent. Records of other types are the
+    supervisor's (job state, policy) and skipped here.
+    """
+    abandoned: list[str] = []
+    for record in tail:
+        if record.get("type") != "decided":
+            continue
+        decision = record.get("decision")
+        if not isinstance(decision, dict):
+            continue
+        decision_id = str(decision.get("decision_id"))
+        number = _number(decision_id)
+        if number is not None:
+            c.engine.advance_seq(number)
+        command = record.get("command")
+        if isinstance(command, dict) and isinstance(command.get("seq"), int):
+            c._seq = max(c._seq, command["seq"])
+        if decision_id not in c.pending and decision_id not in c._closed:
+            abandoned.append(decision_id)
+    return abandoned
+
+
+def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every whole record of a journal; a torn or corrupt line (a crash mid-write) is skipped."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out: list[dict[str, Any]] = []
+    with open(p, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+    return out
+
+
+def split_at_last_state(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[Any]]:
+    """(the last `state` record or None, the records after it)."""
+    for i in range(len(records) - 1, -1, -1):
+        if records[i].get("type") == STATE:
+            return records[i], records[i + 1 :]
+    return None, records
+
+
+def _number(decision_id: str) -> int | None:
+    """The sequence number at the end of `RUN-dNNNNN` / `RUN-sK-dNNNNN`."""
+    head, sep, digits = decision_id.rpartition("-d")
+    return int(digits) if sep and head and digits.isdigit() else None
+
+
+def _keyed(d: dict[int, int]) -> dict[str, int]:
+    return {str(k): v for k, v in d.items()}
+
+
+def _unkeyed(d: dict[str, Any]) -> dict[int, int]:
+    return {int(k): int(v) for k, v in d.items()}
