@@ -20,14 +20,17 @@ MAX_IN_FLIGHT = 64
 
 
 class RayReporter:
-    """Sends this rank's batches stamped with (rank, incarnation, seq).
+    """Sends this rank's batches stamped with (rank, incarnation, seq) and the run's token.
 
     The supervisor refuses batches of an incarnation it has replaced, so
     messages still in flight from a killed process count for nothing.
     """
 
-    def __init__(self, supervisor: Any, *, rank: int = 0, incarnation: int = 1) -> None:
+    def __init__(
+        self, supervisor: Any, *, rank: int = 0, incarnation: int = 1, token: str = ""
+    ) -> None:
         self.supervisor = supervisor
+        self.token = token  # the run's token: a batch without it is refused
         self.rank = rank
         self.incarnation = incarnation
         self.seq = 0
@@ -39,6 +42,7 @@ class RayReporter:
         self.seq += 1
         batch["incarnation"] = self.incarnation
         batch["seq"] = self.seq
+        batch["token"] = self.token
         ref = self.supervisor.report.remote(batch)
         self._in_flight.append(ref)
         if wait or len(self._in_flight) > MAX_IN_FLIGHT:

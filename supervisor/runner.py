@@ -1,4 +1,10 @@
-"""The driver side of `remedy run`: start the supervisor, show progress, return the summary."""
+"""The driver side of `remedy run` and `remedy attach`: start or join a supervisor, show its
+progress, return the summary.
+
+The supervisor is a named, detached actor (`launch_supervisor`), so whoever
+watches a run only polls it: `wait(timeout_s)` for the end, `events` for the
+display. A driver that started the run and sees it end removes the actor.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,15 @@ from typing import Any
 
 import ray
 
-from remedy.supervisor.actor import SupervisorActor
+from remedy.supervisor.actor import launch_supervisor
 from remedy.supervisor.display import Display
 from remedy.supervisor.spec import RunSpec
 
 PROGRESS_EVERY_S = 5.0
 # How often a display polls the supervisor's feed.
 POLL_S = 0.5
+# How long a stopping run may take to write its final checkpoint and end.
+STOP_TIMEOUT_S = 120.0
 
 
 def run_supervised(
@@ -28,31 +36,58 @@ def run_supervised(
 
     `display` gets every feed event (the ranks' output, anomalies, decisions,
     progress) as it happens; `progress`, the supervisor's status every
-    `PROGRESS_EVERY_S`.
+    `PROGRESS_EVERY_S`. On KeyboardInterrupt the run is stopped cleanly
+    (`stop_run`) before the interrupt goes on up.
     """
-    sup = SupervisorActor.options(  # type: ignore[attr-defined]
-        name=f"remedy-supervisor-{spec.run_id}", namespace="remedy"
-    ).remote(spec.to_dict())
-    done = sup.run.remote()
-    cursor = 0
-    last_status = time.monotonic()
+    sup = launch_supervisor(spec)
     try:
-        while True:
-            ready, _ = ray.wait([done], timeout=POLL_S if display else PROGRESS_EVERY_S)
-            if display is not None:
-                cursor = pump(sup, display, cursor)
-            if ready:
-                return ray.get(done)
-            if progress is not None and time.monotonic() - last_status >= PROGRESS_EVERY_S:
-                last_status = time.monotonic()
-                progress(ray.get(sup.status.remote()))
+        ray.get(sup.start.remote())
+        try:
+            return follow(sup, spec.token, display=display, progress=progress)
+        except KeyboardInterrupt:
+            stop_run(sup, spec.token, "interrupted (Ctrl-C or SIGTERM of remedy run)")
+            raise
     finally:
         ray.kill(sup, no_restart=True)
 
 
-def pump(supervisor: Any, display: Display, cursor: int) -> int:
+def follow(
+    supervisor: Any,
+    token: str,
+    *,
+    display: Display | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    cursor: int = 0,
+) -> dict[str, Any]:
+    """Poll a started supervisor until its run ends; the summary."""
+    last_status = time.monotonic()
+    while True:
+        summary = ray.get(supervisor.wait.remote(POLL_S if display else PROGRESS_EVERY_S))
+        if display is not None:
+            cursor = pump(supervisor, display, cursor, token)
+        if summary is not None:
+            return dict(summary)
+        if progress is not None and time.monotonic() - last_status >= PROGRESS_EVERY_S:
+            last_status = time.monotonic()
+            progress(ray.get(supervisor.status.remote(token)))
+
+
+def stop_run(
+    supervisor: Any, token: str, reason: str, *, timeout_s: float = STOP_TIMEOUT_S
+) -> dict[str, Any] | None:
+    """Ask for a clean stop (final checkpoint, then the end) and wait for it; the summary, or
+    None if the run did not end within `timeout_s` (a second Ctrl-C also gives up)."""
+    try:
+        ray.get(supervisor.stop.remote(token, reason), timeout=30)
+        summary = ray.get(supervisor.wait.remote(timeout_s), timeout=timeout_s + 30)
+    except (KeyboardInterrupt, ray.exceptions.RayError, TimeoutError):
+        return None
+    return dict(summary) if summary is not None else None
+
+
+def pump(supervisor: Any, display: Display, cursor: int, token: str) -> int:
     """Hand the supervisor's new feed events to `display`; return the next cursor."""
-    events, cursor = ray.get(supervisor.events.remote(cursor))
+    events, cursor = ray.get(supervisor.events.remote(cursor, token))
     for event in events:
         display.handle(event)
     return int(cursor)

@@ -63,6 +63,7 @@ class WorkerGroup:
             argv=self.spec.argv,
             threads=self.spec.threads_per_rank,
             verbose=self.spec.verbose,
+            token=self.spec.token,
         )
 
     def _faults(self, rank: int) -> list[dict[str, Any]]:
