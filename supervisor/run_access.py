@@ -95,7 +95,9 @@ def find(run_id: str, address: str | None = None) -> RunRef:
 
 
 @contextlib.contextmanager
-def joined(address: str, *, ray_token: str | None = None, what: str = "") -> Iterator[None]:
+def joined(
+    address: str, *, ray_token: str | None = None, what: str = "", exit_code: int = EXIT_FAILED
+) -> Iterator[None]:
     """Connected to the Ray at `address` (or this process's own connection) for the block.
 
     The environment (Ray's auth settings) is restored afterwards, so one
@@ -107,7 +109,7 @@ def joined(address: str, *, ray_token: str | None = None, what: str = "") -> Ite
             conn = connect(Choice("cluster", address, "registry"), token=ray_token)
         except ClusterError as exc:
             prefix = f"{what}: " if what else ""
-            raise AccessError(f"{prefix}{exc}") from None
+            raise AccessError(f"{prefix}{exc}", exit_code) from None
         try:
             yield
         finally:

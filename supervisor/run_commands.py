@@ -50,7 +50,7 @@ def status(run_id: str | None, address: str | None) -> int:
         return exc.exit_code
     entries = registry.runs()
     if not entries:
-        print("remedy: no runs started on this machine")
+        print("remedy: no supervised runs on this machine")
         return EXIT_OK
     for entry in entries:
         ref = RunRef(str(entry["run_id"]), entry)
@@ -140,7 +140,7 @@ def _status_on_cluster(address: str) -> int:
         raise AccessError("--address local names no cluster to list; omit it", 2)
     assert choice.address is not None
     names = []
-    with joined(choice.address, what=f"--address {address}"):
+    with joined(choice.address, exit_code=2):
         for actor in ray.util.list_named_actors(all_namespaces=True):
             name = actor.get("name", "") if isinstance(actor, dict) else str(actor)
             space = actor.get("namespace", NAMESPACE) if isinstance(actor, dict) else NAMESPACE
