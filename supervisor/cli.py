@@ -528,7 +528,13 @@ def _policy_apply(file: str, run_id: str, address: str | None) -> int:
         return EXIT_FAILED
     import ray  # noqa: PLC0415
 
-    from remedy.supervisor.run_access import AccessError, find, gone, supervisor_of  # noqa: PLC0415
+    from remedy.supervisor.run_access import (  # noqa: PLC0415
+        AccessError,
+        call_failed,
+        find,
+        gone,
+        supervisor_of,
+    )
 
     try:
         ref = find(run_id, address)
@@ -543,8 +549,8 @@ def _policy_apply(file: str, run_id: str, address: str | None) -> int:
                     supervisor.apply_policy.remote(data, file, ref.token), timeout=60
                 )
             except (ray.exceptions.RayError, TimeoutError) as exc:
-                raise AccessError(
-                    f"run {run_id} did not take the policy ({type(exc).__name__}); it may have ended"
+                raise call_failed(
+                    exc, run_id, "did not take the policy; it may have ended"
                 ) from None
     except AccessError as exc:
         print(f"remedy: error: {exc}", file=sys.stderr)

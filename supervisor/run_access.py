@@ -20,7 +20,7 @@ from typing import Any
 
 from remedy.supervisor import registry
 from remedy.supervisor.cluster import Choice, ClusterError, choose, connect, disconnect
-from remedy.supervisor.exceptions import SupervisorError
+from remedy.supervisor.exceptions import SupervisorError, Unauthorized
 from remedy.supervisor.spec import NAMESPACE, supervisor_name
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -140,3 +140,14 @@ def gone(ref: RunRef) -> AccessError:
         f"run {ref.run_id} has no supervisor on the Ray cluster at {ref.address} and no "
         f"summary.json in {ref.run_dir}: it was lost (its cluster stopped, or it was killed)"
     )
+
+
+def call_failed(exc: BaseException, run_id: str, what: str) -> AccessError:
+    """One line for a failed call to run `run_id`'s supervisor ("did not answer", say)."""
+    if isinstance(getattr(exc, "cause", None), Unauthorized):
+        return AccessError(
+            f"run {run_id} refused the call: the token in its registry entry is not the run's "
+            "(Unauthorized)"
+        )
+    text = " ".join(str(exc).split())[:200]
+    return AccessError(f"run {run_id}'s supervisor {what} ({type(exc).__name__}: {text})")

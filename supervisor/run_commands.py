@@ -15,7 +15,15 @@ from typing import Any
 
 from remedy.supervisor import registry
 from remedy.supervisor.display import decision_line, make_display
-from remedy.supervisor.run_access import AccessError, RunRef, find, gone, joined, supervisor_of
+from remedy.supervisor.run_access import (
+    AccessError,
+    RunRef,
+    call_failed,
+    find,
+    gone,
+    joined,
+    supervisor_of,
+)
 from remedy.supervisor.spec import NAMESPACE
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -29,11 +37,6 @@ RECENT_DECISIONS = 5
 
 def _print_error(message: str) -> None:
     print(f"remedy: error: {message}", file=sys.stderr)
-
-
-def _ray_error(exc: BaseException, what: str) -> AccessError:
-    text = " ".join(str(exc).split())[:200]
-    return AccessError(f"{what} ({type(exc).__name__}: {text})")
 
 
 # ------------------------------------------------------------------ status
@@ -77,7 +80,7 @@ def _status_of(ref: RunRef) -> dict[str, Any]:
         try:
             live: dict[str, Any] = ray.get(sup.status.remote(ref.token), timeout=ASK_TIMEOUT_S)
         except (ray.exceptions.RayError, TimeoutError) as exc:
-            raise _ray_error(exc, f"run {ref.run_id}'s supervisor did not answer") from None
+            raise call_failed(exc, ref.run_id, "did not answer") from None
     live.pop("slots", None)
     return {**live, "run_dir": str(ref.run_dir), "address": ref.address}
 
@@ -186,7 +189,7 @@ def logs(run_id: str, *, follow: bool, address: str | None = None) -> int:
                 except (ray.exceptions.RayError, TimeoutError) as exc:
                     if follow and ref.summary() is not None:
                         break  # it ended and went away between two polls
-                    raise _ray_error(exc, f"run {run_id}'s supervisor did not answer") from None
+                    raise call_failed(exc, run_id, "did not answer") from None
                 for event in events:
                     line = log_line(event)
                     if line is not None:
@@ -221,6 +224,15 @@ def log_line(event: dict[str, Any]) -> str | None:
     return None
 
 
+def journal_line(record: dict[str, Any]) -> str:
+    """One line for a journal.wal record: when, what, and its reason or its fields."""
+    skip = {"run_id", "event", "ts", "type", "from", "to", "reason"}
+    said = record.get("reason") or ", ".join(
+        f"{k}={json.dumps(v, default=str)[:120]}" for k, v in record.items() if k not in skip
+    )
+    return f"journal: {record.get('ts', '')} {record.get('type')}: {said}"
+
+
 def _logs_from_run_dir(ref: RunRef) -> int:
     """An ended run: its journal from the run directory (the ranks' output is in Ray's logs)."""
     assert ref.run_dir is not None
@@ -234,7 +246,7 @@ def _logs_from_run_dir(ref: RunRef) -> int:
         except ValueError:
             continue
         if isinstance(record, dict) and record.get("type") not in ("decided", "resolved"):
-            print("journal: " + json.dumps(record, default=str))
+            print(journal_line(record))
     for d in _journaled_decisions(ref):
         print("remedy: " + decision_line(d))
     summary = ref.summary() or {}
@@ -270,7 +282,7 @@ def stop(run_id: str, *, address: str | None, timeout_s: float, reason: str) -> 
             except (ray.exceptions.RayError, TimeoutError) as exc:
                 summary = ref.summary()
                 if summary is None:
-                    raise _ray_error(exc, f"run {run_id}'s supervisor did not answer") from None
+                    raise call_failed(exc, run_id, "did not answer") from None
     except AccessError as exc:
         _print_error(str(exc))
         return exc.exit_code
@@ -315,7 +327,7 @@ def attach(run_id: str, *, quiet: bool, address: str | None = None) -> int:
                     except (ray.exceptions.RayError, TimeoutError) as exc:
                         summary = ref.summary()
                         if summary is None:
-                            raise _ray_error(exc, f"run {run_id}'s supervisor went away") from None
+                            raise call_failed(exc, run_id, "went away") from None
                     display.close(summary, format_summary(summary, _journaled_decisions(ref)))
                     return STATUS_EXIT.get(str(summary.get("status")), EXIT_FAILED)
             summary = ref.summary()

@@ -63,7 +63,9 @@ def test_cli_policy_apply(
     entry = {"address": address, "mode": "cluster", "run_dir": spec.run_dir}
     registry.register(spec.run_id, {**entry, "token": "0" * 32})
     assert main(["policy", "apply", str(new), "--run", spec.run_id]) == 1
-    assert "Unauthorized" in capsys.readouterr().err
+    assert "refused the call: the token in its registry entry is not the run's" in (
+        capsys.readouterr().err
+    )
     assert ray.get(actor.status.remote(spec.token))["rejected"] == {"token": 1}  # type: ignore[attr-defined]
     assert ray.get(actor.status.remote(spec.token))["policy"] == "v1"  # type: ignore[attr-defined]
     registry.register(spec.run_id, {**entry, "token": spec.token})
