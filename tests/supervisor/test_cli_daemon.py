@@ -22,7 +22,7 @@ import pytest
 
 from tests.supervisor.headnode import REPO, Head, head_node
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(480)]
 
 TINY = f"{REPO / 'tests' / 'robustness' / 'targets' / 'tiny.py'}:main"
 # Long enough to outlast the test; `remedy stop` ends it.
@@ -75,9 +75,6 @@ def test_detached_run_is_watched_and_stopped_from_other_shells() -> None:
             while _lines(run_dir / "metrics.jsonl") < 30:
                 assert time.monotonic() < deadline, "the detached run never trained"
                 time.sleep(0.5)
-            status = _status(head, run_id)
-            assert status["state"] == "running" and status["policy"] == "default"
-            assert "recent_decisions" in status
 
             logs = head.run("remedy", "logs", run_id)
             assert logs.returncode == 0, logs.stderr
@@ -92,7 +89,11 @@ def test_detached_run_is_watched_and_stopped_from_other_shells() -> None:
             assert f"run {run_id} refused the call: the token" in refused.stderr
             assert "Traceback" not in refused.stderr
             entry_path.write_text(json.dumps(entry))
-            assert dict(_status(head, run_id)["rejected"]) == {"token": 1}  # type: ignore[call-overload]
+            status = _status(head, run_id)
+            assert status["state"] == "running" and status["policy"] == "default"
+            assert dict(status["rejected"]) == {"token": 1}  # type: ignore[call-overload]
+            assert int(dict(status["step"])["0"]) >= 30  # type: ignore[call-overload]
+            assert isinstance(status["recent_decisions"], list)
 
             # attach shows the live feed; Ctrl-C detaches, and the run goes on.
             attach = subprocess.Popen(
@@ -112,11 +113,25 @@ def test_detached_run_is_watched_and_stopped_from_other_shells() -> None:
             _, attach_err = attach.communicate(timeout=60)
             assert attach.returncode == 0, attach_err
             assert "detached; the run goes on" in attach_err and "Traceback" not in attach_err
-            assert _status(head, run_id)["state"] == "running"
 
+            # Every supervised run of the cluster, by its address: this one goes on after attach.
+            listed = head.run("remedy", "status", "--address", head.address)
+            assert listed.returncode == 0, listed.stderr
+            assert [json.loads(x)["state"] for x in listed.stdout.splitlines()] == ["running"]
+
+            # `logs -f` follows until the run ends (here, by the stop below).
+            follow = subprocess.Popen(
+                [sys.executable, "-m", "remedy.supervisor", "logs", run_id, "-f"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=head.env,
+            )  # fmt: skip
+            assert follow.stdout is not None
+            assert follow.stdout.readline(), "logs -f printed nothing"
             stopped = head.run("remedy", "stop", run_id, timeout=200)
             assert stopped.returncode == 0, stopped.stderr
             assert f"run {run_id} stopped at step" in stopped.stdout
+            follow_out, follow_err = follow.communicate(timeout=120)
+            assert follow.returncode == 0, follow_err
+            assert f"remedy: run {run_id} ended: stopped" in follow_out
             summary = json.loads((run_dir / "summary.json").read_text())
             assert summary["status"] == "stopped" and summary["stop_reason"] == "remedy stop"
             assert 30 <= summary["steps_completed"] < 100000
