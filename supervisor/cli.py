@@ -532,18 +532,12 @@ def _policy_apply(file: str, run_id: str, address: str | None) -> int:
         AccessError,
         call_failed,
         find,
-        gone,
-        supervisor_of,
+        live_supervisor,
     )
 
     try:
         ref = find(run_id, address)
-        with supervisor_of(ref) as supervisor:
-            if supervisor is None:
-                ended = ref.summary()
-                if ended is None:
-                    raise gone(ref)
-                raise AccessError(f"run {run_id} has ended ({ended.get('status')})")
+        with live_supervisor(ref) as supervisor:
             try:
                 errors: list[str] = ray.get(
                     supervisor.apply_policy.remote(data, file, ref.token), timeout=60

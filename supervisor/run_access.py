@@ -134,6 +134,21 @@ def supervisor_of(ref: RunRef) -> Iterator[Any | None]:
         yield handle
 
 
+@contextlib.contextmanager
+def live_supervisor(ref: RunRef) -> Iterator[Any]:
+    """The supervisor of a run still going; AccessError saying how it ended (or that it was lost)."""
+    ended = ref.summary()
+    if ended is None:
+        with supervisor_of(ref) as sup:
+            if sup is not None:
+                yield sup
+                return
+        ended = ref.summary()  # it may have ended just now
+    if ended is None:
+        raise gone(ref)
+    raise AccessError(f"run {ref.run_id} has ended already ({ended.get('status')})")
+
+
 def gone(ref: RunRef) -> AccessError:
     """The error for a run with neither a supervisor nor a summary."""
     return AccessError(

@@ -22,6 +22,7 @@ from remedy.supervisor.run_access import (
     find,
     gone,
     joined,
+    live_supervisor,
     supervisor_of,
 )
 from remedy.supervisor.spec import NAMESPACE
@@ -264,15 +265,7 @@ def stop(run_id: str, *, address: str | None, timeout_s: float, reason: str) -> 
 
     try:
         ref = find(run_id, address)
-        ended = ref.summary()
-        if ended is not None:
-            raise AccessError(f"run {run_id} has ended already ({ended.get('status')})")
-        with supervisor_of(ref) as sup:
-            if sup is None:
-                ended = ref.summary()
-                if ended is None:
-                    raise gone(ref)
-                raise AccessError(f"run {run_id} has ended already ({ended.get('status')})")
+        with live_supervisor(ref) as sup:
             try:
                 answer = ray.get(sup.stop.remote(ref.token, reason), timeout=ASK_TIMEOUT_S)
                 if not answer.get("stopping"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-RAY = str(Path(sys.executable).with_name("ray"))
+# The `ray` command of this interpreter's installation (a venv's bin/), else the one on PATH.
+_SIBLING = Path(sys.executable).with_name("ray")
+RAY = str(_SIBLING) if _SIBLING.exists() else (shutil.which("ray") or "ray")
 
 
 @dataclass
