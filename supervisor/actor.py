@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ import ray
 import structlog
 
 from remedy.policies import Decision, Engine, PolicyError
+from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig
 from remedy.supervisor.job_state import (
@@ -53,8 +55,8 @@ from remedy.supervisor.policy_source import (
 from remedy.supervisor.rank_slots import RankSlots
 from remedy.supervisor.recovery import Recovery
 from remedy.supervisor.rendezvous import Rendezvous
-from remedy.supervisor.spec import RunSpec
-from remedy.supervisor.worker_group import NAMESPACE, WorkerGroup, kill_run_actors
+from remedy.supervisor.spec import NAMESPACE, RunSpec, supervisor_name
+from remedy.supervisor.worker_group import WorkerGroup, kill_run_actors
 from remedy.workers import control_state
 from remedy.workers.control import Controller
 from remedy.workers.logs import configure_logging
@@ -71,10 +73,11 @@ STATE_EVERY_S = 30.0
 RESULT_POLL_S = 0.5
 # A refused policy's errors journaled (and returned) at most; the count is logged in full.
 MAX_REFUSAL_LINES = 50
-
-
-def supervisor_name(run_id: str) -> str:
-    return f"remedy-supervisor-{run_id}"
+# How long an ended run's supervisor stays for late callers (`wait`, `status`,
+# `attach`) before it removes itself; a driver that waited kills it at once.
+LINGER_S = 60.0
+# Decisions `status` shows, newest last.
+RECENT_DECISIONS = 5
 
 
 def launch_supervisor(spec: RunSpec) -> Any:
@@ -130,6 +133,8 @@ class SupervisorActor:
         # A policy given as a file is watched: saving it applies it to the running job.
         self._watched = Path(self.spec.policy) if is_policy_file(self.spec.policy) else None
         self._watched_mtime = self._watched.stat().st_mtime_ns if self._watched else 0
+        self._token_refusals: dict[str, int] = {}  # refused calls by method, for the journal
+        self._token_journaled: dict[str, int] = {}
         # The control loop and its end.
         self._task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
@@ -220,12 +225,43 @@ class SupervisorActor:
         if self.controller.changes != self._state_changes:
             self._write_state()
 
-    async def apply_policy(self, data: bytes | str, filename: str) -> list[str]:
+    # ------------------------------------------------------------------ auth
+    def _authorized(self, token: Any, call: str = "call") -> bool:
+        """True for this run's token; a refusal is counted in `rejected["token"]` and journaled.
+
+        The journal gets the 1st, 10th, 100th, ... refusal of each call: a flood
+        of foreign batches must not flood the journal too.
+        """
+        if isinstance(token, str) and secrets.compare_digest(
+            token.encode("utf-8", "replace"), self.spec.token.encode()
+        ):
+            return True
+        rejected = self.controller.rejected
+        rejected["token"] += 1
+        self._token_refusals[call] = count = self._token_refusals.get(call, 0) + 1
+        if count >= self._token_journaled.get(call, 0) * 10:
+            self._token_journaled[call] = max(count, 1)
+            log.warning("call_refused", call=call, reason="token", count=count)
+            self.run_dir.wal({"type": "refused", "call": call, "reason": "token", "count": count})
+        return False
+
+    def _require(self, token: Any, call: str) -> None:
+        if not self._authorized(token, call):
+            raise Unauthorized(f"{call} refused: not run {self.spec.run_id}'s token")
+
+    async def apply_policy(
+        self, data: bytes | str, filename: str, token: str | None = None
+    ) -> list[str]:
         """Validate and swap in a new policy atomically; return its errors (old policy kept) or [].
 
         `data` is untrusted (whatever was saved in the file): every failure is a
-        refusal, journaled with its errors, never an exception out of here.
+        refusal, journaled with its errors, never an exception out of here. A
+        caller without the run's token is refused (`Unauthorized`).
         """
+        self._require(token, "apply_policy")
+        return self._apply_policy(data, filename)
+
+    def _apply_policy(self, data: bytes | str, filename: str) -> list[str]:
         try:
             policy = policy_from_bytes(data, filename)
         except PolicyError as exc:
@@ -253,7 +289,7 @@ class SupervisorActor:
                 # Unreadable now (replaced by a folder, permissions): refuse, keep the old policy.
                 self._refuse(str(self._watched), exc)
                 return
-            await self.apply_policy(data, name)
+            self._apply_policy(data, name)
 
     def _refuse(self, filename: str, exc: PolicyError) -> list[str]:
         """Journal a refused policy (the one in force stays); its error lines, capped."""
@@ -272,9 +308,12 @@ class SupervisorActor:
     async def report(self, batch: Any) -> list[dict[str, Any]]:
         """A rank's report batch in; the commands that rank still owes out.
 
-        A batch from a replaced incarnation (still in flight from a killed
-        process) is refused and counted.
+        A batch without the run's token, or from a replaced incarnation (still
+        in flight from a killed process), is refused and counted.
         """
+        if not self._authorized(batch.pop("token", None) if isinstance(batch, dict) else None,
+                                "report"):  # fmt: skip
+            return []
         duplicates = self.slots.refused_duplicate
         if isinstance(batch, dict) and not self.slots.accept(
             batch.get("rank"), batch.get("incarnation"), batch.get("seq")
@@ -309,12 +348,34 @@ class SupervisorActor:
         """Lines the ranks printed, for the displays."""
         self.feed.output(lines)
 
-    async def events(self, cursor: int) -> tuple[list[dict[str, Any]], int]:
+    async def events(
+        self, cursor: int, token: str | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
         """Display events after `cursor` (output, anomalies, decisions, then progress)."""
+        self._require(token, "events")
         self.feed.decisions(self.controller.decisions)
-        return self.feed.since(cursor, await self.status())
+        return self.feed.since(cursor, self._status())
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self, token: str | None = None) -> dict[str, Any]:
+        """The run's state, step per rank, counts and the policy in force."""
+        self._require(token, "status")
+        return self._status()
+
+    async def stop(self, token: str | None = None, reason: str = "stopped") -> dict[str, Any]:
+        """An operator's stop: a final checkpoint on every rank, then a clean end (`stopped`).
+
+        Returns `{"stopping": bool, "state": ...}`: False when the run has ended
+        already or a stop or policy abort is under way.
+        """
+        self._require(token, "stop")
+        text = " ".join(str(reason).split())[:200] or "stopped"
+        stopping = self.state in ("starting", "running") and self.controller.stop(text)
+        if stopping:
+            log.warning("stop_requested", reason=text)
+            self.run_dir.wal({"type": "stop_requested", "reason": text})
+        return {"stopping": stopping, "state": self.state}
+
+    def _status(self) -> dict[str, Any]:
         c = self.controller
         return {
             "run_id": self.spec.run_id,
@@ -326,6 +387,8 @@ class SupervisorActor:
             "decisions": len(c.decisions),
             "rejected_events": c.rejected_events,
             "rejected": dict(c.rejected),
+            "stop_reason": c.stop_reason,
+            "recent_decisions": [_brief(d) for d in c.decisions[-RECENT_DECISIONS:]],
             "wall_s": round(time.time() - self.started, 1),
             "policy": self.controller.engine.policy.name,
             "job": self.job.state.to_dict(),
@@ -336,6 +399,9 @@ class SupervisorActor:
         """Begin the run (idempotent); returns at once. The loop runs inside this actor."""
         if self._task is None and not self._done.is_set():
             self._task = asyncio.get_running_loop().create_task(self._control())
+        elif self._task is None:  # restarted after its run had ended: answer, then leave
+            self._task = asyncio.get_running_loop().create_task(asyncio.sleep(0))
+            self._exit_later()
 
     async def wait(self, timeout_s: float) -> dict[str, Any] | None:
         """The run's summary once it ended, else None after `timeout_s`."""
@@ -356,6 +422,16 @@ class SupervisorActor:
                 summary = {"run_id": self.spec.run_id, "status": "failed", "error": error}
         self._summary = summary
         self._done.set()
+        self._exit_later()
+
+    def _exit_later(self) -> None:
+        """Remove this detached actor `LINGER_S` after its run ended (no restart)."""
+
+        def leave() -> None:
+            with contextlib.suppress(Exception):
+                ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+        asyncio.get_running_loop().call_later(LINGER_S, leave)
 
     async def _loop(self) -> dict[str, Any]:
         if self._ranks_ended:
@@ -474,6 +550,8 @@ class SupervisorActor:
         results = [self.rank_results[r] for r in sorted(self.rank_results)]
         if error is not None:
             status = "failed"
+        elif c.stop_reason is not None:
+            status = "stopped"
         elif c.abort_reason is not None:
             status = "aborted"
         elif (
@@ -493,6 +571,7 @@ class SupervisorActor:
             "run_id": self.spec.run_id,
             "status": status,
             "abort_reason": c.abort_reason,
+            "stop_reason": c.stop_reason,
             "steps_completed": completed,
             "steps_executed": executed,
             "goodput": round(completed / executed, 4) if executed else 0.0,
@@ -521,3 +600,9 @@ class SupervisorActor:
         self.run_dir.close()
         self.state = status
         return summary
+
+
+def _brief(d: dict[str, Any]) -> dict[str, Any]:
+    """A journaled decision as `status` shows it."""
+    keys = ("decision_id", "step", "rule", "action", "outcome", "reason")
+    return {k: d.get(k) for k in keys}

@@ -1,13 +1,15 @@
 """The `remedy` command line.
 
     remedy run TARGET [--policy FILE|NAME] [--workers N] [--run-dir DIR] [--chaos FILE]
-                      [--address auto|local|ADDR] [--dry-run] [--quiet] [-- ARGS...]
+                      [--address auto|local|ADDR] [--detach] [--dry-run] [--quiet] [-- ARGS...]
     remedy policy check FILE...      remedy policy test FILE...
     remedy policy apply FILE --run RUN_ID
     remedy report RUN_DIR [--out DIR]  remedy explain RUN_DIR [--step N | --decision ID | --rule NAME]
-    remedy status [RUN_ID]           remedy chaos list
+    remedy status [RUN_ID]           remedy logs RUN_ID [-f]
+    remedy stop RUN_ID               remedy attach RUN_ID
+    remedy chaos list
 
-Exit status: 0 completed, 3 aborted by policy, 1 failed, 2 usage.
+Exit status: 0 completed, 3 aborted by policy, 4 stopped (`remedy stop`), 1 failed, 2 usage.
 Bad input (a malformed policy or chaos file, an unknown target, a flag out of
 range, a run directory that cannot be written, a cluster that cannot be
 reached) is reported as one line before anything starts, never as a traceback.
@@ -28,8 +30,13 @@ from typing import Any, NoReturn
 
 from remedy.supervisor.cluster import LOOPBACK_ENV
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED = 0, 1, 2, 3
-STATUS_EXIT = {"completed": EXIT_OK, "aborted": EXIT_ABORTED, "failed": EXIT_FAILED}
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED, EXIT_STOPPED = 0, 1, 2, 3, 4
+STATUS_EXIT = {
+    "completed": EXIT_OK,
+    "aborted": EXIT_ABORTED,
+    "failed": EXIT_FAILED,
+    "stopped": EXIT_STOPPED,
+}
 MAX_WORKERS = 100_000
 # A private Ray runs every rank as a process of this machine: more than this
 # many per core is a typo, not a job (use --address for a cluster).
@@ -65,6 +72,16 @@ def _gpus(text: str) -> float:
     return g
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not math.isfinite(value) or not 0 < value <= 7 * 86400:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 604800 seconds, not {text}")
+    return value
+
+
 def _nonempty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
@@ -97,6 +114,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", default="", help="run directory (default: runs/<run_id>)")
     run.add_argument("--chaos", type=_nonempty, help="chaos file of faults to inject")
     run.add_argument("--address", type=_nonempty, default=None, help=_ADDRESS_HELP)
+    run.add_argument(
+        "--detach",
+        action="store_true",
+        help="print the run id and return; the run goes on (needs --address auto|HOST:PORT)",
+    )
     run.add_argument("--dry-run", action="store_true", help="decide and journal, but do not act")
     run.add_argument(
         "--quiet", action="store_true", help="no live display: one JSON line per event on stdout"
@@ -138,10 +160,27 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--decision", help="one decision, by id (or its unique suffix, e.g. d00002)")
     which.add_argument("--rule", help="every match, firing and hold-back of this rule")
 
-    st = sub.add_parser("status", help="show this machine's supervised runs")
+    st = sub.add_parser("status", help="show the runs started here, or one run")
     st.add_argument("run_id", nargs="?", default=None, help="only this run")
     st.add_argument(
         "--address", type=_nonempty, default=None, help="list the runs on this Ray cluster"
+    )
+    lg = sub.add_parser("logs", help="a run's decisions, anomalies and the ranks' output")
+    lg.add_argument("run_id", type=_nonempty)
+    lg.add_argument("-f", "--follow", action="store_true", help="go on until the run ends")
+    lg.add_argument("--address", type=_nonempty, default=None, help="the run's Ray cluster")
+    stp = sub.add_parser("stop", help="stop a run: final checkpoint on every rank, clean end")
+    stp.add_argument("run_id", type=_nonempty)
+    stp.add_argument("--address", type=_nonempty, default=None, help="the run's Ray cluster")
+    stp.add_argument(
+        "--timeout", type=_seconds, default=300.0, help="seconds to wait for the end (300)"
+    )
+    stp.add_argument("--reason", type=_nonempty, default="remedy stop", help="journaled with it")
+    att = sub.add_parser("attach", help="watch a running (detached) run; Ctrl-C detaches")
+    att.add_argument("run_id", type=_nonempty)
+    att.add_argument("--address", type=_nonempty, default=None, help="the run's Ray cluster")
+    att.add_argument(
+        "--quiet", action="store_true", help="no live display: one JSON line per event"
     )
 
     chaos = sub.add_parser("chaos", help="chaos faults")
@@ -165,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         "report": _report,
         "explain": _explain,
         "status": _status,
+        "logs": _logs,
+        "stop": _stop,
+        "attach": _attach,
         "chaos": _chaos,
     }
     try:
@@ -217,6 +259,12 @@ def _run(args: argparse.Namespace) -> int:
         load_policy_source(args.policy)
         faults = _load_chaos(args.chaos, args.workers) if args.chaos else []
         choice = choose(args.address)
+        if args.detach and choice.mode == "local":
+            raise UsageError(
+                "--detach needs a Ray cluster that outlives this command (a private local Ray "
+                "stops when `remedy run` returns): start one with `ray start --head` and add "
+                "--address auto, or name one with --address HOST:PORT"
+            )
         if choice.mode == "local":
             most = LOCAL_RANKS_PER_CORE * (os.cpu_count() or 1)
             if args.workers > most:
@@ -292,10 +340,11 @@ def _load_chaos(path: str, workers: int) -> list[Any]:
 
 
 def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) -> int:
-    """Connect, check the cluster's GPUs, and supervise; the exit code."""
+    """Connect, check the cluster's GPUs, and supervise (or detach); the exit code."""
     from remedy.supervisor import registry  # noqa: PLC0415 - after validation
     from remedy.supervisor.cluster import ClusterError, connect, disconnect  # noqa: PLC0415
     from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
+    from remedy.supervisor.spec import NAMESPACE  # noqa: PLC0415
 
     try:
         conn = connect(choice, workers=spec.workers, quiet=True)
@@ -319,13 +368,17 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) ->
             spec.run_id,
             {
                 "address": conn.address,
-                "token": conn.token if conn.mode == "local" else None,
-                "mode": conn.mode,
+                "namespace": NAMESPACE,
+                "token": spec.token,
+                # A private Ray's own authentication token (its registry entry is how it is joined).
+                "ray_token": conn.token if conn.mode == "local" else None,
+                "mode": "local" if conn.mode == "local" else "cluster",
                 "run_dir": spec.run_dir,
                 "temp_dir": conn.temp_dir,
+                "detached": bool(args.detach),
             },
         )
-        if not args.quiet:
+        if not args.quiet or args.detach:
             where = (
                 "a private local Ray"
                 if conn.mode == "local"
@@ -337,11 +390,39 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) ->
                 file=sys.stderr,
             )
         claim.started = True
+        if args.detach:
+            return _detach(spec)
         with _terminate_as_interrupt():
             return _supervise(spec, args)
     finally:
-        registry.unregister(spec.run_id)
+        if conn.mode == "local":
+            # A private Ray ends with this command: its token opens nothing any more.
+            registry.update(spec.run_id, ray_token=None)
         disconnect(conn)
+
+
+def _detach(spec: Any) -> int:
+    """Start the run's supervisor and leave it running; print the run id."""
+    import ray  # noqa: PLC0415
+
+    from remedy.supervisor.actor import launch_supervisor  # noqa: PLC0415
+
+    sup = launch_supervisor(spec)
+    try:
+        ray.get(sup.start.remote(), timeout=120)
+    except (ray.exceptions.RayError, TimeoutError) as exc:
+        ray.kill(sup, no_restart=True)
+        first = " ".join(str(exc).split())[:300]
+        print(f"remedy: error: the supervisor of run {spec.run_id} did not start: {first}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_FAILED
+    print(spec.run_id, flush=True)
+    print(
+        f"remedy: run {spec.run_id} goes on detached: `remedy attach {spec.run_id}` shows it, "
+        f"`remedy logs {spec.run_id} -f` follows it, `remedy stop {spec.run_id}` ends it",
+        file=sys.stderr,
+    )
+    return EXIT_OK
 
 
 @contextlib.contextmanager
@@ -365,6 +446,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
 def _supervise(spec: Any, args: argparse.Namespace) -> int:
     import ray  # noqa: PLC0415
 
+    from remedy.supervisor import registry  # noqa: PLC0415
     from remedy.supervisor.display import make_display  # noqa: PLC0415
     from remedy.supervisor.rundata import load_run  # noqa: PLC0415
     from remedy.supervisor.runner import format_summary, run_supervised  # noqa: PLC0415
@@ -373,8 +455,13 @@ def _supervise(spec: Any, args: argparse.Namespace) -> int:
     try:
         summary = run_supervised(spec, display=display)
     except KeyboardInterrupt:
+        # run_supervised stopped the run cleanly (final checkpoint, summary.json) if it could.
         # Leave the terminal clean (the live display stopped) before main() reports it.
         display.close({"run_id": spec.run_id, "status": "interrupted"}, "")
+        written = Path(spec.run_dir) / "summary.json"
+        if written.exists():
+            registry.update(spec.run_id, state="stopped")
+            print(f"remedy: run {spec.run_id} stopped; summary in {written}", file=sys.stderr)
         raise
     except ray.exceptions.RayError as exc:
         display.close({"run_id": spec.run_id, "status": "failed"}, "")
@@ -383,6 +470,7 @@ def _supervise(spec: Any, args: argparse.Namespace) -> int:
             f"remedy: error: the supervisor of run {spec.run_id} failed: {first}", file=sys.stderr
         )
         return EXIT_FAILED
+    registry.update(spec.run_id, state=summary.get("status"))
     run = load_run(spec.run_dir)
     text = format_summary(summary, run.decisions)
     display.close(summary, text, report=_write_report_files(run))
@@ -438,85 +526,35 @@ def _policy_apply(file: str, run_id: str, address: str | None) -> int:
     except PolicyError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_FAILED
-    with _RunHandle(run_id, address) as supervisor:
-        if supervisor is None:
-            return EXIT_FAILED
-        import ray  # noqa: PLC0415
+    import ray  # noqa: PLC0415
 
-        try:
-            errors: list[str] = ray.get(supervisor.apply_policy.remote(data, file), timeout=60)
-        except (ray.exceptions.RayError, TimeoutError) as exc:
-            print(
-                f"remedy: error: run {run_id} did not take the policy ({type(exc).__name__}); "
-                "it may have ended",
-                file=sys.stderr,
-            )
-            return EXIT_FAILED
+    from remedy.supervisor.run_access import (  # noqa: PLC0415
+        AccessError,
+        call_failed,
+        find,
+        live_supervisor,
+    )
+
+    try:
+        ref = find(run_id, address)
+        with live_supervisor(ref) as supervisor:
+            try:
+                errors: list[str] = ray.get(
+                    supervisor.apply_policy.remote(data, file, ref.token), timeout=60
+                )
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                raise call_failed(
+                    exc, run_id, "did not take the policy; it may have ended"
+                ) from None
+    except AccessError as exc:
+        print(f"remedy: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     for line in errors:
         print(line, file=sys.stderr)
     if errors:
         return EXIT_FAILED
     print(f"remedy: policy {file} applied to run {run_id}")
     return EXIT_OK
-
-
-class _RunHandle:
-    """The supervisor actor of a live run, joined through its registry entry or a named cluster.
-
-    Yields None (after printing why) when there is none; leaves Ray again if it joined.
-    """
-
-    def __init__(self, run_id: str, address: str | None, *, missing_ok: bool = False) -> None:
-        self.run_id = run_id
-        self.address = address
-        self.missing_ok = missing_ok
-        self.reached = False  # the run's cluster was reached (its supervisor may still be starting)
-        self.conn: Any = None
-
-    def __enter__(self) -> Any | None:
-        import ray  # noqa: PLC0415
-
-        if not ray.is_initialized() and not self._join():
-            return None
-        self.reached = True
-        try:
-            return ray.get_actor(f"remedy-supervisor-{self.run_id}", namespace="remedy")
-        except ValueError:
-            if not self.missing_ok:
-                print(
-                    f"remedy: error: no running supervisor for run {self.run_id!r}",
-                    file=sys.stderr,
-                )
-            return None
-
-    def _join(self) -> bool:
-        from remedy.supervisor import registry  # noqa: PLC0415
-        from remedy.supervisor.cluster import Choice, ClusterError, choose, connect  # noqa: PLC0415
-
-        entry = registry.lookup(self.run_id) if self.address is None else None
-        try:
-            if entry is not None:
-                choice = Choice("cluster", str(entry["address"]), "registry")
-                self.conn = connect(choice, token=entry.get("token"))
-                return True
-            choice = choose(self.address)
-            if choice.mode == "local":
-                print(
-                    f"remedy: error: no running supervisor for run {self.run_id!r} on this machine",
-                    file=sys.stderr,
-                )
-                return False
-            self.conn = connect(choice)
-        except ClusterError as exc:
-            print(f"remedy: error: {exc}", file=sys.stderr)
-            return False
-        return True
-
-    def __exit__(self, *exc: object) -> None:
-        if self.conn is not None:
-            from remedy.supervisor.cluster import disconnect  # noqa: PLC0415
-
-            disconnect(None)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -562,83 +600,30 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    import ray  # noqa: PLC0415
+    from remedy.supervisor.run_commands import status  # noqa: PLC0415
 
-    from remedy.supervisor import registry  # noqa: PLC0415
-
-    if ray.is_initialized() or args.address is not None or os.environ.get("RAY_ADDRESS"):
-        return _status_on_cluster(args)
-    entries = registry.live_runs()
-    if args.run_id is not None:
-        entries = [e for e in entries if e.get("run_id") == args.run_id]
-        if not entries:
-            print(f"remedy: error: no live run {args.run_id!r} on this machine", file=sys.stderr)
-            return EXIT_FAILED
-    if not entries:
-        print("remedy: no supervised runs on this machine")
-        return EXIT_OK
-    for entry in entries:
-        handle = _RunHandle(str(entry["run_id"]), None, missing_ok=True)
-        with handle as supervisor:
-            if supervisor is not None:
-                status = _ask_status(supervisor, str(entry["run_id"]))
-            elif handle.reached:
-                # Registered, and its Ray is up, but the supervisor is not yet.
-                status = {"run_id": entry["run_id"], "state": "starting"}
-            else:
-                continue
-            if status is not None:
-                status["run_dir"] = entry.get("run_dir")
-                print(json.dumps(status, default=str))
-    return EXIT_OK
+    address = args.address
+    if address is None and args.run_id is None and os.environ.get("RAY_ADDRESS"):
+        address = os.environ["RAY_ADDRESS"]  # inside a Ray job: that cluster's runs
+    return status(args.run_id, address)
 
 
-def _ask_status(supervisor: Any, run_id: str) -> dict[str, Any] | None:
-    import ray  # noqa: PLC0415
+def _logs(args: argparse.Namespace) -> int:
+    from remedy.supervisor.run_commands import logs  # noqa: PLC0415
 
-    try:
-        status: dict[str, Any] = ray.get(supervisor.status.remote(), timeout=30)
-    except (ray.exceptions.RayError, TimeoutError) as exc:
-        print(f"remedy: run {run_id} did not answer ({type(exc).__name__})", file=sys.stderr)
-        return None
-    return status
+    return logs(args.run_id, follow=args.follow, address=args.address)
 
 
-def _status_on_cluster(args: argparse.Namespace) -> int:
-    import ray  # noqa: PLC0415
+def _stop(args: argparse.Namespace) -> int:
+    from remedy.supervisor.run_commands import stop  # noqa: PLC0415
 
-    from remedy.supervisor.cluster import ClusterError, choose, connect, disconnect  # noqa: PLC0415
+    return stop(args.run_id, address=args.address, timeout_s=args.timeout, reason=args.reason)
 
-    joined = False
-    if not ray.is_initialized():
-        try:
-            connect(choose(args.address))
-        except ClusterError as exc:
-            return _usage(str(exc))
-        joined = True
-    try:
-        found = 0
-        for actor in ray.util.list_named_actors(all_namespaces=True):
-            name = actor.get("name", "") if isinstance(actor, dict) else str(actor)
-            if not name.startswith("remedy-supervisor-"):
-                continue
-            if args.run_id is not None and name != f"remedy-supervisor-{args.run_id}":
-                continue
-            try:
-                handle: Any = ray.get_actor(name, namespace="remedy")
-            except ValueError:
-                continue  # ended since it was listed
-            status = _ask_status(handle, name.removeprefix("remedy-supervisor-"))
-            if status is not None:
-                print(json.dumps(status, default=str))
-                found += 1
-        if not found:
-            print("remedy: no supervised runs on this cluster")
-            return EXIT_FAILED if args.run_id is not None else EXIT_OK
-        return EXIT_OK
-    finally:
-        if joined:
-            disconnect(None)
+
+def _attach(args: argparse.Namespace) -> int:
+    from remedy.supervisor.run_commands import attach  # noqa: PLC0415
+
+    return attach(args.run_id, quiet=args.quiet, address=args.address)
 
 
 def _chaos(args: argparse.Namespace) -> int:

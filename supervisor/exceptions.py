@@ -20,3 +20,7 @@ class UsageError(SupervisorError):
 
 class ClusterError(SupervisorError):
     """The Ray cluster asked for cannot be reached, or refuses remedy; the message says which."""
+
+
+class Unauthorized(SupervisorError):
+    """A call to a run's supervisor without that run's token; refused and counted."""

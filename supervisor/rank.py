@@ -59,6 +59,7 @@ class RankActor:
         argv: list[str],
         threads: int | None = None,
         verbose: bool = False,
+        token: str = "",
     ) -> None:
         configure_logging(verbose=verbose)
         os.environ.setdefault(NCCL_ERROR_HANDLING_ENV, "2")
@@ -69,6 +70,7 @@ class RankActor:
         self.supervisor = supervisor
         self.target = target
         self.argv = list(argv)
+        self.token = token  # stamped on every report (the supervisor refuses batches without it)
         self.membership: Membership | None = None
         self.ctx: WorkerContext | None = None
         self._result: dict[str, Any] | None = None
@@ -146,7 +148,9 @@ class RankActor:
             world_size=world_size,
             run_id=self.run_id,
             run_dir=Path(self.run_dir),
-            reporter=RayReporter(self.supervisor, rank=rank, incarnation=incarnation),
+            reporter=RayReporter(
+                self.supervisor, rank=rank, incarnation=incarnation, token=self.token
+            ),
             faults=[Fault.model_validate(f) for f in faults or []],
             argv=list(self.argv),
             membership=self.membership,

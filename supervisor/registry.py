@@ -1,9 +1,17 @@
-"""Where this machine's runs can be reached: one small file per live run.
+"""Where this machine's runs can be found again: one small file per run.
 
-A run on a private embedded Ray is invisible to Ray's discovery by design
-(see `remedy.supervisor.cluster`), so `remedy status` and `remedy policy
-apply` find it here: its address and, for a private Ray, its token. The
-files are readable by their owner only, like `~/.ray/auth_token`.
+`remedy run` records each run it starts in `~/.remedy/runs/<run_id>.json`
+(`$REMEDY_HOME` moves it): its run directory, its Ray cluster's address and
+namespace, the run's token (without which its supervisor refuses every call)
+and, for a private embedded Ray, that Ray's own authentication token. `remedy
+status`, `logs`, `stop`, `attach` and `policy apply` read it. The files are
+readable by their owner only, like `~/.ray/auth_token`.
+
+An entry outlives its run (a finished run's `status` comes from its run
+directory's `summary.json`); `state` is what the starting command last knew
+(`running`, or the end status it saw). An entry of a private Ray whose
+`remedy run` process is gone without ending it names nothing reachable and
+is removed.
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from typing import Any
 
 # Where the entries live; the environment variable wins over ~/.remedy/runs.
 HOME_ENV = "REMEDY_HOME"
+# States a run's entry may end in; a live entry says `running`.
+FINAL_STATES = frozenset({"completed", "aborted", "failed", "stopped"})
 
 
 def registry_dir() -> Path:
@@ -27,32 +37,53 @@ def _entry_path(run_id: str) -> Path:
     return registry_dir() / f"{run_id}.json"
 
 
+def valid_run_id(run_id: str) -> bool:
+    """A run id that can name an entry (nothing path-like)."""
+    return (
+        bool(run_id) and "/" not in run_id and "\x00" not in run_id and not run_id.startswith(".")
+    )
+
+
 def register(run_id: str, record: dict[str, Any]) -> None:
-    """Record a live run; best effort (a read-only home only loses `status`/`apply` by id)."""
+    """Record a run; best effort (a read-only home only loses finding the run by id)."""
+    _write(run_id, {"run_id": run_id, "pid": os.getpid(), "state": "running", **record})
+
+
+def update(run_id: str, **fields: Any) -> None:
+    """Change fields of a run's entry (its end `state`, say); nothing if it has none."""
+    entry = lookup(run_id)
+    if entry is not None:
+        _write(run_id, {**entry, **fields})
+
+
+def _write(run_id: str, entry: dict[str, Any]) -> None:
+    if not valid_run_id(run_id):
+        return
     path = _entry_path(run_id)
     with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"run_id": run_id, "pid": os.getpid(), **record}, fh)
+            json.dump(entry, fh)
         os.replace(tmp, path)
 
 
 def unregister(run_id: str) -> None:
-    with contextlib.suppress(OSError):
-        _entry_path(run_id).unlink()
+    if valid_run_id(run_id):
+        with contextlib.suppress(OSError):
+            _entry_path(run_id).unlink()
 
 
 def lookup(run_id: str) -> dict[str, Any] | None:
-    """The entry of a live run, or None (an entry whose process is gone is removed)."""
-    if not run_id or "/" in run_id or run_id.startswith("."):
+    """The entry of a run, or None."""
+    if not valid_run_id(run_id):
         return None
     return _read(_entry_path(run_id))
 
 
-def live_runs() -> list[dict[str, Any]]:
-    """Every live run's entry, oldest run id first."""
+def runs() -> list[dict[str, Any]]:
+    """Every run's entry, oldest run id first."""
     try:
         paths = sorted(registry_dir().glob("*.json"))
     except OSError:
@@ -60,14 +91,24 @@ def live_runs() -> list[dict[str, Any]]:
     return [e for e in (_read(p) for p in paths) if e is not None]
 
 
+def live_runs() -> list[dict[str, Any]]:
+    """The entries of runs not known to have ended."""
+    return [e for e in runs() if e.get("state") not in FINAL_STATES]
+
+
 def _read(path: Path) -> dict[str, Any] | None:
     try:
         entry = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(entry, dict) or not isinstance(entry.get("pid"), int):
+    if not isinstance(entry, dict) or not isinstance(entry.get("run_id"), str):
         return None
-    if not _alive(entry["pid"]):
+    orphan = (
+        entry.get("mode", "local") == "local"
+        and entry.get("state") not in FINAL_STATES
+        and not (isinstance(entry.get("pid"), int) and _alive(entry["pid"]))
+    )
+    if orphan:  # its private Ray went with its `remedy run`
         with contextlib.suppress(OSError):
             path.unlink()
         return None

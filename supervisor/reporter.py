@@ -41,14 +41,17 @@ WAIT_TIMEOUT_S = 30.0
 
 
 class RayReporter:
-    """Sends this rank's batches stamped with (rank, incarnation, seq).
+    """Sends this rank's batches stamped with (rank, incarnation, seq) and the run's token.
 
     The supervisor refuses batches of an incarnation it has replaced, so
     messages still in flight from a killed process count for nothing.
     """
 
-    def __init__(self, supervisor: Any, *, rank: int = 0, incarnation: int = 1) -> None:
+    def __init__(
+        self, supervisor: Any, *, rank: int = 0, incarnation: int = 1, token: str = ""
+    ) -> None:
         self.supervisor = supervisor
+        self.token = token  # the run's token: a batch without it is refused
         self.rank = rank
         self.incarnation = incarnation
         self.seq = 0
@@ -90,6 +93,7 @@ class RayReporter:
         self.seq += 1
         batch["incarnation"] = self.incarnation
         batch["seq"] = self.seq
+        batch["token"] = self.token
         self._in_flight.append((self.supervisor.report.remote(batch), batch))
 
     def _hold(self, batch: dict[str, Any], *, newer: bool = True) -> None:

@@ -1,4 +1,10 @@
-"""The driver side of `remedy run`: start the supervisor, show progress, return the summary."""
+"""The driver side of `remedy run` and `remedy attach`: start or join a supervisor, show its
+progress, return the summary.
+
+The supervisor is a named, detached actor (`launch_supervisor`), so whoever
+watches a run only polls it: `wait(timeout_s)` for the end, `events` for the
+display. A driver that started the run and sees it end removes the actor.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,8 @@ from remedy.supervisor.worker_group import kill_run_actors
 PROGRESS_EVERY_S = 5.0
 # How often a display polls the supervisor's feed.
 POLL_S = 0.5
+# How long a stopping run may take to write its final checkpoint and end.
+STOP_TIMEOUT_S = 120.0
 
 
 def run_supervised(
@@ -29,23 +37,19 @@ def run_supervised(
 
     `display` gets every feed event (the ranks' output, anomalies, decisions,
     progress) as it happens; `progress`, the supervisor's status every
-    `PROGRESS_EVERY_S`.
+    `PROGRESS_EVERY_S`. On KeyboardInterrupt the run is stopped cleanly
+    (`stop_run`) before the interrupt goes on up.
     """
     sup = launch_supervisor(spec)
-    ray.get(sup.start.remote())
-    cursor = 0
-    last_status = time.monotonic()
     summary: dict[str, Any] | None = None
     try:
-        while True:
-            summary = ray.get(sup.wait.remote(POLL_S if display else PROGRESS_EVERY_S))
-            if display is not None:
-                cursor = pump(sup, display, cursor)
-            if summary is not None:
-                return dict(summary)
-            if progress is not None and time.monotonic() - last_status >= PROGRESS_EVERY_S:
-                last_status = time.monotonic()
-                progress(ray.get(sup.status.remote()))
+        ray.get(sup.start.remote())
+        try:
+            summary = follow(sup, spec.token, display=display, progress=progress)
+            return summary
+        except KeyboardInterrupt:
+            summary = stop_run(sup, spec.token, "interrupted (Ctrl-C or SIGTERM of remedy run)")
+            raise
     finally:
         # The supervisor is detached (it outlives a crash of its own); a run that is
         # not detached ends with its driver: the supervisor, and the ranks if it had
@@ -55,11 +59,45 @@ def run_supervised(
             kill_run_actors(spec.run_id)
 
 
-def pump(supervisor: Any, display: Display, cursor: int) -> int:
+def follow(
+    supervisor: Any,
+    token: str,
+    *,
+    display: Display | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    cursor: int = 0,
+) -> dict[str, Any]:
+    """Poll a started supervisor until its run ends; the summary."""
+    last_status = time.monotonic()
+    while True:
+        summary = ray.get(supervisor.wait.remote(POLL_S if display else PROGRESS_EVERY_S))
+        if display is not None:
+            cursor = pump(supervisor, display, cursor, token)
+        if summary is not None:
+            return dict(summary)
+        if progress is not None and time.monotonic() - last_status >= PROGRESS_EVERY_S:
+            last_status = time.monotonic()
+            progress(ray.get(supervisor.status.remote(token)))
+
+
+def stop_run(
+    supervisor: Any, token: str, reason: str, *, timeout_s: float = STOP_TIMEOUT_S
+) -> dict[str, Any] | None:
+    """Ask for a clean stop (final checkpoint, then the end) and wait for it; the summary, or
+    None if the run did not end within `timeout_s` (a second Ctrl-C also gives up)."""
+    try:
+        ray.get(supervisor.stop.remote(token, reason), timeout=30)
+        summary = ray.get(supervisor.wait.remote(timeout_s), timeout=timeout_s + 30)
+    except (KeyboardInterrupt, ray.exceptions.RayError, TimeoutError):
+        return None
+    return dict(summary) if summary is not None else None
+
+
+def pump(supervisor: Any, display: Display, cursor: int, token: str) -> int:
     """Hand the supervisor's new feed events to `display`; return the next cursor."""
-    events, after = ray.get(supervisor.events.remote(cursor))
+    events, after = ray.get(supervisor.events.remote(cursor, token))
     if after < cursor:  # a restarted supervisor's feed starts again from 0
-        events, after = ray.get(supervisor.events.remote(0))
+        events, after = ray.get(supervisor.events.remote(0, token))
     cursor = after
     for event in events:
         display.handle(event)

@@ -8,6 +8,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# The Ray namespace of every remedy actor.
+NAMESPACE = "remedy"
+
+
+def supervisor_name(run_id: str) -> str:
+    """The Ray actor name of a run's supervisor (in namespace `NAMESPACE`)."""
+    return f"remedy-supervisor-{run_id}"
+
 
 def new_run_id() -> str:
     """Sortable and unique: UTC time plus a short random suffix."""
@@ -34,6 +42,10 @@ class RunSpec:
     spares: int | None = None
     hang_watch: dict[str, float] = field(default_factory=dict)
     max_targeted_restarts: int = 3
+    # The run's secret: reports, commands, `status`, `policy apply` and `stop`
+    # without it are refused (see `SupervisorActor._authorized`). Kept in the
+    # registry entry (owner-only) of the machine that started the run.
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
 
     def __post_init__(self) -> None:
         if not self.run_dir:
@@ -47,3 +59,8 @@ class RunSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def __repr__(self) -> str:
+        # The token is a credential: it stays out of logs and tracebacks.
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if k != "token")
+        return f"RunSpec({fields}, token=<hidden>)"

@@ -33,11 +33,10 @@ import structlog
 from remedy.supervisor.hang_watch import DEAD, NO_ANSWER
 from remedy.supervisor.rank import RankActor
 from remedy.supervisor.rank_slots import RankSlots
-from remedy.supervisor.spec import RunSpec
+from remedy.supervisor.spec import NAMESPACE, RunSpec
 
 log = structlog.get_logger("remedy.worker_group")
 
-NAMESPACE = "remedy"
 # How long a rank gets to answer `result()` before it counts as still running.
 RESULT_TIMEOUT_S = 2.0
 
@@ -112,6 +111,7 @@ class WorkerGroup:
             argv=self.spec.argv,
             threads=self.spec.threads_per_rank,
             verbose=self.spec.verbose,
+            token=self.spec.token,
         )
 
     def _new_rank(self, rank: int) -> tuple[Any, str]:

@@ -121,6 +121,7 @@ class Controller:
         self.action_counts: Counter[str] = Counter()
         self.outcome_counts: Counter[str] = Counter()
         self.abort_reason: str | None = None
+        self.stop_reason: str | None = None  # an operator's stop (`remedy stop`), see `stop`
         self.decisions: list[dict[str, Any]] = []  # journaled records, for the summary and tests
         # Ids with a line in decisions.jsonl: an outcome re-sent after a supervisor
         # restart resolves its decision again, and must not journal it twice.
@@ -331,6 +332,35 @@ class Controller:
                 for rank in d.ranks:
                     self.forget_rank(rank)
             self._resolve_now(d, outcome, detail)
+
+    def stop(self, reason: str) -> bool:
+        """An operator's stop: `checkpoint_now` on every rank, then each rank's loop ends.
+
+        Both commands go out together, the checkpoint first (ranks apply them in
+        sequence order at one boundary); a failed checkpoint is journaled and the
+        ranks stop anyway. False, changing nothing, when a stop or an abort is
+        already under way.
+        """
+        if self.stop_reason is not None or self.abort_reason is not None:
+            return False
+        self.stop_reason = reason
+        step = max(self.step_of.values(), default=0)
+        run_id = self.run_dir.run_id if self.run_dir is not None else self.engine.run_id
+        d = Decision(
+            decision_id=f"{run_id}-operator",
+            step=step,
+            ranks=tuple(range(self.world_size)),
+            rule="remedy stop",
+            anomaly=AnomalyEvent(
+                kind="operator_stop", rank=0, step=step, source="operator", ts=self._clock()
+            ),
+            action="checkpoint_now",
+            params={"reason": reason},
+            reason=f"an operator stopped the run ({reason}): final checkpoint, then a clean end",
+        )
+        self._dispatch(d)
+        self._dispatch_stop(d)
+        return True
 
     def resolve_group_action(
         self, decision_id: str, outcome: str, detail: str, **extra: Any

@@ -67,6 +67,7 @@ def dump(c: Controller) -> dict[str, Any]:
         "outcome_counts": dict(c.outcome_counts),
         "rejected": dict(c.rejected),
         "abort_reason": c.abort_reason,
+        "stop_reason": c.stop_reason,
     }
 
 
@@ -110,6 +111,7 @@ def load(c: Controller, data: dict[str, Any]) -> None:
     c.outcome_counts = Counter(data["outcome_counts"])
     c.rejected = Counter(data["rejected"])
     c.abort_reason = data["abort_reason"]
+    c.stop_reason = data.get("stop_reason")
 
 
 def replay_tail(c: Controller, tail: list[dict[str, Any]]) -> list[str]:

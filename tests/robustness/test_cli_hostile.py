@@ -8,6 +8,7 @@ before any Ray starts, with that one line.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -137,15 +138,21 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("test-binary", ["policy", "test", "{P}/binary.yaml"], 1, ""),
     ("test-latin1", ["policy", "test", "{P}/latin1.yaml"], 1, ""),
     ("apply-no-run", ["policy", "apply", "{P}/good.yaml"], 2, "--run"),
-    ("apply-unknown-run", ["policy", "apply", "{P}/good.yaml", "--run", "nope"], 1, "no running"),
-    ("apply-path-run", ["policy", "apply", "{P}/good.yaml", "--run", "../x"], 1, "no running"),
+    ("apply-unknown-run", ["policy", "apply", "{P}/good.yaml", "--run", "nope"], 1, "unknown run"),
+    ("apply-path-run", ["policy", "apply", "{P}/good.yaml", "--run", "../x"], 1, "not a run id"),
     ("apply-binary", ["policy", "apply", "{P}/binary.yaml", "--run", "x"], 1, "not UTF-8"),
     ("apply-nested", ["policy", "apply", "{P}/nested.yaml", "--run", "x"], 1, "nested.yaml:"),
     (
         "apply-refused-address",
         ["policy", "apply", "{P}/good.yaml", "--run", "x", "--address", "127.0.0.1:1"],
         1,
-        "no Ray cluster answers",
+        "unknown run 'x'",
+    ),
+    (
+        "apply-dead-cluster",
+        ["policy", "apply", "{P}/good.yaml", "--run", "deadrun"],
+        1,
+        "run deadrun's Ray cluster: no Ray cluster answers at 127.0.0.1:1",
     ),
     # -- reports of damaged run directories
     ("report-missing", ["report", "{TMP}/nope"], 2, "does not exist"),
@@ -163,9 +170,41 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("report-decisions", ["report", "{R}/corrupt_decisions"], 0, "4 corrupt line(s) skipped"),
     ("report-decisions-bin", ["report", "{R}/decisions_binary"], 0, "corrupt line(s) skipped"),
     # -- status
-    ("status-none", ["status"], 0, "no supervised runs on this machine"),
-    ("status-unknown", ["status", "nope"], 1, "no live run 'nope'"),
+    # -- status, logs, stop, attach: the registry holds `deadrun`, whose cluster is gone,
+    # `ended`, whose run directory has its summary, and a corrupt entry
+    ("status-all", ["status"], 0, '"run_id": "deadrun", "state": "unreachable"'),
+    ("status-unknown", ["status", "nope"], 2, "unknown run 'nope'"),
+    ("status-path-id", ["status", "../../etc/passwd"], 2, "is not a run id"),
     ("status-refused", ["status", "--address", "127.0.0.1:1"], 2, "no Ray cluster answers"),
+    ("status-dead-cluster", ["status", "deadrun"], 1, "no Ray cluster answers at 127.0.0.1:1"),
+    (
+        "status-other-cluster",
+        ["status", "deadrun", "--address", "127.0.0.2:6379"],
+        2,
+        "run deadrun is on the Ray cluster at 127.0.0.1:1, not 127.0.0.2:6379",
+    ),
+    ("status-ended", ["status", "ended"], 0, '"state": "completed"'),
+    ("logs-no-id", ["logs"], 2, "the following arguments are required: run_id"),
+    ("logs-unknown", ["logs", "nope", "-f"], 2, "unknown run 'nope'"),
+    ("logs-dead-cluster", ["logs", "deadrun"], 1, "no Ray cluster answers at 127.0.0.1:1"),
+    ("logs-ended", ["logs", "ended"], 0, "run ended ended: completed"),
+    ("stop-unknown", ["stop", "nope"], 2, "unknown run 'nope'"),
+    ("stop-dead-cluster", ["stop", "deadrun"], 1, "no Ray cluster answers at 127.0.0.1:1"),
+    ("stop-ended", ["stop", "ended"], 1, "run ended has ended already (completed)"),
+    ("stop-bad-timeout", ["stop", "deadrun", "--timeout", "-1"], 2, "--timeout: must be"),
+    ("stop-nan-timeout", ["stop", "deadrun", "--timeout", "nan"], 2, "--timeout: must be"),
+    ("attach-unknown", ["attach", "nope"], 2, "unknown run 'nope'"),
+    ("attach-dead-cluster", ["attach", "deadrun"], 1, "no Ray cluster answers at 127.0.0.1:1"),
+    ("attach-ended", ["attach", "ended"], 0, "run ended: completed (10 steps"),
+    ("attach-empty-id", ["attach", ""], 2, "must not be empty"),
+    # -- run --detach needs a cluster that outlives the command
+    ("detach-local", ["run", TINY, "--detach"], 2, "--detach needs a Ray cluster"),
+    (
+        "detach-explicit-local",
+        ["run", TINY, "--detach", "--address", "local"],
+        2,
+        "start one with `ray start --head`",
+    ),
     (
         "chaos-rank-outside-world",
         ["run", TINY, "--chaos", str(INPUTS / "chaos" / "rank_outside_world.yaml")],
@@ -210,6 +249,19 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # A copy: `remedy report` writes report.png/.html into the run directories it reads.
     shutil.copytree(INPUTS / "run_dirs", tmp / "run_dirs", symlinks=True)
     (tmp / "tmpdir").mkdir()
+    # Registry entries: a run on a cluster that no longer answers, an ended run, a corrupt file.
+    runs = tmp / "home" / ".remedy" / "runs"
+    runs.mkdir(parents=True)
+    dead = {"run_id": "deadrun", "address": "127.0.0.1:1", "mode": "cluster", "token": "t" * 32}
+    (runs / "deadrun.json").write_text(json.dumps({**dead, "run_dir": str(tmp / "nowhere")}))
+    ended_dir = tmp / "ended_run"
+    ended_dir.mkdir()
+    summary = {"run_id": "ended", "status": "completed", "steps_completed": 10}
+    summary |= {"steps_executed": 10, "goodput": 1.0, "wall_s": 1.0, "ranks": []}
+    (ended_dir / "summary.json").write_text(json.dumps(summary))
+    ended = {**dead, "run_id": "ended", "run_dir": str(ended_dir), "state": "completed"}
+    (runs / "ended.json").write_text(json.dumps(ended))
+    (runs / "junk.json").write_bytes(b"\xff\x00{")
     return tmp
 
 

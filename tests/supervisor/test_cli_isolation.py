@@ -116,13 +116,18 @@ def test_two_concurrent_runs_both_complete(tmp_path: Path) -> None:
         assert summary["status"] == "completed"
         assert summary["steps_completed"] == steps
     assert "Traceback" not in err + err2
-    assert not list((home / ".remedy" / "runs").glob("*.json")), "a finished run unregisters"
+    # A finished run's entry stays (for `remedy status RUN_ID`), says how it ended, and no longer
+    # holds its private Ray's token.
+    entries = [json.loads(p.read_text()) for p in (home / ".remedy" / "runs").glob("*.json")]
+    assert sorted(e["state"] for e in entries) == ["completed", "completed"]
+    assert all(e["ray_token"] is None and len(e["token"]) == 32 for e in entries)
     wal = (first_dir / "journal.wal").read_text()
     assert '"policy_reloaded"' in wal and '"to": "v2"' in wal
 
 
 def test_terminated_run_stops_its_private_ray(tmp_path: Path) -> None:
-    """SIGTERM to `remedy run` ends it like Ctrl-C: exit 1, its private Ray and registry entry gone."""
+    """SIGTERM to `remedy run` ends it like Ctrl-C: the run is stopped cleanly (summary.json says
+    `stopped`), exit 1, its private Ray gone."""
     home = tmp_path / "home"
     home.mkdir()
     run = _start(home, tmp_path / "run", steps=5000)
@@ -142,7 +147,12 @@ def test_terminated_run_stops_its_private_ray(tmp_path: Path) -> None:
     assert run.returncode == 1
     assert "remedy: interrupted" in err and "Traceback" not in err
     assert not temp_dir.exists(), "the private Ray's directory is removed"
-    assert not list((home / ".remedy" / "runs").glob("*.json"))
+    (path,) = (home / ".remedy" / "runs").glob("*.json")
+    assert json.loads(path.read_text())["state"] == "stopped"
     assert (tmp_path / "run" / "metrics.jsonl").exists(), "the run's own files are kept"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and "interrupted" in summary["stop_reason"]
+    assert summary["steps_completed"] < 5000
+    assert f"run {entry['run_id']} stopped; summary in" in err
     with pytest.raises(ClusterError):
         probe(str(entry["address"]))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from remedy.supervisor import registry
 from remedy.supervisor.actor import SupervisorActor
 from remedy.supervisor.cli import main
 from remedy.supervisor.spec import RunSpec
@@ -36,26 +37,41 @@ def test_apply_policy_swaps_or_refuses(ray_cluster: None, tmp_path: Path) -> Non
     """A valid policy replaces the old one; an invalid one returns located errors and changes nothing."""
     policy = tmp_path / "p.yaml"
     policy.write_text(V1)
-    actor, _ = supervisor(tmp_path, policy)
-    errors = ray.get(actor.apply_policy.remote(BROKEN, "new.yaml"))  # type: ignore[attr-defined]
+    actor, spec = supervisor(tmp_path, policy)
+    errors = ray.get(actor.apply_policy.remote(BROKEN, "new.yaml", spec.token))  # type: ignore[attr-defined]
     assert errors and errors[0].startswith("new.yaml:5:")
-    assert ray.get(actor.status.remote())["policy"] == "v1"  # type: ignore[attr-defined]
-    assert ray.get(actor.apply_policy.remote(V2, "new.yaml")) == []  # type: ignore[attr-defined]
-    assert ray.get(actor.status.remote())["policy"] == "v2"  # type: ignore[attr-defined]
+    assert ray.get(actor.status.remote(spec.token))["policy"] == "v1"  # type: ignore[attr-defined]
+    assert ray.get(actor.apply_policy.remote(V2, "new.yaml", spec.token)) == []  # type: ignore[attr-defined]
+    assert ray.get(actor.status.remote(spec.token))["policy"] == "v2"  # type: ignore[attr-defined]
     ray.kill(actor)
 
 
 def test_cli_policy_apply(
-    ray_cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ray_cluster: None,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`remedy policy apply FILE --run ID` reloads a running job's policy; a broken file exits 1 with locations."""
+    """`remedy policy apply FILE --run ID` reloads a running job's policy with the run's token from
+    the registry; a broken file exits 1 with locations; a wrong token is refused and counted."""
+    monkeypatch.setenv("REMEDY_HOME", str(tmp_path / "home"))
     policy = tmp_path / "p.yaml"
     policy.write_text(V1)
     actor, spec = supervisor(tmp_path, policy)
     new = tmp_path / "v2.yaml"
     new.write_text(V2)
+    address = ray.get_runtime_context().gcs_address
+    entry = {"address": address, "mode": "cluster", "run_dir": spec.run_dir}
+    registry.register(spec.run_id, {**entry, "token": "0" * 32})
+    assert main(["policy", "apply", str(new), "--run", spec.run_id]) == 1
+    assert "refused the call: the token in its registry entry is not the run's" in (
+        capsys.readouterr().err
+    )
+    assert ray.get(actor.status.remote(spec.token))["rejected"] == {"token": 1}  # type: ignore[attr-defined]
+    assert ray.get(actor.status.remote(spec.token))["policy"] == "v1"  # type: ignore[attr-defined]
+    registry.register(spec.run_id, {**entry, "token": spec.token})
     assert main(["policy", "apply", str(new), "--run", spec.run_id]) == 0
-    assert ray.get(actor.status.remote())["policy"] == "v2"  # type: ignore[attr-defined]
+    assert ray.get(actor.status.remote(spec.token))["policy"] == "v2"  # type: ignore[attr-defined]
     broken = tmp_path / "broken.yaml"
     broken.write_text(BROKEN)
     assert main(["policy", "apply", str(broken), "--run", spec.run_id]) == 1
@@ -76,7 +92,7 @@ def test_watched_policy_file_reloads_a_running_job(ray_cluster: None, tmp_path: 
     actor.start.remote()  # type: ignore[attr-defined]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        status = ray.get(actor.status.remote())  # type: ignore[attr-defined]
+        status = ray.get(actor.status.remote(spec.token))  # type: ignore[attr-defined]
         if max(status["step"].values(), default=0) > 5:
             break
         time.sleep(0.2)

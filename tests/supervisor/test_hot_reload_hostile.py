@@ -79,7 +79,7 @@ def test_hostile_saves_and_applies_never_kill_the_run(
     ).remote(spec.to_dict())
     actor.start.remote()
     deadline = time.monotonic() + 120
-    while max(ray.get(actor.status.remote())["step"].values(), default=0) < 3:
+    while max(ray.get(actor.status.remote(spec.token))["step"].values(), default=0) < 3:
         assert time.monotonic() < deadline, "the run never started"
         time.sleep(0.2)
     wal = run_dir / "journal.wal"
@@ -87,17 +87,17 @@ def test_hostile_saves_and_applies_never_kill_the_run(
         _save(policy, data, n)
         _wait_for(wal, "policy_refused", n)
     # The same bytes sent directly, past the CLI's own check, are refused too.
-    errors = ray.get(actor.apply_policy.remote(HOSTILE["binary"], "sent.yaml"))
+    errors = ray.get(actor.apply_policy.remote(HOSTILE["binary"], "sent.yaml", spec.token))
     assert errors and errors[0].startswith("sent.yaml:")
     bad = tmp_path / "bad.yaml"
     bad.write_bytes(HOSTILE["nested-lists"])
     assert main(["policy", "apply", str(bad), "--run", spec.run_id]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"{bad}:") and "Traceback" not in err
-    assert ray.get(actor.status.remote())["policy"] == "v1"
+    assert ray.get(actor.status.remote(spec.token))["policy"] == "v1"
     _save(policy, V2.encode(), len(HOSTILE) + 1)
     _wait_for(wal, "policy_reloaded", 1)
-    assert ray.get(actor.status.remote())["policy"] == "v2"
+    assert ray.get(actor.status.remote(spec.token))["policy"] == "v2"
     summary = finished(actor)
     assert summary["status"] == "completed"
     refused = [r for r in _wal(wal) if r.get("type") == "policy_refused"]

@@ -45,6 +45,37 @@ def test_dead_and_broken_entries_are_ignored(home: Path) -> None:
     assert registry.lookup("../runs/junk") is None
 
 
+def test_entries_outlive_their_process_unless_lost_with_a_private_ray(home: Path) -> None:
+    """An ended run's entry and a detached cluster run's entry stay after their process is gone;
+    a private Ray's run that never ended does not."""
+    runs = home / "runs"
+    runs.mkdir()
+    gone = 2**22 + 12345
+    (runs / "ended.json").write_text(
+        json.dumps({"run_id": "ended", "pid": gone, "state": "stopped"})
+    )
+    detached = {"run_id": "detached", "pid": gone, "mode": "cluster", "state": "running"}
+    (runs / "detached.json").write_text(json.dumps(detached))
+    lost = {"run_id": "lost", "pid": gone, "mode": "local", "state": "running"}
+    (runs / "lost.json").write_text(json.dumps(lost))
+    assert [e["run_id"] for e in registry.runs()] == ["detached", "ended"]
+    assert [e["run_id"] for e in registry.live_runs()] == ["detached"]
+    assert not (runs / "lost.json").exists()
+
+
+def test_update_changes_fields_and_keeps_the_entry_private(home: Path) -> None:
+    """`update` rewrites the entry owner-only; an unknown or path-like id is left alone."""
+    registry.register("r1", {"address": "127.0.0.1:1", "token": "t", "ray_token": "secret"})
+    registry.update("r1", state="completed", ray_token=None)
+    entry = registry.lookup("r1")
+    assert entry is not None and entry["state"] == "completed" and entry["ray_token"] is None
+    assert entry["token"] == "t"
+    assert stat.S_IMODE((home / "runs" / "r1.json").stat().st_mode) == 0o600
+    registry.update("nope", state="completed")
+    registry.update("../r1", state="failed")
+    assert sorted(p.name for p in (home / "runs").iterdir()) == ["r1.json"]
+
+
 def test_claim_and_release(tmp_path: Path) -> None:
     """A claim creates the folders and a marker; a second claim is refused; release removes what it made."""
     run_dir = tmp_path / "a" / "b" / "run"

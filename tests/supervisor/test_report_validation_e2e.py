@@ -35,23 +35,33 @@ def nan(rank: int, step: int, **fields: Any) -> dict[str, Any]:
     return {**ev, **fields}
 
 
-def hostile(step: int) -> list[tuple[Any, dict[str, int]]]:
-    """(batch, the rejections it must add) for a 1-rank run whose rank 0 is near `step`."""
-    ok = {"rank": 0, "step": step}  # a plausible header: the items are what is wrong
+def hostile(step: int, token: str) -> list[tuple[Any, dict[str, int]]]:
+    """(batch, the rejections it must add) for a 1-rank run whose rank 0 is near `step`.
+
+    Batches carry the run's `token` unless the case is about the token.
+    """
+    ok = {"rank": 0, "step": step, "token": token}  # a plausible header: the items are wrong
+    good = {**ok, "tick": step, "events": [nan(0, step)]}  # would roll back, with the token
     return [
-        ("not a batch", {"batch_not_mapping": 1}),
+        # Another run's token, none, or not a string: refused before anything is read.
+        ({**good, "token": "f" * 32}, {"token": 1}),
+        ({k: v for k, v in good.items() if k != "token"}, {"token": 1}),
+        ({**good, "token": ["x"]}, {"token": 1}),
+        ({**good, "token": token[:-1]}, {"token": 1}),
+        ("not a batch", {"token": 1}),
+        ({"token": token, "rank": "0"}, {"batch_bad_rank": 1}),
         (
-            {"rank": 7, "step": step, "tick": 10**12, "events": [nan(7, step)]},
+            {"token": token, "rank": 7, "step": step, "tick": 10**12, "events": [nan(7, step)]},
             {"batch_rank_outside_world": 1},
         ),
         (
-            {"rank": 0, "step": step, "tick": 10**12, "events": [nan(0, step)]},
+            {"token": token, "rank": 0, "step": step, "tick": 10**12, "events": [nan(0, step)]},
             {"batch_tick_too_far_ahead": 1},
         ),
-        ({"rank": 0, "step": step, "tick": "abc"}, {"batch_bad_tick": 1}),
-        ({"rank": 0, "step": step, "tick": None}, {"batch_bad_tick": 1}),
-        ({"rank": 0, "step": step, "tick": [1]}, {"batch_bad_tick": 1}),
-        ({"rank": 0, "step": 10**30}, {"batch_bad_step": 1}),
+        ({"token": token, "rank": 0, "step": step, "tick": "abc"}, {"batch_bad_tick": 1}),
+        ({"token": token, "rank": 0, "step": step, "tick": None}, {"batch_bad_tick": 1}),
+        ({"token": token, "rank": 0, "step": step, "tick": [1]}, {"batch_bad_tick": 1}),
+        ({"token": token, "rank": 0, "step": 10**30}, {"batch_bad_step": 1}),
         ({**ok, "events": [nan(0, 10**30)]}, {"event_step_out_of_range": 1}),
         ({**ok, "events": [nan(0, step, value=10**400)]}, {"event_invalid": 1}),
         ({**ok, "events": "nope"}, {"events_not_list": 1}),
@@ -94,15 +104,15 @@ def test_live_supervisor_refuses_hostile_batches(ray_cluster: None, tmp_path: Pa
     deadline = time.monotonic() + 200
     step = 0
     while step < 3 and time.monotonic() < deadline:
-        step = ray.get(actor.status.remote())["step"].get(0, 0)  # type: ignore[attr-defined]
+        step = ray.get(actor.status.remote(spec.token))["step"].get(0, 0)  # type: ignore[attr-defined]
         time.sleep(0.1)
     assert step >= 3, "the run did not start"
     expected: dict[str, int] = {}
-    for batch, adds in hostile(step):
+    for batch, adds in hostile(step, spec.token):
         assert ray.get(actor.report.remote(batch)) == []  # type: ignore[attr-defined]
         for reason, n in adds.items():
             expected[reason] = expected.get(reason, 0) + n
-    status = ray.get(actor.status.remote())  # type: ignore[attr-defined]
+    status = ray.get(actor.status.remote(spec.token))  # type: ignore[attr-defined]
     assert status["rejected"] == expected
     assert max(status["step"].values()) < NAN_AT, "the NaN must come after the hostile batches"
     summary = finished(actor)

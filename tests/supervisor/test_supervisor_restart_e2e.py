@@ -138,9 +138,9 @@ def test_launch_supervisor_is_named_detached_and_restartable(
     sup = launch_supervisor(spec)
     try:
         found = ray.get_actor(supervisor_name(spec.run_id), namespace=NAMESPACE)
-        assert ray.get(found.status.remote())["state"] == "starting"
+        assert ray.get(found.status.remote(spec.token))["state"] == "starting"
         ray.kill(sup, no_restart=False)  # as a crash: Ray restarts it, the handle still works
-        assert ray.get(sup.status.remote(), timeout=60)["run_id"] == spec.run_id
+        assert ray.get(sup.status.remote(spec.token), timeout=60)["run_id"] == spec.run_id
     finally:
         ray.kill(sup, no_restart=True)
 

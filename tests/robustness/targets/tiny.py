@@ -2,7 +2,8 @@
 
 `main(argv)`: `--steps N` (default 20), `--sleep S` seconds per step (default 0),
 `--raise-at N` raises a RuntimeError at step N, `--unpicklable` returns a
-value that cannot be pickled.
+value that cannot be pickled, `--checkpoint-every N` writes durable checkpoints
+(default 0: none), `--say-every N` prints a line every N steps.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--raise-at", type=int, default=-1)
     p.add_argument("--unpicklable", action="store_true")
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--say-every", type=int, default=0)
     args = p.parse_args(argv)
     torch.manual_seed(0)
     model = nn.Linear(8, 1)
@@ -44,12 +47,14 @@ def main(argv: list[str]) -> dict[str, Any]:
         loss_fn=loss_fn,
         data=batch,
         max_steps=args.steps,
-        config=GuardConfig(checkpoint_every=0),
+        config=GuardConfig(checkpoint_every=args.checkpoint_every),
     )
     for step, b in enumerate(guard):
         if step == args.raise_at:
             explode(step)
         guard.step(b)
+        if args.say_every and step % args.say_every == 0:
+            print(f"tiny: step {step}", flush=True)
         if args.sleep:
             time.sleep(args.sleep)
     out: dict[str, Any] = {"summary": guard.close()}

@@ -1,0 +1,167 @@
+"""A `ray start --head` cluster of a test's own, on 127.0.0.1, and its scoped teardown.
+
+`ray stop` stops every Ray of the user on the machine (other tests' and
+other people's clusters too), so it is never called: the head is started in
+a session of its own and stopped by killing that session's processes, found
+by their session id, plus every process below them (Ray's workers).
+
+Each cluster gets its own `HOME` (Ray writes `~/.ray` there), `--temp-dir`
+(`ray_current_cluster` is written there, read back through `RAY_TMPDIR`, so
+`--address auto` finds this cluster only), free ports for everything Ray
+listens on, and token authentication with a random token set in the
+environment of every command, so `ray start`, `ray job submit` and `remedy`
+agree on one auth mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# The `ray` command of this interpreter's installation (a venv's bin/), else the one on PATH.
+_SIBLING = Path(sys.executable).with_name("ray")
+RAY = str(_SIBLING) if _SIBLING.exists() else (shutil.which("ray") or "ray")
+
+
+@dataclass
+class Head:
+    address: str  # GCS HOST:PORT
+    dashboard: str  # http://HOST:PORT, for `ray job submit --address`
+    env: dict[str, str]
+    sid: int
+
+    def run(
+        self, *argv: str, timeout: float = 120, **kw: object
+    ) -> subprocess.CompletedProcess[str]:
+        """A command in this cluster's environment (`remedy ...` runs `python -m remedy.supervisor`)."""
+        args = (
+            [sys.executable, "-m", "remedy.supervisor", *argv[1:]]
+            if argv[0] == "remedy"
+            else list(argv)
+        )
+        return subprocess.run(  # type: ignore[call-overload, no-any-return]
+            args, capture_output=True, text=True, check=False, timeout=timeout, env=self.env, **kw
+        )
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def env_for(root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(
+        PYTHONPATH=str(REPO),
+        HOME=str(root / "home"),
+        REMEDY_HOME=str(root / "home" / ".remedy"),
+        RAY_TMPDIR=str(root / "ray"),
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(32),
+        RAY_USAGE_STATS_ENABLED="0",
+    )
+    return env
+
+
+@contextlib.contextmanager
+def head_node(root: Path, *, cpus: int = 2) -> Iterator[Head]:
+    """Start a head node under `root` (short: Ray's socket paths are bounded); stop only it."""
+    (root / "home").mkdir(parents=True)
+    env = env_for(root)
+    gcs, dash, client, agent, metrics, rt_agent, grpc_agent = _free_ports(7)
+    argv = [
+        RAY, "start", "--head", "--block",
+        f"--port={gcs}", f"--num-cpus={cpus}", "--num-gpus=0",
+        "--node-ip-address=127.0.0.1", f"--temp-dir={root / 'ray'}",
+        "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+        f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
+        f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={rt_agent}",
+        f"--dashboard-agent-grpc-port={grpc_agent}", "--disable-usage-stats",
+    ]  # fmt: skip
+    log = open(root / "ray-start.log", "w")  # noqa: SIM115 - closed in the finally below
+    # --block keeps `ray start` as the session leader; every Ray process it starts is in its session.
+    proc = subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    head = Head(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", env, proc.pid)
+    try:
+        _wait_ready(head, proc, root)
+        yield head
+    finally:
+        stop_head(head.sid)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _wait_ready(head: Head, proc: subprocess.Popen[bytes], root: Path) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("ray start failed: " + (root / "ray-start.log").read_text()[-2000:])
+        probe = head.run(RAY, "job", "list", "--address", head.dashboard, timeout=60)
+        if probe.returncode == 0:
+            return
+        time.sleep(1.0)
+    raise RuntimeError(
+        "the head node did not come up: " + (root / "ray-start.log").read_text()[-2000:]
+    )
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, session id) of every live process visible in /proc."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z":  # a zombie is gone already, only not yet reaped
+            out[int(entry.name)] = (int(fields[1]), int(fields[3]))
+    return out
+
+
+def session_pids(sid: int) -> set[int]:
+    """The processes of session `sid` and everything below them."""
+    procs = _processes()
+    mine = {pid for pid, (_, s) in procs.items() if s == sid}
+    grew = True
+    while grew:
+        below = {pid for pid, (ppid, _) in procs.items() if ppid in mine} - mine
+        mine |= below
+        grew = bool(below)
+    return mine
+
+
+def stop_head(sid: int) -> None:
+    """SIGTERM, then SIGKILL, to the head's session and its descendants only."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in session_pids(sid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (3 if sig == signal.SIGTERM else 10)
+        while session_pids(sid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not session_pids(sid):
+            return
