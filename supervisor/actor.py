@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ class SupervisorActor:
         )
         # Multi-rank lifecycle: slots with incarnations, the job's state machine,
         # the rendezvous store, the hang watch, and targeted restarts.
-        self.slots = RankSlots(self.spec.workers)
+        self.slots = RankSlots(self.spec.workers, rejected=self.controller.rejected)
         self.job = JobStateMachine(
             journal=self.run_dir.wal, max_targeted=self.spec.max_targeted_restarts
         )
@@ -134,26 +135,41 @@ class SupervisorActor:
         """A rank's report batch in; the commands that rank still owes out.
 
         A batch from a replaced incarnation (still in flight from a killed
-        process) is refused and counted.
+        process) is refused and counted. Displays, dashboards and the hang
+        watch see only what the controller accepted of a batch.
         """
+        # >>> stand-in for the token check of shape.md (cli's `_authorized` replaces it):
+        # a batch stamped with another run's token is refused and counted.
+        if (
+            isinstance(batch, dict)
+            and "token" in batch
+            and not (
+                isinstance(batch["token"], str)
+                and secrets.compare_digest(batch["token"], self.spec.token)
+            )
+        ):
+            self.controller.rejected["token"] += 1
+            return []
+        # <<< end of stand-in
         if isinstance(batch, dict) and not self.slots.accept(
             batch.get("rank"), batch.get("incarnation"), batch.get("seq")
         ):
             return []
-        self.feed.observe(batch)
-        self.metrics.observe(batch)
         commands = self.controller.ingest(batch)
+        report = self.controller.last_report
+        if report is not None:
+            valid = report.as_batch()
+            self.feed.observe(valid)
+            self.metrics.observe(valid)
+            times = [
+                m["step_time_s"]
+                for m in report.metrics
+                if isinstance(m.get("step_time_s"), int | float)
+                and not isinstance(m["step_time_s"], bool)
+            ]
+            self.watch.beat(report.rank, report.tick, time.monotonic(), times)
         self.feed.decisions(self.controller.decisions)
         self.metrics.decisions(self.controller.decisions)
-        if isinstance(batch, dict):
-            rank, tick = batch.get("rank"), batch.get("tick")
-            if rank in self.slots.slots and type(tick) is int:
-                times = [
-                    m["step_time_s"]
-                    for m in batch.get("metrics") or []
-                    if isinstance(m, dict) and isinstance(m.get("step_time_s"), int | float)
-                ]
-                self.watch.beat(rank, tick, time.monotonic(), times)
         return commands
 
     async def output(self, lines: Any) -> None:

@@ -4,15 +4,27 @@ A slot outlives the processes that fill it. Replacing a rank bumps its
 incarnation; reports carry (rank, incarnation, seq), and a report from an
 incarnation that is no longer the slot's (a message in flight from a
 process that was killed) is refused and counted, so a dead process can
-neither move the hang watch nor answer commands. `records()` are plain
-dicts a supervisor could rebuild the slots from.
+neither move the hang watch nor answer commands. A sequence number further
+ahead of the slot's last than its process could have sent is refused too:
+accepted, it would make every real report after it a duplicate. Refusals
+are counted by reason in the `rejected` counter given (the Controller's, so
+they reach `summary.json`). `records()` are plain dicts a supervisor could
+rebuild the slots from.
 """
 
 from __future__ import annotations
 
 import enum
+import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+# How far a batch sequence number may run ahead of the slot's last accepted one:
+# at once, and per second since (a Guard sends a few batches a step at most).
+MAX_SEQ_AHEAD = 10_000
+SEQ_AHEAD_PER_S = 10_000
 
 
 class SlotState(enum.StrEnum):
@@ -29,6 +41,7 @@ class Slot:
     state: SlotState = SlotState.STARTING
     last_seq: int = 0
     pid: int | None = None
+    last_at: float = 0.0  # when `last_seq` was accepted or the slot opened (this process's clock)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,8 +56,16 @@ class Slot:
 class RankSlots:
     """The job's slots; decides which reports count."""
 
-    def __init__(self, world_size: int) -> None:
-        self.slots = {rank: Slot(rank) for rank in range(world_size)}
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        rejected: Counter[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self.slots = {rank: Slot(rank, last_at=clock()) for rank in range(world_size)}
+        self.rejected: Counter[str] = Counter() if rejected is None else rejected
         self.refused_stale = 0  # reports from a replaced incarnation
         self.refused_duplicate = 0  # a batch sequence number seen already
 
@@ -54,17 +75,25 @@ class RankSlots:
         Reports without an incarnation (a single-process Guard, an old client)
         are accepted: there is nothing to compare.
         """
-        slot = self.slots.get(rank) if isinstance(rank, int) else None
-        if slot is None or not isinstance(incarnation, int):
+        # `type(...) is int`: True would name slot 1, and a batch's header is untrusted.
+        slot = self.slots.get(rank) if type(rank) is int else None
+        if slot is None or type(incarnation) is not int:
             return True
         if incarnation != slot.incarnation or slot.state is SlotState.LOST:
             self.refused_stale += 1
+            self.rejected["batch_stale_incarnation"] += 1
             return False
-        if isinstance(seq, int):
+        if type(seq) is int:
             if seq <= slot.last_seq:
                 self.refused_duplicate += 1
+                self.rejected["batch_duplicate_seq"] += 1
                 return False
-            slot.last_seq = seq
+            now = self._clock()
+            slack = MAX_SEQ_AHEAD + int(max(now - slot.last_at, 0.0) * SEQ_AHEAD_PER_S)
+            if seq > slot.last_seq + slack:
+                self.rejected["batch_seq_too_far_ahead"] += 1
+                return False
+            slot.last_seq, slot.last_at = seq, now
         if slot.state is SlotState.STARTING:
             slot.state = SlotState.RUNNING
         return True
@@ -79,6 +108,7 @@ class RankSlots:
         slot.incarnation += 1
         slot.state = SlotState.STARTING
         slot.last_seq = 0
+        slot.last_at = self._clock()
         slot.pid = None
         return slot.incarnation
 

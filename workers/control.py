@@ -34,7 +34,7 @@ from remedy.policies import (
 )
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.detectors.straggler import StragglerWatch
-from remedy.workers.report_validation import Limits, RankMark, validate_batch
+from remedy.workers.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.control")
@@ -117,6 +117,7 @@ class Controller:
         self._logged: dict[str, int] = {}  # the count of each reason when last logged
         self._marks: dict[int, RankMark] = {}  # each rank's last accepted report
         self._tick_counts: dict[int, dict[int, int]] = {}  # events accepted per rank and tick
+        self.last_report: Report | None = None  # the valid parts of the last batch ingested
         self._clock = clock
         self._started = clock()
         self.anomaly_counts: Counter[str] = Counter()
@@ -160,6 +161,7 @@ class Controller:
             tick_counts=self._tick_counts.get(key) if last is not None else None,
         )
         self._log_rejections()
+        self.last_report = report
         if report is None:
             return []
         rank = report.rank

@@ -85,6 +85,24 @@ class Report:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
     tick_counts: dict[int, int] = field(default_factory=dict)  # events accepted per tick
+    # For displays: the step total and batch size, when the batch gave valid ones.
+    max_steps: int | None = None
+    batch_size: int | None = None
+
+    def as_batch(self) -> dict[str, Any]:
+        """The valid parts in the shape of a batch, for what watches a run (feed, metrics)."""
+        out: dict[str, Any] = {
+            "rank": self.rank,
+            "step": self.step,
+            "tick": self.tick,
+            "events": [ev.to_dict() for ev in self.events],
+            "metrics": self.metrics,
+        }
+        if self.max_steps is not None:
+            out["max_steps"] = self.max_steps
+        if self.batch_size is not None:
+            out["batch_size"] = self.batch_size
+        return out
 
 
 @dataclass
@@ -159,7 +177,14 @@ def validate_batch(
         tick_floor=max(tick - slack, 0),
     )
     counts = _tick_counts(tick_counts, last, tick, ctx.tick_floor)
-    report = Report(rank, step, tick, tick_counts=counts)
+    report = Report(
+        rank,
+        step,
+        tick,
+        tick_counts=counts,
+        max_steps=_int(batch.get("max_steps")),
+        batch_size=_int(batch.get("batch_size")),
+    )
     for raw in _items(batch, "events", limits.max_events_per_batch, rejected):
         ev = _event(raw, ctx, limits, rejected)
         if ev is None:

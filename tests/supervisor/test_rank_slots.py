@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from remedy.supervisor.rank_slots import RankSlots, SlotState
+from collections import Counter
+
+from remedy.supervisor.rank_slots import MAX_SEQ_AHEAD, SEQ_AHEAD_PER_S, RankSlots, SlotState
 
 
 def test_reports_of_a_replaced_incarnation_are_refused_and_counted() -> None:
@@ -43,3 +45,31 @@ def test_records_rebuild_the_picture() -> None:
         "rank": 1, "incarnation": 2, "state": "starting", "last_seq": 0, "pid": None,
     }  # fmt: skip
     assert slots.live() == [0, 1]
+
+
+def test_a_sequence_number_far_ahead_is_refused_and_does_not_lock_the_rank_out() -> None:
+    """seq 10**12 is refused (counted by reason); the real next batch is still accepted."""
+    now = [100.0]
+    rejected: Counter[str] = Counter()
+    slots = RankSlots(1, rejected=rejected, clock=lambda: now[0])
+    assert slots.accept(0, 1, 1)
+    assert not slots.accept(0, 1, 10**12)
+    assert slots.accept(0, 1, 2)
+    assert not slots.accept(0, 1, 2)
+    assert not slots.accept(0, 5, 3)
+    now[0] += 10.0  # a rank away for a while may skip as many as it could have sent
+    assert slots.accept(0, 1, 2 + MAX_SEQ_AHEAD + 10 * SEQ_AHEAD_PER_S)
+    assert rejected == {
+        "batch_seq_too_far_ahead": 1,
+        "batch_duplicate_seq": 1,
+        "batch_stale_incarnation": 1,
+    }
+
+
+def test_a_bool_is_not_a_rank_incarnation_or_seq() -> None:
+    """True == 1, but a header of booleans names no slot and moves no sequence."""
+    slots = RankSlots(2)
+    assert slots.accept(True, 1, 10**12)  # the controller refuses the header
+    assert slots.accept(1, True, True)
+    assert slots.slots[1].last_seq == 0
+    assert slots.accept(1, 1, 1)
