@@ -334,12 +334,17 @@ def level(ranks: int, args: argparse.Namespace, cfg: dict[str, float]) -> dict[s
         print(f"  {w * WINDOW_S:>6.0f} s{d['sent'] / WINDOW_S:>9.0f}{d['answered'] / WINDOW_S:>12.0f}"
               f"{pct(d['rtt'], 0.5) * 1e3:>12.1f}{pct(d['rtt'], 0.99) * 1e3:>9.1f}"
               f"{max(d['rtt'], default=float('nan')) * 1e3:>9.1f}{d['in_flight']:>11}")  # fmt: skip
-    # Lag grows if the later half of the run answers slower than the earlier half (skip warm-up).
-    body = full[1:] if len(full) > 2 else full
+    # Lag grows if the later half of the sending windows answers slower than the earlier half
+    # (warm-up skipped), or if the last one ends with more than a second of batches unanswered.
+    sending = [w for w in full if (w + 1) * WINDOW_S <= args.seconds + 1e-6]
+    body = sending[1:] if len(sending) > 2 else sending
     half = len(body) // 2 or 1
     early = [x for w in body[:half] for x in windows[w]["rtt"]]
     later = [x for w in body[half:] for x in windows[w]["rtt"]] or early
-    growing = pct(later, 0.5) > 2 * pct(early, 0.5) + 0.010
+    last = windows[body[-1]] if body else {"in_flight": 0, "sent": 0}
+    growing = bool(
+        pct(later, 0.5) > 2 * pct(early, 0.5) + 0.010 or last["in_flight"] > last["sent"] / WINDOW_S
+    )
     figures = {
         "ranks": ranks,
         "batches_s": answered / seconds,
@@ -354,6 +359,7 @@ def level(ranks: int, args: argparse.Namespace, cfg: dict[str, float]) -> dict[s
         "fanout_p50": pct(fanout, 0.5),
         "fanout_p99": pct(fanout, 0.99),
         "rtt_p99": pct([x for w in body for x in windows[w]["rtt"]], 0.99),
+        "load_average": os.getloadavg()[0],
         "rejected": status["rejected"],
         "display_poll_p99": pct(poll_s, 0.99),
         "cpu_supervisor": cpu[0],
@@ -370,58 +376,76 @@ def level(ranks: int, args: argparse.Namespace, cfg: dict[str, float]) -> dict[s
           f"every rank holds it after p50 {figures['fanout_p50'] * 1e3:.0f} ms, "
           f"p99 {figures['fanout_p99'] * 1e3:.0f} ms")  # fmt: skip
     print(f"  CPU (cores busy): supervisor {cpu[0]:.2f} ({cpu[0] * elapsed / max(answered, 1) * 1e6:.0f} us "
-          f"per batch), senders {sum(cpu[1:-1]):.2f}, whole machine {cpu[-1]:.2f} of {os.cpu_count()}")  # fmt: skip
+          f"per batch), senders {sum(cpu[1:-1]):.2f}, whole machine {cpu[-1]:.2f} of {os.cpu_count()} "
+          f"(load average {os.getloadavg()[0]:.1f})")  # fmt: skip
     print(f"  display poll p99 {figures['display_poll_p99'] * 1e3:.1f} ms; lag growing: {growing}; "
           f"rejected: {status['rejected'] or 'none'}; keeps up: {figures['keeps_up']}")  # fmt: skip
     return figures
 
 
-def profile(ranks: int, seconds: float, cfg: dict[str, float]) -> None:
-    """Replay `seconds` of `ranks` ranks' traffic into the supervisor's class in-process, profiled."""
+def replay(
+    ranks: int, seconds: float, cfg: dict[str, float], prof: cProfile.Profile | None
+) -> tuple[int, float]:
+    """Feed `seconds` of `ranks` ranks' batches to the supervisor's class in this process.
+
+    Returns (batches, seconds spent in `report`); `prof` profiles those calls only.
+    """
     with tempfile.TemporaryDirectory() as tmp_s:
         spec = make_spec(Path(tmp_s), ranks)
         token = str(getattr(spec, "token", ""))
         sup = SupervisorActor.__ray_actor_class__(spec.to_dict())  # type: ignore[attr-defined]
         sims = [SimRank(r, token=token, seed=r, cfg=cfg) for r in range(ranks)]
-        batches: list[dict[str, Any]] = []
+        n, spent = 0, 0.0
 
-        async def replay() -> None:
+        async def run() -> None:
+            nonlocal n, spent
             t = 0.0
             for _ in range(int(seconds * cfg["step_hz"])):
                 t += 1.0 / cfg["step_hz"]
                 for sim in sims:
                     batch, _ = sim.advance(t, time.time())
-                    if batch is not None:
-                        batches.append(batch)
-                        sim.take(await sup.report(batch))
+                    if batch is None:
+                        continue
+                    n += 1
+                    start = time.perf_counter()
+                    if prof is not None:
+                        prof.enable()
+                    reply = await sup.report(batch)
+                    if prof is not None:
+                        prof.disable()
+                    spent += time.perf_counter() - start
+                    sim.take(reply)
 
-        prof = cProfile.Profile()
-        start = time.perf_counter()
-        prof.enable()
-        asyncio.run(replay())
-        prof.disable()
-        total = time.perf_counter() - start
-        stats = pstats.Stats(prof)
-        n = len(batches)
-        print(f"\nprofile: {ranks} ranks, {seconds:.0f} simulated s, {n} batches in {total:.2f} s "
-              f"(profiled; includes the simulation): {n / total:.0f} batches/s")  # fmt: skip
-        by_name: dict[str, float] = {}
-        for (file, _line, name), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-            key = f"{Path(file).stem}.{name}"
-            by_name[key] = max(by_name.get(key, 0.0), ct)
-        stages = ["actor.report", "rank_slots.accept", "feed.observe", "metrics.observe",
-                  "metrics._checkpoint_age", "control.ingest", "report_validation.validate_batch",
-                  "control._metrics", "rundir.metrics_many", "rundir.anomaly", "rundir.decision",
-                  "control._check_stragglers", "straggler.find_stragglers", "_engine.decide",
-                  "control.commands_for", "feed.decisions", "metrics.decisions", "hang_watch.beat",
-                  "metrics.set", "metrics.inc"]  # fmt: skip
-        print(f"  {'stage':<34}{'us/batch':>10}{'share':>8}")
-        base = by_name.get("actor.report", total)
-        for stage in stages:
-            if stage in by_name:
-                ct = by_name[stage]
-                print(f"  {stage:<34}{ct / n * 1e6:>10.1f}{ct / base:>8.1%}")
-        stats.sort_stats("tottime").print_stats(12)
+        asyncio.run(run())
+        return n, spent
+
+
+def profile(ranks: int, seconds: float, cfg: dict[str, float]) -> None:
+    """Replay `seconds` of `ranks` ranks' traffic into the supervisor's class in-process, profiled."""
+    n, plain = replay(ranks, seconds, cfg, None)
+    print(f"\nin-process, {ranks} ranks, {seconds:.0f} simulated s: {n} batches, "
+          f"{plain / n * 1e6:.0f} us per batch in report() ({n / plain:.0f} batches/s of one core)")  # fmt: skip
+    prof = cProfile.Profile()
+    n, total = replay(ranks, seconds, cfg, prof)
+    stats = pstats.Stats(prof)
+    print(f"profiled: {total / n * 1e6:.0f} us per batch; by stage (cumulative, profiled):")
+    by_name: dict[str, float] = {}
+    for (file, _line, name), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        key = f"{Path(file).stem}.{name}"
+        by_name[key] = max(by_name.get(key, 0.0), ct)
+    stages = ["actor.report", "rank_slots.accept", "feed.observe", "metrics.observe",
+              "metrics._checkpoint_age", "control.ingest", "report_validation.validate_batch",
+              "control._metrics", "rundir.metrics_many", "rundir.anomaly", "rundir.decision",
+              "control._check_stragglers", "straggler.find_stragglers", "_engine.decide",
+              "control.commands_for", "feed.decisions", "metrics.decisions", "hang_watch.beat",
+              "metrics.set", "metrics.inc"]  # fmt: skip
+    print(f"  {'stage':<34}{'us/batch':>10}{'share':>8}")
+    base = by_name.get("actor.report", total)
+    for stage in stages:
+        if stage in by_name:
+            ct = by_name[stage]
+            print(f"  {stage:<34}{ct / n * 1e6:>10.1f}{ct / base:>8.1%}")
+    stats.sort_stats("tottime").print_stats(12)
 
 
 def main() -> None:
@@ -455,11 +479,12 @@ def main() -> None:
             ok, bad = (nxt, bad) if row["keeps_up"] else (ok, nxt)
             nxt = ok * 2 if not bad else (ok + bad) // 2
     print(f"\n{'ranks':>6}{'batches/s':>11}{'events/s':>10}{'rtt p99 ms':>12}{'decision p50':>14}"
-          f"{'p99 ms':>8}{'all ranks p99':>15}{'growing':>9}{'keeps up':>10}")  # fmt: skip
+          f"{'p99 ms':>8}{'all ranks p99':>15}{'growing':>9}{'keeps up':>10}{'load avg':>10}")  # fmt: skip
     for r in sorted(rows, key=lambda r: r["ranks"]):
         print(f"{r['ranks']:>6}{r['batches_s']:>11.0f}{r['events_s']:>10.1f}{r['rtt_p99'] * 1e3:>12.1f}"
               f"{r['decision_p50'] * 1e3:>14.1f}{r['decision_p99'] * 1e3:>8.1f}"
-              f"{r['fanout_p99'] * 1e3:>15.0f}{r['growing']!s:>9}{r['keeps_up']!s:>10}")  # fmt: skip
+              f"{r['fanout_p99'] * 1e3:>15.0f}{r['growing']!s:>9}{r['keeps_up']!s:>10}"
+              f"{r['load_average']:>10.1f}")  # fmt: skip
     kept = [r["ranks"] for r in rows if r["keeps_up"]]
     print(f"largest rank count kept up with: {max(kept) if kept else 'none'} (of those run)")
 

@@ -175,12 +175,17 @@ DISPLAY = st.fixed_dictionaries(
 
 
 @st.composite
-def hostile(draw: st.DrawFn, step: int) -> tuple[Any, str, int]:
-    """(batch, the family of rejection it must add to, by how much) near rank 0's `step`."""
+def hostile(draw: st.DrawFn, step: int, token: str) -> tuple[Any, str, int]:
+    """(batch, the family of rejection it must add to, by how much) near rank 0's `step`.
+
+    Every mapping carries the run's own `token` but for the `token` family: each is
+    refused for its own defect, not for lacking the token.
+    """
     family = draw(
         st.sampled_from(["not_mapping", "header", "token", "stale", "duplicate", "ahead", "items"])
     )
     plausible = {
+        "token": token,
         "rank": 0,
         "step": step,
         "tick": step,
@@ -215,7 +220,8 @@ def hostile(draw: st.DrawFn, step: int) -> tuple[Any, str, int]:
     events = draw(st.lists(bad_event(), max_size=4))
     metrics = draw(st.lists(bad_metrics(), max_size=4))
     outcomes = draw(st.lists(BAD_OUTCOME, max_size=3))
-    batch = {"rank": 0, "step": step, "events": events, "metrics": metrics, "outcomes": outcomes}
+    batch = {"token": token, "rank": 0, "step": step, "events": events, "metrics": metrics,
+             "outcomes": outcomes}  # fmt: skip
     return {**batch, **draw(DISPLAY)}, "items", len(events) + len(metrics) + len(outcomes)
 
 
@@ -294,7 +300,7 @@ def test_live_supervisor_survives_fuzzed_batches(ray_cluster: None, tmp_path: Pa
     @given(st.data())
     def fuzz(data: st.DataObject) -> None:
         nonlocal cursor
-        batch, family, count = data.draw(hostile(step))
+        batch, family, count = data.draw(hostile(step, spec.token))
         reply = ray.get(actor.report.remote(batch))  # type: ignore[attr-defined]
         assert isinstance(reply, list)
         if family != "items":  # refused whole: no commands for it
