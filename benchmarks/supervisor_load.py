@@ -456,7 +456,7 @@ def main() -> None:
     p.add_argument("--step-hz", type=float, default=10.0)
     p.add_argument("--heartbeat-s", type=float, default=0.5)  # GuardConfig.heartbeat_s
     p.add_argument("--event-every", type=float, default=120.0, help="seconds per rank per event")
-    p.add_argument("--match-share", type=float, default=0.25, help="events a rule answers")
+    p.add_argument("--match-share", type=float, default=0.5, help="events a rule answers")
     p.add_argument("--search", action="store_true", help="then find the largest count kept up with")
     p.add_argument("--actor-profile", action="store_true", help="cProfile the actor's loop")
     p.add_argument("--profile", type=int, default=0, help="profile N ranks in-process instead")
