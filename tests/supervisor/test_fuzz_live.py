@@ -14,6 +14,7 @@ to its end exactly as without them: the NaN's rollback applied once.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import Counter
@@ -331,3 +332,26 @@ def test_live_supervisor_survives_fuzzed_batches(ray_cluster: None, tmp_path: Pa
     anomalies = read_jsonl(tmp_path / "run" / "anomalies.jsonl")
     assert NAN_AT in [a["step"] for a in anomalies if a["kind"] == "nonfinite_loss"]
     assert all(a["rank"] == 0 and a["step"] <= 100 and a["tick"] <= 200 for a in anomalies)
+
+
+def test_what_the_controller_refuses_moves_no_watcher(ray_cluster: None, tmp_path: Path) -> None:
+    """A batch refused for its tick (10**12) and items refused for their rank move neither
+    the hang watch nor the display's numbers; the valid batch before them does."""
+    policy = tmp_path / "nan.yaml"
+    policy.write_text(POLICY)
+    spec = RunSpec(target=TARGET, policy=str(policy), run_dir=str(tmp_path / "run"), workers=2)
+    sup = SupervisorActor.__ray_actor_class__(spec.to_dict())  # type: ignore[attr-defined]
+
+    def send(rank: int, tick: int, **record: Any) -> None:
+        metrics = [{"step": 6, "tick": 6, "rank": 0, **record}]
+        asyncio.run(sup.report({"rank": rank, "step": 6, "tick": tick, "metrics": metrics}))
+
+    send(0, 6, loss=2.0, step_time_s=0.1)
+    send(0, 10**12, loss=1e6, step_time_s=99.0)  # refused whole: tick too far ahead
+    send(1, 6, loss=1e6, step_time_s=99.0)  # its record is about rank 0: refused
+    assert sup.watch._ranks[0].tick == 6
+    assert sup.watch.p99(0) == 0.1 and sup.watch.p99(1) == 0.0
+    assert sup.feed.last_metrics == {0: {"step": 6, "tick": 6, "rank": 0, "loss": 2.0,
+                                         "step_time_s": 0.1}}  # fmt: skip
+    assert sup.controller.rejected == {"batch_tick_too_far_ahead": 1, "metrics_invalid": 1}
+    sup.run_dir.close()
