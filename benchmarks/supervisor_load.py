@@ -43,6 +43,7 @@ import io
 import os
 import pstats
 import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -149,7 +150,8 @@ class Sender:
     """Simulates a set of ranks on one event loop; measures what their reports cost."""
 
     async def run(self, supervisor: Any, ranks: list[int], seconds: float,
-                  cfg: dict[str, float], token: str) -> dict[str, Any]:  # fmt: skip
+                  cfg: dict[str, float], token: str, pids: list[int]) -> dict[str, Any]:  # fmt: skip
+        """Simulate `ranks` for `seconds`; the CPU of `pids` (and the machine) over that time."""
         sims = [SimRank(r, token=token, seed=r, cfg=cfg) for r in ranks]
         buckets = max(1, round(1.0 / (cfg["step_hz"] * 0.01)))  # 10 ms per bucket
         groups = [sims[i::buckets] for i in range(buckets)]
@@ -159,6 +161,7 @@ class Sender:
         self.receipts: dict[str, list[float]] = {}  # command id -> [first, last, ranks]
         self.pending = 0
         self.t0 = t0 = time.monotonic()
+        cpu0 = [cpu_s(pid) for pid in pids] + [cpu_s()]
         steps = late = 0
         k = 0
         tasks = set()
@@ -180,10 +183,12 @@ class Sender:
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
             k += 1
+        cpu = [cpu_s(pid) - c for pid, c in zip(pids, cpu0, strict=False)]
+        cpu = [c / (time.monotonic() - t0) for c in [*cpu, cpu_s() - cpu0[-1]]]
         if tasks:
             await asyncio.wait(tasks, timeout=30)
         return {
-            "steps": steps, "seconds": time.monotonic() - t0, "max_late_s": late,
+            "steps": steps, "seconds": time.monotonic() - t0, "max_late_s": late, "cpu": cpu,
             "windows": self.windows, "decision_s": self.decision_s, "unanswered": self.unanswered,
             "receipts": self.receipts, "pending": self.pending,
             "events": sum(w["events"] for w in self.windows.values()),
@@ -281,9 +286,9 @@ def level(ranks: int, args: argparse.Namespace, cfg: dict[str, float]) -> dict[s
         pids = [_pid(a) for a in (sup, *senders)]
         if args.actor_profile:
             ray.get(sup.__ray_call__.remote(_profile_on))
-        cpu0 = [cpu_s(pid) for pid in pids] + [cpu_s()]
-        t0 = time.monotonic()
-        refs = [s.run.remote(sup, list(range(i, ranks, n)), args.seconds, cfg, token)
+        # The first sender measures every process's CPU over its sending time.
+        refs = [s.run.remote(sup, list(range(i, ranks, n)), args.seconds, cfg, token,
+                             pids if i == 0 else [])
                 for i, s in enumerate(senders)]  # fmt: skip
         cursor, polls, poll_s = 0, 0, []
         while True:
@@ -295,9 +300,7 @@ def level(ranks: int, args: argparse.Namespace, cfg: dict[str, float]) -> dict[s
             poll_s.append(time.monotonic() - t)
             polls += 1
         results = ray.get(refs)
-        elapsed = time.monotonic() - t0
-        cpu = [(cpu_s(pid) - c) / elapsed for pid, c in zip(pids, cpu0, strict=False)]
-        cpu.append((cpu_s() - cpu0[-1]) / elapsed)
+        cpu = results[0]["cpu"]
         status = ray.get(sup.status.remote())
         if args.actor_profile:
             print(ray.get(sup.__ray_call__.remote(_profile_off)))
@@ -362,7 +365,7 @@ def level(ranks: int, args: argparse.Namespace, cfg: dict[str, float]) -> dict[s
         "load_average": os.getloadavg()[0],
         "rejected": status["rejected"],
         "display_poll_p99": pct(poll_s, 0.99),
-        "cpu_supervisor": cpu[0],
+        "cpu_per_batch": cpu[0] * args.seconds / max(answered, 1),
     }
     figures["keeps_up"] = bool(
         figures["offered_share"] >= 0.95
@@ -375,8 +378,9 @@ def level(ranks: int, args: argparse.Namespace, cfg: dict[str, float]) -> dict[s
           f"({len(decision)} decisions, {figures['no_command']} events without a command); "
           f"every rank holds it after p50 {figures['fanout_p50'] * 1e3:.0f} ms, "
           f"p99 {figures['fanout_p99'] * 1e3:.0f} ms")  # fmt: skip
-    print(f"  CPU (cores busy): supervisor {cpu[0]:.2f} ({cpu[0] * elapsed / max(answered, 1) * 1e6:.0f} us "
-          f"per batch), senders {sum(cpu[1:-1]):.2f}, whole machine {cpu[-1]:.2f} of {os.cpu_count()} "
+    print(f"  CPU while sending (cores busy): supervisor {cpu[0]:.2f} "
+          f"({figures['cpu_per_batch'] * 1e6:.0f} us per batch), senders {sum(cpu[1:-1]):.2f}, "
+          f"whole machine {cpu[-1]:.2f} of {os.cpu_count()} "
           f"(load average {os.getloadavg()[0]:.1f})")  # fmt: skip
     print(f"  display poll p99 {figures['display_poll_p99'] * 1e3:.1f} ms; lag growing: {growing}; "
           f"rejected: {status['rejected'] or 'none'}; keeps up: {figures['keeps_up']}")  # fmt: skip
@@ -487,6 +491,15 @@ def main() -> None:
               f"{r['load_average']:>10.1f}")  # fmt: skip
     kept = [r["ranks"] for r in rows if r["keeps_up"]]
     print(f"largest rank count kept up with: {max(kept) if kept else 'none'} (of those run)")
+    # What limits one supervisor: its own CPU per report (Ray's share and remedy's together).
+    busy = [r for r in rows if r["keeps_up"] and r["batches_s"] > 100]
+    if busy:
+        per_batch = statistics.median(r["cpu_per_batch"] for r in busy)
+        per_rank = statistics.median(r["batches_s"] / r["ranks"] for r in busy)
+        print(f"limit: the supervisor's process spends {per_batch * 1e6:.0f} us of CPU per report "
+              f"(Ray's call handling plus remedy's ingest; --profile N gives remedy's part): one "
+              f"core answers ~{1 / per_batch:.0f} batches/s, ~{1 / per_batch / per_rank:.0f} ranks "
+              f"at {per_rank:.2f} batches per rank per second")  # fmt: skip
 
 
 if __name__ == "__main__":
