@@ -4,7 +4,11 @@ A slot outlives the processes that fill it. Replacing a rank bumps its
 incarnation; reports carry (rank, incarnation, seq), and a report from an
 incarnation that is no longer the slot's (a message in flight from a
 process that was killed) is refused and counted, so a dead process can
-neither move the hang watch nor answer commands. A sequence number further
+neither move the hang watch nor answer commands. Ray runs an async actor's
+calls in no guaranteed order, so a batch may arrive after a later one of its
+rank: a number is a duplicate when it was seen, not when it is below the
+highest (numbers within `SEQ_WINDOW` of the highest are remembered; older
+ones are refused). A sequence number further
 ahead of the slot's last than its process could have sent is refused too:
 accepted, it would make every real report after it a duplicate. Refusals
 are counted by reason in the `rejected` counter given (the Controller's, so
@@ -18,13 +22,16 @@ import enum
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # How far a batch sequence number may run ahead of the slot's last accepted one:
 # at once, and per second since (a Guard sends a few batches a step at most).
 MAX_SEQ_AHEAD = 10_000
 SEQ_AHEAD_PER_S = 10_000
+# Batch numbers remembered below the highest seen: a rank has at most
+# `reporter.MAX_IN_FLIGHT` (64) batches in flight, so none arrives later than that.
+SEQ_WINDOW = 1024
 
 
 class SlotState(enum.StrEnum):
@@ -42,6 +49,10 @@ class Slot:
     last_seq: int = 0
     pid: int | None = None
     last_at: float = 0.0  # when `last_seq` was accepted or the slot opened (this process's clock)
+    seen: set[int] = field(default_factory=set)  # accepted numbers above last_seq - SEQ_WINDOW
+    # Numbers up to here count as seen: a slot rebuilt from its record (which keeps
+    # `last_seq`, not `seen`) sets it to `last_seq`, so nothing is taken twice.
+    floor: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,19 +94,29 @@ class RankSlots:
             self.refused_stale += 1
             self.rejected["batch_stale_incarnation"] += 1
             return False
-        if type(seq) is int:
-            if seq <= slot.last_seq:
-                self.refused_duplicate += 1
-                self.rejected["batch_duplicate_seq"] += 1
-                return False
+        if type(seq) is int and not self._take_seq(slot, seq):
+            return False
+        if slot.state is SlotState.STARTING:
+            slot.state = SlotState.RUNNING
+        return True
+
+    def _take_seq(self, slot: Slot, seq: int) -> bool:
+        """Accept `seq` for `slot` unless seen, too old to tell, or absurdly far ahead."""
+        if seq <= max(slot.last_seq - SEQ_WINDOW, slot.floor, 0) or seq in slot.seen:
+            self.refused_duplicate += 1
+            self.rejected["batch_duplicate_seq"] += 1
+            return False
+        if seq > slot.last_seq:
             now = self._clock()
             slack = MAX_SEQ_AHEAD + int(max(now - slot.last_at, 0.0) * SEQ_AHEAD_PER_S)
             if seq > slot.last_seq + slack:
                 self.rejected["batch_seq_too_far_ahead"] += 1
                 return False
             slot.last_seq, slot.last_at = seq, now
-        if slot.state is SlotState.STARTING:
-            slot.state = SlotState.RUNNING
+        slot.seen.add(seq)
+        if len(slot.seen) > 2 * SEQ_WINDOW:
+            floor = slot.last_seq - SEQ_WINDOW
+            slot.seen = {s for s in slot.seen if s > floor}
         return True
 
     def lose(self, rank: int) -> None:
@@ -107,7 +128,8 @@ class RankSlots:
         slot = self.slots[rank]
         slot.incarnation += 1
         slot.state = SlotState.STARTING
-        slot.last_seq = 0
+        slot.last_seq = slot.floor = 0
+        slot.seen = set()
         slot.last_at = self._clock()
         slot.pid = None
         return slot.incarnation

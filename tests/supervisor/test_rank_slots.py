@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from remedy.supervisor.rank_slots import MAX_SEQ_AHEAD, SEQ_AHEAD_PER_S, RankSlots, SlotState
+from remedy.supervisor.rank_slots import (
+    MAX_SEQ_AHEAD,
+    SEQ_AHEAD_PER_S,
+    SEQ_WINDOW,
+    RankSlots,
+    SlotState,
+)
 
 
 def test_reports_of_a_replaced_incarnation_are_refused_and_counted() -> None:
@@ -73,3 +79,30 @@ def test_a_bool_is_not_a_rank_incarnation_or_seq() -> None:
     assert slots.accept(1, True, True)
     assert slots.slots[1].last_seq == 0
     assert slots.accept(1, 1, 1)
+
+
+def test_a_batch_overtaken_by_a_later_one_still_counts_once() -> None:
+    """Ray may run an async actor's calls out of order: seq 2 after seq 3 is accepted, a second
+    seq 2 is a duplicate, and a number older than the window is refused."""
+    slots = RankSlots(1)
+    assert slots.accept(0, 1, 1)
+    assert slots.accept(0, 1, 3)
+    assert slots.accept(0, 1, 2)
+    assert not slots.accept(0, 1, 2)
+    assert not slots.accept(0, 1, 3)
+    for seq in range(4, 4 + 3 * SEQ_WINDOW):
+        assert slots.accept(0, 1, seq)
+    assert len(slots.slots[0].seen) <= 2 * SEQ_WINDOW + 1
+    top = slots.slots[0].last_seq
+    assert not slots.accept(0, 1, top - SEQ_WINDOW)
+    assert slots.refused_duplicate == 3
+
+
+def test_a_slot_rebuilt_from_its_record_takes_nothing_twice() -> None:
+    """With `floor` set to the recorded last_seq, a late batch below it is a duplicate."""
+    slots = RankSlots(1)
+    slot = slots.slots[0]
+    slot.last_seq = slot.floor = 40  # as a restarted supervisor restores it
+    assert not slots.accept(0, 1, 39)
+    assert slots.accept(0, 1, 42)
+    assert slots.accept(0, 1, 41)
