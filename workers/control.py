@@ -200,7 +200,7 @@ class Controller:
 
     @property
     def rejected_batches(self) -> int:
-        """Whole batches refused for a bad header (rank, step, tick)."""
+        """Whole batches refused: a bad header (rank, step, tick), or by their rank's slot."""
         return sum(n for reason, n in self.rejected.items() if reason.startswith("batch_"))
 
     def commands_for(self, rank: int) -> list[dict[str, Any]]:
