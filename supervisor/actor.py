@@ -138,7 +138,7 @@ class SupervisorActor:
         process) is refused and counted. Displays, dashboards and the hang
         watch see only what the controller accepted of a batch.
         """
-        # >>> stand-in for the token check of shape.md (cli's `_authorized` replaces it):
+        # >>> minimal token check until the supervisor's `_authorized` lands:
         # a batch stamped with another run's token is refused and counted.
         if (
             isinstance(batch, dict)
@@ -150,7 +150,7 @@ class SupervisorActor:
         ):
             self.controller.rejected["token"] += 1
             return []
-        # <<< end of stand-in
+        # <<< end of the minimal token check
         if isinstance(batch, dict) and not self.slots.accept(
             batch.get("rank"), batch.get("incarnation"), batch.get("seq")
         ):

@@ -34,7 +34,7 @@ class RunSpec:
     spares: int | None = None
     hang_watch: dict[str, float] = field(default_factory=dict)
     max_targeted_restarts: int = 3
-    # >>> stand-in for cli's RunSpec.token (shape.md): the run's secret, 32 hex characters.
+    # >>> minimal run token until the CLI's own lands: the run's secret, 32 hex characters.
     token: str = field(default_factory=lambda: secrets.token_hex(16))
 
     def __post_init__(self) -> None:
