@@ -122,7 +122,7 @@ class SupervisorActor:
         )
         # Multi-rank lifecycle: slots with incarnations, the job's state machine,
         # the rendezvous store, the hang watch, and targeted restarts.
-        self.slots = RankSlots(self.spec.workers)
+        self.slots = RankSlots(self.spec.workers, rejected=self.controller.rejected)
         self.job = JobStateMachine(
             journal=self.run_dir.wal, max_targeted=self.spec.max_targeted_restarts
         )
@@ -309,7 +309,9 @@ class SupervisorActor:
         """A rank's report batch in; the commands that rank still owes out.
 
         A batch without the run's token, or from a replaced incarnation (still
-        in flight from a killed process), is refused and counted.
+        in flight from a killed process), is refused and counted. Displays,
+        dashboards and the hang watch see only what the controller accepted of a
+        batch.
         """
         if not self._authorized(batch.pop("token", None) if isinstance(batch, dict) else None,
                                 "report"):  # fmt: skip
@@ -323,20 +325,21 @@ class SupervisorActor:
                 # so answer again with what the rank still owes.
                 return self.controller.commands_for(batch["rank"])
             return []
-        self.feed.observe(batch)
-        self.metrics.observe(batch)
         commands = self.controller.ingest(batch)
+        report = self.controller.last_report
+        if report is not None:
+            valid = report.as_batch()
+            self.feed.observe(valid)
+            self.metrics.observe(valid)
+            times = [
+                m["step_time_s"]
+                for m in report.metrics
+                if isinstance(m.get("step_time_s"), int | float)
+                and not isinstance(m["step_time_s"], bool)
+            ]
+            self.watch.beat(report.rank, report.tick, time.monotonic(), times)
         self.feed.decisions(self.controller.decisions)
         self.metrics.decisions(self.controller.decisions)
-        if isinstance(batch, dict):
-            rank, tick = batch.get("rank"), batch.get("tick")
-            if rank in self.slots.slots and type(tick) is int:
-                times = [
-                    m["step_time_s"]
-                    for m in batch.get("metrics") or []
-                    if isinstance(m, dict) and isinstance(m.get("step_time_s"), int | float)
-                ]
-                self.watch.beat(rank, tick, time.monotonic(), times)
         self._keep_state()  # before the reply: no rank holds a command the journal lacks
         return commands
 

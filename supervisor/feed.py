@@ -13,6 +13,7 @@ snapshot. Events are plain dicts with an `event` key:
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -23,6 +24,11 @@ KEEP = 5000
 # A rank that has not reported for this long is shown as quiet, not training.
 QUIET_AFTER_S = 10.0
 RATE_WINDOW_S = 20.0
+
+
+def _count(value: Any) -> bool:
+    """A step count a float holds exactly (not a bool)."""
+    return type(value) is int and 0 <= value < 2**53
 
 
 class Feed:
@@ -41,49 +47,56 @@ class Feed:
         self.rank_state: dict[int, str] = {}
         self._ticks: deque[tuple[float, int]] = deque()  # (time, rank 0's tick)
 
-    def _add(self, event: dict[str, Any]) -> None:
+    def _add(self, kind: str, event: dict[str, Any]) -> None:
         # Output lines carry the time the rank printed them and anomalies the time
         # they were seen; the rest is stamped on arrival (see `since`).
         ts = event.get("ts")
-        self._events.append(
-            {"seq": self._next, **event, "ts": ts if isinstance(ts, float) else self._clock()}
-        )
+        if not isinstance(ts, float) or not math.isfinite(ts):
+            ts = self._clock()
+        record = {"seq": self._next, "event": kind, **event}
+        # Set again after the fields: an event's own keys never replace its kind or number.
+        record.update(seq=self._next, event=kind, ts=ts)
+        self._events.append(record)
         self._next += 1
 
     # ------------------------------------------------------------ inputs
     def observe(self, batch: Any) -> None:
-        """Note one report batch (before the controller sees it; never raises on bad input)."""
-        if not isinstance(batch, dict) or not isinstance(batch.get("rank"), int):
+        """Note the valid parts of one report batch (`Report.as_batch()`; never raises).
+
+        The supervisor hands over what the controller accepted: raw input could
+        show a display another rank's numbers, or a step total no float can hold.
+        """
+        rank = batch.get("rank") if isinstance(batch, dict) else None
+        if type(rank) is not int or not 0 <= rank < self.world_size:
             return
-        rank = batch["rank"]
         now = self._clock()
         self.last_seen[rank] = now
         self.rank_state.setdefault(rank, "training")
-        if isinstance(batch.get("max_steps"), int):
+        if _count(batch.get("max_steps")):
             self.total = batch["max_steps"]
-        if isinstance(batch.get("batch_size"), int):
+        if _count(batch.get("batch_size")):
             self.batch_size = batch["batch_size"]
         metrics = batch.get("metrics")
         if isinstance(metrics, list) and metrics and isinstance(metrics[-1], dict):
             self.last_metrics[rank] = metrics[-1]
-        if rank == 0 and isinstance(batch.get("tick"), int):
+        if rank == 0 and _count(batch.get("tick")):
             self._ticks.append((now, batch["tick"]))
             while self._ticks and now - self._ticks[0][0] > RATE_WINDOW_S:
                 self._ticks.popleft()
         for ev in batch.get("events") or []:
             if isinstance(ev, dict):
-                self._add({"event": "anomaly", **ev})
+                self._add("anomaly", ev)
 
     def output(self, lines: Any) -> None:
         """Lines a rank printed (see `remedy.supervisor.output`)."""
         for item in lines if isinstance(lines, list) else []:
             if isinstance(item, dict):
-                self._add({"event": "output", **item})
+                self._add("output", item)
 
     def decisions(self, journaled: list[dict[str, Any]]) -> None:
         """Take the decisions journaled since the last call (the controller's list only grows)."""
         for record in journaled[self._decisions_seen :]:
-            self._add({"event": "decision", **record})
+            self._add("decision", record)
         self._decisions_seen = len(journaled)
 
     def set_rank_state(self, rank: int, state: str) -> None:

@@ -4,18 +4,36 @@ A slot outlives the processes that fill it. Replacing a rank bumps its
 incarnation; reports carry (rank, incarnation, seq), and a report from an
 incarnation that is no longer the slot's (a message in flight from a
 process that was killed) is refused and counted, so a dead process can
-neither move the hang watch nor answer commands. `records()` are plain
-dicts a supervisor could rebuild the slots from.
+neither move the hang watch nor answer commands. Ray runs an async actor's
+calls in no guaranteed order, so a batch may arrive after a later one of its
+rank: a number is a duplicate when it was seen, not when it is below the
+highest: the numbers skipped below the highest (`Slot.gaps`, within
+`SEQ_WINDOW` of it; older ones are refused) are still taken once each, so
+the calls Ray retries after a supervisor restart count once, in any order.
+A sequence number further
+ahead of the slot's last than its process could have sent is refused too:
+accepted, it would make every real report after it a duplicate. Refusals
+are counted by reason in the `rejected` counter given (the Controller's, so
+they reach `summary.json`). `records()` are plain dicts a restarted
+supervisor rebuilds the slots from (`from_records`).
 """
 
 from __future__ import annotations
 
 import enum
+import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# Out-of-order batches remembered per slot before a missing one is given up on.
-MAX_GAP = 1024
+# How far a batch sequence number may run ahead of the slot's last accepted one:
+# at once, and per second since (a Guard sends a few batches a step at most).
+MAX_SEQ_AHEAD = 10_000
+SEQ_AHEAD_PER_S = 10_000
+# How far below the highest number seen a skipped one is still awaited: a rank
+# has a few dozen batches in flight at most, so none arrives later than that.
+SEQ_WINDOW = 1024
 
 
 class SlotState(enum.StrEnum):
@@ -30,23 +48,12 @@ class Slot:
     rank: int
     incarnation: int = 1
     state: SlotState = SlotState.STARTING
-    last_seq: int = 0  # every batch up to this one has been seen
+    last_seq: int = 0  # the highest batch number taken
     pid: int | None = None
-    # Batches seen past `last_seq`: after a supervisor restart Ray retries the calls
-    # that were in flight, not necessarily in order, so a gap may fill later.
-    seen: set[int] = field(default_factory=set)
-
-    def take(self, seq: int) -> bool:
-        """Mark batch `seq` seen; False if it was already."""
-        if seq <= self.last_seq or seq in self.seen:
-            return False
-        self.seen.add(seq)
-        if len(self.seen) > MAX_GAP:  # a batch that never comes: give up waiting for it
-            self.last_seq = min(self.seen) - 1
-        while self.last_seq + 1 in self.seen:
-            self.last_seq += 1
-            self.seen.discard(self.last_seq)
-        return True
+    last_at: float = 0.0  # when `last_seq` was accepted or the slot opened (this process's clock)
+    # Numbers below `last_seq` not taken yet (within SEQ_WINDOW of it): every
+    # other number up to `last_seq` was taken. Empty while batches come in order.
+    gaps: set[int] = field(default_factory=set)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,7 +61,7 @@ class Slot:
             "incarnation": self.incarnation,
             "state": self.state.value,
             "last_seq": self.last_seq,
-            "seen": sorted(self.seen),
+            "gaps": sorted(self.gaps),
             "pid": self.pid,
         }
 
@@ -62,8 +69,16 @@ class Slot:
 class RankSlots:
     """The job's slots; decides which reports count."""
 
-    def __init__(self, world_size: int) -> None:
-        self.slots = {rank: Slot(rank) for rank in range(world_size)}
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        rejected: Counter[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self.slots = {rank: Slot(rank, last_at=clock()) for rank in range(world_size)}
+        self.rejected: Counter[str] = Counter() if rejected is None else rejected
         self.refused_stale = 0  # reports from a replaced incarnation
         self.refused_duplicate = 0  # a batch sequence number seen already
 
@@ -79,7 +94,8 @@ class RankSlots:
                 SlotState(r["state"]),
                 int(r["last_seq"]),
                 r.get("pid"),
-                {int(q) for q in r.get("seen", [])},
+                slots._clock(),
+                {int(q) for q in r.get("gaps", [])},
             )
         return slots
 
@@ -89,17 +105,38 @@ class RankSlots:
         Reports without an incarnation (a single-process Guard, an old client)
         are accepted: there is nothing to compare.
         """
-        slot = self.slots.get(rank) if isinstance(rank, int) else None
-        if slot is None or not isinstance(incarnation, int):
+        # `type(...) is int`: True would name slot 1, and a batch's header is untrusted.
+        slot = self.slots.get(rank) if type(rank) is int else None
+        if slot is None or type(incarnation) is not int:
             return True
         if incarnation != slot.incarnation or slot.state is SlotState.LOST:
             self.refused_stale += 1
+            self.rejected["batch_stale_incarnation"] += 1
             return False
-        if isinstance(seq, int) and not slot.take(seq):
-            self.refused_duplicate += 1
+        if type(seq) is int and not self._take_seq(slot, seq):
             return False
         if slot.state is SlotState.STARTING:
             slot.state = SlotState.RUNNING
+        return True
+
+    def _take_seq(self, slot: Slot, seq: int) -> bool:
+        """Accept `seq` for `slot` unless taken, too old to tell, or absurdly far ahead."""
+        if seq in slot.gaps:
+            slot.gaps.discard(seq)
+            return True
+        if seq <= slot.last_seq:
+            self.refused_duplicate += 1
+            self.rejected["batch_duplicate_seq"] += 1
+            return False
+        now = self._clock()
+        slack = MAX_SEQ_AHEAD + int(max(now - slot.last_at, 0.0) * SEQ_AHEAD_PER_S)
+        if seq > slot.last_seq + slack:
+            self.rejected["batch_seq_too_far_ahead"] += 1
+            return False
+        slot.gaps.update(range(max(slot.last_seq + 1, seq - SEQ_WINDOW), seq))
+        slot.last_seq, slot.last_at = seq, now
+        if slot.gaps and min(slot.gaps) <= seq - SEQ_WINDOW:
+            slot.gaps = {q for q in slot.gaps if q > seq - SEQ_WINDOW}
         return True
 
     def lose(self, rank: int) -> None:
@@ -112,7 +149,8 @@ class RankSlots:
         slot.incarnation += 1
         slot.state = SlotState.STARTING
         slot.last_seq = 0
-        slot.seen.clear()
+        slot.gaps = set()
+        slot.last_at = self._clock()
         slot.pid = None
         return slot.incarnation
 

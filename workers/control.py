@@ -35,7 +35,7 @@ from remedy.policies import (
 from remedy.workers import control_state
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.detectors.straggler import StragglerWatch
-from remedy.workers.report_validation import Limits, RankMark, validate_batch
+from remedy.workers.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.control")
@@ -73,6 +73,12 @@ class _Pending:
     # Lost ranks no longer awaited: their replacements still receive the
     # command (and apply it unless the adopted state has it done already).
     dropped: set[int] = field(default_factory=set)
+    # The command as it goes out, built once: every report of every target gets it
+    # until that rank answers (asdict deep-copies on each call).
+    wire: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.wire = self.command.to_dict()
 
 
 class Controller:
@@ -115,6 +121,7 @@ class Controller:
         self._logged: dict[str, int] = {}  # the count of each reason when last logged
         self._marks: dict[int, RankMark] = {}  # each rank's last accepted report
         self._tick_counts: dict[int, dict[int, int]] = {}  # events accepted per rank and tick
+        self.last_report: Report | None = None  # the valid parts of the last batch ingested
         self._clock = clock
         self._started = clock()
         self.anomaly_counts: Counter[str] = Counter()
@@ -135,6 +142,7 @@ class Controller:
             straggler = StragglerWatch() if world_size > 1 else None
         self.straggler = straggler
         self._times: dict[int, _RankTimes] = {}
+        self._newest_steps: Counter[int] = Counter()  # ranks at each `_RankTimes.step`
         self._times_len = max(straggler.window, straggler.min_samples) if straggler else 0
         self._new_times = False  # samples arrived since the last check
         self._checked_step: int | None = None  # the newest step at the last check
@@ -155,13 +163,17 @@ class Controller:
             batch,
             world_size=self.world_size,
             last=last,
-            origin=RankMark(max(self.step_of.values(), default=0), 0, self._started),
+            # Only a rank's first report is measured from the origin (a max over every rank).
+            origin=RankMark(max(self.step_of.values(), default=0), 0, self._started)
+            if last is None
+            else None,
             now=now,
             limits=self.limits,
             rejected=self.rejected,
             tick_counts=self._tick_counts.get(key) if last is not None else None,
         )
         self._log_rejections()
+        self.last_report = report
         if report is None:
             return []
         rank = report.rank
@@ -172,6 +184,8 @@ class Controller:
         self.tick_of[rank] = report.tick
         for record in report.metrics:
             self._metrics(rank, record)
+        if self.run_dir is not None:
+            self.run_dir.metrics_many(report.metrics)
         for outcome in report.outcomes:
             self._outcome(outcome)
         for ev in report.events:
@@ -198,12 +212,12 @@ class Controller:
 
     @property
     def rejected_batches(self) -> int:
-        """Whole batches refused for a bad header (rank, step, tick)."""
+        """Whole batches refused: a bad header (rank, step, tick), or by their rank's slot."""
         return sum(n for reason, n in self.rejected.items() if reason.startswith("batch_"))
 
     def commands_for(self, rank: int) -> list[dict[str, Any]]:
         return [
-            p.command.to_dict()
+            {**p.wire, "params": dict(p.wire["params"])}
             for p in self.pending.values()
             if (rank in p.targets and rank not in p.outcomes) or rank in p.dropped
         ]
@@ -223,8 +237,6 @@ class Controller:
             self.recent_loss.setdefault(rank, deque(maxlen=10)).append(float(loss))
         if self.straggler is not None:
             self._step_time(rank, record)
-        if self.run_dir is not None:
-            self.run_dir.metrics(record)
 
     # ------------------------------------------------------------ stragglers
     def _step_time(self, rank: int, record: dict[str, Any]) -> None:
@@ -250,17 +262,24 @@ class Controller:
         if times is None or tick < times.tick:
             # Ticks only grow within a process: a smaller one is a restarted rank,
             # whose history describes a process that is gone.
+            if times is not None:
+                self._uncount_step(times.step)
             times = self._times[rank] = _RankTimes(deque(maxlen=self._times_len), step, tick)
+            self._newest_steps[step] += 1
         times.times.append(seconds)
         # The newest record, not the largest step: steps go back after a rollback.
+        if times.step != step:
+            self._uncount_step(times.step)
+            self._newest_steps[step] += 1
         times.step, times.tick = step, tick
         self._new_times = True
 
     def _check_stragglers(self) -> list[AnomalyEvent]:
         """Run the watch once per distinct newest step across ranks; record what it finds."""
         self._new_times = False
-        newest = max(t.step for t in self._times.values())
-        if self.straggler is None or newest == self._checked_step:
+        # Ranks sit at a few distinct steps: this is no max over every rank per batch.
+        newest = max(self._newest_steps, default=None)
+        if self.straggler is None or newest is None or newest == self._checked_step:
             return []
         self._checked_step = newest
         # Stamped with the step every rank has reached, so the event is not ahead of any.
@@ -275,7 +294,14 @@ class Controller:
 
     def forget_rank(self, rank: int) -> None:
         """Drop a rank's step-time history (a replaced rank is a new process)."""
-        self._times.pop(rank, None)
+        times = self._times.pop(rank, None)
+        if times is not None:
+            self._uncount_step(times.step)
+
+    def _uncount_step(self, step: int) -> None:
+        self._newest_steps[step] -= 1
+        if not self._newest_steps[step]:
+            del self._newest_steps[step]
 
     # ------------------------------------------------------------- decisions
     def handle(self, decisions: Iterable[Decision]) -> None:

@@ -5,7 +5,7 @@
 | `remedy_anomalies_total` | counter | `run_id`, `kind` |
 | `remedy_decisions_total` | counter | `run_id`, `action`, `outcome` |
 | `remedy_rank_restarts_total` | counter | `run_id` |
-| `remedy_step_time_seconds` | gauge (newest step) | `run_id`, `rank` |
+| `remedy_step_time_seconds` | gauge (newest step, set at most once a second per rank) | `run_id`, `rank` |
 | `remedy_goodput_ratio` | gauge (steps kept / steps executed) | `run_id` |
 | `remedy_seconds_since_good_checkpoint` | gauge | `run_id` |
 
@@ -27,6 +27,9 @@ from typing import Any, Protocol
 # Set to a port to serve /metrics from a standalone Guard's process.
 METRICS_PORT_ENV = "REMEDY_METRICS_PORT"
 CHECKPOINT_POLL_S = 1.0
+# A rank's step-time gauge is set at most this often (Ray exports gauges every
+# `metrics_report_interval_ms`, never more often than once a second).
+STEP_TIME_EVERY_S = 1.0
 
 _SPECS: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("remedy_anomalies_total", "counter", "Anomaly events reported, by kind", ("run_id", "kind")),
@@ -131,6 +134,8 @@ class RunMetrics:
         self._decisions_seen = 0
         self._checked = 0.0
         self._newest = 0.0  # mtime of the newest checkpoint manifest seen
+        self._dir_mtime = 0  # of the checkpoint folder, while it holds no manifest yet
+        self._step_time_set: dict[str, float] = {}  # rank -> when its gauge was last set
 
     def observe(self, batch: Any) -> None:
         """One report batch: its anomalies, its newest step time, the rank's goodput."""
@@ -142,8 +147,15 @@ class RunMetrics:
                 self.backend.inc("remedy_anomalies_total", {**run, "kind": ev["kind"]})
         metrics = [m for m in batch.get("metrics") or [] if isinstance(m, dict)]
         if metrics and isinstance(metrics[-1].get("step_time_s"), int | float):
-            labels = {**run, "rank": str(batch.get("rank"))}
-            self.backend.set("remedy_step_time_seconds", labels, float(metrics[-1]["step_time_s"]))
+            # One set costs ~30 us in Ray and every rank reports twice a second or more;
+            # Ray exports gauges at most once a second, so each rank's is set as often.
+            rank = str(batch.get("rank"))
+            now = time.monotonic()
+            if now - self._step_time_set.get(rank, -STEP_TIME_EVERY_S) >= STEP_TIME_EVERY_S:
+                self._step_time_set[rank] = now
+                labels = {**run, "rank": rank}
+                step_time = float(metrics[-1]["step_time_s"])
+                self.backend.set("remedy_step_time_seconds", labels, step_time)
         step, tick = batch.get("step"), batch.get("tick")
         if batch.get("rank") == 0 and isinstance(step, int) and isinstance(tick, int) and tick > 0:
             self.backend.set("remedy_goodput_ratio", run, min(step / tick, 1.0))
@@ -168,6 +180,17 @@ class RunMetrics:
         # Until the first checkpoint appears, look on every batch; then once a second.
         if self.checkpoints is None or (self._newest and now - self._checked < CHECKPOINT_POLL_S):
             return
+        if not self._newest:
+            # Listing the folder costs ~20x a stat of it, on every batch of every rank:
+            # list it when an entry was added or renamed (which changes its mtime), and
+            # once a second (a rename within the same coarse mtime tick).
+            try:
+                mtime = self.checkpoints.stat().st_mtime_ns
+            except OSError:
+                return
+            if mtime == self._dir_mtime and now - self._checked < CHECKPOINT_POLL_S:
+                return
+            self._dir_mtime = mtime
         self._checked = now
         # A manifest is written after its payload: its presence marks a complete checkpoint.
         stamps = [p.stat().st_mtime for p in self.checkpoints.glob("step-*.json")]

@@ -40,8 +40,9 @@ BATCH_FIELDS = frozenset(
     {
         *("rank", "step", "tick", "ts", "events", "metrics", "outcomes"),
         # Read by the supervisor beside the Controller: the rank slot's incarnation and the
-        # batch's sequence number (stale reports), and the step total and batch size (displays).
-        *("incarnation", "seq", "max_steps", "batch_size"),
+        # batch's sequence number (stale reports), and the step total and batch size (displays);
+        # the run's token, which the supervisor checks before anything else.
+        *("incarnation", "seq", "max_steps", "batch_size", "token"),
     }
 )
 
@@ -84,6 +85,24 @@ class Report:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
     tick_counts: dict[int, int] = field(default_factory=dict)  # events accepted per tick
+    # For displays: the step total and batch size, when the batch gave valid ones.
+    max_steps: int | None = None
+    batch_size: int | None = None
+
+    def as_batch(self) -> dict[str, Any]:
+        """The valid parts in the shape of a batch, for what watches a run (feed, metrics)."""
+        out: dict[str, Any] = {
+            "rank": self.rank,
+            "step": self.step,
+            "tick": self.tick,
+            "events": [ev.to_dict() for ev in self.events],
+            "metrics": self.metrics,
+        }
+        if self.max_steps is not None:
+            out["max_steps"] = self.max_steps
+        if self.batch_size is not None:
+            out["batch_size"] = self.batch_size
+        return out
 
 
 @dataclass
@@ -100,7 +119,7 @@ def validate_batch(
     *,
     world_size: int,
     last: RankMark | None,
-    origin: RankMark,
+    origin: RankMark | None,
     now: float,
     limits: Limits,
     rejected: Counter[str],
@@ -110,7 +129,7 @@ def validate_batch(
 
     `last` is the rank's last accepted report (None for its first); `origin`
     is where a first report is measured from (the start of the run, the
-    furthest step any rank reached). `tick_counts` (tick -> events accepted,
+    furthest step any rank reached; may be None when `last` is given). `tick_counts` (tick -> events accepted,
     from the rank's previous `Report`) carries the per-tick event cap across
     its batches.
     """
@@ -132,7 +151,12 @@ def validate_batch(
     if tick is None:
         rejected["batch_bad_tick"] += 1
         return None
-    ref = last or RankMark(origin.step, 0, origin.at)
+    if last is not None:
+        ref = last
+    elif origin is not None:
+        ref = RankMark(origin.step, 0, origin.at)
+    else:
+        raise ValueError("validate_batch needs `origin` for a rank's first report")
     slack = limits.max_ahead + int(max(now - ref.at, 0.0) * limits.ahead_per_s)
     if step > ref.step + slack:
         rejected["batch_step_too_far_ahead"] += 1
@@ -153,7 +177,14 @@ def validate_batch(
         tick_floor=max(tick - slack, 0),
     )
     counts = _tick_counts(tick_counts, last, tick, ctx.tick_floor)
-    report = Report(rank, step, tick, tick_counts=counts)
+    report = Report(
+        rank,
+        step,
+        tick,
+        tick_counts=counts,
+        max_steps=_int(batch.get("max_steps")),
+        batch_size=_int(batch.get("batch_size")),
+    )
     for raw in _items(batch, "events", limits.max_events_per_batch, rejected):
         ev = _event(raw, ctx, limits, rejected)
         if ev is None:
@@ -295,30 +326,61 @@ def _int(value: Any) -> int | None:
 
 
 def _bounded(value: Any, limits: Limits) -> bool:
-    """True if `value` is plain JSON-like data (string keys, numbers a float can hold) of bounded size."""
+    """True if `value` is plain JSON-like data (string keys, numbers a float can hold) of bounded size.
+
+    Every value counts against `limits.max_nodes`, containers included. A
+    metrics record (a flat mapping of numbers) is checked on every batch of
+    every rank, so a mapping's scalar values of exact built-in types are
+    checked in place; anything else goes through the general path.
+    """
     budget = limits.max_nodes
+    max_text = limits.max_text
     stack = [value]
     while stack:
         budget -= 1
         if budget < 0:
             return False
         item = stack.pop()
-        if item is None or isinstance(item, bool):
-            continue
-        if isinstance(item, int):
-            if abs(item) >= MAX_INT:
+        if type(item) is dict:
+            for key, v in item.items():
+                if not isinstance(key, str) or len(key) > max_text:
+                    return False
+                t = type(v)
+                if t is float or t is bool or v is None:
+                    budget -= 1
+                elif t is int:
+                    if abs(v) >= MAX_INT:
+                        return False
+                    budget -= 1
+                elif t is str:
+                    if len(v) > max_text:
+                        return False
+                    budget -= 1
+                else:
+                    stack.append(v)  # counted when taken
+            if budget < 0:
                 return False
-        elif isinstance(item, float):
-            continue  # NaN and infinities are honest values of a diverged step
-        elif isinstance(item, str):
-            if len(item) > limits.max_text:
-                return False
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            if not all(isinstance(k, str) and len(k) <= limits.max_text for k in item):
-                return False
-            stack.extend(item.values())
-        else:
+        elif not _node_ok(item, stack, max_text):
             return False
     return True
+
+
+def _node_ok(item: Any, stack: list[Any], max_text: int) -> bool:
+    """Check one value of any type; a container's items go onto `stack`."""
+    if item is None or isinstance(item, bool):
+        return True
+    if isinstance(item, int):
+        return abs(item) < MAX_INT
+    if isinstance(item, float):
+        return True  # NaN and infinities are honest values of a diverged step
+    if isinstance(item, str):
+        return len(item) <= max_text
+    if isinstance(item, list):
+        stack.extend(item)
+        return True
+    if isinstance(item, dict):
+        if not all(isinstance(k, str) and len(k) <= max_text for k in item):
+            return False
+        stack.extend(item.values())
+        return True
+    return False

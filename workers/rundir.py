@@ -14,12 +14,16 @@ a supervisor that dies mid-decision can tell what it had promised.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
+
+# As structlog's JSONRenderer(default=str) encodes, built once instead of per line.
+_ENCODER = json.JSONEncoder(default=str)
 
 
 def _jsonl_logger(fh: TextIO) -> Any:
@@ -65,7 +69,21 @@ class RunDir:
         self._logger("anomalies.jsonl").msg("anomaly", run_id=self.run_id, **record)
 
     def metrics(self, record: dict[str, Any]) -> None:
-        self._logger("metrics.jsonl").msg("metrics", **record)
+        self.metrics_many([record])
+
+    def metrics_many(self, records: list[dict[str, Any]]) -> None:
+        """Lines of `metrics.jsonl` in one write: the supervisor writes one per rank and step.
+
+        Each line is what the structlog writer gives (the record, `event`, then
+        `ts`), without its per-line processor chain and flush.
+        """
+        if not records:
+            return
+        self._logger("metrics.jsonl")  # opens the file
+        ts = datetime.datetime.now(tz=datetime.UTC).isoformat().replace("+00:00", "Z")
+        encode = _ENCODER.encode
+        lines = [encode({**r, "event": "metrics", "ts": ts}) for r in records]
+        self._files["metrics.jsonl"].write("\n".join(lines) + "\n")
 
     def wal(self, record: dict[str, Any]) -> None:
         """A write-ahead record, on disk before this returns."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import re
 import sys
@@ -144,3 +145,22 @@ def test_json_lines_display_throttles_progress_only() -> None:
         display.handle({"event": "output", "rank": 0, "stream": "stdout", "line": "x", "seq": 1})
     kinds = [json.loads(line)["event"] for line in out.getvalue().splitlines()]
     assert kinds == ["progress", "output", "output", "output"]
+
+
+def test_feed_keeps_its_own_keys_and_ignores_numbers_no_display_can_use() -> None:
+    """An event's `seq`/`event` keys, a step total or batch size no float holds, and a rank
+    outside the world change nothing a poller gets; `since` still answers."""
+    now = [0.0]
+    feed = Feed(world_size=1, clock=lambda: now[0])
+    for tick in (0, 10):
+        now[0] = float(tick)
+        feed.observe({"rank": 0, "step": tick, "tick": tick, "max_steps": 10**400,
+                      "batch_size": 2**80, "metrics": [], "events": []})  # fmt: skip
+    feed.observe({"rank": 5, "step": 1, "tick": 1, "max_steps": 7})
+    feed.observe({"rank": True, "step": 1, "tick": 1, "max_steps": 7})
+    feed.output([{"rank": 0, "line": "x", "seq": "abc", "event": "decision", "ts": math.nan}])
+    events, cursor = feed.since(0, {"step": {0: 10}})
+    assert [(e["event"], e["seq"]) for e in events[:-1]] == [("output", 0)] and cursor == 1
+    assert events[0]["ts"] == 10.0
+    assert events[-1]["total"] is None and events[-1]["samples_per_s"] is None
+    assert 5 not in feed.last_seen and feed.total is None

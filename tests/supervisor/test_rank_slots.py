@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from remedy.supervisor.rank_slots import RankSlots, SlotState
+from collections import Counter
+
+from remedy.supervisor.rank_slots import (
+    MAX_SEQ_AHEAD,
+    SEQ_AHEAD_PER_S,
+    SEQ_WINDOW,
+    RankSlots,
+    SlotState,
+)
 
 
 def test_reports_of_a_replaced_incarnation_are_refused_and_counted() -> None:
@@ -40,7 +48,7 @@ def test_records_rebuild_the_picture() -> None:
     slots.lose(1)
     slots.replace(1)
     assert slots.records()[1] == {
-        "rank": 1, "incarnation": 2, "state": "starting", "last_seq": 0, "seen": [], "pid": None,
+        "rank": 1, "incarnation": 2, "state": "starting", "last_seq": 0, "gaps": [], "pid": None,
     }  # fmt: skip
     assert slots.live() == [0, 1]
 
@@ -58,7 +66,7 @@ def test_batches_retried_out_of_order_are_accepted_once() -> None:
         True,
     ]
     assert slots.refused_duplicate == 2
-    assert slots.slots[0].last_seq == 5 and not slots.slots[0].seen
+    assert slots.slots[0].last_seq == 5 and not slots.slots[0].gaps
 
 
 def test_records_restore_the_slots() -> None:
@@ -71,3 +79,60 @@ def test_records_restore_the_slots() -> None:
     again = RankSlots.from_records(slots.records())
     assert again.records() == slots.records()
     assert not again.accept(1, 1, 3) and again.accept(1, 1, 2)
+
+
+def test_a_sequence_number_far_ahead_is_refused_and_does_not_lock_the_rank_out() -> None:
+    """seq 10**12 is refused (counted by reason); the real next batch is still accepted."""
+    now = [100.0]
+    rejected: Counter[str] = Counter()
+    slots = RankSlots(1, rejected=rejected, clock=lambda: now[0])
+    assert slots.accept(0, 1, 1)
+    assert not slots.accept(0, 1, 10**12)
+    assert slots.accept(0, 1, 2)
+    assert not slots.accept(0, 1, 2)
+    assert not slots.accept(0, 5, 3)
+    now[0] += 10.0  # a rank away for a while may skip as many as it could have sent
+    assert slots.accept(0, 1, 2 + MAX_SEQ_AHEAD + 10 * SEQ_AHEAD_PER_S)
+    assert rejected == {
+        "batch_seq_too_far_ahead": 1,
+        "batch_duplicate_seq": 1,
+        "batch_stale_incarnation": 1,
+    }
+
+
+def test_a_bool_is_not_a_rank_incarnation_or_seq() -> None:
+    """True == 1, but a header of booleans names no slot and moves no sequence."""
+    slots = RankSlots(2)
+    assert slots.accept(True, 1, 10**12)  # the controller refuses the header
+    assert slots.accept(1, True, True)
+    assert slots.slots[1].last_seq == 0
+    assert slots.accept(1, 1, 1)
+
+
+def test_a_batch_overtaken_by_a_later_one_still_counts_once() -> None:
+    """Ray may run an async actor's calls out of order: seq 2 after seq 3 is accepted, a second
+    seq 2 is a duplicate, and a number older than the window is refused."""
+    slots = RankSlots(1)
+    assert slots.accept(0, 1, 1)
+    assert slots.accept(0, 1, 3)
+    assert slots.accept(0, 1, 2)
+    assert not slots.accept(0, 1, 2)
+    assert not slots.accept(0, 1, 3)
+    for seq in range(4, 4 + 3 * SEQ_WINDOW):
+        assert slots.accept(0, 1, seq)
+    assert not slots.slots[0].gaps  # nothing is awaited once every number came
+    top = slots.slots[0].last_seq
+    assert not slots.accept(0, 1, top - SEQ_WINDOW)
+    assert slots.refused_duplicate == 3
+
+
+def test_a_slot_rebuilt_from_its_record_takes_nothing_twice() -> None:
+    """A slot rebuilt from its record takes its gaps once each and nothing else below last_seq."""
+    slots = RankSlots(1)
+    for seq in (1, 2, 5):
+        assert slots.accept(0, 1, seq)
+    again = RankSlots.from_records(slots.records())
+    assert again.slots[0].gaps == {3, 4}
+    assert not again.accept(0, 1, 2) and not again.accept(0, 1, 5)
+    assert again.accept(0, 1, 4) and again.accept(0, 1, 3) and again.accept(0, 1, 6)
+    assert not again.accept(0, 1, 3)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy
 from remedy.workers.control import Controller
@@ -240,3 +243,29 @@ def test_restarted_rank_starts_a_fresh_history(
     assert stragglers(tmp_path) == []  # the old process's 4 samples no longer count
     run_steps(controller, 2, range(9, 10), wall(1))
     assert [e["rank"] for e in stragglers(tmp_path)] == [1]
+
+
+_ENGINE = Engine(load_policy("default"), run_id="r")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 30), st.integers(0, 30), st.booleans()),
+        max_size=40,
+    )
+)
+def test_newest_step_counts_follow_every_rank(moves: list[tuple[int, int, int, bool]]) -> None:
+    """The newest step the straggler check runs on (kept as counts per step) is the newest
+    record's step of every rank, through rollbacks, restarts (ticks going back) and
+    forgotten ranks."""
+    controller = Controller(_ENGINE, world_size=4)  # the engine is not consulted here
+    for rank, step, tick, forget in moves:
+        if forget:
+            controller.forget_rank(rank)
+            continue
+        controller._step_time(rank, {"step": step, "tick": tick, "step_time_s": FAST_S})
+        steps = [t.step for t in controller._times.values()]
+        assert +controller._newest_steps == Counter(steps)
+        assert max(controller._newest_steps) == max(steps)
+    assert sum(controller._newest_steps.values()) == len(controller._times)

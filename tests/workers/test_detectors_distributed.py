@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from remedy.workers.detectors import (
@@ -192,3 +195,33 @@ def test_straggler_watch_needs_persistence_and_cools_down() -> None:
     reported = [(e.rank, e.step, e.source) for g in got for e in g]
     assert reported == [(2, 5, "supervisor")]
     assert got[2][0].details["peer_median_s"] == 1.0
+
+
+def _stragglers_pairwise(
+    times: dict[int, list[float]], window: int = 20, min_samples: int = 5
+) -> dict[int, tuple[float, float]]:
+    """The definition, rank by rank: each median against the median of all the others'."""
+    medians = {r: statistics.median(t[-window:]) for r, t in times.items() if len(t) >= min_samples}
+    out = {}
+    for rank, mine in medians.items():
+        others = [m for r, m in medians.items() if r != rank]
+        if not others:
+            return {}
+        reference = statistics.median(others)
+        if mine > 1.5 * reference and mine - reference > 0.05:
+            out[rank] = (mine, reference)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.integers(0, 64),
+        st.lists(st.sampled_from([0.01, 0.1, 0.1, 0.12, 0.2, 0.5, 1.0, 3.0]), max_size=25),
+        max_size=40,
+    )
+)
+def test_find_stragglers_matches_pairwise_definition(times: dict[int, list[float]]) -> None:
+    """Sorting the medians once gives exactly the verdicts and references of comparing each
+    rank with every other (ties and even counts included)."""
+    assert find_stragglers(times) == _stragglers_pairwise(times)

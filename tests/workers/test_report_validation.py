@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
 from remedy.workers.control import Controller
-from remedy.workers.report_validation import Limits
+from remedy.workers.report_validation import MAX_INT, Limits, _bounded
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """
@@ -224,3 +226,68 @@ def test_a_fast_rank_is_not_locked_out(tmp_path: Path) -> None:
     controller.ingest({"rank": 0, "step": 1011, "tick": 1011})
     assert controller.rejected == {"batch_step_too_far_ahead": 2}
     assert controller.step_of[0] == 1011
+
+
+def test_a_batch_stamped_with_its_runs_token_counts_no_unknown_field(tmp_path: Path) -> None:
+    """`token` is a batch field (the supervisor checks it); it is not counted as unknown."""
+    c = make(tmp_path)
+    c.ingest({"rank": 0, "step": 1, "tick": 1, "token": "0" * 32, "seq": 1, "incarnation": 1})
+    assert dict(c.rejected) == {}
+
+
+class _Str(str):
+    """A str subclass, as unpickling can hand the validator."""
+
+
+_LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**60), 2**60),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=6),
+    st.text(max_size=6).map(_Str),
+    st.sampled_from(["x" * 40, b"bytes", (1, 2), {1, 2}, 2**53, -(2**53)]),
+)
+_DATA = st.recursive(
+    _LEAVES,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=6),
+        st.dictionaries(st.one_of(st.text(max_size=4), st.integers(0, 3)), inner, max_size=6),
+    ),
+    max_leaves=40,
+)
+
+
+def _bounded_reference(value: Any, limits: Limits) -> bool:
+    """The definition: one walk over every node with isinstance checks."""
+    budget, stack = limits.max_nodes, [value]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return False
+        item = stack.pop()
+        if item is None or isinstance(item, bool | float):
+            continue
+        if isinstance(item, int):
+            if abs(item) >= MAX_INT:
+                return False
+        elif isinstance(item, str):
+            if len(item) > limits.max_text:
+                return False
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            if not all(isinstance(k, str) and len(k) <= limits.max_text for k in item):
+                return False
+            stack.extend(item.values())
+        else:
+            return False
+    return True
+
+
+@settings(max_examples=400, deadline=None)
+@given(_DATA, st.integers(1, 30), st.integers(1, 50))
+def test_bounded_fast_path_agrees_with_the_definition(value: Any, nodes: int, text: int) -> None:
+    """The in-place check of a mapping's scalars accepts exactly what the plain walk accepts."""
+    limits = Limits(max_nodes=nodes, max_text=text)
+    assert _bounded(value, limits) is _bounded_reference(value, limits)

@@ -19,6 +19,7 @@ who is slow, not just that everyone is.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -44,11 +45,26 @@ def find_stragglers(
     out: dict[int, tuple[float, float]] = {}
     if len(medians) < 2:
         return out
+    # The supervisor checks every step with every rank: sort once, then each rank's
+    # reference is the median of the sorted list with its own value taken out.
+    ordered = sorted(medians.values())
     for rank, mine in medians.items():
-        reference = statistics.median(m for r, m in medians.items() if r != rank)
+        reference = _median_without(ordered, bisect.bisect_left(ordered, mine))
         if mine > ratio * reference and mine - reference > min_excess_s:
             out[rank] = (mine, reference)
     return out
+
+
+def _median_without(ordered: list[float], i: int) -> float:
+    """`statistics.median` of sorted `ordered` without its item at index `i`."""
+    n = len(ordered) - 1
+
+    def at(k: int) -> float:
+        return ordered[k if k < i else k + 1]
+
+    if n % 2:
+        return at(n // 2)
+    return (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 @dataclass

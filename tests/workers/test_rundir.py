@@ -1,0 +1,35 @@
+"""The run directory's writers: metrics records written a batch at a time read as written one by one."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from remedy.workers.rundir import RunDir, _jsonl_logger, read_jsonl
+
+
+def test_metrics_many_writes_the_lines_the_structlog_writer_gives(tmp_path: Path) -> None:
+    """One write of a batch's records gives, line for line, the structlog writer's lines
+    (same keys in the same order, NaN and nested values alike), timestamps aside."""
+    records = [
+        {"step": s, "tick": s, "rank": 0, "loss": math.nan if s == 1 else 2.5, "lr": 3e-4,
+         "loss_scale": None, "chaos": [{"kind": "nan_loss", "step": s}]}
+        for s in range(3)
+    ]  # fmt: skip
+    run_dir = RunDir(tmp_path / "run", "r")
+    run_dir.metrics_many(records)
+    run_dir.metrics(records[0])
+    run_dir.close()
+    with open(tmp_path / "reference.jsonl", "w", buffering=1, encoding="utf-8") as fh:
+        logger = _jsonl_logger(fh)
+        for record in [*records, records[0]]:
+            logger.msg("metrics", **record)
+    got = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    want = (tmp_path / "reference.jsonl").read_text().splitlines()
+    assert [json.loads(g).keys() for g in got] == [json.loads(w).keys() for w in want]
+    assert [g[: g.index('"ts"')] for g in got] == [w[: w.index('"ts"')] for w in want]
+    assert [r["ts"].endswith("Z") for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [
+        True
+    ] * 4
+    run_dir.metrics_many([])  # nothing to write opens nothing
