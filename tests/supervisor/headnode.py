@@ -118,7 +118,9 @@ def _wait_ready(head: Head, proc: subprocess.Popen[bytes], root: Path) -> None:
         if proc.poll() is not None:
             raise RuntimeError("ray start failed: " + (root / "ray-start.log").read_text()[-2000:])
         probe = head.run(RAY, "job", "list", "--address", head.dashboard, timeout=60)
-        if probe.returncode == 0:
+        # `--address auto` reads the address file `ray start` writes; on a busy machine
+        # the dashboard can answer before it is there.
+        if probe.returncode == 0 and (root / "ray" / "ray_current_cluster").exists():
             return
         time.sleep(1.0)
     raise RuntimeError(

@@ -341,7 +341,9 @@ def test_what_the_controller_refuses_moves_no_watcher(ray_cluster: None, tmp_pat
     the hang watch nor the display's numbers; the valid batch before them does."""
     policy = tmp_path / "nan.yaml"
     policy.write_text(POLICY)
-    spec = RunSpec(target=TARGET, policy=str(policy), run_dir=str(tmp_path / "run"), workers=2)
+    # Every step time counts (no first-steps allowance), so one record shows in the p99.
+    spec = RunSpec(target=TARGET, policy=str(policy), run_dir=str(tmp_path / "run"), workers=2,
+                   hang_watch={"first_steps": 0})  # fmt: skip
     sup = SupervisorActor.__ray_actor_class__(spec.to_dict())  # type: ignore[attr-defined]
 
     def send(rank: int, tick: int, **record: Any) -> None:

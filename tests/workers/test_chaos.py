@@ -37,7 +37,6 @@ def test_load_demo_chaos_file() -> None:
         ({"faults": [{"kind": "nan_loss", "at_step": -1}]}, "at_step"),
         ({"faults": [{"kind": "nan_loss", "at_step": 1, "colour": "red"}]}, "colour"),
         ({"fault": []}, "fault"),
-        ({"faults": [{"kind": "corrupt_checkpoint", "at_step": 3}]}, "cannot be injected"),
         ({"faults": [{"kind": "slow_loader", "at_step": 3, "seconds": math.inf}]}, "finite"),
     ],
 )
