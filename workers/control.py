@@ -133,8 +133,8 @@ class Controller:
         # Ids with a line in decisions.jsonl: an outcome re-sent after a supervisor
         # restart resolves its decision again, and must not journal it twice.
         self._journaled: set[str] = set()
-        # Bumped whenever what the controller promised changes (a decision, an
-        # outcome, an anomaly, a dropped rank): the supervisor writes a state
+        # Bumped whenever what the controller promised changes (a decision, a
+        # command closed, an anomaly, a dropped rank): the supervisor writes a state
         # record before a reply leaves when it moved (see `control_state`).
         self.changes = 0
         self.deferred: dict[str, Decision] = {}  # group actions under way
@@ -464,6 +464,7 @@ class Controller:
         del self.pending[decision_id]
         self._closed.add(decision_id)
         self._recent_closed.append(decision_id)
+        self.changes += 1
 
     def _outcome(self, outcome: Outcome) -> None:
         pending = self.pending.get(outcome.decision_id)
@@ -473,7 +474,10 @@ class Controller:
             if outcome.decision_id not in self._closed:
                 self.rejected["outcome_unknown_decision"] += 1
             return
-        self.changes += 1
+        # An outcome alone moves no state record (at 256 ranks that was one per
+        # outcome): lost in a crash, it is asked for again, as the restored
+        # command is still owed by that rank, which re-sends a done command's
+        # outcome. Closing the command does (`_close`).
         pending.outcomes[outcome.rank] = outcome
         if pending.command.action == "abort" and pending.command.decision_id.endswith("-stop"):
             if set(pending.outcomes) >= pending.targets:
