@@ -9,7 +9,7 @@ while the loop runs, on one event loop, so controller state needs no locks.
 
 `launch_supervisor` creates it as `remedy-supervisor-<run_id>` in the
 `remedy` namespace, detached, with unbounded restarts and task retries. Its
-state lives in `journal.wal` (see `workers.control_state`): a state record
+state lives in `journal.wal` (see `supervisor.core.control_state`): a state record
 is written before any reply that carries a new promise leaves, and every
 `STATE_EVERY_S`. When Ray restarts the actor after a crash, the constructor
 runs again with the same spec, finds that the run had started, rebuilds
@@ -35,6 +35,8 @@ import ray
 import structlog
 
 from remedy.policies import Decision, Engine, PolicyError
+from remedy.supervisor.core import control_state
+from remedy.supervisor.core.control import Controller
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig
@@ -57,8 +59,6 @@ from remedy.supervisor.recovery import Recovery
 from remedy.supervisor.rendezvous import Rendezvous
 from remedy.supervisor.spec import NAMESPACE, RunSpec, supervisor_name
 from remedy.supervisor.worker_group import WorkerGroup, kill_run_actors
-from remedy.workers import control_state
-from remedy.workers.control import Controller
 from remedy.workers.logs import configure_logging
 from remedy.workers.metrics import RayBackend, RunMetrics
 from remedy.workers.rundir import RunDir

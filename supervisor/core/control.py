@@ -32,10 +32,10 @@ from remedy.policies import (
     Decision,
     Engine,
 )
-from remedy.workers import control_state
+from remedy.supervisor.core import control_state
+from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.detectors.straggler import StragglerWatch
-from remedy.workers.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.control")

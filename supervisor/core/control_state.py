@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from remedy.policies import Decision
+from remedy.supervisor.core.report_validation import RankMark
 from remedy.workers.commands import Command, Outcome
-from remedy.workers.report_validation import RankMark
 
 if TYPE_CHECKING:
-    from remedy.workers.control import Controller
+    from remedy.supervisor.core.control import Controller
 
 FORMAT = 1
 STATE = "state"
@@ -73,7 +73,7 @@ def dump(c: Controller) -> dict[str, Any]:
 
 def load(c: Controller, data: dict[str, Any]) -> None:
     """Put `c` (freshly built, same policy) in the state `dump` recorded."""
-    from remedy.workers.control import _Pending  # noqa: PLC0415 - the two modules are one concept
+    from remedy.supervisor.core.control import _Pending  # noqa: PLC0415 - the two modules are one concept
 
     if data.get("format") != FORMAT:
         raise ValueError(f"not a controller state of format {FORMAT}")
