@@ -215,6 +215,10 @@ class Controller:
         """Whole batches refused: a bad header (rank, step, tick), or by their rank's slot."""
         return sum(n for reason, n in self.rejected.items() if reason.startswith("batch_"))
 
+    def last_steps(self) -> dict[int, int]:
+        """Each rank's step in its last accepted report (after a rollback, lower than its most)."""
+        return {rank: mark.step for rank, mark in self._marks.items()}
+
     def commands_for(self, rank: int) -> list[dict[str, Any]]:
         return [
             {**p.wire, "params": dict(p.wire["params"])}
@@ -386,6 +390,9 @@ class Controller:
         )
         self._dispatch(d)
         self._dispatch_stop(d)
+        # A new promise: the state record must hold both commands before a reply
+        # carries them (a crash in between lost the stop, applied on some ranks only).
+        self.changes += 1
         return True
 
     def resolve_group_action(
