@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from remedy.policies import AnomalyEvent, Decision
+from remedy.supervisor import waits
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.job_state import (
     Phase,
@@ -78,6 +79,8 @@ BLOCKED_GRACE_S = 0.3
 # How much longer than the grace a survivor that answers no ping at all gets
 # before it counts as blocked (a restarted supervisor's first calls are slow).
 SILENT_GRACE_S = 5.0
+# How long the survivors' control threads get to abort their NCCL communicators.
+ABORT_S = 10.0
 # No second ping round for the same stall sooner than this.
 PING_EVERY_S = 0.25
 
@@ -593,7 +596,11 @@ class Recovery:
             if sup.spec.gpus_per_rank:
                 # NCCL kernels keep spinning after a peer dies: abort the survivors'
                 # communicators from their control threads (a no-op on gloo ranks).
-                await asyncio.gather(*(self.group.actors[r].abort.remote() for r in live))
+                await waits.within(
+                    asyncio.gather(*(self.group.actors[r].abort.remote() for r in live)),
+                    ABORT_S,
+                    "the survivors' communicator aborts",
+                )
             blocked = await self._blocked(live)
             self._marks["survivors_checked"] = time.time()
             if blocked:
