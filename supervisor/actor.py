@@ -38,6 +38,7 @@ import structlog
 from remedy.policies import Decision, Engine, PolicyError
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.effects import log_notify
 from remedy.supervisor.core.run_state import RunState
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
@@ -114,6 +115,9 @@ class SupervisorActor:
             world_size=self.spec.workers,
             run_dir=self.run_dir,
             group_action=self._group_action,
+            # Where a `notify` decision's effect is carried out: logged for now; a sink
+            # that sends it on (webhook, alert manager) plugs in here.
+            notify=log_notify,
         )
         self.started = time.time()
         self.state = "starting"

@@ -33,6 +33,7 @@ from remedy.policies import (
     Engine,
 )
 from remedy.supervisor.core import control_state
+from remedy.supervisor.core.effects import Notify, NotifySink, log_notify
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.detectors.straggler import StragglerWatch
@@ -95,13 +96,16 @@ class Controller:
         straggler: StragglerWatch | _Default | None = _Default.TOKEN,
         limits: Limits = DEFAULT_LIMITS,
         clock: Callable[[], float] = time.time,
+        notify: NotifySink = log_notify,
     ) -> None:
         """`straggler`: the slow-rank watch; by default a `StragglerWatch()` when
         `world_size > 1`, none for one rank; `None` turns it off. `limits`:
         how much a report batch may carry (`report_validation.Limits`);
-        `clock`: wall time, for how far ahead a report may run.
+        `clock`: wall time, for how far ahead a report may run; `notify`: carries
+        out a `notify` decision's `effects.Notify` (by default, a log line).
         """
         self.engine = engine
+        self.notify = notify
         self.world_size = world_size
         self.run_dir = run_dir
         self.group_action = group_action
@@ -339,8 +343,11 @@ class Controller:
 
     def _supervisor_action(self, d: Decision) -> None:
         if d.action == "notify":
-            log.warning("notify", rule=d.rule, reason=d.reason, message=d.params.get("message"))
-            self._resolve_now(d, "applied", "notification logged")
+            message = d.params.get("message")
+            effect = Notify(
+                d.decision_id, d.rule, d.reason, None if message is None else str(message)
+            )
+            self._resolve_now(d, *self.notify(effect))
         elif d.action == "abort":
             self.abort_reason = str(d.params.get("reason") or d.reason)
             if self.run_dir is not None:
