@@ -198,8 +198,18 @@ class Controller:
         if self._new_times:
             events += self._check_stragglers()
         if events:
-            self.handle(self.engine.decide(events, now=now))
+            self._decide(events, now)
         return self.commands_for(rank)
+
+    def _decide(self, events: list[AnomalyEvent], now: float) -> None:
+        """The one place where the valid events of a batch reach the policy engine.
+
+        Every event passes here: the ranks' detectors, the straggler watch, and
+        the supervisor's own (a lost rank is ingested as a batch in its name).
+        Events that are one incident seen from several ranks belong merged here,
+        before the policy decides.
+        """
+        self.handle(self.engine.decide(events, now=now))
 
     def _log_rejections(self) -> None:
         """Log a reason's 1st, 10th, 100th, ... rejection: a flood must not flood the log too."""
