@@ -44,7 +44,7 @@ def clean_digest(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) ->
 # after the hung rank was killed; after a full-group restart (targeted restarts
 # off) launched every rank. Not here: "restart_rank:launched" (the survivors were
 # ordered to regroup over the store that dies with the supervisor). It passed in
-# 2 of 4 runs: when their rendezvous fails at once, or the group formed before
+# 1 of 2 runs: when their rendezvous fails at once, or the group formed before
 # the crash; when their store client is left retrying the dead store, they stay
 # in that rendezvous (30 min bound) and the restart ends as a full-group restart
 # minutes later.
