@@ -77,7 +77,8 @@ REGROUP_TIMEOUT_S = 120.0
 # survivor still blocked after this (where that cannot be done) is replaced too.
 BLOCKED_GRACE_S = 0.3
 # How much longer than the grace a survivor that answers no ping at all gets
-# before it counts as blocked (a restarted supervisor's first calls are slow).
+# before it counts as blocked (a restarted supervisor's first calls are slow),
+# and every survivor gets when none has caught the error yet.
 SILENT_GRACE_S = 5.0
 # How long the survivors' control threads get to abort their NCCL communicators.
 ABORT_S = 10.0
@@ -557,8 +558,11 @@ class Recovery:
             # A survivor that answered nothing yet is not known to be blocked: the first
             # calls of a restarted supervisor to the ranks it adopted can be slow.
             silent = [r for r in still if not isinstance(pings[r], dict)]
-            now = time.monotonic()
-            if not still or (now > deadline and (not silent or now > deadline + SILENT_GRACE_S)):
+            # Every survivor still blocked: replacing them all cannot work (no rank
+            # would be left to take the state from), so more time costs nothing there;
+            # on a loaded node their error handlers may just not have run yet.
+            extra = SILENT_GRACE_S if silent or len(still) == len(live) else 0.0
+            if not still or time.monotonic() > deadline + extra:
                 return still
             await asyncio.sleep(0.02)
 
