@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
 from remedy.policies import AnomalyEvent, Engine, load_policy
-from remedy.workers.control import Controller
-from remedy.workers.report_validation import Limits
+from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.report_validation import Limits
 from remedy.workers.rundir import RunDir
 
 UNCAPPED = Limits(max_events_per_batch=10**9, max_events_per_tick=10**9)

@@ -39,9 +39,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from remedy.policies import AnomalyEvent, Engine, load_policy  # noqa: E402
+from remedy.supervisor.core.control import Controller  # noqa: E402
 from remedy.supervisor.runner import run_supervised  # noqa: E402
 from remedy.supervisor.spec import RunSpec  # noqa: E402
-from remedy.workers.control import Controller  # noqa: E402
 from remedy.workers.rundir import RunDir, read_jsonl  # noqa: E402
 
 TARGET = f"{REPO / 'tests' / 'supervisor' / 'daemon_train.py'}:main"

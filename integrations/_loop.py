@@ -95,7 +95,7 @@ class LoopGuard:
 
     def _local(self, policy: str | None) -> Reporter:
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - standalone only
-        from remedy.workers.control import Controller  # noqa: PLC0415
+        from remedy.supervisor.core.control import Controller  # noqa: PLC0415
         from remedy.workers.rundir import RunDir  # noqa: PLC0415
 
         run_id = "local"

@@ -112,7 +112,27 @@ def action_phrase(action: str, params: Mapping[str, Any]) -> str:
         return "dumping diagnostics"
     if action == "notify":
         return "notifying"
-    return "aborting the run"
+    if action == "configure_cuda_allocator":
+        return "configuring the CUDA caching allocator" + _allocator_settings(p)
+    if action == "abort":
+        return "aborting the run"
+    # An action this table does not know yet: say which, never what another action does.
+    return f"carrying out {action}"
+
+
+def _allocator_settings(params: Mapping[str, Any]) -> str:
+    """`` (expandable segments on, max split 128 MB)`` for the settings that are given."""
+    parts = []
+    expandable = params.get("expandable_segments")
+    if expandable is not None:
+        parts.append(f"expandable segments {'on' if expandable else 'off'}")
+    threshold = params.get("garbage_collection_threshold")
+    if threshold is not None:
+        parts.append(f"garbage collection at {threshold:g} of the cache")
+    split = params.get("max_split_size_mb")
+    if split is not None:
+        parts.append(f"max split {split} MB")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def sentence(*parts: str) -> str:

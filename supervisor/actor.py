@@ -9,7 +9,7 @@ while the loop runs, on one event loop, so controller state needs no locks.
 
 `launch_supervisor` creates it as `remedy-supervisor-<run_id>` in the
 `remedy` namespace, detached, with unbounded restarts and task retries. Its
-state lives in `journal.wal` (see `workers.control_state`): a state record
+state lives in `journal.wal` (see `supervisor.core.control_state`): a state record
 is written before any reply that carries a new promise leaves, and every
 `STATE_EVERY_S`. When Ray restarts the actor after a crash, the constructor
 runs again with the same spec, finds that the run had started, rebuilds
@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,10 @@ import ray
 import structlog
 
 from remedy.policies import Decision, Engine, PolicyError
+from remedy.supervisor.core import control_state
+from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.effects import log_notify
+from remedy.supervisor.core.run_state import RunState
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig
@@ -57,8 +62,6 @@ from remedy.supervisor.recovery import Recovery
 from remedy.supervisor.rendezvous import Rendezvous
 from remedy.supervisor.spec import NAMESPACE, RunSpec, supervisor_name
 from remedy.supervisor.worker_group import WorkerGroup, kill_run_actors
-from remedy.workers import control_state
-from remedy.workers.control import Controller
 from remedy.workers.logs import configure_logging
 from remedy.workers.metrics import RayBackend, RunMetrics
 from remedy.workers.rundir import RunDir
@@ -112,6 +115,9 @@ class SupervisorActor:
             world_size=self.spec.workers,
             run_dir=self.run_dir,
             group_action=self._group_action,
+            # Where a `notify` decision's effect is carried out: logged for now; a sink
+            # that sends it on (webhook, alert manager) plugs in here.
+            notify=log_notify,
         )
         self.started = time.time()
         self.state = "starting"
@@ -142,7 +148,10 @@ class SupervisorActor:
         self._state_changes = -1  # controller changes covered by the last state record
         self._state_at = 0.0
         self._group_record: dict[str, Any] | None = None  # set when restoring
+        self._recovery_record: dict[str, Any] | None = None  # the restart in progress, if any
         self._ranks_ended = False  # restored after every rank had ended
+        # Crash points (chaos) already passed in an earlier life: each fires once per run.
+        self._crashed: set[str] = set()
         if lives:
             self._restore(journal)
             # Nobody else will call `start` on a restarted supervisor: call it ourselves,
@@ -165,11 +174,14 @@ class SupervisorActor:
             self._ranks_ended = True
             self.rank_results = {int(r): v for r, v in ranks_ended["results"].items()}
         if state is not None:
-            c.load_state_dict(state["controller"])
-            self.slots = RankSlots.from_records(state["slots"])
-            self.job.state = JobState.from_dict(state["job"])
-            self.started = float(state["started"])
-            self._group_record = state["group"]
+            run = RunState.from_record(state)  # an older schema is migrated
+            c.load_state_dict(run.controller)
+            self.slots = RankSlots.from_records(run.slots)
+            self.job.state = run.job
+            self.started = run.started
+            self._group_record = run.group
+            self._recovery_record = run.recovery
+            self._crashed = set(run.crashed)
         abandoned = control_state.replay_tail(c, tail)
         for record in tail:
             if record.get("type") == "job_state" and isinstance(record.get("to"), dict):
@@ -202,28 +214,42 @@ class SupervisorActor:
             summary = {"run_id": self.spec.run_id, "status": ended.get("status", "failed")}
         return summary
 
-    def _write_state(self) -> None:
+    def write_state(self) -> None:
         """A state record in journal.wal: what a restarted supervisor resumes from."""
         c = self.controller
         group = self.group
-        self.run_dir.wal(
-            {
-                "type": control_state.STATE,
-                "incarnation": self.incarnation,
-                "started": self.started,
-                "controller": c.state_dict(),
-                "slots": self.slots.records(),
-                "job": self.job.state.to_dict(),
-                "group": group.record() if group is not None else self._group_record,
-            }
+        state = RunState(
+            incarnation=self.incarnation,
+            started=self.started,
+            job=self.job.state,
+            slots=self.slots.records(),
+            group=group.record() if group is not None else self._group_record,
+            controller=c.state_dict(),
+            recovery=self.recovery.state() if self.recovery is not None else None,
+            crashed=tuple(sorted(self._crashed)),
         )
+        self.run_dir.wal(state.to_record())
         self._state_changes = c.changes
         self._state_at = time.monotonic()
 
     def _keep_state(self) -> None:
         """A state record if the controller promised something new since the last one."""
         if self.controller.changes != self._state_changes:
-            self._write_state()
+            self.write_state()
+
+    def crash_point(self, point: str) -> None:
+        """Chaos: SIGKILL this process at `point` if the spec asks for it (once per run).
+
+        The state record comes first, as it would before any effect, so the
+        crash tests what a restarted supervisor makes of it; it says the point
+        was passed (`RunState.crashed`).
+        """
+        if point not in self.spec.crash_points or point in self._crashed:
+            return
+        self._crashed.add(point)
+        self.write_state()
+        log.warning("crash_injected", point=point)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     # ------------------------------------------------------------------ auth
     def _authorized(self, token: Any, call: str = "call") -> bool:
@@ -338,6 +364,8 @@ class SupervisorActor:
                 and not isinstance(m["step_time_s"], bool)
             ]
             self.watch.beat(report.rank, report.tick, time.monotonic(), times)
+            if self.recovery is not None:
+                self.recovery.progress(report.rank, report.tick)
         self.feed.decisions(self.controller.decisions)
         self.metrics.decisions(self.controller.decisions)
         self._keep_state()  # before the reply: no rank holds a command the journal lacks
@@ -460,8 +488,13 @@ class SupervisorActor:
                 await group.start()
                 self.job.step(Started(0))
             else:
+                restarts = [d for d in self.controller.deferred.values()
+                            if d.action == "restart_rank"]  # fmt: skip
+                self.recovery.restore(self._recovery_record, restarts)
                 await self._adopt(group, self._group_record)
-            self._write_state()
+                for d in restarts:  # a restart the crashed supervisor had begun: go on
+                    self.recovery.resume(d)
+            self.write_state()
             next_poll = 0.0
             while group.run_refs() or group.adopted:
                 running = group.run_refs()
@@ -472,15 +505,16 @@ class SupervisorActor:
                     next_poll = time.monotonic() + RESULT_POLL_S
                     for rank, result in (await group.poll_adopted()).items():
                         self._adopted_result(rank, result)
-                if self.job.state.phase is Phase.RUNNING:
+                if self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED):
                     await self.recovery.check_hangs()
+                    self.recovery.check_back()
                 await self._watch_policy()
                 if time.monotonic() - self._state_at >= STATE_EVERY_S:
-                    self._write_state()
+                    self.write_state()
                 else:
                     self._keep_state()
                 await asyncio.sleep(POLL_S)
-            await self.recovery.settle()
+            await self.recovery.settle(self.rank_results)
             # Before the ranks are killed: a supervisor restarted from here on finishes
             # from these results instead of looking for the actors.
             self.run_dir.wal({"type": "ranks_ended", "results": self.rank_results})
@@ -560,13 +594,15 @@ class SupervisorActor:
         elif (
             len(results) == self.spec.workers
             and all(r.get("status") == "completed" for r in results)
-            and self.job.state.phase is Phase.RUNNING
+            and self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED)
         ):
-            status = "completed"
+            status = "completed"  # degraded: the lost ranks came back, and completed
         else:
             status = "failed"
+        # A degraded job ends for the reason it degraded (a lost rank nothing replaced).
+        why = self.job.state.reason if self.job.state.phase is Phase.DEGRADED else ""
         with contextlib.suppress(TransitionError):  # ended already
-            self.job.step(RanksEnded(status))
+            self.job.step(RanksEnded(status, why if status != "completed" else ""))
         lead = results[0] if results else {}
         completed = int(lead.get("steps_completed", 0))
         executed = int(lead.get("steps_executed", 0))

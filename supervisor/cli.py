@@ -448,6 +448,7 @@ def _supervise(spec: Any, args: argparse.Namespace) -> int:
 
     from remedy.supervisor import registry  # noqa: PLC0415
     from remedy.supervisor.display import make_display  # noqa: PLC0415
+    from remedy.supervisor.exceptions import WaitTimeout  # noqa: PLC0415
     from remedy.supervisor.rundata import load_run  # noqa: PLC0415
     from remedy.supervisor.runner import format_summary, run_supervised  # noqa: PLC0415
 
@@ -463,7 +464,7 @@ def _supervise(spec: Any, args: argparse.Namespace) -> int:
             registry.update(spec.run_id, state="stopped")
             print(f"remedy: run {spec.run_id} stopped; summary in {written}", file=sys.stderr)
         raise
-    except ray.exceptions.RayError as exc:
+    except (ray.exceptions.RayError, WaitTimeout) as exc:
         display.close({"run_id": spec.run_id, "status": "failed"}, "")
         first = " ".join(str(exc).split())[:300]
         print(

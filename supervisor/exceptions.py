@@ -24,3 +24,7 @@ class ClusterError(SupervisorError):
 
 class Unauthorized(SupervisorError):
     """A call to a run's supervisor without that run's token; refused and counted."""
+
+
+class WaitTimeout(SupervisorError):
+    """A bounded wait on another process ran out; the message names the wait and its bound."""

@@ -16,6 +16,8 @@ record (`JobState.to_dict` / `from_dict`).
                                   v
                                aborting -> aborted
     running(g) -> finished | aborted | failed   (when every rank has ended)
+    running(g) -> degraded(g, lost, reason) -> running(g)   (a lost rank the policy did
+                                                              not replace came back)
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class Phase(enum.StrEnum):
     RUNNING = "running"
     RECOVERING = "recovering"
     RESTARTING_ALL = "restarting-all"
+    # Ranks lost and not replaced (the policy notified, ran dry, or was suppressed):
+    # the others wait on them, so the job is not running, whatever the ranks say.
+    DEGRADED = "degraded"
     ABORTING = "aborting"
     FINISHED = "finished"
     ABORTED = "aborted"
@@ -109,6 +114,21 @@ class RestartFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class RanksUnreplaced:
+    """Ranks found lost that no decision is replacing; `reason` says what the policy answered."""
+
+    ranks: frozenset[int]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RanksBack:
+    """Lost ranks that were not replaced made progress again (they were slow, not hung)."""
+
+    ranks: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
 class AbortRequested:
     reason: str
 
@@ -121,7 +141,16 @@ class RanksEnded:
     reason: str = ""
 
 
-Input = Started | RanksLost | Regrouped | RestartFailed | AbortRequested | RanksEnded
+Input = (
+    Started
+    | RanksLost
+    | RanksUnreplaced
+    | RanksBack
+    | Regrouped
+    | RestartFailed
+    | AbortRequested
+    | RanksEnded
+)
 
 
 class TransitionError(ValueError):
@@ -144,6 +173,9 @@ def transition(
             )
         case RanksLost(ranks, reason):
             ranks_s = _ranks(ranks)
+            if state.phase is Phase.DEGRADED:
+                # A restart now replaces these ranks; the unreplaced ones stay lost.
+                state = replace(state, phase=Phase.RUNNING, lost=frozenset())
             if state.phase is Phase.RUNNING and max_targeted <= 0:
                 return (
                     replace(
@@ -166,6 +198,27 @@ def transition(
                     f"{reason} during recovery; now replacing {_ranks(lost)}",
                 )
             raise TransitionError(f"RanksLost in {state.phase}")
+        case RanksUnreplaced(ranks, reason):
+            if state.phase not in (Phase.RUNNING, Phase.DEGRADED):
+                raise TransitionError(f"RanksUnreplaced in {state.phase}")
+            lost = (state.lost if state.phase is Phase.DEGRADED else frozenset()) | ranks
+            return (
+                replace(state, phase=Phase.DEGRADED, lost=lost, reason=reason),
+                f"{reason}; the other ranks wait on {_ranks(lost)}: the job is degraded",
+            )
+        case RanksBack(ranks):
+            if state.phase is not Phase.DEGRADED:
+                raise TransitionError(f"RanksBack in {state.phase}")
+            lost = state.lost - ranks
+            if lost:
+                return (
+                    replace(state, lost=lost),
+                    f"{_ranks(ranks)} made progress again; still waiting on {_ranks(lost)}",
+                )
+            return (
+                JobState(Phase.RUNNING, state.generation),
+                f"{_ranks(ranks)}, lost and not replaced, made progress again; training",
+            )
         case Regrouped(generation, detail):
             if state.phase not in (Phase.RECOVERING, Phase.RESTARTING_ALL):
                 raise TransitionError(f"Regrouped in {state.phase}")
@@ -207,7 +260,8 @@ def transition(
         case RanksEnded(status, reason):
             if state.phase is Phase.ABORTING or status == "aborted":
                 phase = Phase.ABORTED
-            elif status == "completed" and state.phase is Phase.RUNNING:
+            elif status == "completed" and state.phase in (Phase.RUNNING, Phase.DEGRADED):
+                # Degraded: the lost ranks came back before the watch saw it; all completed.
                 phase = Phase.FINISHED
             else:
                 phase = Phase.FAILED

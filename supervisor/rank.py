@@ -95,10 +95,12 @@ class RankActor:
         return ray.util.get_node_ip_address(), os.getpid()
 
     @ray.method(concurrency_group=CONTROL)
-    def regroup(self, generation: int, source: int) -> None:
-        """The supervisor's order: form `generation` and adopt rank `source`'s state."""
+    def regroup(
+        self, generation: int, source: int, store_addr: tuple[str, int] | None = None
+    ) -> None:
+        """The supervisor's order: form `generation` over `store_addr`, adopting rank `source`'s state."""
         if self.membership is not None:
-            self.membership.regroup(generation, source)
+            self.membership.regroup(generation, source, store_addr)
 
     @ray.method(concurrency_group=CONTROL)
     def result(self) -> dict[str, Any] | None:

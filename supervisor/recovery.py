@@ -12,7 +12,7 @@ a task: kill the lost ranks, start a warm spare (else a new actor) as each
 of them in the next generation, order the survivors to regroup from the
 lowest healthy rank's state, and wait until every rank has completed a
 step in the new generation. A replacement that fails is relaunched into the
-same generation, with jittered back-off (tenacity), up to
+same generation, with jittered back-off, up to
 `RunSpec.max_targeted_restarts` attempts (0: none); then the job state
 machine moves to restarting-all and `_restart_all` kills every rank and
 starts the whole group afresh in the next generation, warm spares first,
@@ -21,22 +21,43 @@ each rank resuming from the newest durable checkpoint every rank committed
 among them), or from step 0 with the initial state when there is none. If
 that fails too, every rank is stopped, the job moves to aborting and the
 decision fails (the policy's `on_failure` follows). Each transition is
-journaled with its reason.
+journaled with its reason; the failed attempts are counted once, by the job
+state (`JobState.attempts`).
+
+A lost rank that no decision replaces (the policy notified, ran dry, or its
+restart was suppressed) moves the job to `degraded` (`_if_unreplaced`); a
+dead one ends the run, a hung one that makes progress again brings the job
+back (`check_back`).
+
+A restart waits for the group by its own ticks, fed by the supervisor's
+report path (`progress`), not by polling the Controller. It writes a state
+record before each of its effects, so a supervisor that Ray restarts in the
+middle of it finds the decision deferred and the job recovering, and goes
+on (`restore`, `resume`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from tenacity import AsyncRetrying, RetryError, stop_after_attempt, wait_random_exponential
 
 from remedy.policies import AnomalyEvent, Decision
+from remedy.supervisor import waits
 from remedy.supervisor.exceptions import SupervisorError
-from remedy.supervisor.job_state import Phase, RanksLost, Regrouped, RestartFailed
+from remedy.supervisor.job_state import (
+    Phase,
+    RanksBack,
+    RanksLost,
+    RanksUnreplaced,
+    Regrouped,
+    RestartFailed,
+)
 from remedy.workers.checkpoint_store import checkpoint_tick, committed_steps
 
 if TYPE_CHECKING:
@@ -55,6 +76,12 @@ REGROUP_TIMEOUT_S = 120.0
 # (`workers.group_sockets`), failing the collectives of peers blocked on it. A
 # survivor still blocked after this (where that cannot be done) is replaced too.
 BLOCKED_GRACE_S = 0.3
+# How much longer than the grace a survivor that answers no ping at all gets
+# before it counts as blocked (a restarted supervisor's first calls are slow),
+# and every survivor gets when none has caught the error yet.
+SILENT_GRACE_S = 5.0
+# How long the survivors' control threads get to abort their NCCL communicators.
+ABORT_S = 10.0
 # No second ping round for the same stall sooner than this.
 PING_EVERY_S = 0.25
 
@@ -80,6 +107,11 @@ class Recovery:
         self._suspected_at = 0.0  # wall time the current stall was first suspected
         self._ping_started = 0.0  # wall time the latest ping round began
         self._marks: dict[str, float] = {}  # wall times of the restart in progress
+        self._launched: dict[str, Any] | None = None  # what its latest launch started
+        # While a restart waits for the group to step: each rank's newest tick, fed by
+        # the supervisor's report path (`progress`), which wakes the waiting restart.
+        self._ticks: dict[int, int] = {}
+        self._moved = asyncio.Event()
 
     # ------------------------------------------------------------- detection
     async def check_hangs(self) -> None:
@@ -151,7 +183,50 @@ class Recovery:
             },
         )
         log.warning(kind, rank=rank, reason=reason)
+        answered = len(c.decisions)
         c.ingest({"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]})
+        self._if_unreplaced(rank, kind, reason, c.decisions[answered:])
+
+    def _if_unreplaced(
+        self, rank: int, kind: str, reason: str, answers: list[dict[str, Any]]
+    ) -> None:
+        """A lost rank no decision replaces: the job is degraded; a dead one ends the run.
+
+        The policy may answer a loss with a notification, run dry, or have its
+        restart suppressed: then nothing brings the rank back, the other ranks
+        wait on it, and the job must not go on saying it is running.
+        """
+        sup = self.sup
+        deferred = sup.controller.deferred.values()
+        if any(d.action == "restart_rank" and rank in d.ranks for d in deferred):
+            return
+        if sup.job.state.phase not in (Phase.RUNNING, Phase.DEGRADED):
+            return
+        said = "; ".join(
+            f"rule '{a.get('rule')}' chose {a.get('action')} ({a.get('outcome')})" for a in answers
+        )
+        why = f"{reason}; not replaced: {said or 'no rule of the policy answered it'}"
+        # Its peers cannot take one more step without a dead rank: waiting for them to
+        # time out of their regroup wait ends the same way, minutes later.
+        ending = kind == "rank_dead" and sup.controller.abort_reason is None
+        if ending:
+            why += "; the run cannot go on without it: ending it"
+        sup.job.step(RanksUnreplaced(frozenset({rank}), why))
+        log.warning("rank_not_replaced", rank=rank, reason=why)
+        if ending:
+            self.group.kill_all()
+
+    def check_back(self) -> None:
+        """Lost ranks that nothing replaced and that made progress since: the job runs again."""
+        state = self.sup.job.state
+        if state.phase is not Phase.DEGRADED:
+            return
+        suspects = set(self.sup.watch.suspects(time.monotonic()))
+        back = frozenset(r for r in state.lost if r not in suspects and r in self.group.actors)
+        if back:
+            for r in back:  # a later hang of the same process is found again
+                self._reported.discard((r, self.sup.slots.incarnation(r)))
+            self.sup.job.step(RanksBack(back))
 
     def _restarting_all(self) -> bool:
         return self.sup.job.state.phase is Phase.RESTARTING_ALL
@@ -166,47 +241,180 @@ class Recovery:
     def replacement_failed(self, rank: int, why: str) -> None:
         if self._replacing(rank):
             self._failed[rank] = why
+            self._moved.set()
+
+    def progress(self, rank: int, tick: int) -> None:
+        """A report of `rank` at `tick` was accepted: a restart waiting on the group learns it."""
+        if rank in self._ticks:
+            self._ticks[rank] = tick
+            self._moved.set()
+
+    async def _until_stepped(
+        self, world: list[int], past: int, replaced: list[int], *, fresh: bool = False
+    ) -> None:
+        """Wait until every rank of `world` reported a tick past `past` (a step of the new generation).
+
+        Woken by `progress` and `replacement_failed`, not by polling. Raises
+        `RestartError` when a rank of `replaced` failed, or at `REGROUP_TIMEOUT_S`.
+        """
+        if fresh:  # no tick seen yet in this supervisor's life
+            self._ticks = dict.fromkeys(world, -1)
+        deadline = time.monotonic() + REGROUP_TIMEOUT_S
+        while not all(self._ticks.get(r, -1) > past for r in world):
+            failed = {r: why for r, why in self._failed.items() if r in replaced}
+            if failed:
+                raise RestartError(
+                    "; ".join(f"rank {r}: {why}" for r, why in sorted(failed.items()))
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RestartError(
+                    f"the group did not step within {REGROUP_TIMEOUT_S:g}s "
+                    f"({await self._where_they_are(world)})"
+                )
+            self._moved.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._moved.wait(), timeout=left)
+        self._ticks = {}
 
     # --------------------------------------------------------------- restart
     def start(self, d: Decision) -> None:
         """Begin a targeted restart of `d.ranks`; the decision resolves when it ends."""
         self._task = asyncio.get_running_loop().create_task(self._restart(d))
 
-    async def settle(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+    async def settle(self, results: dict[int, dict[str, Any]]) -> None:
+        """Every rank has ended: end a restart still waiting on the group.
 
-    async def _restart(self, d: Decision) -> None:
+        A restart whose group re-formed and finished while the supervisor was
+        away (restarted after its crash) never sees the step it waits for:
+        when every rank's current incarnation completed, it worked.
+        """
+        if self._task is None or self._task.done():
+            return
+        self._task.cancel()
+        sup = self.sup
+        restarts = [d for d in sup.controller.deferred.values() if d.action == "restart_rank"]
+        completed = len(results) == sup.spec.workers and all(
+            r.get("status") == "completed" and r.get("incarnation") == sup.slots.incarnation(rank)
+            for rank, r in results.items()
+        )
+        if not (
+            restarts
+            and completed
+            and sup.job.state.phase in (Phase.RECOVERING, Phase.RESTARTING_ALL)
+        ):
+            return
+        generation = int((self._launched or {}).get("generation", self.group.generation))
+        sup.job.step(Regrouped(generation, "every rank finished in it"))
+        for d in restarts:
+            sup.controller.resolve_group_action(
+                d.decision_id,
+                "applied",
+                f"generation {generation} formed and every rank of it completed the run",
+                result={"generation": generation, "ranks": list(d.ranks)},
+            )
+
+    # ---------------------------------------------------------- after a crash
+    def state(self) -> dict[str, Any]:
+        """What a restarted supervisor needs of the restart in progress (for the state record)."""
+        return {
+            "detected_at": {str(r): t for r, t in self._detected_at.items()},
+            "marks": dict(self._marks),
+            "front": self._front,
+            "launched": self._launched,
+            "records": self.records,
+        }
+
+    def restore(self, state: dict[str, Any] | None, deferred: list[Decision]) -> None:
+        """Take the state record's part back; the lost ranks of `deferred` restarts count as reported."""
+        if state:
+            self._detected_at = {int(r): float(t) for r, t in state["detected_at"].items()}
+            self._marks = {str(k): float(v) for k, v in state["marks"].items()}
+            self._front = int(state["front"])
+            self._launched = state.get("launched")
+            self.records = list(state["records"])
+        for d in deferred:
+            for rank in d.ranks:
+                if rank in self.sup.slots.slots:
+                    # Found gone on adoption: part of this restart, not a new loss.
+                    self._reported.add((rank, self.sup.slots.incarnation(rank)))
+
+    def resume(self, d: Decision) -> None:
+        """Carry on restart `d`, which a supervisor that crashed left in progress."""
+        log.warning("restart_resumed", decision=d.decision_id, phase=self.sup.job.state.phase)
+        self._task = asyncio.get_running_loop().create_task(self._restart(d, resumed=True))
+
+    # --------------------------------------------------------------- restart
+    async def _restart(self, d: Decision, *, resumed: bool = False) -> None:
         sup = self.sup
         ranks = sorted(r for r in d.ranks if r in sup.slots.slots)
-        sup.job.step(RanksLost(frozenset(ranks), f"{d.anomaly.kind} on rank {d.anomaly.rank}"))
+        # Every effect below is preceded by a state record: a supervisor killed at
+        # any point finds this decision deferred and the job's phase, and goes on.
+        sup.write_state()
+        phase = sup.job.state.phase
+        if phase not in (Phase.RUNNING, Phase.RECOVERING, Phase.RESTARTING_ALL):
+            # Resumed after the restart had failed for good: what was left to do is the end.
+            self.group.kill_all()
+            sup.controller.resolve_group_action(
+                d.decision_id, "failed", f"the restart had failed: {sup.job.state.reason}"
+            )
+            return
+        if phase is Phase.RUNNING or not resumed:
+            # A new restart (or one whose supervisor crashed before it began).
+            sup.job.step(RanksLost(frozenset(ranks), f"{d.anomaly.kind} on rank {d.anomaly.rank}"))
+            sup.write_state()
+        else:
+            ranks = sorted({*ranks, *sup.job.state.lost})
         t_detect = min(self._detected_at.get(r, time.time()) for r in ranks)
-        self._marks["restart"] = time.time()
+        self._marks.setdefault("restart", time.time())
         info: dict[str, Any] = {}
         why = "targeted restarts are off (max_targeted_restarts is 0)"
-        if sup.job.state.phase is Phase.RECOVERING:
+        first = True
+        launched = self._launched
+        if (
+            resumed
+            and launched
+            and sup.job.state.phase is Phase.RECOVERING
+            and await self._formed(int(launched["generation"]))
+        ):
+            # The crashed supervisor's replacements joined and the group re-formed:
+            # what is left is to see every rank step in it.
             try:
-                async for attempt in AsyncRetrying(
-                    stop=stop_after_attempt(sup.job.max_targeted),
-                    wait=wait_random_exponential(multiplier=0.05, max=1.0),
-                    reraise=False,
-                ):
-                    with attempt:
-                        first = attempt.retry_state.attempt_number == 1
-                        info = await self._attempt(ranks, first=first)
-                    outcome = attempt.retry_state.outcome
-                    if outcome is not None and outcome.failed:
-                        sup.job.step(RestartFailed(str(outcome.exception())))
-            except RetryError as exc:
-                why = f"targeted restart failed: {exc.last_attempt.exception()}"
-                if not self._restarting_all():
-                    sup.controller.resolve_group_action(d.decision_id, "failed", why)
-                    return
+                await self._until_stepped(
+                    list(range(sup.spec.workers)), self._front, ranks, fresh=True
+                )
+                info = launched
+            except RestartError as exc:
+                first = False
+                why = f"targeted restart failed: {exc}"
+                sup.job.step(RestartFailed(str(exc)))
+                sup.write_state()
+        while not info and sup.job.state.phase is Phase.RECOVERING:
+            # One count of failed attempts, the job state's (`JobState.attempts`): a
+            # resumed restart has the attempts its crashed supervisor had not used. Its
+            # first attempt starts over from killing the lost ranks' current processes.
+            try:
+                info = await self._attempt(ranks, first=first)
+                break
+            except Exception as exc:  # any failure of an attempt is one failed attempt
+                first = False
+                why = f"targeted restart failed: {exc}"
+                sup.job.step(RestartFailed(str(exc)))
+                sup.write_state()
+            if sup.job.state.phase is Phase.RECOVERING:
+                # Jittered exponential back-off before the next attempt (at most 1 s).
+                await asyncio.sleep(random.uniform(0, min(1.0, 0.05 * 2**sup.job.state.attempts)))
+        if sup.job.state.phase not in (Phase.RECOVERING, Phase.RESTARTING_ALL):
+            sup.controller.resolve_group_action(d.decision_id, "failed", why)
+            return
         if self._restarting_all():
             await self._full_restart(d, ranks, t_detect, why)
             return
         sup.job.step(Regrouped(info["generation"]))
         how = ", ".join(f"rank {r} by a {k}" for r, k in info["replacements"].items())
+        if info.get("skipped_spares"):
+            skipped = ", ".join(info["skipped_spares"])
+            how += f" (skipped {skipped}: no answer to a ping, killed and refilled)"
         await self._applied(
             d, info, ranks, t_detect,
             f"replaced {how}; generation {info['generation']} formed from rank "
@@ -233,6 +441,7 @@ class Recovery:
             },
         }
         self.records.append(record)
+        self._launched = None
         self.sup.controller.resolve_group_action(
             d.decision_id,
             "applied",
@@ -245,6 +454,7 @@ class Recovery:
     async def _full_restart(self, d: Decision, lost: list[int], t_detect: float, why: str) -> None:
         """Restart every rank from the last committed checkpoint; resolve `d` either way."""
         sup = self.sup
+        sup.write_state()
         try:
             info = await self._restart_all()
         except RestartError as exc:
@@ -271,7 +481,7 @@ class Recovery:
         steps = committed_steps(directory, sup.spec.workers)
         resume = steps[-1] if steps else None
         # The steps redone: from the checkpoint to the furthest step a rank reported.
-        reached = max((m.step for r, m in c._marks.items() if r in world), default=0)
+        reached = max((s for r, s in c.last_steps().items() if r in world), default=0)
         if resume is None:
             resumed = "from step 0 with the initial state: no checkpoint is committed by every rank"
             floor = 0
@@ -290,31 +500,35 @@ class Recovery:
         for r in world:
             self._reported.add((r, sup.slots.incarnation(r)))
             sup.slots.lose(r)
+        self._ticks = dict.fromkeys(world, -1)  # before the launch: no report is missed
         info = await self.group.restart_all(resume)
         self._reissue_pending()
+        sup.write_state()
+        sup.crash_point("restart_all:launched")
         now = time.monotonic()
         for r in world:
-            c.tick_of[r] = -1
             c.forget_rank(r)
             sup.watch.started(r, now)
-        deadline = now + REGROUP_TIMEOUT_S
         # Each rank reports once when its Guard exists (tick 0), then resumes at the
         # checkpoint's tick: a tick past it is a step completed in the new generation.
-        while not all(c.tick_of.get(r, -1) > floor for r in world):
-            failed = {r: why for r, why in self._failed.items() if r in world}
-            if failed:
-                raise RestartError(
-                    "; ".join(f"rank {r}: {why}" for r, why in sorted(failed.items()))
-                )
-            if time.monotonic() > deadline:
-                raise RestartError(f"the group did not step within {REGROUP_TIMEOUT_S:g}s")
-            await asyncio.sleep(0.005)
+        await self._until_stepped(world, floor, world)
         return {
             **info,
             "resumed": resumed,
             "reached_step": reached,
             "steps_lost": max(reached - (resume or 0), 0),
         }
+
+    async def _where_they_are(self, ranks: list[int]) -> str:
+        """Each rank's phase and generation as its ping tells them, for a restart that timed out."""
+        present = [r for r in ranks if r in self.group.actors]
+        pings = await self.group.ping_all(self.sup.watch.config.ping_timeout_s, ranks=present)
+        return ", ".join(
+            f"rank {r}: {p.get('phase')} in generation {p.get('generation')} at tick {p.get('tick')}"
+            if isinstance(p, dict)
+            else f"rank {r}: {p}"
+            for r, p in sorted(pings.items())
+        )
 
     def _reissue_pending(self) -> None:
         """Every rank of the new generation gets every pending command again.
@@ -341,9 +555,27 @@ class Recovery:
                 for r in live
                 if not (isinstance(pings[r], dict) and pings[r].get("phase") == "recovering")
             ]
-            if not still or time.monotonic() > deadline:
+            # A survivor that answered nothing yet is not known to be blocked: the first
+            # calls of a restarted supervisor to the ranks it adopted can be slow.
+            silent = [r for r in still if not isinstance(pings[r], dict)]
+            # Every survivor still blocked: replacing them all cannot work (no rank
+            # would be left to take the state from), so more time costs nothing there;
+            # on a loaded node their error handlers may just not have run yet.
+            extra = SILENT_GRACE_S if silent or len(still) == len(live) else 0.0
+            if not still or time.monotonic() > deadline + extra:
                 return still
             await asyncio.sleep(0.02)
+
+    async def _formed(self, generation: int) -> bool:
+        """True if every rank answers from `generation`: the crashed supervisor's restart took."""
+        pings = await self.group.ping_all(
+            self.sup.watch.config.ping_timeout_s, patience=self.sup.watch.config.ping_patience
+        )
+        every = range(self.sup.spec.workers)
+        return all(
+            r in pings and isinstance(pings[r], dict) and pings[r].get("generation") == generation
+            for r in every
+        )
 
     async def _attempt(self, ranks: list[int], *, first: bool) -> dict[str, Any]:
         sup = self.sup
@@ -355,15 +587,24 @@ class Recovery:
         for r in ranks:
             self._failed.pop(r, None)
             sup.slots.lose(r)
+        # The ticks the group must pass, fed by reports from here on (the replaced
+        # ranks' old processes report nothing that counts: their slots are closed).
+        self._ticks = {r: -1 if r in ranks else c.tick_of.get(r, -1) for r in world}
         if first:
             front = max(c.tick_of.get(r, 0) for r in live)
+            sup.write_state()
             for r in ranks:
                 self.group.kill(r)
             self._marks["killed"] = time.time()
+            self.sup.crash_point("restart_rank:killed")
             if sup.spec.gpus_per_rank:
                 # NCCL kernels keep spinning after a peer dies: abort the survivors'
                 # communicators from their control threads (a no-op on gloo ranks).
-                await asyncio.gather(*(self.group.actors[r].abort.remote() for r in live))
+                await waits.within(
+                    asyncio.gather(*(self.group.actors[r].abort.remote() for r in live)),
+                    ABORT_S,
+                    "the survivors' communicator aborts",
+                )
             blocked = await self._blocked(live)
             self._marks["survivors_checked"] = time.time()
             if blocked:
@@ -371,6 +612,7 @@ class Recovery:
                 # (not on the killed rank) stays blocked until that peer's process
                 # exits; it is replaced too, from a survivor that did recover.
                 for r in blocked:
+                    self._ticks[r] = -1
                     self._reported.add((r, sup.slots.incarnation(r)))
                     sup.slots.lose(r)
                     c.drop_rank(r)
@@ -385,24 +627,22 @@ class Recovery:
             info = await self.group.replace(ranks, source=min(live))
             self._marks["launched"] = time.time()
             info["blocked"] = blocked
+            self._front = front
+            self._launched = info
+            sup.write_state()  # the new incarnations, spares and generation
+            sup.crash_point("restart_rank:launched")
         else:
             front = self._front
             info = await self.group.relaunch(ranks, source=min(live))
+            self._launched = info
+            sup.write_state()
         self._front = front
         now = time.monotonic()
         for r in ranks:
-            c.tick_of[r] = -1
             sup.watch.started(r, now)
         for r in live:
             sup.watch.allow(r, REGROUP_TIMEOUT_S, now)
-        deadline = now + REGROUP_TIMEOUT_S
-        while not all(c.tick_of.get(r, -1) > front for r in world):
-            failed = {r: why for r, why in self._failed.items() if r in ranks}
-            if failed:
-                raise RestartError("; ".join(f"rank {r}: {why}" for r, why in failed.items()))
-            if time.monotonic() > deadline:
-                raise RestartError(f"the group did not step within {REGROUP_TIMEOUT_S:g}s")
-            await asyncio.sleep(0.005)
+        await self._until_stepped(list(world), front, ranks)
         for r in world:
             sup.watch.settle(r)  # back to step-time timeouts: a second hang is found as fast
         return info

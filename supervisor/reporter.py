@@ -139,7 +139,7 @@ class RayReporter:
                 kept.append((ref, batch))
                 continue
             try:
-                self._inbox.extend(ray.get(ref))
+                self._inbox.extend(ray.get(ref))  # ready: ray.wait returned it
             except ray.exceptions.RayError as exc:
                 # Unacknowledged: its events and outcomes go out again with the next batch.
                 self.lost_replies += 1

@@ -14,17 +14,27 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+import structlog
 
+from remedy.supervisor import waits
 from remedy.supervisor.actor import launch_supervisor
 from remedy.supervisor.display import Display
+from remedy.supervisor.exceptions import WaitTimeout
 from remedy.supervisor.spec import RunSpec
 from remedy.supervisor.worker_group import kill_run_actors
+
+# A supervisor answers a call within this long past what the call waits for itself,
+# else it is not answering: restarting after a crash (seconds), or hung.
+ANSWER_S = 30.0
+log = structlog.get_logger("remedy.runner")
 
 PROGRESS_EVERY_S = 5.0
 # How often a display polls the supervisor's feed.
 POLL_S = 0.5
 # How long a stopping run may take to write its final checkpoint and end.
 STOP_TIMEOUT_S = 120.0
+# How long a new supervisor may take to start (its process, its policy, its journal).
+START_S = 120.0
 
 
 def run_supervised(
@@ -43,7 +53,7 @@ def run_supervised(
     sup = launch_supervisor(spec)
     summary: dict[str, Any] | None = None
     try:
-        ray.get(sup.start.remote())
+        waits.get(sup.start.remote(), START_S, "the supervisor's start")
         try:
             summary = follow(sup, spec.token, display=display, progress=progress)
             return summary
@@ -67,17 +77,35 @@ def follow(
     progress: Callable[[dict[str, Any]], None] | None = None,
     cursor: int = 0,
 ) -> dict[str, Any]:
-    """Poll a started supervisor until its run ends; the summary."""
+    """Poll a started supervisor until its run ends; the summary.
+
+    Every call is bounded: a supervisor that does not answer is said so (logged
+    once per bound, with how long), and asked again, never waited on forever.
+    """
     last_status = time.monotonic()
+    silent_since: float | None = None
     while True:
-        summary = ray.get(supervisor.wait.remote(POLL_S if display else PROGRESS_EVERY_S))
-        if display is not None:
-            cursor = pump(supervisor, display, cursor, token)
+        wait_s = POLL_S if display else PROGRESS_EVERY_S
+        try:
+            summary = waits.get(
+                supervisor.wait.remote(wait_s), wait_s + ANSWER_S, "the supervisor's wait"
+            )
+            if display is not None:
+                cursor = pump(supervisor, display, cursor, token)
+            if progress is not None and time.monotonic() - last_status >= PROGRESS_EVERY_S:
+                last_status = time.monotonic()
+                progress(waits.get(supervisor.status.remote(token), ANSWER_S, "status"))
+        except WaitTimeout as exc:
+            silent_since = silent_since or time.monotonic() - ANSWER_S
+            log.warning(
+                "supervisor_not_answering",
+                seconds=round(time.monotonic() - silent_since, 1),
+                wait=str(exc),
+            )
+            continue
+        silent_since = None
         if summary is not None:
             return dict(summary)
-        if progress is not None and time.monotonic() - last_status >= PROGRESS_EVERY_S:
-            last_status = time.monotonic()
-            progress(ray.get(supervisor.status.remote(token)))
 
 
 def stop_run(
@@ -95,9 +123,9 @@ def stop_run(
 
 def pump(supervisor: Any, display: Display, cursor: int, token: str) -> int:
     """Hand the supervisor's new feed events to `display`; return the next cursor."""
-    events, after = ray.get(supervisor.events.remote(cursor, token))
+    events, after = waits.get(supervisor.events.remote(cursor, token), ANSWER_S, "events")
     if after < cursor:  # a restarted supervisor's feed starts again from 0
-        events, after = ray.get(supervisor.events.remote(0, token))
+        events, after = waits.get(supervisor.events.remote(0, token), ANSWER_S, "events")
     cursor = after
     for event in events:
         display.handle(event)

@@ -42,6 +42,10 @@ class RunSpec:
     spares: int | None = None
     hang_watch: dict[str, float] = field(default_factory=dict)
     max_targeted_restarts: int = 3
+    # Chaos for the supervisor itself: it SIGKILLs its own process once at each
+    # of these points of a recovery (`recovery.CRASH_POINTS`), so a test can
+    # crash it in the middle of a restart; Ray restarts it and it carries on.
+    crash_points: list[str] = field(default_factory=list)
     # The run's secret: reports, commands, `status`, `policy apply` and `stop`
     # without it are refused (see `SupervisorActor._authorized`). Kept in the
     # registry entry (owner-only) of the machine that started the run.

@@ -30,6 +30,7 @@ from typing import Any
 import ray
 import structlog
 
+from remedy.supervisor.exceptions import WaitTimeout
 from remedy.supervisor.hang_watch import DEAD, NO_ANSWER
 from remedy.supervisor.rank import RankActor
 from remedy.supervisor.rank_slots import RankSlots
@@ -39,6 +40,13 @@ log = structlog.get_logger("remedy.worker_group")
 
 # How long a rank gets to answer `result()` before it counts as still running.
 RESULT_TIMEOUT_S = 2.0
+# How long a warm spare gets to answer a ping before it is used: one that does not
+# (stopped, wedged) is killed, skipped, and replaced by a fresh spare.
+SPARE_PING_S = 1.0
+# How long started actors get to say where they run (node, pid): a process start
+# takes seconds, tens of seconds for a whole group on a loaded node (30 s was too
+# short for 4 ranks and a spare at load average 30), a wedged one forever.
+WHERE_TIMEOUT_S = 120.0
 
 
 def rank_name(run_id: str, rank: int, incarnation: int) -> str:
@@ -201,7 +209,7 @@ class WorkerGroup:
                     self.spare_names.append(name)
                     self.next_spare = max(self.next_spare, int(name.rsplit("-", 1)[1]))
         live = [r for r in ranks if r not in missing]
-        with contextlib.suppress(ray.exceptions.RayError, asyncio.TimeoutError):
+        with contextlib.suppress(ray.exceptions.RayError, asyncio.TimeoutError, WaitTimeout):
             await asyncio.wait_for(self._learn_pids(live), RESULT_TIMEOUT_S)
         return missing
 
@@ -222,6 +230,8 @@ class WorkerGroup:
         for rank, task in tasks.items():
             if not task.done():
                 task.cancel()
+            elif rank not in self.adopted:
+                continue  # killed or replaced meanwhile (a restart): its answer is stale
             elif task.result() is not None:
                 out[rank] = task.result()
                 self.adopted.discard(rank)
@@ -231,7 +241,14 @@ class WorkerGroup:
         return out
 
     async def _learn_pids(self, ranks: list[int]) -> None:
-        found = await asyncio.gather(*(self.actors[r].where.remote() for r in ranks))
+        try:
+            found = await asyncio.wait_for(
+                asyncio.gather(*(self.actors[r].where.remote() for r in ranks)), WHERE_TIMEOUT_S
+            )
+        except TimeoutError:
+            raise WaitTimeout(
+                f"ranks {ranks} did not say where they run within {WHERE_TIMEOUT_S:g}s"
+            ) from None
         for rank, (node, pid) in zip(ranks, found, strict=True):
             self.pids[rank] = (node, pid)
             self.slots.slots[rank].pid = pid
@@ -311,19 +328,22 @@ class WorkerGroup:
         generation = self.generation
         how: dict[int, str] = {}
         new: list[int] = []
+        skipped: list[str] = []
         for rank in ranks:
             self.slots.replace(rank)
-            (actor, name), how[rank] = self._spare_or_new(rank)
+            (actor, name), how[rank] = await self._spare_or_new(rank, skipped)
             self._launch(rank, actor, name, generation=generation, adopt_from=source)
             new.append(rank)
         for rank, actor in self.actors.items():
             if rank not in new:
-                actor.regroup.remote(generation, source)
+                # With the store: after a supervisor restart it is not the one they joined.
+                actor.regroup.remote(generation, source, self.store_addr)
         await self._learn_pids(new)
         return {
             "generation": generation,
             "source": source,
             "replacements": {str(r): how[r] for r in ranks},
+            "skipped_spares": skipped,
             "launch_s": round(time.perf_counter() - t0, 4),
         }
 
@@ -354,9 +374,10 @@ class WorkerGroup:
             self.kill(rank)
         self.generation += 1
         how: dict[int, str] = {}
+        skipped: list[str] = []
         for rank in ranks:
             self.slots.replace(rank)
-            (actor, name), how[rank] = self._spare_or_new(rank)
+            (actor, name), how[rank] = await self._spare_or_new(rank, skipped)
             self._launch(
                 rank,
                 actor,
@@ -370,6 +391,7 @@ class WorkerGroup:
             "generation": self.generation,
             "resume_step": resume_step,
             "replacements": {str(r): how[r] for r in ranks},
+            "skipped_spares": skipped,
             "launch_s": round(time.perf_counter() - t0, 4),
         }
 
@@ -378,11 +400,29 @@ class WorkerGroup:
         for rank in list(self.actors):
             self.kill(rank)
 
-    def _spare_or_new(self, rank: int) -> tuple[tuple[Any, str], str]:
-        """(actor, its name) of a warm spare if one is ready, else of a new actor; and which it was."""
-        if self.spares:
-            return self._take_spare(), "warm spare"
-        return self._new_rank(rank), "new actor"
+    async def _spare_or_new(self, rank: int, skipped: list[str]) -> tuple[tuple[Any, str], str]:
+        """(actor, its name) of a warm spare that answers a ping, else of a new actor; and which.
+
+        A spare that does not answer within `SPARE_PING_S` is killed and its name
+        added to `skipped`; a fresh spare replaces it (off the critical path: it
+        is not taken for this rank, being cold).
+        """
+        chosen: tuple[tuple[Any, str], str] | None = None
+        while self.spares and chosen is None:
+            actor, name = self._take_spare()
+            if await _answers(actor, SPARE_PING_S):
+                chosen = (actor, name), "warm spare"
+                break
+            log.warning(
+                "spare_skipped", spare=name, reason=f"no answer to a ping within {SPARE_PING_S:g}s"
+            )
+            skipped.append(name)
+            with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                ray.kill(actor, no_restart=True)
+        for _ in skipped:
+            if len(self.spares) < (self.spec.spares or 0):
+                self._new_spare()
+        return chosen or ((self._new_rank(rank)), "new actor")
 
     def refill_spares(self) -> None:
         """Start spares up to the configured count (their start is off the critical path)."""
@@ -396,3 +436,12 @@ class WorkerGroup:
         self.spares.clear()
         self.spare_names.clear()
         self.adopted.clear()
+
+
+async def _answers(actor: Any, timeout_s: float) -> bool:
+    """True if `actor` answers a ping within `timeout_s`."""
+    try:
+        await asyncio.wait_for(actor.ping.remote(), timeout_s)
+    except (TimeoutError, ray.exceptions.RayError):
+        return False
+    return True

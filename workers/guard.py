@@ -241,7 +241,7 @@ class Guard:
     # ------------------------------------------------------------- local mode
     def _local_reporter(self, ctx: WorkerContext) -> Reporter:
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - single-process mode only
-        from remedy.workers.control import Controller  # noqa: PLC0415
+        from remedy.supervisor.core.control import Controller  # noqa: PLC0415
         from remedy.workers.metrics import standalone_metrics  # noqa: PLC0415
         from remedy.workers.rundir import RunDir  # noqa: PLC0415
 

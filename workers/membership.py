@@ -95,7 +95,8 @@ class Membership:
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self._store: Any = None
         self._sockets = GroupSockets()  # gloo: this generation's connections, to break off
-        self._orders: queue.Queue[tuple[int, int]] = queue.Queue()
+        # Orders to regroup: (generation, source, the store's address or None for the same).
+        self._orders: queue.Queue[tuple[int, int, tuple[str, int] | None]] = queue.Queue()
         self._lock = threading.Lock()
         self._mark: tuple[int, dict[str, Any]] | None = None
         self.phase = "starting"
@@ -135,9 +136,21 @@ class Membership:
             dist.destroy_process_group()
 
     # ----------------------------------------------------------- control side
-    def regroup(self, generation: int, source: int) -> None:
-        """The supervisor's order: form `generation`, adopting rank `source`'s state."""
-        self._orders.put((generation, source))
+    def regroup(
+        self, generation: int, source: int, store_addr: tuple[str, int] | None = None
+    ) -> None:
+        """The supervisor's order: form `generation`, adopting rank `source`'s state.
+
+        `store_addr`: the rendezvous store to form it over; a supervisor that Ray
+        restarted serves a new one (the old one died with its process).
+        """
+        self._orders.put((generation, source, store_addr))
+
+    def _use_store(self, store_addr: tuple[str, int] | None) -> None:
+        """Form the next generation over the store at `store_addr` (None: the same one)."""
+        if store_addr is not None and tuple(store_addr) != tuple(self.store_addr):
+            self.store_addr = (str(store_addr[0]), int(store_addr[1]))
+            self._store = None  # connected to in `join`
 
     def status(self) -> dict[str, Any]:
         return {
@@ -205,7 +218,7 @@ class Membership:
             error=str(exc)[:200],
             released=released,
         )
-        generation, source = self._next_order()
+        generation, source, store_addr = self._next_order()
         self.timeline["order"] = time.time()
         if in_step and self._mark is not None:
             # The failed step is discarded: back to the boundary it started from.
@@ -213,15 +226,34 @@ class Membership:
             guard.cursor.position = position
             restore_rng(rng)
             guard.optimizer.zero_grad(set_to_none=True)
-        captured = None
-        if self.rank == source:
-            # Taken before DDP's re-initialisation, whose start-up sync copies rank 0's
-            # parameters, and rank 0 may be a fresh replacement.
-            captured = {**train_state.capture(guard), "ddp_buckets": ddp_bucket_layout(guard.model)}
         self.leave()
         self.timeline["left"] = time.time()
-        self.generation = generation
-        self.join()
+        captured = None
+        formed = self.generation  # the last generation this process was part of
+        while True:
+            if self.rank == source and captured is None:
+                # Taken before DDP's re-initialisation, whose start-up sync copies rank 0's
+                # parameters, and rank 0 may be a fresh replacement.
+                captured = {
+                    **train_state.capture(guard),
+                    "ddp_buckets": ddp_bucket_layout(guard.model),
+                }
+            elif self.rank != source:
+                captured = None
+            self.generation = generation
+            self._use_store(store_addr)
+            try:
+                self.join()
+                break
+            except (RuntimeError, dist.DistError) as failed:
+                # The rendezvous itself failed: the supervisor serving its store died
+                # meanwhile. The one Ray restarts orders the group again, with its store.
+                log.warning("rendezvous_failed", rank=self.rank, generation=generation,
+                            error=str(failed)[:200])  # fmt: skip
+                self.leave()
+                _forget_failed_group()
+                self.generation = formed  # not part of `generation`: any order past it counts
+                generation, source, store_addr = self._next_order()
         joined = time.perf_counter()
         rebuild_ddp(guard)
         self.timeline["ddp"] = time.time()
@@ -242,19 +274,33 @@ class Membership:
         log.warning("regrouped", rank=self.rank, **self.last_recovery)
         return True
 
-    def _next_order(self) -> tuple[int, int]:
+    def _next_order(self) -> tuple[int, int, tuple[str, int] | None]:
         deadline = time.monotonic() + REGROUP_WAIT_S
+        self.phase = "recovering"
         while True:
             left = deadline - time.monotonic()
             try:
-                generation, source = self._orders.get(timeout=max(left, 0.0))
+                generation, source, store_addr = self._orders.get(timeout=max(left, 0.0))
             except queue.Empty:
                 raise GroupLostError(
                     f"rank {self.rank}: a collective failed and no order to regroup came within "
                     f"{REGROUP_WAIT_S:g}s"
                 ) from None
             if generation > self.generation:
-                return generation, source
+                return generation, source, store_addr
+
+
+def _forget_failed_group() -> None:
+    """After an `init_process_group` that failed, name the next group as a fresh process would.
+
+    torch names the default group from a counter (`_world.group_count`) that
+    the failed call advanced and that only `destroy_process_group` resets; the
+    rendezvous keys carry the name, so a survivor whose rendezvous failed once
+    waited under "1/" while a fresh replacement waited under "0/", forever.
+    """
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and not dist.is_initialized():
+        world.group_count = 0
 
 
 def warm_up() -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from remedy.policies import AnomalyEvent, Engine, load_policy_text
+from remedy.policies import AnomalyEvent, Engine, load_policy, load_policy_text
+from remedy.policies._params import ACTION_PARAMS, params_dict
 from remedy.policies._reasons import action_phrase, ranks_text
+from remedy.policies._vocab import ACTIONS
 
 
 @pytest.mark.parametrize(
@@ -60,3 +62,27 @@ def test_value_and_threshold_are_shown() -> None:
     )
     (d,) = Engine(policy).decide([AnomalyEvent("loss_spike", 2, 9, value=12.5, threshold=4.0)])
     assert d.reason.startswith("loss_spike (value 12.5, threshold 4) on rank 2 at step 9")
+
+
+@pytest.mark.parametrize("action", [a for a in ACTIONS if a != "abort"])
+@pytest.mark.timeout(10)
+def test_only_abort_says_it_aborts(action: str) -> None:
+    """Every action other than `abort` is described as what it does, never as aborting the run."""
+    given = {
+        "switch_kv_allocator": {"to": "paged"},
+        "skip_batches": {"count": 3},
+        "configure_cuda_allocator": {"expandable_segments": True},
+    }.get(action, {})
+    params = params_dict(ACTION_PARAMS[action](**given))
+    assert "abort" not in action_phrase(action, params)
+
+
+@pytest.mark.timeout(10)
+def test_default_policy_reasons_are_true_for_the_allocator() -> None:
+    """The bundled default policy's allocator decision says it configures the allocator."""
+    (d, *_) = Engine(load_policy("default")).decide(
+        [AnomalyEvent("memory_fragmentation", 0, 40, value=0.6, threshold=0.3)]
+    )
+    assert d.action == "configure_cuda_allocator"
+    assert "aborting" not in d.reason
+    assert "expandable segments" in d.reason

@@ -11,8 +11,10 @@ from remedy.supervisor.job_state import (
     JobState,
     JobStateMachine,
     Phase,
+    RanksBack,
     RanksEnded,
     RanksLost,
+    RanksUnreplaced,
     Regrouped,
     RestartFailed,
     Started,
@@ -94,6 +96,8 @@ def test_a_second_loss_during_recovery_widens_the_lost_set() -> None:
         (JobState(Phase.RUNNING), RestartFailed("x")),
         (JobState(Phase.FINISHED), RanksLost(frozenset({0}), "x")),
         (JobState(Phase.STARTING), RanksLost(frozenset({0}), "x")),
+        (JobState(Phase.RECOVERING), RanksUnreplaced(frozenset({0}), "x")),
+        (JobState(Phase.RUNNING), RanksBack(frozenset({0}))),
     ],
 )
 def test_inputs_that_make_no_sense_are_refused(state: JobState, inp: Any) -> None:
@@ -113,3 +117,34 @@ def test_state_round_trips_through_its_record() -> None:
     """A journaled state record rebuilds the same state."""
     state = JobState(Phase.RECOVERING, 4, frozenset({1, 3}), "hang", 2)
     assert JobState.from_dict(state.to_dict()) == state
+
+
+def test_a_lost_rank_nothing_replaces_degrades_the_job() -> None:
+    """running -> degraded(lost {2}) says why; the job ends failed for that reason, not completed."""
+    m, journal = _machine()
+    m.step(Started(0))
+    _, nxt = m.step(RanksUnreplaced(frozenset({2}), "rank 2 hung; not replaced: notify (applied)"))
+    assert nxt.phase is Phase.DEGRADED and nxt.lost == {2}
+    assert "the job is degraded" in journal[-1]["reason"]
+    assert "not replaced: notify" in journal[-1]["reason"]
+    assert m.step(RanksEnded("failed", nxt.reason))[1].phase is Phase.FAILED
+    assert journal[-1]["reason"] == nxt.reason
+
+
+def test_a_degraded_job_runs_again_when_its_lost_ranks_come_back() -> None:
+    """degraded(lost {1, 3}) -> degraded(lost {3}) -> running, the generation kept."""
+    m, _ = _machine()
+    m.step(Started(0))
+    m.step(RanksUnreplaced(frozenset({1}), "slow"))
+    assert m.step(RanksUnreplaced(frozenset({3}), "slow"))[1].lost == {1, 3}
+    assert m.step(RanksBack(frozenset({1})))[1] == JobState(
+        Phase.DEGRADED, 0, frozenset({3}), "slow"
+    )
+    assert m.step(RanksBack(frozenset({3})))[1] == JobState(Phase.RUNNING, 0)
+
+
+def test_a_restart_of_a_degraded_job_recovers_the_ranks_it_replaces() -> None:
+    """degraded(lost {1}) -> a later restart_rank of rank 2 -> recovering(lost {2})."""
+    state = JobState(Phase.DEGRADED, 0, frozenset({1}), "slow")
+    nxt, _ = transition(state, RanksLost(frozenset({2}), "rank_dead on rank 2"))
+    assert (nxt.phase, nxt.lost) == (Phase.RECOVERING, frozenset({2}))

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy
-from remedy.workers.control import Controller
+from remedy.supervisor.core.control import Controller
 
 KINDS = [
     "nonfinite_loss",

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
-from remedy.workers import control_state
-from remedy.workers.control import Controller
+from remedy.supervisor.core import control_state
+from remedy.supervisor.core.control import Controller
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """

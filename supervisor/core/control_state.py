@@ -20,18 +20,19 @@ redone when the outcome it came with is re-sent. Nothing here touches Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import Counter, deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from remedy.policies import Decision
+from remedy.policies import AnomalyEvent, Decision
+from remedy.supervisor.core.report_validation import RankMark
 from remedy.workers.commands import Command, Outcome
-from remedy.workers.report_validation import RankMark
 
 if TYPE_CHECKING:
-    from remedy.workers.control import Controller
+    from remedy.supervisor.core.control import Controller
 
 FORMAT = 1
 STATE = "state"
@@ -73,7 +74,7 @@ def dump(c: Controller) -> dict[str, Any]:
 
 def load(c: Controller, data: dict[str, Any]) -> None:
     """Put `c` (freshly built, same policy) in the state `dump` recorded."""
-    from remedy.workers.control import _Pending  # noqa: PLC0415 - the two modules are one concept
+    from remedy.supervisor.core.control import _Pending  # noqa: PLC0415 - the two modules are one concept
 
     if data.get("format") != FORMAT:
         raise ValueError(f"not a controller state of format {FORMAT}")
@@ -81,7 +82,7 @@ def load(c: Controller, data: dict[str, Any]) -> None:
     c._seq = int(data["seq"])
     c.pending = {}
     for raw in data["pending"]:
-        decision = Decision.from_dict(raw["decision"])
+        decision = _decision(raw["decision"])
         pending = _Pending(
             decision,
             Command.from_dict(raw["command"]),
@@ -96,7 +97,7 @@ def load(c: Controller, data: dict[str, Any]) -> None:
     c._closed = set(c._recent_closed)
     c.deferred = {}
     for raw in data["deferred"]:
-        d = Decision.from_dict(raw)
+        d = _decision(raw)
         c.deferred[d.decision_id] = d
     c.step_of = _unkeyed(data["step_of"])
     c.tick_of = _unkeyed(data["tick_of"])
@@ -112,6 +113,22 @@ def load(c: Controller, data: dict[str, Any]) -> None:
     c.rejected = Counter(data["rejected"])
     c.abort_reason = data["abort_reason"]
     c.stop_reason = data.get("stop_reason")
+
+
+def _decision(raw: dict[str, Any]) -> Decision:
+    """A decision of a state record, an operator's stop included.
+
+    `Controller.stop` makes its decision from an `operator_stop` event, which is
+    no anomaly kind of the policy vocabulary, so `AnomalyEvent.from_dict`
+    refuses it: a supervisor restarted during a stop could not load its state.
+    """
+    anomaly = raw.get("anomaly")
+    if not (isinstance(anomaly, dict) and anomaly.get("source") == "operator"):
+        return Decision.from_dict(raw)
+    names = {f.name for f in dataclasses.fields(AnomalyEvent)}
+    event = AnomalyEvent(**{k: v for k, v in anomaly.items() if k in names})
+    checked = {**anomaly, "kind": "rank_dead", "source": "supervisor"}  # the rest is checked
+    return dataclasses.replace(Decision.from_dict({**raw, "anomaly": checked}), anomaly=event)
 
 
 def replay_tail(c: Controller, tail: list[dict[str, Any]]) -> list[str]:

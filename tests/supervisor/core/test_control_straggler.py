@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy
-from remedy.workers.control import Controller
+from remedy.supervisor.core.control import Controller
 from remedy.workers.detectors import StragglerWatch
 from remedy.workers.rundir import RunDir, read_jsonl
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
-from remedy.workers.control import Controller
+from remedy.supervisor.core.control import Controller
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
-from remedy.workers.control import Controller
-from remedy.workers.report_validation import MAX_INT, Limits, _bounded
+from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.report_validation import MAX_INT, Limits, _bounded
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """

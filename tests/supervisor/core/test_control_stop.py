@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from remedy.policies import Engine, load_policy
-from remedy.workers.control import Controller
+from remedy.supervisor.core.control import Controller
 from remedy.workers.rundir import RunDir, read_jsonl
 
 

@@ -32,10 +32,11 @@ from remedy.policies import (
     Decision,
     Engine,
 )
-from remedy.workers import control_state
+from remedy.supervisor.core import control_state
+from remedy.supervisor.core.effects import Notify, NotifySink, log_notify
+from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.detectors.straggler import StragglerWatch
-from remedy.workers.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.control")
@@ -95,13 +96,16 @@ class Controller:
         straggler: StragglerWatch | _Default | None = _Default.TOKEN,
         limits: Limits = DEFAULT_LIMITS,
         clock: Callable[[], float] = time.time,
+        notify: NotifySink = log_notify,
     ) -> None:
         """`straggler`: the slow-rank watch; by default a `StragglerWatch()` when
         `world_size > 1`, none for one rank; `None` turns it off. `limits`:
         how much a report batch may carry (`report_validation.Limits`);
-        `clock`: wall time, for how far ahead a report may run.
+        `clock`: wall time, for how far ahead a report may run; `notify`: carries
+        out a `notify` decision's `effects.Notify` (by default, a log line).
         """
         self.engine = engine
+        self.notify = notify
         self.world_size = world_size
         self.run_dir = run_dir
         self.group_action = group_action
@@ -194,8 +198,18 @@ class Controller:
         if self._new_times:
             events += self._check_stragglers()
         if events:
-            self.handle(self.engine.decide(events, now=now))
+            self._decide(events, now)
         return self.commands_for(rank)
+
+    def _decide(self, events: list[AnomalyEvent], now: float) -> None:
+        """The one place where the valid events of a batch reach the policy engine.
+
+        Every event passes here: the ranks' detectors, the straggler watch, and
+        the supervisor's own (a lost rank is ingested as a batch in its name).
+        Events that are one incident seen from several ranks belong merged here,
+        before the policy decides.
+        """
+        self.handle(self.engine.decide(events, now=now))
 
     def _log_rejections(self) -> None:
         """Log a reason's 1st, 10th, 100th, ... rejection: a flood must not flood the log too."""
@@ -214,6 +228,10 @@ class Controller:
     def rejected_batches(self) -> int:
         """Whole batches refused: a bad header (rank, step, tick), or by their rank's slot."""
         return sum(n for reason, n in self.rejected.items() if reason.startswith("batch_"))
+
+    def last_steps(self) -> dict[int, int]:
+        """Each rank's step in its last accepted report (after a rollback, lower than its most)."""
+        return {rank: mark.step for rank, mark in self._marks.items()}
 
     def commands_for(self, rank: int) -> list[dict[str, Any]]:
         return [
@@ -335,8 +353,11 @@ class Controller:
 
     def _supervisor_action(self, d: Decision) -> None:
         if d.action == "notify":
-            log.warning("notify", rule=d.rule, reason=d.reason, message=d.params.get("message"))
-            self._resolve_now(d, "applied", "notification logged")
+            message = d.params.get("message")
+            effect = Notify(
+                d.decision_id, d.rule, d.reason, None if message is None else str(message)
+            )
+            self._resolve_now(d, *self.notify(effect))
         elif d.action == "abort":
             self.abort_reason = str(d.params.get("reason") or d.reason)
             if self.run_dir is not None:
@@ -386,6 +407,9 @@ class Controller:
         )
         self._dispatch(d)
         self._dispatch_stop(d)
+        # A new promise: the state record must hold both commands before a reply
+        # carries them (a crash in between lost the stop, applied on some ranks only).
+        self.changes += 1
         return True
 
     def resolve_group_action(

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
-from remedy.workers.control import Controller
+from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.effects import Notify
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """
@@ -122,6 +123,28 @@ def test_notify_is_applied_by_the_supervisor(controller: Controller, tmp_path: P
     assert controller.ingest({"rank": 1, "step": 9, "events": [stall]}) == []
     (line,) = read_jsonl(tmp_path / "decisions.jsonl")
     assert (line["action"], line["outcome"]) == ("notify", "applied")
+
+
+def test_notify_goes_to_the_sink_the_shell_gives(tmp_path: Path) -> None:
+    """A notify decision is one `Notify` effect for the shell's sink; its answer is the outcome."""
+    sent: list[Notify] = []
+
+    def sink(effect: Notify) -> tuple[str, str]:
+        sent.append(effect)
+        return "failed", "webhook answered 503"
+
+    engine = Engine(load_policy_text(POLICY, "control.yaml"), run_id="r")
+    c = Controller(engine, world_size=2, run_dir=RunDir(tmp_path, "r"), notify=sink)
+    stall = AnomalyEvent("data_stall", 1, 9, value=3.0, threshold=2.5).to_dict()
+    c.ingest({"rank": 1, "step": 9, "events": [stall]})
+    [effect] = sent
+    [line] = read_jsonl(tmp_path / "decisions.jsonl")
+    assert (effect.decision_id, effect.rule, effect.reason) == (
+        line["decision_id"],
+        line["rule"],
+        line["reason"],
+    )
+    assert (line["outcome"], line["detail"]) == ("failed", "webhook answered 503")
 
 
 def test_abort_stops_every_rank(controller: Controller) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
-from remedy.workers.control import Controller
+from remedy.supervisor.core.control import Controller
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """

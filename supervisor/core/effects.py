@@ -1,0 +1,36 @@
+"""Effects the decision core asks its shell to carry out.
+
+The Controller decides; whoever runs it (the supervisor actor, or a Guard
+alone) carries the effect out and says how it went. `Notify` is a person
+to be told: the default sink logs it; a shell may send it on (a webhook, an
+alert manager) and return what happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+log = structlog.get_logger("remedy.control")
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """Tell a person: the decision it comes from, its rule, its reason and its message."""
+
+    decision_id: str
+    rule: str
+    reason: str
+    message: str | None
+
+
+# Carries a `Notify` out; returns (outcome, detail): ("applied", "notification logged").
+NotifySink = Callable[[Notify], tuple[str, str]]
+
+
+def log_notify(effect: Notify) -> tuple[str, str]:
+    """The default sink: one log line."""
+    log.warning("notify", rule=effect.rule, reason=effect.reason, message=effect.message)
+    return "applied", "notification logged"
