@@ -17,6 +17,7 @@ from remedy.policies._loader import (
     load_policy_bytes,
     load_policy_text,
 )
+from remedy.policies._notify import SINK_KINDS, NotifySink
 from remedy.policies._rules import Policy, Rule, Step
 from remedy.policies._vocab import (
     ACTIONS,
@@ -47,6 +48,7 @@ __all__ = [
     "MAX_STEP",
     "OUTCOMES",
     "SEVERITIES",
+    "SINK_KINDS",
     "SOURCES",
     "SUPERVISOR_ACTIONS",
     "AnomalyEvent",
@@ -54,6 +56,7 @@ __all__ = [
     "Diagnostic",
     "Engine",
     "EventError",
+    "NotifySink",
     "OutcomeError",
     "Policy",
     "PolicyError",

@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import secrets
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from typing import Any
 import ray
 import structlog
 
-from remedy.policies import Decision, Engine, PolicyError
+from remedy.policies import Decision, Engine, Policy, PolicyError
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig
@@ -46,6 +47,7 @@ from remedy.supervisor.job_state import (
     Started,
     TransitionError,
 )
+from remedy.supervisor.notify import NOTIFICATIONS_FILE, Notifier, env_sinks
 from remedy.supervisor.policy_source import (
     is_policy_file,
     load_policy_source,
@@ -101,8 +103,9 @@ class SupervisorActor:
         lives = [r for r in journal if r.get("type") == "supervisor_started"]
         # 1 for a new run; one more for each time Ray restarted this supervisor.
         self.incarnation = 1 + max((int(r.get("incarnation", 1)) for r in lives), default=0)
+        policy = load_policy_source(self.spec.policy)
         engine = Engine(
-            load_policy_source(self.spec.policy),
+            policy,
             run_id=self.spec.run_id,
             dry_run=self.spec.dry_run,
             incarnation=self.incarnation,
@@ -113,6 +116,8 @@ class SupervisorActor:
             run_dir=self.run_dir,
             group_action=self._group_action,
         )
+        self.notifier = self._notifier(policy)
+        self.controller.notify_hook = self._notify
         self.started = time.time()
         self.state = "starting"
         self.rank_results: dict[int, dict[str, Any]] = {}
@@ -268,6 +273,10 @@ class SupervisorActor:
             return self._refuse(filename, exc)
         old = self.controller.engine.policy.name
         self.controller.engine.reload(policy)
+        if policy.notify != self.notifier_sinks:
+            # The old sinks finish what they hold in the background; new notifies go to the new.
+            previous, self.notifier = self.notifier, self._notifier(policy)
+            threading.Thread(target=previous.close, daemon=True).start()
         self.run_dir.wal(
             {"type": "policy_reloaded", "file": filename, "from": old, "to": policy.name}
         )
@@ -514,6 +523,21 @@ class SupervisorActor:
         self.feed.set_rank_state(rank, str(result.get("status")))
         self.slots.end(rank)
 
+    def _notifier(self, policy: Policy) -> Notifier:
+        """The policy's sinks, plus `REMEDY_NOTIFY_WEBHOOK` from `remedy run`'s environment."""
+        self.notifier_sinks = policy.notify
+        return Notifier(
+            [*policy.notify, *env_sinks(self.spec.notify_env)],
+            run_id=self.spec.run_id,
+            env=self.spec.notify_env,
+            journal=self.run_dir.path / NOTIFICATIONS_FILE,
+        )
+
+    def _notify(self, d: Decision) -> str:
+        """A notify decision: queued for every sink; returns at once (see `supervisor.notify`)."""
+        pids = self.group.pids if self.group is not None else {}
+        return self.notifier.submit(d, {r: pids[r][0] for r in d.ranks if r in pids})
+
     def _group_action(self, d: Decision) -> tuple[str, str] | None:
         """restart_rank: replace the decision's ranks asynchronously (resolved when done)."""
         if d.action != "restart_rank":
@@ -567,6 +591,7 @@ class SupervisorActor:
             status = "failed"
         with contextlib.suppress(TransitionError):  # ended already
             self.job.step(RanksEnded(status))
+        self.notifier.close()  # deliveries still queued get a last chance, then are journaled
         lead = results[0] if results else {}
         completed = int(lead.get("steps_completed", 0))
         executed = int(lead.get("steps_executed", 0))
@@ -582,6 +607,7 @@ class SupervisorActor:
             "actions": dict(c.action_counts),
             "anomalies": dict(c.anomaly_counts),
             "outcomes": dict(c.outcome_counts),
+            "notifications": dict(self.notifier.counts),
             "decisions": len(c.decisions),
             "rejected_events": c.rejected_events,
             "rejected_batches": c.rejected_batches,

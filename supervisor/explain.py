@@ -99,6 +99,7 @@ def explain_decision(run: RunData, d: dict[str, Any], policy: Policy | None) -> 
     lines.append(f"  {d.get('action')} {d.get('params') or {}} -> {d.get('outcome')}")
     if d.get("detail"):
         lines.append(f"  {d['detail']}")
+    lines.extend("  " + text for text in _deliveries(run, d))
     if d.get("applied_at_step") is not None:
         lines.append(
             f"  applied at step {d['applied_at_step']} (asked for {d.get('apply_at_step')}), "
@@ -117,6 +118,21 @@ def explain_decision(run: RunData, d: dict[str, Any], policy: Policy | None) -> 
     lines.append("what training did next:")
     lines.extend("  " + text for text in _loss_around(run, d))
     return "\n".join(lines)
+
+
+def _deliveries(run: RunData, d: dict[str, Any]) -> list[str]:
+    """How a notify decision's deliveries ended, one line per sink."""
+    out = []
+    for n in run.notifications:
+        if n.get("decision_id") != d.get("decision_id"):
+            continue
+        tries = n.get("attempts")
+        if n.get("outcome") == "delivered":
+            word = "try" if tries == 1 else "tries"
+            out.append(f"delivered to {n.get('sink')} ({tries} {word}, {n.get('latency_s')} s)")
+        else:
+            out.append(f"not delivered to {n.get('sink')}: {n.get('error')}")
+    return out
 
 
 def _events_for(run: RunData, d: dict[str, Any]) -> list[dict[str, Any]]:

@@ -46,6 +46,9 @@ DEFAULT_LIMITS = Limits()
 # it returns (outcome, detail), or None when it goes on asynchronously and
 # `Controller.resolve_group_action` will end it.
 GroupActionHook = Callable[[Decision], tuple[str, str] | None]
+# Hands a notify decision to whoever delivers it (the supervisor's `Notifier`);
+# returns at once with a note for the decision's detail (delivery is journaled apart).
+NotifyHook = Callable[[Decision], str]
 
 
 class _Default(enum.Enum):
@@ -105,6 +108,7 @@ class Controller:
         self.world_size = world_size
         self.run_dir = run_dir
         self.group_action = group_action
+        self.notify_hook: NotifyHook | None = None
         self.command_lead = command_lead
         self.pending: dict[str, _Pending] = {}
         self._closed: set[str] = set()  # ids of commands no longer pending
@@ -336,7 +340,10 @@ class Controller:
     def _supervisor_action(self, d: Decision) -> None:
         if d.action == "notify":
             log.warning("notify", rule=d.rule, reason=d.reason, message=d.params.get("message"))
-            self._resolve_now(d, "applied", "notification logged")
+            sent = self.notify_hook(d) if self.notify_hook is not None else None
+            self._resolve_now(
+                d, "applied", f"notification logged; {sent}" if sent else "notification logged"
+            )
         elif d.action == "abort":
             self.abort_reason = str(d.params.get("reason") or d.reason)
             if self.run_dir is not None:
