@@ -1,7 +1,7 @@
 """The remedy policy language: load YAML policies, and run them over anomaly events.
 
 Pure Python (no Ray, no torch): the same event stream always gives the same
-decisions. See docs/policies.md for the language reference.
+decisions. See docs/policies.md for the language and docs/reference.md for every name in it.
 """
 
 from __future__ import annotations
