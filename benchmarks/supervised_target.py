@@ -85,7 +85,8 @@ def main(argv: list[str]) -> dict[str, Any]:
             times.append(now - last)
             last = now
     kept = times[args.warmup :]
-    return {"mode": args.mode, "median_s": statistics.median(kept), "steps_timed": len(kept)}
+    return {"mode": args.mode, "median_s": statistics.median(kept), "steps_timed": len(kept),
+            "torch_threads": torch.get_num_threads()}  # fmt: skip
 
 
 def _one(mode: str, workers: int, steps: int, tmp: Path, i: int) -> float:
