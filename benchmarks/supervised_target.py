@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,12 @@ def main(argv: list[str]) -> dict[str, Any]:
     p.add_argument("--mode", choices=("guarded", "plain"), required=True)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
+    # Set here, in the thread that trains: `remedy run` sets the rank's threads in the
+    # actor's constructor, and OpenMP keeps a thread count per thread. Under load, two
+    # spinning intra-op threads on 2 cores made the plain loop 10x slower in a thread.
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     ctx = get_context()
     rank, world = (ctx.rank, ctx.world_size) if ctx else (0, 1)
     torch.manual_seed(0)
@@ -97,15 +103,18 @@ def _one(mode: str, workers: int, steps: int, tmp: Path, i: int) -> float:
            "--run-dir", str(run_dir), "--quiet", "--", "--mode", mode, "--steps", str(steps)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=1800)
     if proc.returncode != 0:
-        raise RuntimeError(f"remedy run {mode} x{workers} failed: {proc.stderr[-800:]}")
+        # `--quiet` puts the display's JSON lines on stdout: the summary's error is the last.
+        tail = (proc.stdout.strip().splitlines() or [""])[-1][-800:]
+        raise RuntimeError(f"remedy run {mode} x{workers} exited {proc.returncode}: {tail} "
+                           f"{proc.stderr[-400:]}")  # fmt: skip
     summary = json.loads((run_dir / "summary.json").read_text())
     rank0 = next(r for r in summary["ranks"] if r.get("rank") == 0)
     return float(rank0["result"]["median_s"])
 
 
-def compare(workers: list[int], steps: int, repeat: int) -> list[dict[str, Any]]:
-    """Per world size: plain and guarded medians over `repeat` interleaved runs each, and the ratio."""
-    rows = []
+def compare(workers: list[int], steps: int, repeat: int) -> Iterator[dict[str, Any]]:
+    """Per world size, as each is done: plain and guarded medians over `repeat` interleaved
+    runs each, and the ratio."""
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         for w in workers:
@@ -116,7 +125,6 @@ def compare(workers: list[int], steps: int, repeat: int) -> list[dict[str, Any]]
                 for mode in order:
                     (plain if mode == "plain" else guarded).append(_one(mode, w, steps, tmp, i))
             pm, gm = statistics.median(plain), statistics.median(guarded)
-            rows.append({"workers": w, "plain_ms": pm * 1e3, "guarded_ms": gm * 1e3,
-                         "ratio": gm / pm, "runs": repeat,
-                         "pairs": [g / p for g, p in zip(guarded, plain, strict=True)]})  # fmt: skip
-    return rows
+            yield {"workers": w, "plain_ms": pm * 1e3, "guarded_ms": gm * 1e3,
+                   "ratio": gm / pm, "runs": repeat,
+                   "pairs": [g / p for g, p in zip(guarded, plain, strict=True)]}  # fmt: skip
