@@ -50,9 +50,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     p.add_argument("--mode", choices=("guarded", "plain"), required=True)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
-    # Set here, in the thread that trains: `remedy run` sets the rank's threads in the
-    # actor's constructor, and OpenMP keeps a thread count per thread. Under load, two
-    # spinning intra-op threads on 2 cores made the plain loop 10x slower in a thread.
+    # Set in the thread that trains, for both modes alike: under load, two intra-op
+    # threads on 2 cores made the plain loop 7-12x slower than the guarded one.
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
