@@ -33,6 +33,13 @@ tiny model's real batches, and the Guard's own per-step pieces.
     python benchmarks/overhead.py --quick    # fewer steps, for a smoke run
     python benchmarks/overhead.py --only example
     python benchmarks/overhead.py --profile  # cProfile of the tiny config's guarded steps
+    python benchmarks/overhead.py --supervised [--sup-workers 1,4] [--sup-steps 150] [--sup-repeat 3]
+
+`--supervised` prints the rows of the real supervised path instead: the
+example under `remedy run` (a private local Ray), guarded and plain, at 1
+rank and at 4 DDP ranks, with reports, snapshots and durable checkpoints at
+their defaults (see `supervised_target.py`); the runs alternate which goes
+first, and the row is the ratio of the median step times of rank 0.
 
 Timings on a shared machine are noisy: compare ratios, rerun, and keep
 `--threads 1` (the default) where other jobs compete for the cores.
@@ -301,13 +308,37 @@ def _stats(i: int) -> StepStats:
     )
 
 
+def supervised(args: argparse.Namespace) -> None:
+    """The supervised rows: guarded vs plain under `remedy run`, per world size."""
+    import os  # noqa: PLC0415
+
+    from benchmarks.supervised_target import compare as supervised_compare  # noqa: PLC0415
+
+    workers = [int(w) for w in args.sup_workers.split(",")]
+    print(f"under remedy run: {args.sup_steps} steps a run (20 untimed), {args.sup_repeat} runs "
+          f"of each mode per world size, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(f"{'ranks':>6} {'plain ms':>9} {'guarded ms':>11} {'ratio':>7}  per-pair ratios")
+    for r in supervised_compare(workers, args.sup_steps, args.sup_repeat):
+        pairs = ", ".join(f"{x:.3f}" for x in r["pairs"])
+        print(f"{r['workers']:>6} {r['plain_ms']:9.2f} {r['guarded_ms']:11.2f} {r['ratio']:7.4f}  {pairs}",
+              flush=True)  # fmt: skip
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps (smoke run)")
     p.add_argument("--only", choices=[s.name for s in SETUPS], help="run one configuration")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--profile", action="store_true", help="cProfile the tiny guarded steps")
+    p.add_argument("--supervised", action="store_true", help="the rows under `remedy run`")
+    p.add_argument("--sup-workers", default="1,4", help="world sizes for --supervised")
+    p.add_argument("--sup-steps", type=int, default=150, help="steps per supervised run")
+    p.add_argument("--sup-repeat", type=int, default=3, help="runs of each mode per world size")
     args = p.parse_args(argv)
+    if args.supervised:
+        supervised(args)
+        return
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     print(f"torch {torch.__version__}, {args.threads} thread(s)")

@@ -361,7 +361,10 @@ def level(ranks: int, args: argparse.Namespace, cfg: dict[str, float]) -> dict[s
         "no_command": sum(res["unanswered"] for res in results),
         "fanout_p50": pct(fanout, 0.5),
         "fanout_p99": pct(fanout, 0.99),
+        "fanouts": len(fanout),
         "rtt_p99": pct([x for w in body for x in windows[w]["rtt"]], 0.99),
+        "rtts": sum(len(windows[w]["rtt"]) for w in body),
+        "polls": len(poll_s),
         "load_average": os.getloadavg()[0],
         "rejected": status["rejected"],
         "display_poll_p99": pct(poll_s, 0.99),
@@ -377,12 +380,14 @@ def level(ranks: int, args: argparse.Namespace, cfg: dict[str, float]) -> dict[s
           f"decision latency p50 {figures['decision_p50'] * 1e3:.1f} ms, p99 {figures['decision_p99'] * 1e3:.1f} ms "
           f"({len(decision)} decisions, {figures['no_command']} events without a command); "
           f"every rank holds it after p50 {figures['fanout_p50'] * 1e3:.0f} ms, "
-          f"p99 {figures['fanout_p99'] * 1e3:.0f} ms")  # fmt: skip
+          f"p99 {figures['fanout_p99'] * 1e3:.0f} ms (n={figures['fanouts']}); "
+          f"report round trip p99 {figures['rtt_p99'] * 1e3:.1f} ms (n={figures['rtts']})")  # fmt: skip
     print(f"  CPU while sending (cores busy): supervisor {cpu[0]:.2f} "
           f"({figures['cpu_per_batch'] * 1e6:.0f} us per batch), senders {sum(cpu[1:-1]):.2f}, "
           f"whole machine {cpu[-1]:.2f} of {os.cpu_count()} "
           f"(load average {os.getloadavg()[0]:.1f})")  # fmt: skip
-    print(f"  display poll p99 {figures['display_poll_p99'] * 1e3:.1f} ms; lag growing: {growing}; "
+    print(f"  display poll p99 {figures['display_poll_p99'] * 1e3:.1f} ms (n={figures['polls']}); "
+          f"lag growing: {growing}; "
           f"rejected: {status['rejected'] or 'none'}; keeps up: {figures['keeps_up']}")  # fmt: skip
     return figures
 
@@ -482,13 +487,15 @@ def main() -> None:
             rows.append(row)
             ok, bad = (nxt, bad) if row["keeps_up"] else (ok, nxt)
             nxt = ok * 2 if not bad else (ok + bad) // 2
-    print(f"\n{'ranks':>6}{'batches/s':>11}{'events/s':>10}{'rtt p99 ms':>12}{'decision p50':>14}"
-          f"{'p99 ms':>8}{'all ranks p99':>15}{'growing':>9}{'keeps up':>10}{'load avg':>10}")  # fmt: skip
+    # Every percentile with its sample count (n): a p99 of 8 samples is their maximum.
+    print(f"\n{'ranks':>6}{'batches/s':>11}{'events/s':>10}{'rtt p99 ms':>12}{'(n)':>8}"
+          f"{'decision p50':>14}{'p99 ms':>8}{'(n)':>6}{'all ranks p99':>15}{'(n)':>6}"
+          f"{'growing':>9}{'keeps up':>10}{'load avg':>10}")  # fmt: skip
     for r in sorted(rows, key=lambda r: r["ranks"]):
         print(f"{r['ranks']:>6}{r['batches_s']:>11.0f}{r['events_s']:>10.1f}{r['rtt_p99'] * 1e3:>12.1f}"
-              f"{r['decision_p50'] * 1e3:>14.1f}{r['decision_p99'] * 1e3:>8.1f}"
-              f"{r['fanout_p99'] * 1e3:>15.0f}{r['growing']!s:>9}{r['keeps_up']!s:>10}"
-              f"{r['load_average']:>10.1f}")  # fmt: skip
+              f"{r['rtts']:>8}{r['decision_p50'] * 1e3:>14.1f}{r['decision_p99'] * 1e3:>8.1f}"
+              f"{r['decisions']:>6}{r['fanout_p99'] * 1e3:>15.0f}{r['fanouts']:>6}"
+              f"{r['growing']!s:>9}{r['keeps_up']!s:>10}{r['load_average']:>10.1f}")  # fmt: skip
     kept = [r["ranks"] for r in rows if r["keeps_up"]]
     print(f"largest rank count kept up with: {max(kept) if kept else 'none'} (of those run)")
     # What limits one supervisor: its own CPU per report (Ray's share and remedy's together).

@@ -1,7 +1,7 @@
 """The remedy policy language: load YAML policies, and run them over anomaly events.
 
 Pure Python (no Ray, no torch): the same event stream always gives the same
-decisions. See docs/policies.md for the language reference.
+decisions. See docs/policies.md for the language and docs/reference.md for every name in it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from remedy.policies._loader import (
     load_policy_bytes,
     load_policy_text,
 )
+from remedy.policies._notify import SINK_KINDS, NotifySink
 from remedy.policies._rules import Policy, Rule, Step
 from remedy.policies._vocab import (
     ACTIONS,
@@ -47,6 +48,7 @@ __all__ = [
     "MAX_STEP",
     "OUTCOMES",
     "SEVERITIES",
+    "SINK_KINDS",
     "SOURCES",
     "SUPERVISOR_ACTIONS",
     "AnomalyEvent",
@@ -54,6 +56,7 @@ __all__ = [
     "Diagnostic",
     "Engine",
     "EventError",
+    "NotifySink",
     "OutcomeError",
     "Policy",
     "PolicyError",

@@ -20,7 +20,9 @@ from remedy.policies._model import (
     Predicate,
     RuleModel,
     RuleRef,
+    SinkModel,
 )
+from remedy.policies._notify import SINK_KINDS, NotifySink
 from remedy.policies._params import ACTION_PARAMS, params_dict
 from remedy.policies._predicates import Comparison, Matcher, combine
 from remedy.policies._rules import Backoff, Escalation, Inhibit, Policy, Rule, Step, freeze
@@ -64,6 +66,7 @@ def compile_policy(
                 )
             )
     inhibit = tuple(_inhibit(m) for m in model.inhibit)
+    sinks = [_sink(m, ("notify", i), doc, errors) for i, m in enumerate(model.notify)]
     policy = Policy(
         name=model.name or default_name,
         rules=tuple(rules),
@@ -71,6 +74,7 @@ def compile_policy(
         dry_run=model.dry_run,
         inhibit=inhibit,
         description=model.description,
+        notify=tuple(s for s in sinks if s is not None),
     )
     return policy, errors
 
@@ -232,3 +236,39 @@ def _matcher(p: Predicate) -> Matcher:
 
 def _inhibit(m: InhibitModel) -> Inhibit:
     return Inhibit(m.while_, frozenset(m.anomalies), m.warmup_steps)
+
+
+def _sink(m: SinkModel, path: Path, doc: Document, errors: list[Diagnostic]) -> NotifySink | None:
+    given = [kind for kind in SINK_KINDS if kind in m.model_fields_set]
+    if len(given) != 1:
+        found = f"{len(given)}: {', '.join(given)}" if given else "none"
+        errors.append(
+            doc.error(
+                path, f"a notify entry needs exactly one of {', '.join(SINK_KINDS)} ({found})"
+            )
+        )
+        return None
+    kind = given[0]
+    line = doc.locate(path)[0]
+    if m.command is not None:
+        c = m.command
+        return NotifySink("command", argv=tuple(c.argv), timeout_s=c.timeout_s,
+                          attempts=c.attempts, line=line)  # fmt: skip
+    http = m.webhook if m.webhook is not None else m.alertmanager
+    assert http is not None
+    if (http.url is None) == (http.url_env is None):
+        errors.append(
+            doc.error(
+                (*path, kind),
+                f"{kind} needs `url` or `url_env` (the variable that holds a secret URL), "
+                "exactly one of them",
+            )
+        )
+        return None
+    if m.webhook is not None:
+        return NotifySink("webhook", url=http.url, url_env=http.url_env, format=m.webhook.format,
+                          timeout_s=http.timeout_s, attempts=http.attempts, line=line)  # fmt: skip
+    assert m.alertmanager is not None
+    return NotifySink("alertmanager", url=http.url, url_env=http.url_env,
+                      labels=tuple(sorted(m.alertmanager.labels.items())),
+                      timeout_s=http.timeout_s, attempts=http.attempts, line=line)  # fmt: skip

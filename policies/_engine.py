@@ -99,6 +99,9 @@ class Engine:
         self._keys: list[Callable[[AnomalyEvent], GroupKey]] = [
             operator.attrgetter(*r.group_by) for r in policy.rules
         ]
+        # Whether a rule's groups each hold one kind (it groups by kind), so that
+        # removing a claimed group needs no look at its members' kinds.
+        self._by_kind = ["kind" in r.group_by for r in policy.rules]
         self._policy, self._states = policy, states
 
     # -- deciding --------------------------------------------------------------------
@@ -109,41 +112,62 @@ class Engine:
             out: list[Decision] = []
             if not events:
                 return out
+            # One pass: the batch's ticks and kinds. Nearly every batch is one tick (one
+            # rank's report, or one step of every rank), which then needs no slicing.
             first = events[0].tick
-            if all(e.tick == first for e in events):
-                self._run_slice(events, first, now, out)
+            by_kind: dict[str, list[AnomalyEvent]] = {}
+            ts = events[0].ts
+            for event in events:
+                if event.tick != first:
+                    break
+                if event.ts > ts:
+                    ts = event.ts
+                bucket = by_kind.get(event.kind)
+                if bucket is None:
+                    by_kind[event.kind] = [event]
+                else:
+                    bucket.append(event)
+            else:
+                self._run_slice(by_kind, first, now if now is not None else ts, out)
                 return out
             slices: dict[int, list[AnomalyEvent]] = {}
             for event in events:
                 slices.setdefault(event.tick, []).append(event)
             for tick in sorted(slices):
-                self._run_slice(slices[tick], tick, now, out)
+                part = slices[tick]
+                by_kind = {}
+                for event in part:
+                    by_kind.setdefault(event.kind, []).append(event)
+                self._run_slice(
+                    by_kind, tick, now if now is not None else max(e.ts for e in part), out
+                )
             return out
 
     def _run_slice(
-        self, events: Sequence[AnomalyEvent], tick: int, now: float | None, out: list[Decision]
+        self, pending: dict[str, list[AnomalyEvent]], tick: int, ts: float, out: list[Decision]
     ) -> None:
-        ts = now if now is not None else max(e.ts for e in events)
-        self._tick = max(self._tick, tick)
-        self._ts = max(self._ts, ts)
-        pending: dict[str, list[AnomalyEvent]] = {}
-        for event in events:
-            bucket = pending.get(event.kind)
-            if bucket is None:
-                pending[event.kind] = [event]
-            else:
-                bucket.append(event)
-        candidates: set[int] = set()
-        for kind in pending:
-            candidates.update(self._index.get(kind, self._wildcard))
+        """Run the rules over one tick's events, `pending` by kind (claimed ones are removed)."""
+        if tick > self._tick:
+            self._tick = tick
+        if ts > self._ts:
+            self._ts = ts
+        index, wildcard = self._index, self._wildcard
+        if len(pending) == 1:
+            candidates: Sequence[int] = index.get(next(iter(pending)), wildcard)
+        else:
+            found: set[int] = set()
+            for kind in pending:
+                found.update(index.get(kind, wildcard))
+            candidates = sorted(found)
         rules = self._policy.rules
-        for ri in sorted(candidates):
+        for ri in candidates:
             if not pending:
                 return
             rule = rules[ri]
             kinds = rule.matcher.kinds
             key_of = self._keys[ri]
             check = None if rule.matcher.trivial else rule.matcher
+            by_kind = self._by_kind[ri]
             groups: dict[GroupKey, list[AnomalyEvent]] = {}
             for kind, bucket in pending.items():
                 if kinds is not None and kind not in kinds:
@@ -158,7 +182,7 @@ class Engine:
                             members.append(event)
             for key, members in groups.items():
                 if self._evaluate(rule, key, members, tick, ts, out) and not rule.cont:
-                    _remove(pending, members)
+                    _remove(pending, members, one_kind=by_kind)
 
     def _evaluate(
         self,
@@ -171,7 +195,7 @@ class Engine:
     ) -> bool:
         """Judge one group for one rule; return True when the rule claims it."""
         state = self._states[rule.name]
-        ranks = {e.rank for e in members}
+        ranks = {members[0].rank} if len(members) == 1 else {e.rank for e in members}
         late = state.seen_group(key, ranks)
         if late is not None:
             return late
@@ -180,13 +204,16 @@ class Engine:
         inhibition = self._budget.inhibition(occ.event.kind, tick, self._policy.inhibit)
         if inhibition is not None:
             state.remember(key, ranks, True)
+            marker = f"inhibit:{inhibition.period}"
+            if counters.marker == marker:
+                return True  # suppressed already this period: no sentence to build
             entry = inhibition.entry
             after = f" and for {entry.warmup_steps} steps after" if entry.warmup_steps else ""
             why = (
                 f" but {occ.event.kind} is inhibited while {entry.while_action} is in progress"
                 f"{after} ({inhibition.period}); not acting"
             )
-            self._suppress(rule, counters, occ, f"inhibit:{inhibition.period}", why, out)
+            self._suppress(rule, counters, occ, marker, why, out)
             return True
         met = counters.observe(rule, tick, ts)
         # A rule claims what it matches when its condition holds, and while it cools down
@@ -195,29 +222,47 @@ class Engine:
         claimed = met or counters.cooldown_left(tick, ts) > 0
         state.remember(key, ranks, claimed)
         if met:
-            self._gate(rule, occ, out, prefix=None, depth=0)
+            self._gate(rule, occ, out, prefix=None, depth=0, state=counters)
         return claimed
 
     def _gate(
-        self, rule: Rule, occ: Occurrence, out: list[Decision], *, prefix: str | None, depth: int
+        self,
+        rule: Rule,
+        occ: Occurrence,
+        out: list[Decision],
+        *,
+        prefix: str | None,
+        depth: int,
+        state: KeyState | None = None,
     ) -> None:
-        """Pass a match through cooldown, max_fires and the budget; fire or suppress."""
+        """Pass a match through cooldown, max_fires and the budget; fire or suppress.
+
+        `state`: the rule's counters for the event, when the caller has them already.
+        A suppression already recorded for its period returns before its sentence is
+        built: under a cooldown that is every later match, the common case.
+        """
         rule_state = self._states[rule.name]
-        state = rule_state.for_event(occ.event)
+        if state is None:
+            state = rule_state.for_event(occ.event)
         tick, ts = occ.tick, occ.ts
         left = state.cooldown_left(tick, ts)
         if left > 0 and state.last_fire is not None and state.cooldown is not None:
+            marker = f"cooldown:{state.last_fire[0]}"
+            if state.marker == marker:
+                return
             amount = f"{int(left)} more steps" if state.cooldown.steps else f"{left:g}s more"
             why = (
                 f" but it is cooling down{rule_state.describe_key(occ.event)} for {amount} "
                 f"(cooldown {state.cooldown.describe()} after firing at step "
                 f"{state.last_fire[2]}); not repeating {rule.steps[0].action}"
             )
-            self._suppress(rule, state, occ, f"cooldown:{state.last_fire[0]}", why, out)
+            self._suppress(rule, state, occ, marker, why, out)
             return
         if state.exhausted(rule, tick, ts):
             period = state.exhaustion_period()
             if state.escalated == period:
+                if state.marker == f"exhausted:{period}":
+                    return
                 why = (
                     f" but it fired max_fires={rule.max_fires} times {fires_window(rule)} "
                     "and has already escalated; not acting"
@@ -234,6 +279,8 @@ class Engine:
             return
         busy = self._budget.busy()
         if busy is not None and rule.disruptive and not self.dry_run:
+            if state.marker == f"budget:{busy[0]}":
+                return
             why = (
                 f" but {busy[1]} ({busy[0]}) is still in flight and only one disruptive "
                 f"action runs at a time; holding back {rule.steps[0].action}"
@@ -449,19 +496,29 @@ class Engine:
 
 
 def _representative(members: list[AnomalyEvent]) -> AnomalyEvent:
+    """The first of the most severe members (severities are compared only where they differ)."""
     best = members[0]
     if len(members) > 1:
-        rank = severity_rank(best.severity)
+        sev = best.severity
+        rank: int | None = None
         for event in members:
-            r = severity_rank(event.severity)
-            if r > rank:
-                best, rank = event, r
+            s = event.severity
+            if s != sev:
+                if rank is None:
+                    rank = severity_rank(sev)
+                r = severity_rank(s)
+                if r > rank:
+                    best, sev, rank = event, s, r
     return best
 
 
-def _remove(pending: dict[str, list[AnomalyEvent]], members: list[AnomalyEvent]) -> None:
+def _remove(
+    pending: dict[str, list[AnomalyEvent]], members: list[AnomalyEvent], *, one_kind: bool
+) -> None:
     kind = members[0].kind
-    if all(m.kind == kind for m in members) and len(pending.get(kind, ())) == len(members):
+    if (one_kind or all(m.kind == kind for m in members)) and len(pending.get(kind, ())) == len(
+        members
+    ):
         del pending[kind]
         return
     gone = {id(m) for m in members}

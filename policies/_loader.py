@@ -115,4 +115,5 @@ def _load(text: str | bytes, filename: str) -> tuple[Policy | None, list[Diagnos
         inhibit=policy.inhibit,
         description=policy.description,
         warnings=tuple(warnings),
+        notify=policy.notify,
     ), []

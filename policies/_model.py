@@ -23,6 +23,17 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from remedy.policies._notify import (
+    DEFAULT_ATTEMPTS,
+    DEFAULT_TIMEOUT_S,
+    Argv,
+    Attempts,
+    EnvName,
+    Labels,
+    Timeout,
+    Url,
+    WebhookFormat,
+)
 from remedy.policies._params import (
     AbortParams,
     CheckpointNowParams,
@@ -215,6 +226,50 @@ class InhibitModel(Strict):
     _one_or_many = field_validator("anomalies", mode="before")(_listify)
 
 
+class _HttpSink(Strict):
+    """A sink reached over HTTP: its URL, or the environment variable that holds it."""
+
+    noun: ClassVar[str] = "key"
+    url: Url | None = None
+    url_env: EnvName | None = None
+    timeout_s: Timeout = DEFAULT_TIMEOUT_S
+    attempts: Attempts = DEFAULT_ATTEMPTS
+
+
+class WebhookSink(_HttpSink):
+    """POST a JSON body: remedy's own (`generic`) or a Slack-compatible `{"text": ...}`."""
+
+    place: ClassVar[str] = "a webhook sink"
+    format: WebhookFormat = "generic"
+
+
+class AlertmanagerSink(_HttpSink):
+    """POST alerts to Prometheus Alertmanager's `/api/v2/alerts`."""
+
+    place: ClassVar[str] = "an alertmanager sink"
+    labels: Labels = Field(default_factory=dict)
+
+
+class CommandSink(Strict):
+    """Run a program with the notification as JSON on its stdin."""
+
+    noun: ClassVar[str] = "key"
+    place: ClassVar[str] = "a command sink"
+    argv: Argv
+    timeout_s: Timeout = DEFAULT_TIMEOUT_S
+    attempts: Attempts = DEFAULT_ATTEMPTS
+
+
+class SinkModel(Strict):
+    """One entry of `notify:`: exactly one of `webhook`, `alertmanager`, `command`."""
+
+    noun: ClassVar[str] = "sink"
+    place: ClassVar[str] = "a notify entry"
+    webhook: WebhookSink | None = None
+    alertmanager: AlertmanagerSink | None = None
+    command: CommandSink | None = None
+
+
 def _version(value: Any) -> int:
     if value == 1 and not isinstance(value, bool):
         return 1
@@ -231,4 +286,5 @@ class PolicyModel(Strict):
     description: Text | None = None
     dry_run: Bool = False
     inhibit: list[InhibitModel] = Field(default_factory=list)
+    notify: list[SinkModel] = Field(default_factory=list)
     rules: list[RuleModel]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from remedy.policies._diagnostics import Diagnostic
+from remedy.policies._notify import NotifySink
 from remedy.policies._predicates import Matcher
 from remedy.policies._spans import Span
 from remedy.policies._vocab import DISRUPTIVE_ACTIONS
@@ -164,6 +165,8 @@ class Policy:
     description: str | None = None
     version: int = 1
     warnings: tuple[Diagnostic, ...] = ()
+    # Where `notify` decisions are delivered (the policy's `notify:` list).
+    notify: tuple[NotifySink, ...] = ()
     _by_name: Mapping[str, Rule] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

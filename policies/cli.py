@@ -112,7 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("paths", nargs="+", metavar="FILE")
     run = sub.add_parser("test", help="run policy test files")
     run.add_argument("paths", nargs="+", metavar="FILE")
+    sub.add_parser("reference", help="print the policy reference page (docs/reference.md)")
     args = parser.parse_args(argv)
+    if args.command == "reference":
+        from remedy.policies._reference import reference_markdown  # noqa: PLC0415 - rarely used
+
+        sys.stdout.write(reference_markdown())
+        return 0
     if args.command == "check":
         return check_main(args.paths, strict=args.strict)
     return test_main(args.paths)

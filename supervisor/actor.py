@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,10 @@ from typing import Any
 import ray
 import structlog
 
-from remedy.policies import Decision, Engine, PolicyError
+from remedy.policies import Decision, Engine, Policy, PolicyError
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import log_notify
+from remedy.supervisor.core.effects import Notify, log_notify
 from remedy.supervisor.core.run_state import RunState
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
@@ -51,6 +52,7 @@ from remedy.supervisor.job_state import (
     Started,
     TransitionError,
 )
+from remedy.supervisor.notify import NOTIFICATIONS_FILE, Notifier, env_sinks
 from remedy.supervisor.policy_source import (
     is_policy_file,
     load_policy_source,
@@ -104,20 +106,22 @@ class SupervisorActor:
         lives = [r for r in journal if r.get("type") == "supervisor_started"]
         # 1 for a new run; one more for each time Ray restarted this supervisor.
         self.incarnation = 1 + max((int(r.get("incarnation", 1)) for r in lives), default=0)
+        policy = load_policy_source(self.spec.policy)
         engine = Engine(
-            load_policy_source(self.spec.policy),
+            policy,
             run_id=self.spec.run_id,
             dry_run=self.spec.dry_run,
             incarnation=self.incarnation,
         )
+        self.notifier = self._notifier(policy)
         self.controller = Controller(
             engine,
             world_size=self.spec.workers,
             run_dir=self.run_dir,
             group_action=self._group_action,
-            # Where a `notify` decision's effect is carried out: logged for now; a sink
-            # that sends it on (webhook, alert manager) plugs in here.
-            notify=log_notify,
+            # Where a `notify` decision's effect is carried out: logged, and queued for
+            # the policy's sinks and REMEDY_NOTIFY_WEBHOOK (see `supervisor.notify`).
+            notify=self._notify,
         )
         self.started = time.time()
         self.state = "starting"
@@ -294,6 +298,10 @@ class SupervisorActor:
             return self._refuse(filename, exc)
         old = self.controller.engine.policy.name
         self.controller.engine.reload(policy)
+        if policy.notify != self.notifier_sinks:
+            # The old sinks finish what they hold in the background; new notifies go to the new.
+            previous, self.notifier = self.notifier, self._notifier(policy)
+            threading.Thread(target=previous.close, daemon=True).start()
         self.run_dir.wal(
             {"type": "policy_reloaded", "file": filename, "from": old, "to": policy.name}
         )
@@ -548,6 +556,26 @@ class SupervisorActor:
         self.feed.set_rank_state(rank, str(result.get("status")))
         self.slots.end(rank)
 
+    def _notifier(self, policy: Policy) -> Notifier:
+        """The policy's sinks, plus `REMEDY_NOTIFY_WEBHOOK` from `remedy run`'s environment."""
+        self.notifier_sinks = policy.notify
+        return Notifier(
+            [*policy.notify, *env_sinks(self.spec.notify_env)],
+            run_id=self.spec.run_id,
+            env=self.spec.notify_env,
+            journal=self.run_dir.path / NOTIFICATIONS_FILE,
+        )
+
+    def _notify(self, effect: Notify) -> tuple[str, str]:
+        """A notify effect: logged, and queued for every sink; returns at once."""
+        outcome, detail = log_notify(effect)
+        d = effect.decision
+        if d is None:
+            return outcome, detail
+        pids = self.group.pids if self.group is not None else {}
+        sent = self.notifier.submit(d, {r: pids[r][0] for r in d.ranks if r in pids})
+        return outcome, f"{detail}; {sent}" if sent else detail
+
     def _group_action(self, d: Decision) -> tuple[str, str] | None:
         """restart_rank: replace the decision's ranks asynchronously (resolved when done)."""
         if d.action != "restart_rank":
@@ -603,6 +631,7 @@ class SupervisorActor:
         why = self.job.state.reason if self.job.state.phase is Phase.DEGRADED else ""
         with contextlib.suppress(TransitionError):  # ended already
             self.job.step(RanksEnded(status, why if status != "completed" else ""))
+        self.notifier.close()  # deliveries still queued get a last chance, then are journaled
         lead = results[0] if results else {}
         completed = int(lead.get("steps_completed", 0))
         executed = int(lead.get("steps_executed", 0))
@@ -618,6 +647,7 @@ class SupervisorActor:
             "actions": dict(c.action_counts),
             "anomalies": dict(c.anomaly_counts),
             "outcomes": dict(c.outcome_counts),
+            "notifications": dict(self.notifier.counts),
             "decisions": len(c.decisions),
             "rejected_events": c.rejected_events,
             "rejected_batches": c.rejected_batches,

@@ -243,6 +243,14 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
+def _notify_env(sinks: Any) -> dict[str, str]:
+    """The variables notify sinks read, from this environment (see `supervisor.notify`)."""
+    from remedy.supervisor.notify import NOTIFY_WEBHOOK_ENV  # noqa: PLC0415 - fast --help
+
+    names = {NOTIFY_WEBHOOK_ENV, *(s.url_env for s in sinks if s.url_env)}
+    return {n: os.environ[n] for n in sorted(names) if os.environ.get(n)}
+
+
 def _run(args: argparse.Namespace) -> int:
     from remedy.policies import PolicyError  # noqa: PLC0415 - keep `remedy --help` fast
     from remedy.supervisor.cluster import ClusterError, choose  # noqa: PLC0415
@@ -256,7 +264,7 @@ def _run(args: argparse.Namespace) -> int:
     # Validate everything before any training (or Ray) starts.
     try:
         target = check_target(args.target)
-        load_policy_source(args.policy)
+        policy_loaded = load_policy_source(args.policy)
         faults = _load_chaos(args.chaos, args.workers) if args.chaos else []
         choice = choose(args.address)
         if args.detach and choice.mode == "local":
@@ -285,6 +293,7 @@ def _run(args: argparse.Namespace) -> int:
             argv=args.args,
             gpus_per_rank=args.gpus_per_worker or 0.0,
             verbose=args.verbose,
+            notify_env=_notify_env(policy_loaded.notify),
         )
         claim = claim_run_dir(
             Path(spec.run_dir),

@@ -9,6 +9,7 @@ explanation shows the value each one saw.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -24,19 +25,73 @@ LOSS_WINDOW = 10
 def explain(
     run: RunData, *, step: int | None = None, decision: str | None = None, rule: str | None = None
 ) -> str:
-    """The text for one of: a decision by id, the decisions at a step, a rule; else an overview."""
+    """The text for one of: a decision by id, the decisions at a step, a rule; else an overview.
+
+    A damaged journal is explained as far as it goes: lines that are no decision (no
+    id: torn, or another record's shape) are left out, and what could not be read is
+    named after the text.
+    """
+    run, nameless = _readable(run)
     policy = _policy(run)
     if decision is not None:
-        return explain_decision(run, _find_decision(run, decision), policy)
-    if step is not None:
+        text = explain_decision(run, _find_decision(run, decision), policy)
+    elif step is not None:
         found = [d for d in run.decisions if d.get("step") == step]
         if not found:
-            steps = sorted({int(d["step"]) for d in run.decisions if "step" in d})
+            steps = sorted({d["step"] for d in run.decisions if isinstance(d.get("step"), int)})
             raise LookupError(f"no decision at step {step}; decisions were taken at steps {steps}")
-        return "\n\n".join(explain_decision(run, d, policy) for d in found)
-    if rule is not None:
-        return explain_rule(run, rule, policy)
-    return _overview(run)
+        text = "\n\n".join(explain_decision(run, d, policy) for d in found)
+    elif rule is not None:
+        text = explain_rule(run, rule, policy)
+    else:
+        text = _overview(run)
+    notes = list(run.problems)
+    if nameless:
+        notes.append(
+            f"{run.path / 'decisions.jsonl'}: {nameless} line(s) without a decision id skipped"
+        )
+    return text + "".join(f"\nnote: {n}" for n in notes)
+
+
+def _readable(run: RunData) -> tuple[RunData, int]:
+    """`run` with only the decisions that have an id, each field of the shape the text
+    expects (a wrong one is dropped), and how many lines had no id."""
+    kept = [
+        _shaped(d)
+        for d in run.decisions
+        if isinstance(d.get("decision_id"), str) and d["decision_id"]
+    ]
+    return dataclasses.replace(run, decisions=kept), len(run.decisions) - len(kept)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _shaped(d: dict[str, Any]) -> dict[str, Any]:
+    out = dict(d)
+    for key in ("anomaly", "params"):
+        if not isinstance(out.get(key), dict):
+            out[key] = {}
+    anomaly = out["anomaly"] = dict(out["anomaly"])
+    for key in ("rank", "step", "tick"):
+        if key in anomaly and _int_or_none(anomaly[key]) is None:
+            del anomaly[key]
+    chain = out.get("chain")
+    if isinstance(chain, dict):
+        length, index = _int_or_none(chain.get("length")), _int_or_none(chain.get("index"))
+        out["chain"] = {
+            "id": chain.get("id") if isinstance(chain.get("id"), str) else None,
+            "length": length if length is not None else 1,
+            "index": index if index is not None else 0,
+        }
+    else:
+        out["chain"] = {}
+    for key in ("applied_at_step", "apply_at_step"):
+        out[key] = _int_or_none(out.get(key))
+    if number(out.get("latency_s")) is None:
+        out["latency_s"] = None
+    return out
 
 
 def _policy(run: RunData) -> Policy | None:
@@ -60,7 +115,12 @@ def _find_decision(run: RunData, ident: str) -> dict[str, Any]:
 
 
 def _overview(run: RunData) -> str:
-    lines = [f"{len(run.decisions)} decisions in {run.path}; ask about one with --decision ID:"]
+    n = len(run.decisions)
+    if not n:
+        return f"no decisions in {run.path}"
+    lines = [
+        f"{n} decision{'s' if n != 1 else ''} in {run.path}; ask about one with --decision ID:"
+    ]
     for d in run.decisions:
         lines.append(
             f"  {d.get('decision_id')}  step {d.get('step')}  {d.get('rule')}: "
@@ -99,6 +159,7 @@ def explain_decision(run: RunData, d: dict[str, Any], policy: Policy | None) -> 
     lines.append(f"  {d.get('action')} {d.get('params') or {}} -> {d.get('outcome')}")
     if d.get("detail"):
         lines.append(f"  {d['detail']}")
+    lines.extend("  " + text for text in _deliveries(run, d))
     if d.get("applied_at_step") is not None:
         lines.append(
             f"  applied at step {d['applied_at_step']} (asked for {d.get('apply_at_step')}), "
@@ -117,6 +178,21 @@ def explain_decision(run: RunData, d: dict[str, Any], policy: Policy | None) -> 
     lines.append("what training did next:")
     lines.extend("  " + text for text in _loss_around(run, d))
     return "\n".join(lines)
+
+
+def _deliveries(run: RunData, d: dict[str, Any]) -> list[str]:
+    """How a notify decision's deliveries ended, one line per sink."""
+    out = []
+    for n in run.notifications:
+        if n.get("decision_id") != d.get("decision_id"):
+            continue
+        tries = n.get("attempts")
+        if n.get("outcome") == "delivered":
+            word = "try" if tries == 1 else "tries"
+            out.append(f"delivered to {n.get('sink')} ({tries} {word}, {n.get('latency_s')} s)")
+        else:
+            out.append(f"not delivered to {n.get('sink')}: {n.get('error')}")
+    return out
 
 
 def _events_for(run: RunData, d: dict[str, Any]) -> list[dict[str, Any]]:

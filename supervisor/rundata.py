@@ -42,6 +42,8 @@ class RunData:
     summary_source: str
     problems: list[str] = field(default_factory=list)  # what could not be read, and why
     summary_corrupt: bool = False  # summary.json missing, unreadable or of the wrong shape
+    # How each notify delivery ended (`notifications.jsonl`, see `supervisor.notify`).
+    notifications: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -83,12 +85,21 @@ def load_run(path: str | Path) -> RunData:
     decisions = sorted(files.decisions, key=lambda d: str(d.get("decision_id", "")))
     anomalies = read_records(p / "anomalies.jsonl", files)
     metrics = read_records(p / "metrics.jsonl", files)
+    notifications = read_records(p / "notifications.jsonl", files)
     if (p / "summary.json").is_file():
         summary, source = files.summary, "summary.json"
     else:
         summary, source = derive_summary(p, decisions, anomalies, metrics), "journals"
     return RunData(
-        p, summary, decisions, anomalies, metrics, source, files.problems, files.summary_corrupt
+        p,
+        summary,
+        decisions,
+        anomalies,
+        metrics,
+        source,
+        files.problems,
+        files.summary_corrupt,
+        notifications,
     )
 
 

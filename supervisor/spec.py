@@ -50,6 +50,10 @@ class RunSpec:
     # without it are refused (see `SupervisorActor._authorized`). Kept in the
     # registry entry (owner-only) of the machine that started the run.
     token: str = field(default_factory=lambda: secrets.token_hex(16))
+    # The environment variables notify sinks read (`REMEDY_NOTIFY_WEBHOOK` and each
+    # `url_env` the policy names), as `remedy run` found them: the supervisor may run
+    # on another node, whose environment does not have them. Secrets, like the token.
+    notify_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.run_dir:
@@ -66,5 +70,6 @@ class RunSpec:
 
     def __repr__(self) -> str:
         # The token is a credential: it stays out of logs and tracebacks.
-        fields = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if k != "token")
-        return f"RunSpec({fields}, token=<hidden>)"
+        hidden = ("token", "notify_env")
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if k not in hidden)
+        return f"RunSpec({fields}, token=<hidden>, notify_env=<{len(self.notify_env)} hidden>)"

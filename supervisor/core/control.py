@@ -33,7 +33,7 @@ from remedy.policies import (
     Engine,
 )
 from remedy.supervisor.core import control_state
-from remedy.supervisor.core.effects import Notify, NotifySink, log_notify
+from remedy.supervisor.core.effects import Notify, NotifyCarrier, log_notify
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.detectors.straggler import StragglerWatch
@@ -96,7 +96,7 @@ class Controller:
         straggler: StragglerWatch | _Default | None = _Default.TOKEN,
         limits: Limits = DEFAULT_LIMITS,
         clock: Callable[[], float] = time.time,
-        notify: NotifySink = log_notify,
+        notify: NotifyCarrier = log_notify,
     ) -> None:
         """`straggler`: the slow-rank watch; by default a `StragglerWatch()` when
         `world_size > 1`, none for one rank; `None` turns it off. `limits`:
@@ -355,7 +355,7 @@ class Controller:
         if d.action == "notify":
             message = d.params.get("message")
             effect = Notify(
-                d.decision_id, d.rule, d.reason, None if message is None else str(message)
+                d.decision_id, d.rule, d.reason, None if message is None else str(message), d
             )
             self._resolve_now(d, *self.notify(effect))
         elif d.action == "abort":

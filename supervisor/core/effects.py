@@ -9,9 +9,13 @@ alert manager) and return what happened.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
+
+if TYPE_CHECKING:
+    from remedy.policies import Decision
 
 log = structlog.get_logger("remedy.control")
 
@@ -24,10 +28,12 @@ class Notify:
     rule: str
     reason: str
     message: str | None
+    # The whole decision, for a sink whose message names its ranks, anomaly and step.
+    decision: Decision | None = field(default=None, compare=False)
 
 
 # Carries a `Notify` out; returns (outcome, detail): ("applied", "notification logged").
-NotifySink = Callable[[Notify], tuple[str, str]]
+NotifyCarrier = Callable[[Notify], tuple[str, str]]
 
 
 def log_notify(effect: Notify) -> tuple[str, str]:

@@ -169,6 +169,45 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("report-nan", ["report", "{R}/summary_nan"], 1, "wrong type or value for goodput, wall_s"),
     ("report-decisions", ["report", "{R}/corrupt_decisions"], 0, "4 corrupt line(s) skipped"),
     ("report-decisions-bin", ["report", "{R}/decisions_binary"], 0, "corrupt line(s) skipped"),
+    # -- explain: what a damaged journal holds is explained, what it does not is named
+    ("explain-missing", ["explain", "{TMP}/nope"], 2, "does not exist"),
+    ("explain-file", ["explain", "{FILE}"], 2, "is not a directory"),
+    ("explain-summary-dir", ["explain", "{R}/summary_is_a_dir"], 2, "summary.json not found"),
+    ("explain-no-summary", ["explain", "{R}/no_summary"], 0, "summary.json not written"),
+    ("explain-truncated", ["explain", "{R}/truncated_summary"], 0, "1 decision in"),
+    ("explain-nested", ["explain", "{R}/summary_nested"], 0, "corrupt JSON (RecursionError)"),
+    ("explain-corrupt", ["explain", "{R}/corrupt_decisions"], 0, "1 line(s) without a decision id"),
+    ("explain-corrupt-lines", ["explain", "{R}/corrupt_decisions"], 0, "4 corrupt line(s) skipped"),
+    ("explain-binary", ["explain", "{R}/decisions_binary"], 0, "no decisions in"),
+    ("explain-binary-id", ["explain", "{R}/decisions_binary", "--decision", "x"], 2, "ids: none"),
+    ("explain-step", ["explain", "{R}/corrupt_decisions", "--step", "7"], 2, "taken at steps [5]"),
+    ("explain-rule", ["explain", "{R}/corrupt_decisions", "--rule", "nan-rollback"], 0, "fired 1"),
+    ("explain-shapes", ["explain", "{R}/decisions_wrong_shapes"], 0, "2 decisions in"),
+    (
+        "explain-shapes-d1",
+        ["explain", "{R}/decisions_wrong_shapes", "--decision", "d1"],
+        0,
+        "delivered to 3",
+    ),
+    (
+        "explain-shapes-d2",
+        ["explain", "{R}/decisions_wrong_shapes", "--decision", "d2"],
+        0,
+        "predicates not re-evaluated",
+    ),
+    (
+        "explain-shapes-step",
+        ["explain", "{R}/decisions_wrong_shapes", "--step", "9"],
+        0,
+        "decision d2",
+    ),
+    (
+        "explain-shapes-rule",
+        ["explain", "{R}/decisions_wrong_shapes", "--rule", "nan-rollback"],
+        0,
+        "fired 1",
+    ),
+    ("report-shapes", ["report", "--no-files", "{R}/decisions_wrong_shapes"], 0, "nan-rollback"),
     # -- status
     # -- status, logs, stop, attach: the registry holds `deadrun`, whose cluster is gone,
     # `ended`, whose run directory has its summary, and a corrupt entry
@@ -279,8 +318,10 @@ def _env(scratch: Path) -> dict[str, str]:
 
 # Cases of these kinds load torch or Ray to answer (seconds each on two cores): one of each
 # runs as a subprocess too, the rest call the same `main()` in this process.
-IN_PROCESS = ("run-chaos-", "report-", "run-policy-", "check-")
-SUBPROCESS_TOO = {"run-chaos-binary", "report-truncated", "run-policy-nested", "check-binary"}
+IN_PROCESS = ("run-chaos-", "report-", "run-policy-", "check-", "explain-")
+SUBPROCESS_TOO = {
+    "run-chaos-binary", "report-truncated", "run-policy-nested", "check-binary", "explain-shapes-d2",
+}  # fmt: skip
 
 
 def _expand(argv: list[str], scratch: Path) -> list[str]:

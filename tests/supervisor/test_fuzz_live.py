@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from remedy.policies import ANOMALY_KINDS
 from remedy.supervisor.actor import SupervisorActor
+from remedy.supervisor.core.report_validation import Limits, RankMark, validate_batch
 from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl
 from tests.supervisor.runs import finished
@@ -89,6 +90,10 @@ BAD_COUNT = st.one_of(
     st.lists(st.integers(0, 5), max_size=2),
     DEEP,
 )
+# A tick may be absent (null): the event's step stands for it. Not a defect there.
+BAD_TICK = BAD_COUNT.filter(lambda v: v is not None)
+# "nan", "inf" and "-inf" in any case are how JSON carries non-finite values: valid.
+NONFINITE_TEXT = ("nan", "inf", "-inf")
 KINDS = ["nonfinite_loss", "loss_spike", "data_stall", "rank_hang", "oom"]
 
 
@@ -106,17 +111,19 @@ def bad_event(draw: st.DrawFn) -> Any:
         st.sampled_from(["kind", "rank", "step", "tick", "value", "field", "deep", "raw"])
     )
     if defect == "kind":
+        # Hypothesis also draws strings it finds in the code under test: a kind's name among them.
         ev["kind"] = draw(
-            st.one_of(st.text(max_size=20).filter(lambda k: k not in ANOMALY_KINDS), JUNK)
+            st.one_of(st.text(max_size=20), JUNK).filter(lambda k: k not in ANOMALY_KINDS)
         )
     elif defect == "rank":
         ev["rank"] = draw(st.one_of(BAD_COUNT, st.integers(1, 10**6)))
     elif defect == "step":
         ev["step"] = draw(st.one_of(BAD_COUNT, st.just(10**15)))
     elif defect == "tick":
-        ev["tick"] = draw(st.one_of(BAD_COUNT, st.just(10**12)))
+        ev["tick"] = draw(st.one_of(BAD_TICK, st.just(10**12)))
     elif defect == "value":
-        ev["value"] = draw(st.one_of(st.just(10**400), st.text(max_size=4), st.lists(_LEAF)))
+        text = st.text(max_size=4).filter(lambda s: s.lower() not in NONFINITE_TEXT)
+        ev["value"] = draw(st.one_of(st.just(10**400), text, st.lists(_LEAF)))
     elif defect == "field":
         ev[draw(st.sampled_from(["colour", "seq", "__class__", "event"]))] = draw(JUNK)
     elif defect == "deep":
@@ -294,14 +301,13 @@ def test_live_supervisor_survives_fuzzed_batches(ray_cluster: None, tmp_path: Pa
     cursor = 0
     leaked: list[dict[str, Any]] = []
 
-    # The same examples every run: one randomized run of several counted one item
-    # fewer refused than generated (276 vs 275), not explained yet; a fixed set keeps
-    # CI's verdict about the code, not about the draw.
+    # Randomized: a draw that is no defect at all (see `bad_event`) shows up here as
+    # one item fewer refused than generated, and `test_every_drawn_defect_is_refused`
+    # finds it without Ray.
     @settings(
         max_examples=EXAMPLES,
         deadline=None,
         database=None,
-        derandomize=True,
         suppress_health_check=list(HealthCheck),
     )
     @given(st.data())
@@ -338,6 +344,47 @@ def test_live_supervisor_survives_fuzzed_batches(ray_cluster: None, tmp_path: Pa
     anomalies = read_jsonl(tmp_path / "run" / "anomalies.jsonl")
     assert NAN_AT in [a["step"] for a in anomalies if a["kind"] == "nonfinite_loss"]
     assert all(a["rank"] == 0 and a["step"] <= 100 and a["tick"] <= 200 for a in anomalies)
+
+
+def _refused_items(batch: dict[str, Any]) -> tuple[int, Counter[str]]:
+    """(items accepted, rejections) of one batch from rank 0 at its first report."""
+    rejected: Counter[str] = Counter()
+    report = validate_batch(batch, world_size=1, last=None, origin=RankMark(0, 0, 0.0), now=0.0,
+                            limits=Limits(), rejected=rejected)  # fmt: skip
+    assert report is not None
+    return len(report.events) + len(report.metrics) + len(report.outcomes), rejected
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"kind": "oom", "rank": 0, "step": 3, "severity": "critical", "tick": None},
+        {"kind": "oom", "rank": 0, "step": 3, "severity": "critical", "value": "Inf"},
+    ],
+)
+def test_what_the_randomized_run_miscounted_is_valid(event: dict[str, Any]) -> None:
+    """The 276 vs 275 of a randomized run: `tick: null` (the step stands for it) and a value
+    spelled "Inf" are valid, so an event "broken" only that way was accepted, not refused."""
+    accepted, rejected = _refused_items({"rank": 0, "step": 10, "events": [event]})
+    assert accepted == 1 and rejected == Counter()
+
+
+@settings(max_examples=500, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))  # fmt: skip
+@given(
+    st.lists(bad_event(), max_size=4),
+    st.lists(bad_metrics(), max_size=4),
+    st.lists(BAD_OUTCOME, max_size=3),
+    st.integers(3, 50),
+)
+def test_every_drawn_defect_is_refused(
+    events: list[Any], metrics: list[Any], outcomes: list[Any], step: int
+) -> None:
+    """Each item the live fuzz test draws as broken is refused and counted once, whatever the step."""
+    batch = {"rank": 0, "step": step, "events": events, "metrics": metrics, "outcomes": outcomes}
+    accepted, rejected = _refused_items(batch)
+    assert accepted == 0
+    assert families(dict(rejected)) == Counter(items=len(events) + len(metrics) + len(outcomes))
 
 
 def test_what_the_controller_refuses_moves_no_watcher(ray_cluster: None, tmp_path: Path) -> None:

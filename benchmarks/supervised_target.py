@@ -1,0 +1,129 @@
+"""The supervised rows of `overhead.py`: the example's step time under `remedy run`, guarded or plain.
+
+`main` is a `remedy run` target: the example GPT (examples/pretrain_gpt.py's
+defaults: 4 layers, width 128, 64 tokens, batches of 16), DDP when the run
+has several ranks, trained `--steps` steps either through a `Guard` at its
+defaults (every default detector, reports to the supervisor, snapshots every
+10 steps, durable checkpoints every 100 into the run directory) or as the
+same plain loop with no Guard. It returns this rank's step times, so the
+run's `summary.json` carries them.
+
+`compare` runs both under `remedy run` at each world size, alternating
+which goes first, and gives the ratio of the median step times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TARGET = f"{Path(__file__).resolve()}:main"
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    """Train `--steps` steps guarded or plain; return the step times after `--warmup`."""
+    import torch  # noqa: PLC0415 - imported in the rank, not by `overhead.py --supervised`
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from examples.gpt_model import (  # noqa: PLC0415
+        GPT,
+        GPTConfig,
+        SyntheticCorpus,
+        cosine_with_warmup,
+        lm_loss,
+    )
+    from remedy import Guard, get_context  # noqa: PLC0415
+
+    p = argparse.ArgumentParser(prog="supervised_target")
+    p.add_argument("--mode", choices=("guarded", "plain"), required=True)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    # Set in the thread that trains, for both modes alike: under load, two intra-op
+    # threads on 2 cores made the plain loop 7-12x slower than the guarded one.
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    ctx = get_context()
+    rank, world = (ctx.rank, ctx.world_size) if ctx else (0, 1)
+    torch.manual_seed(0)
+    model: torch.nn.Module = GPT(GPTConfig())
+    if world > 1 and dist.is_initialized():
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(30, args.steps))
+    corpus = SyntheticCorpus(block_size=64, batch_size=16, seed=0)
+
+    def batch(i: int) -> torch.Tensor:
+        return corpus.batch(i * world + rank)
+
+    times: list[float] = []
+    last = time.perf_counter()
+    if args.mode == "guarded":
+        guard = Guard(model, opt, loss_fn=lm_loss, data=batch, scheduler=sched,
+                      max_steps=args.steps)  # fmt: skip
+        for b in guard:  # the boundary (commands, snapshots, reports) is inside each interval
+            guard.step(b)
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+        guard.close()
+    else:
+        for i in range(args.steps):
+            opt.zero_grad(set_to_none=True)
+            loss = lm_loss(model, batch(i))
+            loss.backward()
+            opt.step()
+            sched.step()
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+    kept = times[args.warmup :]
+    return {"mode": args.mode, "median_s": statistics.median(kept), "steps_timed": len(kept),
+            "torch_threads": torch.get_num_threads()}  # fmt: skip
+
+
+def _one(mode: str, workers: int, steps: int, tmp: Path, i: int) -> float:
+    """One `remedy run`; rank 0's median step time."""
+    run_dir = tmp / f"{mode}-{workers}-{i}"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "remedy.supervisor", "run", TARGET, "--workers", str(workers),
+           "--run-dir", str(run_dir), "--quiet", "--", "--mode", mode, "--steps", str(steps)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=1800)
+    if proc.returncode != 0:
+        # `--quiet` puts the display's JSON lines on stdout: the summary's error is the last.
+        tail = (proc.stdout.strip().splitlines() or [""])[-1][-800:]
+        raise RuntimeError(f"remedy run {mode} x{workers} exited {proc.returncode}: {tail} "
+                           f"{proc.stderr[-400:]}")  # fmt: skip
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rank0 = next(r for r in summary["ranks"] if r.get("rank") == 0)
+    return float(rank0["result"]["median_s"])
+
+
+def compare(workers: list[int], steps: int, repeat: int) -> Iterator[dict[str, Any]]:
+    """Per world size, as each is done: plain and guarded medians over `repeat` interleaved
+    runs each, and the ratio."""
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        for w in workers:
+            plain: list[float] = []
+            guarded: list[float] = []
+            for i in range(repeat):
+                order = ("plain", "guarded") if i % 2 == 0 else ("guarded", "plain")
+                for mode in order:
+                    (plain if mode == "plain" else guarded).append(_one(mode, w, steps, tmp, i))
+            pm, gm = statistics.median(plain), statistics.median(guarded)
+            yield {"workers": w, "plain_ms": pm * 1e3, "guarded_ms": gm * 1e3,
+                   "ratio": gm / pm, "runs": repeat,
+                   "pairs": [g / p for g, p in zip(guarded, plain, strict=True)]}  # fmt: skip
