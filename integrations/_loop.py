@@ -20,25 +20,46 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import weakref
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import structlog
 import torch
+import torch.distributed as dist
 
-from remedy.workers import actions
 from remedy.workers.commands import Command, Outcome
-from remedy.workers.context import Reporter, get_context
+from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.detectors import DetectorSuite, default_detectors
-from remedy.workers.guard import Guard, LocalReporter
+from remedy.workers.guard import LocalReporter
+from remedy.workers.inbox import CommandInbox
 from remedy.workers.lr_scale import LRScale
-from remedy.workers.measure import GradNorm, MemoryProbe
-from remedy.workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host
+from remedy.workers.measure import GradNorm, MemoryProbe, module_grad_norms
+from remedy.workers.snapshots import (
+    Snapshot,
+    SnapshotRing,
+    capture_rng,
+    clone_to_host,
+    restore_rng,
+)
 from remedy.workers.stats import StepStats
 
 log = structlog.get_logger("remedy.integrations")
 
 HEARTBEAT_S = 0.5  # longest quiet period between reports, as GuardConfig.heartbeat_s
+
+# In-process actions a framework's loop cannot take, and why (the outcome's detail).
+REFUSED_UNDER_FRAMEWORKS: dict[str, str] = {
+    "reduce_microbatch": (
+        "the framework splits the batch itself (its gradient accumulation setting): "
+        "reduce_microbatch cannot change that under a callback"
+    ),
+    "checkpoint_now": (
+        "the framework writes its own checkpoints: remedy keeps no durable checkpoint "
+        "under a callback"
+    ),
+}
 
 
 class LoopGuard:
@@ -53,8 +74,10 @@ class LoopGuard:
         snapshot_every: int = 10,
         snapshot_ring: int = 6,
         detectors: list[Any] | None = None,
+        context: WorkerContext | None = None,
     ) -> None:
-        ctx = get_context()
+        ctx = context or get_context()
+        self._ctx = ctx
         self.model = model
         self.optimizer: Any = None
         self.scheduler: Any = None
@@ -76,10 +99,23 @@ class LoopGuard:
         self.tick = 0
         self.lr_cut = LRScale()  # shrink_lr's cuts, in force only during the optimizer step
         self._lr_in_force = contextlib.ExitStack()
-        self.history: list[Outcome] = []
-        self._queued: dict[str, Command] = {}
-        self._done: set[str] = set()
-        self._outcomes: list[Outcome] = []
+        self.inbox = CommandInbox()  # the Guard's inbox: one implementation
+        # Remediation state the appliers read; a framework's batches are its own.
+        self.micro_batches = 1
+        self.max_micro_batches: int | None = None
+        self.kv_caches: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.kv_allocator = "fixed"
+        self._group = (
+            dist.group.WORLD
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+            else None
+        )
+        self._group_device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if self._group is not None and dist.get_backend() == "nccl"
+            else torch.device("cpu")
+        )
+        self._recent_stats: deque[StepStats] = deque(maxlen=50)
         self._events: list[dict[str, Any]] = []
         self._metrics: list[dict[str, Any]] = []
         self._losses: list[float] = []
@@ -87,7 +123,6 @@ class LoopGuard:
         self._skipped = False
         self._skip_left = 0
         self._next_batch = 0
-        self.cursor = _LoopCursor()
         self._t0 = time.perf_counter()
         self._last_send = 0.0
         self._recent: list[float] = []  # the last 10 losses, for the summary
@@ -115,21 +150,13 @@ class LoopGuard:
     # ------------------------------------------------------------- the hooks
     def begin_step(self) -> None:
         """At the boundary before a step: apply due commands, snapshot, start the clock."""
-        for raw in self.reporter.poll():
-            cmd = Command.from_dict(raw)
-            if cmd.decision_id not in self._done:
-                self._queued.setdefault(cmd.decision_id, cmd)
-        due = sorted(
-            (c for c in self._queued.values() if c.apply_at_tick <= self.tick),
-            key=lambda c: (c.seq, c.chain_id, c.chain_index),
-        )
-        for cmd in due:
-            del self._queued[cmd.decision_id]
-            self._done.add(cmd.decision_id)
-            outcome = actions.apply_command(self, cmd)  # type: ignore[arg-type]
-            self._outcomes.append(outcome)
-            self.history.append(outcome)
-            log.info("action", action=cmd.action, outcome=outcome.outcome, detail=outcome.detail)
+        self.inbox.take(self.reporter.poll())
+        if self._group is not None:
+            # Every rank applies the same commands at the same boundary (as the Guard does).
+            due = self.inbox.due_up_to_seq(self.inbox.agreed_seq(self._group, self._group_device))
+        else:
+            due = self.inbox.due_at_tick(self.tick)
+        self.inbox.apply(due, self)
         if due:
             self._send()
         if self.optimizer is not None and self.step_count % self.snapshot_every == 0:
@@ -198,6 +225,7 @@ class LoopGuard:
         events = self.detectors.observe(stats)
         self._events.extend(e.to_dict() for e in events)
         self._metrics.append(stats.to_metrics())
+        self._recent_stats.append(stats)
         self._recent = [*self._recent[-9:], stats.loss]
         self._next_batch += 1
         self.step_count += 1
@@ -215,7 +243,7 @@ class LoopGuard:
             "steps_executed": self.tick,
             "final_loss": self._final_loss(),
         }
-        ctx = get_context()
+        ctx = self._ctx
         if ctx is not None:
             ctx.summary = summary  # what a supervised rank returns (as a Guard's close does)
         if self._owns_reporter:
@@ -229,7 +257,10 @@ class LoopGuard:
     def _send(self, *, wait: bool = False) -> None:
         now = time.monotonic()
         # Like a Guard: report at once when there is news, else at most every HEARTBEAT_S.
-        if not (wait or self._events or self._outcomes) and now - self._last_send < HEARTBEAT_S:
+        if (
+            not (wait or self._events or self.inbox.has_unsent)
+            and now - self._last_send < HEARTBEAT_S
+        ):
             return
         self._last_send = now
         batch = {
@@ -239,9 +270,9 @@ class LoopGuard:
             "ts": time.time(),
             "events": self._events,
             "metrics": self._metrics,
-            "outcomes": [o.to_dict() for o in self._outcomes],
+            "outcomes": self.inbox.drain_outcomes(),
         }
-        self._events, self._metrics, self._outcomes = [], [], []
+        self._events, self._metrics = [], []
         self.reporter.send(batch, wait=wait)
 
     # ------------------------------------ what the appliers call (Guard's API)
@@ -258,22 +289,61 @@ class LoopGuard:
             lr_scale=self.lr_cut.scale,
         )
 
-    # Guard's own implementations, borrowed so a fix there holds here too: they
-    # touch only what both classes have (model, optimizer, scheduler, scaler,
-    # snapshots, detectors, lr_scale, and a cursor, which here is the loop's).
     def restore(self, snap: Snapshot) -> None:
-        """Weights, optimizer, scheduler, scaler and RNG back to `snap`; remediations stay in force."""
-        Guard.restore(self, snap)  # type: ignore[arg-type]
+        """Weights, optimizer, scheduler, scaler and RNG back to `snap`; remediations stay in force.
+
+        The step goes back with them; the loop's data position does not (`data_rewindable`).
+        """
+        self.model.load_state_dict(snap.model)
+        # Loading may alias the given tensors; the snapshot must stay pristine for a second rollback.
+        self.optimizer.load_state_dict(clone_to_host(snap.optimizer))
+        if self.scheduler is not None and snap.scheduler is not None:
+            self.scheduler.load_state_dict(clone_to_host(snap.scheduler))
+        if self.scaler is not None and snap.scaler is not None:
+            self.scaler.load_state_dict(snap.scaler)
+        restore_rng(snap.rng)
+        self.step_count = snap.step
+        self.snapshots.drop_after(snap.step)
+        self.detectors.reset()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None:
-        Guard.scale_lr(self, factor, min_lr=min_lr)  # type: ignore[arg-type]
+        self.lr_cut.cut(factor, min_lr=min_lr)
 
     @property
     def lr_scale(self) -> float:
         return self.lr_cut.scale
 
     def effective_lrs(self) -> list[float]:
-        return Guard.effective_lrs(self)  # type: ignore[arg-type]
+        return self.lr_cut.effective_lrs(self.optimizer)
+
+    @property
+    def history(self) -> deque[Outcome]:
+        """Every applied or failed command, newest last."""
+        return self.inbox.history
+
+    @property
+    def group(self) -> Any:
+        return self._group
+
+    @property
+    def data_rewindable(self) -> bool:
+        return False  # the framework owns the data position: a rollback says so in its outcome
+
+    @property
+    def device(self) -> torch.device:
+        return self._params[0].device if self._params else torch.device("cpu")
+
+    def refusal(self, action: str) -> str | None:
+        """Why a framework's loop cannot take `action`, or None."""
+        return REFUSED_UNDER_FRAMEWORKS.get(action)
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        return {}
+
+    def submit(self, command: Command) -> None:
+        """Queue a command by hand (an operator's intervention, a test); applied like any other."""
+        self.inbox.submit(command)
 
     def skip_next(self, count: int) -> list[int]:
         """Drop the updates of the loop's next `count` batches; returns their positions."""
@@ -284,19 +354,8 @@ class LoopGuard:
         self.stop_reason = reason
 
     def module_grad_norms(self) -> dict[str, float]:
-        from remedy.workers.measure import module_grad_norms  # noqa: PLC0415
-
         return module_grad_norms(self.model)
 
     @property
-    def recent_stats(self) -> list[StepStats]:
-        return []
-
-
-class _LoopCursor:
-    """The framework owns the data position: seeking it back is not ours to do."""
-
-    rewindable = False  # a rollback says so in its outcome: the loop's data was not rewound
-
-    def seek(self, position: int) -> None:
-        del position
+    def recent_stats(self) -> deque[StepStats]:
+        return self._recent_stats

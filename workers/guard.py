@@ -46,6 +46,7 @@ from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.data import BatchCursor, DataExhausted
 from remedy.workers.detectors import Detector, DetectorSuite, default_detectors
 from remedy.workers.exceptions import RunAborted
+from remedy.workers.inbox import CommandInbox
 from remedy.workers.lr_scale import LRScale
 from remedy.workers.measure import (
     GradNorm,
@@ -65,8 +66,6 @@ from remedy.workers.stats import StepStats
 
 log = structlog.get_logger("remedy.guard")
 
-# A done command sent again this long after its outcome went out gets the outcome again.
-OUTCOME_RESEND_S = 2.0
 # summary["final_loss"] is the mean of the finite training losses of the last this many steps.
 FINAL_LOSS_STEPS = 10
 
@@ -200,13 +199,7 @@ class Guard:
             weakref.WeakSet()
         )  # live caches switch_kv_allocator migrates
         self.kv_allocator = self.config.kv_allocator
-        self._queued: dict[str, Command] = {}
-        self._done_ids: set[str] = set()
-        # Each done command's outcome and when it last went out: a command sent again
-        # after that (a restarted supervisor that never got the outcome) gets it again.
-        self._outcome_of: dict[str, tuple[Outcome, float]] = {}
-        self._failed_chains: set[str] = set()
-        self._max_seq = 0
+        self.inbox = CommandInbox()  # the supervisor's commands, each applied once
         # Checkpoint writes in flight, by id of the snapshot they read; such a
         # snapshot's buffers are not recycled until its write is done.
         self._writes: dict[int, Future[Any]] = {}
@@ -221,10 +214,6 @@ class Guard:
             self._group = dist.group.WORLD
             if dist.get_backend() == "nccl":
                 self._group_device = torch.device("cuda", torch.cuda.current_device())
-        self._outcomes: list[Outcome] = []
-        self.history: deque[Outcome] = deque(
-            maxlen=1000
-        )  # every applied or failed command, newest last
         self._events: list[dict[str, Any]] = []
         self._metrics: list[tuple[StepStats, list[dict[str, Any]]]] = []
         self._last_send = 0.0
@@ -288,23 +277,21 @@ class Guard:
             step, self._resume_step = self._resume_step, None
             self.resumed = restore_point.resume(self, step)
             self._report_corrupt()
-        self._take_commands()
+        self.inbox.take(self.reporter.poll())
         if self._group is not None:
             # Every rank applies the same commands at the same boundary, or
             # their step counts and collectives would part ways.
-            agreed = torch.tensor([self._max_seq], dtype=torch.int64, device=self._group_device)
             try:
-                dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self._group)
+                agreed = self.inbox.agreed_seq(self._group, self._group_device)
             except RuntimeError as exc:
                 if self.membership is None or not self.membership.recover(self, exc, in_step=False):
                     raise
                 self._boundary()  # agree again, in the new generation
                 return
-            ready = [c for c in self._queued.values() if c.seq <= int(agreed.item())]
+            due = self.inbox.due_up_to_seq(agreed)
         else:
-            ready = [c for c in self._queued.values() if c.apply_at_tick <= self.tick]
-        due = sorted(ready, key=lambda c: (c.seq, c.chain_id, c.chain_index))
-        self._apply(due)
+            due = self.inbox.due_at_tick(self.tick)
+        self.inbox.apply(due, self)
         if due:
             self._report_corrupt()
             self._send(force=True)
@@ -375,47 +362,6 @@ class Guard:
             self._events.append(ev.to_dict())
         if found:
             self._send(force=True)
-
-    def _take_commands(self) -> None:
-        now = time.monotonic()
-        for raw in self.reporter.poll():
-            cmd = Command.from_dict(raw)
-            self._max_seq = max(self._max_seq, cmd.seq)
-            if cmd.decision_id not in self._done_ids:
-                self._queued.setdefault(cmd.decision_id, cmd)
-                continue
-            # Done already: once the replies to reports sent before the outcome are
-            # in, a command that still comes is one whose outcome was lost.
-            done = self._outcome_of.get(cmd.decision_id)
-            if done is not None and now - done[1] >= OUTCOME_RESEND_S:
-                self._outcomes.append(done[0])
-                self._outcome_of[cmd.decision_id] = (done[0], now)
-
-    def _apply(self, commands: list[Command]) -> None:
-        """Apply commands in order; a failed step stops the rest of its chain."""
-        for cmd in commands:
-            self._queued.pop(cmd.decision_id, None)
-            self._done_ids.add(cmd.decision_id)
-            if cmd.chain_id and cmd.chain_id in self._failed_chains:
-                outcome = Outcome(
-                    cmd.decision_id, self.rank, "failed", self.step_count, self.tick,
-                    "not run: an earlier step of its chain failed",
-                )  # fmt: skip
-            else:
-                outcome = actions.apply_command(self, cmd)
-                outcome.result.setdefault("late_by_ticks", self.tick - cmd.apply_at_tick)
-                if outcome.outcome != "applied" and cmd.chain_id and not cmd.continue_on_failure:
-                    self._failed_chains.add(cmd.chain_id)
-            self._outcomes.append(outcome)
-            self._outcome_of[cmd.decision_id] = (outcome, time.monotonic())
-            self.history.append(outcome)
-            log.info(
-                "action",
-                action=cmd.action,
-                outcome=outcome.outcome,
-                detail=outcome.detail,
-                rank=self.rank,
-            )
 
     def step(self, batch: Any) -> StepResult:
         """One training step on `batch`: forward, backward, checks, optimizer step, report."""
@@ -596,11 +542,9 @@ class Guard:
         deadline = time.monotonic() + self.config.oom_wait_s
         self._send(force=True, wait=True)
         while True:
-            self._take_commands()
-            if self._queued:
-                self._apply(
-                    sorted(self._queued.values(), key=lambda c: (c.chain_id, c.chain_index))
-                )
+            self.inbox.take(self.reporter.poll())
+            if self.inbox.queued:
+                self.inbox.apply(self.inbox.all_queued(), self)
                 self._send(force=True)
                 return True
             # A reporter whose replies may come before the decision (none does so far)
@@ -611,10 +555,22 @@ class Guard:
             self._send(force=True)
 
     # ------------------------------------------------------------- reporting
+    def send_report(self) -> None:
+        """Report now, news or not (a rank that has just joined says so at once)."""
+        self._send(force=True)
+
+    def report_soon(self) -> None:
+        """Let the next report go out at once, whatever the heartbeat period."""
+        self._last_send = 0.0
+
+    def use_group(self, group: Any) -> None:
+        """Agree on commands through `group` from now on (a new generation's process group)."""
+        self._group = group
+
     def _send(self, *, force: bool = False, wait: bool = False) -> None:
         now = time.monotonic()
         if (
-            not (force or wait or self._outcomes)
+            not (force or wait or self.inbox.has_unsent)
             and now - self._last_send < self.config.heartbeat_s
         ):
             return
@@ -625,12 +581,12 @@ class Guard:
             "ts": time.time(),
             "events": self._events,
             "metrics": [_metrics_record(stats, chaos) for stats, chaos in self._metrics],
-            "outcomes": [o.to_dict() for o in self._outcomes],
+            "outcomes": self.inbox.drain_outcomes(),
             # For progress displays: the step total and the batch size last seen.
             "max_steps": self.max_steps,
             "batch_size": self.max_micro_batches,
         }
-        self._events, self._metrics, self._outcomes = [], [], []
+        self._events, self._metrics = [], []
         self._last_send = now
         self.reporter.send(batch, wait=wait)
 
@@ -693,8 +649,26 @@ class Guard:
 
     def submit(self, command: Command) -> None:
         """Queue a command by hand (an operator's intervention, a test); applied like any other."""
-        if command.decision_id not in self._done_ids:
-            self._queued.setdefault(command.decision_id, command)
+        self.inbox.submit(command)
+
+    @property
+    def history(self) -> deque[Outcome]:
+        """Every applied or failed command, newest last."""
+        return self.inbox.history
+
+    @property
+    def group(self) -> Any:
+        """The process group the ranks agree through (None for one rank)."""
+        return self._group
+
+    @property
+    def data_rewindable(self) -> bool:
+        return self.cursor.rewindable
+
+    def refusal(self, action: str) -> str | None:
+        """Every in-process action applies to a Guard's loop."""
+        del action
+        return None
 
     def skip_next(self, count: int) -> list[int]:
         return self.cursor.skip_next(count)
