@@ -29,6 +29,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
+from remedy.workers.chaos import FaultInjector, refuse_under_frameworks
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.detectors import DetectorSuite, default_detectors
@@ -74,8 +75,12 @@ class LoopGuard:
         snapshot_every: int = 10,
         snapshot_ring: int = 6,
         detectors: list[Any] | None = None,
+        grad_clip: float | None = None,
         context: WorkerContext | None = None,
     ) -> None:
+        """`grad_clip`: clip the global gradient norm to this after measuring it (the
+        framework's own clipping is then turned off by the callback, so the detectors
+        see the norm before clipping, as under a Guard)."""
         ctx = context or get_context()
         self._ctx = ctx
         self.model = model
@@ -116,6 +121,20 @@ class LoopGuard:
             else torch.device("cpu")
         )
         self._recent_stats: deque[StepStats] = deque(maxlen=50)
+        self.grad_clip = grad_clip
+        faults = ctx.faults if ctx is not None else []
+        refuse_under_frameworks(faults)
+        self.injector = FaultInjector(
+            faults,
+            self.rank,
+            run_dir=self.run_dir,
+            kill_supervisor=getattr(self.reporter, "kill_supervisor", None),
+        )
+        self.steps_asked: int | None = None  # the framework's max_steps, told by the callback
+        self.skipped_updates: set[int] = set()  # logical steps whose update was dropped
+        self.skipped_batches: list[int] = []
+        self._loader_time = 0.0
+        self._step_ended: float | None = None  # when the last step ended: the loader's wait starts
         self._events: list[dict[str, Any]] = []
         self._metrics: list[dict[str, Any]] = []
         self._losses: list[float] = []
@@ -127,6 +146,7 @@ class LoopGuard:
         self._last_send = 0.0
         self._recent: list[float] = []  # the last 10 losses, for the summary
         self.stop_reason: str | None = None
+        self._closed: dict[str, Any] | None = None
 
     def _local(self, policy: str | None) -> Reporter:
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - standalone only
@@ -159,6 +179,13 @@ class LoopGuard:
         self.inbox.apply(due, self)
         if due:
             self._send()
+        # The framework fetched this step's batch since the last step ended: that is the
+        # loader's wait (with the framework's own bookkeeping, small beside a stall).
+        self.injector.before_batch(self.step_count)
+        self._loader_time = (
+            time.perf_counter() - self._step_ended if self._step_ended is not None else 0.0
+        )
+        self.injector.before_step(self.step_count)
         if self.optimizer is not None and self.step_count % self.snapshot_every == 0:
             steps = self.snapshots.steps()
             if not steps or steps[-1] != self.step_count:
@@ -180,19 +207,31 @@ class LoopGuard:
         Returns True when this step's update is skipped (gradients set to None,
         which torch optimizers treat as "no update").
         """
-        self._grad_norm = float(self._norm()) if self._params else math.nan
+        self.injector.on_grads(self.step_count, self._params)
+        norm_t = self._norm() if self._params else None
+        self._grad_norm = float(norm_t) if norm_t is not None else math.nan
         loss = self.loss
         bad = not (math.isfinite(loss) and math.isfinite(self._grad_norm))
         if bad or self._skip_left > 0:
+            if self._skip_left > 0:
+                self.skipped_batches.append(self.step_count)
             self._skip_left = max(self._skip_left - 1, 0)
             for p in self._params:
                 p.grad = None
             self._skipped = True
+            self.skipped_updates.add(self.step_count)
         else:
+            if self.grad_clip is not None and norm_t is not None:
+                coef = (self.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
+                torch._foreach_mul_([p.grad for p in self._params if p.grad is not None], coef)
             # The framework steps the optimizer next: the cut LR holds for that step only, and
             # end_step puts the scheduled LR back, as the Guard does around its own step.
             self._lr_in_force.enter_context(self.lr_cut.applied(self.optimizer))
         return self._skipped
+
+    def chaos_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """This step's loss with the chaos file's loss faults applied (the loss itself if none)."""
+        return self.injector.on_loss(self.step_count, self._next_batch, loss)
 
     @property
     def loss(self) -> float:
@@ -212,7 +251,7 @@ class LoopGuard:
             if self.optimizer
             else math.nan,
             step_time_s=time.perf_counter() - self._t0,
-            loader_time_s=0.0,
+            loader_time_s=self._loader_time,
             batch_index=self._next_batch,
             loss_scale=float(self.scaler.get_scale())
             if self.scaler is not None and self.scaler.is_enabled()
@@ -224,31 +263,62 @@ class LoopGuard:
         )
         events = self.detectors.observe(stats)
         self._events.extend(e.to_dict() for e in events)
-        self._metrics.append(stats.to_metrics())
+        record = stats.to_metrics()
+        chaos = self.injector.drain_log()
+        if chaos:
+            record["chaos"] = chaos
+        self._metrics.append(record)
         self._recent_stats.append(stats)
         self._recent = [*self._recent[-9:], stats.loss]
         self._next_batch += 1
         self.step_count += 1
         self.tick += 1
         self._send()
+        self._step_ended = time.perf_counter()
 
     def close(self) -> dict[str, Any]:
-        """Flush the last report; close the in-process journal; return this rank's totals."""
+        """Flush the last report; close the in-process journal; return this rank's totals.
+
+        Idempotent. Without a supervisor, `summary.json` is written to the run directory.
+        """
+        if self._closed is not None:
+            return self._closed
         self._send(wait=True)
-        summary = {
+        summary: dict[str, Any] = {
             "rank": self.rank,
             "status": "aborted" if self.stop_reason else "completed",
             "stop_reason": self.stop_reason,
             "steps_completed": self.step_count,
             "steps_executed": self.tick,
+            "updates_skipped": len(self.skipped_updates),
             "final_loss": self._final_loss(),
+            "skipped_batches": list(self.skipped_batches),
         }
+        short = self._short_of_asked()
+        if short is not None:
+            summary["steps_asked"] = self.steps_asked
+            summary["short_of_asked"] = short
+            log.warning("fewer_steps_trained", rank=self.rank, detail=short)
+        self._closed = summary
         ctx = self._ctx
         if ctx is not None:
             ctx.summary = summary  # what a supervised rank returns (as a Guard's close does)
         if self._owns_reporter:
-            self.reporter.close()
+            assert isinstance(self.reporter, LocalReporter)
+            self.reporter.close(summary)
         return summary
+
+    def _short_of_asked(self) -> str | None:
+        """Why fewer logical steps were trained than the framework was asked for, or None."""
+        asked = self.steps_asked
+        if asked is None or self.step_count >= asked or self.stop_reason:
+            return None
+        undone = self.tick - self.step_count
+        return (
+            f"trained {self.step_count} of the {asked} logical steps asked: the framework's "
+            f"max_steps counts executed steps and rollbacks undid {undone}; raise max_steps "
+            f"by {asked - self.step_count} to train them all"
+        )
 
     def _final_loss(self) -> float | None:
         losses = [v for m in self._recent[-10:] if math.isfinite(v := float(m))]
@@ -303,6 +373,7 @@ class LoopGuard:
             self.scaler.load_state_dict(snap.scaler)
         restore_rng(snap.rng)
         self.step_count = snap.step
+        self.skipped_updates = {s for s in self.skipped_updates if s < snap.step}
         self.snapshots.drop_after(snap.step)
         self.detectors.reset()
         self.optimizer.zero_grad(set_to_none=True)

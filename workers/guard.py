@@ -93,6 +93,10 @@ class GuardConfig:
     micro_batches: int = 1  # gradient-accumulation chunks per batch
     oom_retries: int = 2  # times a step that ran out of memory is retried after remediation
     oom_wait_s: float = 10.0  # how long to wait for the policy's answer to an OOM
+    # Steps in a row whose update an OOM the policy could not relieve skipped: at this
+    # many the run stops, aborted, with the reason (a run that cannot train must say so).
+    # 0: never (the loop goes on skipping, e.g. to watch a dry-run policy).
+    oom_give_up_steps: int = 3
     # Enforce a memory cap on saved activations (bytes per micro-batch forward):
     # above it the step raises a real torch.OutOfMemoryError. Exercises OOM
     # recovery where no accelerator's memory runs out; None disables.
@@ -221,6 +225,9 @@ class Guard:
         self._batch_index = -1
         self._loader_time = 0.0
         self._closed = False
+        self._oom_skips = 0  # steps in a row an unrelieved OOM skipped
+        # Whether each logical step's update was skipped, as last trained (for goodput).
+        self._update_skipped: dict[int, bool] = {}
         self.summary: dict[str, Any] = {}
         # Several ranks under a supervisor: a lost peer is survived, not raised (workers.membership).
         self.membership = ctx.membership
@@ -371,16 +378,22 @@ class Guard:
         # end, the allocator hands the memory back to the OS and the next backward
         # page-faults it in again (1-2.5% of a 50M-parameter CPU step).
         self.optimizer.zero_grad(set_to_none=True)
+        ooms: list[str] = []  # an OOM relieved on retry is still one of the step's events
         for attempt in range(self.config.oom_retries + 1):
             try:
                 self.injector.before_step(step)
                 loss = self._forward_backward(batch)
+                self._oom_skips = 0
                 break
             except torch.OutOfMemoryError as exc:
                 self.optimizer.zero_grad(set_to_none=True)
                 self._report_oom(step, str(exc), attempt)
+                ooms.append("oom")
                 if attempt == self.config.oom_retries or not self._await_commands():
-                    return self._finish_step(t0, math.nan, math.nan, skipped=True, oom=True)
+                    self._give_up_after_oom(str(exc))
+                    return self._finish_step(
+                        t0, math.nan, math.nan, skipped=True, oom=True, also=ooms[:1]
+                    )
             except RuntimeError as exc:
                 # A peer was lost inside a collective: the step is discarded, not raised.
                 if self.membership is None or not self.membership.recover(self, exc, in_step=True):
@@ -404,7 +417,17 @@ class Guard:
         if not math.isfinite(norm_v):
             extra["nonfinite_param"] = first_nonfinite_param(self.model)
         skipped = self._optimizer_step(loss_v, norm_v)
-        return self._finish_step(t0, loss_v, norm_v, skipped=skipped, extra=extra)
+        return self._finish_step(t0, loss_v, norm_v, skipped=skipped, extra=extra, also=ooms[:1])
+
+    def _give_up_after_oom(self, message: str) -> None:
+        """An OOM the policy did not relieve skipped this step: stop once too many in a row have."""
+        self._oom_skips += 1
+        limit = self.config.oom_give_up_steps
+        if limit > 0 and self._oom_skips >= limit and self._stop_reason is None:
+            self.request_stop(
+                f"{self._oom_skips} steps in a row ran out of memory and were skipped: the "
+                f"policy's remedies did not relieve it ({message[:120]})"
+            )
 
     def _forward_backward(self, batch: Any) -> torch.Tensor:
         self.max_micro_batches = _batch_size(batch)
@@ -473,6 +496,7 @@ class Guard:
         skipped: bool,
         oom: bool = False,
         extra: dict[str, Any] | None = None,
+        also: list[str] | None = None,
     ) -> StepResult:
         allocated, reserved, capacity = self._memory.read()
         stats = StepStats(
@@ -506,10 +530,12 @@ class Guard:
         self._metrics.append((stats, self.injector.drain_log()))
         if events:
             self._events.extend(e.to_dict() for e in events)
+        self._update_skipped[self.step_count] = skipped
         self.step_count += 1
         self.tick += 1
         self._send(force=bool(events))
-        return StepResult(stats.step, loss_v, norm_v, stats.lr, skipped, [e.kind for e in events])
+        kinds = [*(also or []), *(e.kind for e in events)]
+        return StepResult(stats.step, loss_v, norm_v, stats.lr, skipped, kinds)
 
     # ------------------------------------------------------------- OOM path
     def _report_oom(self, step: int, message: str, attempt: int) -> None:
@@ -703,6 +729,10 @@ class Guard:
             "stop_reason": self._stop_reason,
             "steps_completed": self.step_count,
             "steps_executed": self.tick,
+            # Trained steps whose update was dropped (non-finite, overflow, OOM, skipped batch).
+            "updates_skipped": sum(
+                1 for st, sk in self._update_skipped.items() if sk and st < self.step_count
+            ),
             # A single batch's loss is noisy: the mean of the last few training losses.
             "final_loss": sum(losses) / len(losses) if losses else None,
             "final_loss_over_steps": len(losses),
@@ -758,13 +788,16 @@ def _local_summary(controller: Any, rank: dict[str, Any], wall_s: float) -> dict
     """summary.json of a single-process run, in the shape `remedy run` writes (`remedy report`)."""
     c = controller
     completed, executed = int(rank["steps_completed"]), int(rank["steps_executed"])
+    skipped = int(rank.get("updates_skipped", 0))
     return {
         "run_id": c.run_dir.run_id,
         "status": "aborted" if c.abort_reason is not None else rank["status"],
-        "abort_reason": c.abort_reason,
+        "abort_reason": c.abort_reason or rank.get("stop_reason"),
         "steps_completed": completed,
         "steps_executed": executed,
-        "goodput": round(completed / executed, 4) if executed else 0.0,
+        # Useful work: the steps kept whose update was applied, over the steps executed.
+        "goodput": round((completed - skipped) / executed, 4) if executed else 0.0,
+        "updates_skipped": skipped,
         "final_loss": rank["final_loss"],
         "actions": dict(c.action_counts),
         "anomalies": dict(c.anomaly_counts),
