@@ -29,6 +29,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
+from remedy.policies._vocab import ACTION_TABLE
 from remedy.workers.chaos import FaultInjector, refuse_under_frameworks
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.context import Reporter, WorkerContext, get_context
@@ -52,14 +53,7 @@ HEARTBEAT_S = 0.5  # longest quiet period between reports, as GuardConfig.heartb
 
 # In-process actions a framework's loop cannot take, and why (the outcome's detail).
 REFUSED_UNDER_FRAMEWORKS: dict[str, str] = {
-    "reduce_microbatch": (
-        "the framework splits the batch itself (its gradient accumulation setting): "
-        "reduce_microbatch cannot change that under a callback"
-    ),
-    "checkpoint_now": (
-        "the framework writes its own checkpoints: remedy keeps no durable checkpoint "
-        "under a callback"
-    ),
+    a.name: a.under_callbacks for a in ACTION_TABLE if a.under_callbacks is not None
 }
 
 

@@ -1,4 +1,6 @@
-"""The callbacks' LoopGuard shares the Guard's command inbox: chains, resent outcomes, every action."""
+"""The callbacks' LoopGuard shares the Guard's command inbox: failed chains, resent outcomes.
+
+Every action under the callbacks: tests/integrations/test_action_table.py."""
 
 from __future__ import annotations
 
@@ -9,23 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from remedy.integrations._loop import REFUSED_UNDER_FRAMEWORKS, LoopGuard
-from remedy.policies._params import ACTION_PARAMS, params_dict
-from remedy.policies._vocab import SUPERVISOR_ACTIONS
+from remedy.integrations._loop import LoopGuard
 from remedy.workers import inbox as inbox_mod
 from remedy.workers.commands import Command
 from remedy.workers.context import WorkerContext
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(60)]
-
-RANK_ACTIONS = sorted(set(ACTION_PARAMS) - SUPERVISOR_ACTIONS)
-# Actions whose defaults name nothing to act on.
-EXAMPLE_PARAMS: dict[str, dict[str, Any]] = {
-    "configure_cuda_allocator": {"expandable_segments": True},
-    "enable_activation_checkpointing": {"modules": ["Linear"]},
-    "skip_batches": {"count": 2},
-    "switch_kv_allocator": {"to": "paged"},
-}
 
 
 class _Supervisor:
@@ -72,31 +63,6 @@ def _loop_guard(tmp_path: Path | None = None, context: WorkerContext | None = No
 
 def _cmd(decision_id: str, action: str, params: dict[str, Any], **kw: Any) -> Command:
     return Command(decision_id, action, params, 1, 0, apply_at_tick=1, seq=1, **kw)
-
-
-@pytest.mark.parametrize("action", RANK_ACTIONS)
-def test_every_rank_action_applies_or_is_refused_with_a_sentence(
-    action: str, tmp_path: Path
-) -> None:
-    """Each in-process action under a callback's loop: applied, or failed with a sentence (no crash)."""
-    guard = _loop_guard(tmp_path)
-    params = params_dict(ACTION_PARAMS[action](**EXAMPLE_PARAMS.get(action, {})))
-    guard.submit(_cmd("d1", action, params))
-    _train(guard, 3)
-    guard.close()
-    (outcome,) = guard.history
-    if action in REFUSED_UNDER_FRAMEWORKS:
-        assert outcome.outcome == "failed"
-        assert outcome.detail == REFUSED_UNDER_FRAMEWORKS[action]
-    elif action == "configure_cuda_allocator":  # no CUDA here: the applier says so
-        assert outcome.outcome == "failed"
-        assert "CUDA device" in outcome.detail
-    elif action == "rescale_grad_scaler":  # this loop has no GradScaler: the applier says so
-        assert outcome.outcome == "failed"
-        assert "needs an enabled GradScaler" in outcome.detail
-    else:
-        assert outcome.outcome == "applied", outcome.detail
-    assert "Error" not in outcome.detail
 
 
 def test_a_failed_step_fails_the_rest_of_its_chain_under_a_callback() -> None:
