@@ -38,6 +38,7 @@ from remedy.workers.guard import LocalReporter
 from remedy.workers.inbox import CommandInbox
 from remedy.workers.lr_scale import LRScale
 from remedy.workers.measure import GradNorm, MemoryProbe, module_grad_norms
+from remedy.workers.outbox import Outbox
 from remedy.workers.snapshots import (
     Snapshot,
     SnapshotRing,
@@ -98,7 +99,8 @@ class LoopGuard:
         self.tick = 0
         self.lr_cut = LRScale()  # shrink_lr's cuts, in force only during the optimizer step
         self._lr_in_force = contextlib.ExitStack()
-        self.inbox = CommandInbox()  # the Guard's inbox: one implementation
+        self.inbox = CommandInbox()  # the Guard's inbox and outbox: one implementation
+        self.outbox = Outbox(self.reporter, self.inbox, rank=self.rank, heartbeat_s=HEARTBEAT_S)
         # Remediation state the appliers read; a framework's batches are its own.
         self.micro_batches = 1
         self.max_micro_batches: int | None = None
@@ -129,15 +131,12 @@ class LoopGuard:
         self.skipped_batches: list[int] = []
         self._loader_time = 0.0
         self._step_ended: float | None = None  # when the last step ended: the loader's wait starts
-        self._events: list[dict[str, Any]] = []
-        self._metrics: list[dict[str, Any]] = []
         self._losses: list[float] = []
         self._grad_norm = math.nan
         self._skipped = False
         self._skip_left = 0
         self._next_batch = 0
         self._t0 = time.perf_counter()
-        self._last_send = 0.0
         self._recent: list[float] = []  # the last 10 losses, for the summary
         self.stop_reason: str | None = None
         self._closed: dict[str, Any] | None = None
@@ -256,18 +255,19 @@ class LoopGuard:
             optimizer_skipped=self._skipped,
         )
         events = self.detectors.observe(stats)
-        self._events.extend(e.to_dict() for e in events)
+        for e in events:
+            self.outbox.event(e.to_dict())
         record = stats.to_metrics()
         chaos = self.injector.drain_log()
         if chaos:
             record["chaos"] = chaos
-        self._metrics.append(record)
+        self.outbox.metrics(record)
         self._recent_stats.append(stats)
         self._recent = [*self._recent[-9:], stats.loss]
         self._next_batch += 1
         self.step_count += 1
         self.tick += 1
-        self._send()
+        self._send(force=bool(events))
         self._step_ended = time.perf_counter()
 
     def close(self) -> dict[str, Any]:
@@ -318,26 +318,8 @@ class LoopGuard:
         losses = [v for m in self._recent[-10:] if math.isfinite(v := float(m))]
         return sum(losses) / len(losses) if losses else None
 
-    def _send(self, *, wait: bool = False) -> None:
-        now = time.monotonic()
-        # Like a Guard: report at once when there is news, else at most every HEARTBEAT_S.
-        if (
-            not (wait or self._events or self.inbox.has_unsent)
-            and now - self._last_send < HEARTBEAT_S
-        ):
-            return
-        self._last_send = now
-        batch = {
-            "rank": self.rank,
-            "step": self.step_count,
-            "tick": self.tick,
-            "ts": time.time(),
-            "events": self._events,
-            "metrics": self._metrics,
-            "outcomes": self.inbox.drain_outcomes(),
-        }
-        self._events, self._metrics = [], []
-        self.reporter.send(batch, wait=wait)
+    def _send(self, *, force: bool = False, wait: bool = False) -> None:
+        self.outbox.send(step=self.step_count, tick=self.tick, force=force, wait=wait)
 
     # ------------------------------------ what the appliers call (Guard's API)
     def take_snapshot(self) -> Snapshot:

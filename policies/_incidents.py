@@ -32,10 +32,11 @@ from remedy.policies._events import AnomalyEvent
 # Kinds a collective carries from the rank where a fault starts to the others, the
 # nearest to the cause first: a bad loss makes bad gradients, not the other way round.
 CAUSE_ORDER: tuple[str, ...] = ("nonfinite_loss", "nonfinite_grad", "grad_norm_explosion")
-# Longest wait for the other ranks' reports of a tick: a little over the ranks'
-# heartbeat (GuardConfig.heartbeat_s, 0.5 s), so a rank that went quiet cannot hold a
-# decision back for longer.
-HOLD_S = 1.0
+# Longest wait for the other ranks' reports of a tick. Healthy ranks report within a
+# heartbeat (0.5 s) and release the hold at once; this bound only matters for a rank
+# that stopped reporting. With 1 s, a 2-rank DDP NaN under load average 18 once gave
+# two decision chains (a rank's report of the step came too late to be merged).
+HOLD_S = 5.0
 DECIDED_KEPT = 256  # ticks whose incident is remembered, for late arrivals
 
 

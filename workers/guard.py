@@ -54,6 +54,7 @@ from remedy.workers.measure import (
     first_nonfinite_param,
     module_grad_norms,
 )
+from remedy.workers.outbox import Outbox
 from remedy.workers.snapshots import (
     Snapshot,
     SnapshotRing,
@@ -218,9 +219,14 @@ class Guard:
             self._group = dist.group.WORLD
             if dist.get_backend() == "nccl":
                 self._group_device = torch.device("cuda", torch.cuda.current_device())
-        self._events: list[dict[str, Any]] = []
-        self._metrics: list[tuple[StepStats, list[dict[str, Any]]]] = []
-        self._last_send = 0.0
+        # Reports out: events, metrics (built from (stats, chaos log) when a report leaves).
+        self.outbox = Outbox(
+            self.reporter,
+            self.inbox,
+            rank=self.rank,
+            heartbeat_s=self.config.heartbeat_s,
+            build=lambda item: _metrics_record(*item),
+        )
         self._stop_reason: str | None = None
         self._batch_index = -1
         self._loader_time = 0.0
@@ -366,7 +372,7 @@ class Guard:
                 ts=time.time(),
                 details={"checkpoint_step": checkpoint_step, "error": error[:300]},
             )
-            self._events.append(ev.to_dict())
+            self.outbox.event(ev.to_dict())
         if found:
             self._send(force=True)
 
@@ -527,9 +533,9 @@ class Guard:
             )
         self.recent_stats.append(stats)
         # Records are built when a report goes out, a batch at a time.
-        self._metrics.append((stats, self.injector.drain_log()))
-        if events:
-            self._events.extend(e.to_dict() for e in events)
+        self.outbox.metrics((stats, self.injector.drain_log()))
+        for e in events:
+            self.outbox.event(e.to_dict())
         self._update_skipped[self.step_count] = skipped
         self.step_count += 1
         self.tick += 1
@@ -554,7 +560,7 @@ class Guard:
                 "micro_batches": self.micro_batches,
             },
         )
-        self._events.append(ev.to_dict())
+        self.outbox.event(ev.to_dict())
         self._send(force=True)
 
     def _await_commands(self) -> bool:
@@ -587,34 +593,22 @@ class Guard:
 
     def report_soon(self) -> None:
         """Let the next report go out at once, whatever the heartbeat period."""
-        self._last_send = 0.0
+        self.outbox.soon()
 
     def use_group(self, group: Any) -> None:
         """Agree on commands through `group` from now on (a new generation's process group)."""
         self._group = group
 
     def _send(self, *, force: bool = False, wait: bool = False) -> None:
-        now = time.monotonic()
-        if (
-            not (force or wait or self.inbox.has_unsent)
-            and now - self._last_send < self.config.heartbeat_s
-        ):
-            return
-        batch = {
-            "rank": self.rank,
-            "step": self.step_count,
-            "tick": self.tick,
-            "ts": time.time(),
-            "events": self._events,
-            "metrics": [_metrics_record(stats, chaos) for stats, chaos in self._metrics],
-            "outcomes": self.inbox.drain_outcomes(),
+        self.outbox.send(
+            step=self.step_count,
+            tick=self.tick,
+            force=force,
+            wait=wait,
             # For progress displays: the step total and the batch size last seen.
-            "max_steps": self.max_steps,
-            "batch_size": self.max_micro_batches,
-        }
-        self._events, self._metrics = [], []
-        self._last_send = now
-        self.reporter.send(batch, wait=wait)
+            max_steps=self.max_steps,
+            batch_size=self.max_micro_batches,
+        )
 
     # ------------------------------------------------------- state handling
     def take_snapshot(self, into: Snapshot | None = None) -> Snapshot:
@@ -666,7 +660,7 @@ class Guard:
     def report_event(self, event: Any) -> None:
         """Send an anomaly the user's code found (e.g. a KV-cache measure) with the next report."""
         if event is not None:
-            self._events.append(event.to_dict())
+            self.outbox.event(event.to_dict())
             self._send(force=True)
 
     def track_kv_cache(self, cache: Any) -> None:

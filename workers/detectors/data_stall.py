@@ -29,12 +29,12 @@ from remedy.workers.stats import StepStats
 
 @dataclass
 class DataStallDetector:
-    """`data_stall`: median loader wait / median step time above 0.6 (warning) or 2.5 (critical);
+    """`data_stall`: median loader wait / median step time above 1.0 (warning) or 2.5 (critical);
     or one wait of at least `min_spike_s` and `spike_ratio` median steps (warning)."""
 
     window: int = 5
-    # A wait 0.6 of the step's compute already costs over a third of the throughput.
-    warn_ratio: float = 0.6
+    # A wait as long as the step's compute halves the throughput.
+    warn_ratio: float = 1.0
     critical_ratio: float = 2.5
     min_wait_s: float = 0.005
     min_stall_s: float = 0.25  # training time (waits and steps) the stall must have lasted
