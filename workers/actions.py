@@ -211,8 +211,8 @@ def rollback(guard: ActionTarget, params: dict[str, Any], command: Command) -> d
         )
     if not rewound:
         detail += (
-            "; the data was not rewound (a plain iterable cannot go back): training "
-            "goes on with the next batch it yields"
+            "; the data was not rewound (a plain iterable, or a framework's own loader, "
+            "cannot go back): training goes on with the next batch it yields"
         )
     return {
         "from_step": from_step,
