@@ -38,6 +38,16 @@ JOBS: dict[str, tuple[str, list[str]]] = {
     "convnet": ("examples/loops/convnet.py:main", ["--epochs", "16"]),
     "char_lstm": ("examples/loops/char_lstm.py:main", ["--epochs", "8"]),
     "amp_mlp": ("examples/loops/amp_mlp.py:main", ["--epochs", "10"]),
+    # The framework callbacks: HF Trainer with accumulation and clipping, Lightning with
+    # accumulation, clipping and bf16 (1000 optimizer steps each).
+    "hf_gpt2": (
+        "examples/hf_trainer.py:main",
+        ["--steps", "1000", "--nan-at", "0", "--grad-accum", "2"],
+    ),
+    "lightning": (
+        "examples/lightning_module.py:main",
+        ["--steps", "1000", "--nan-at", "0", "--accumulate", "2", "--precision", "bf16-mixed"],
+    ),
     "gpt": (
         "examples/pretrain_gpt.py:main",
         [

@@ -15,7 +15,11 @@ the Guard reports is counted, those of the faulty run's other kinds too.
 Then the clean baseline: the tiny example for 2000 steps with warm-up and
 cosine LR, and the number of events it raises (the goal is zero).
 
-    python benchmarks/detection_latency.py [--skip-clean]
+    python benchmarks/detection_latency.py [--skip-clean] [--skip-frameworks | --only-frameworks]
+
+The framework rows run the HF and Lightning examples under their callbacks
+(accumulation 2, clipping; Lightning in bf16) with the fault at step 60 and
+the default policy.
 
 About two minutes on two shared CPU cores.
 """
@@ -163,9 +167,48 @@ def guarded_run(
     return events
 
 
+# Under the framework callbacks (remedy.integrations): the bundled examples' loops with
+# accumulation 2 and clipping (Lightning also bf16), the fault at FRAMEWORK_AT.
+FRAMEWORK_AT = 60
+FRAMEWORK_SCENARIOS: list[tuple[str, str, str]] = [
+    ("lightning", "nan_loss", "nonfinite_loss"),
+    ("lightning", "grad_explosion", "grad_norm_explosion"),
+    ("hf", "nan_loss", "nonfinite_loss"),
+    ("hf", "grad_explosion", "grad_norm_explosion"),
+]
+
+
+def framework_run(loop: str, fault: str, policy: Path) -> list[dict[str, Any]]:
+    """One example loop under its callback with one chaos fault; every anomaly it logged."""
+    from remedy.supervisor.target import load_target  # noqa: PLC0415 - needs the extras
+    from remedy.workers.context import set_context  # noqa: PLC0415
+    from remedy.workers.rundir import read_jsonl  # noqa: PLC0415
+
+    run_dir = Path(tempfile.mkdtemp(prefix=f"remedy-latency-{loop}-"))
+    target, extra = {
+        "hf": ("examples/hf_trainer.py:main", ["--grad-accum", "2"]),
+        "lightning": (
+            "examples/lightning_module.py:main",
+            ["--accumulate", "2", "--precision", "bf16-mixed"],
+        ),
+    }[loop]
+    steps = FRAMEWORK_AT + 10
+    set_context(WorkerContext(run_dir=run_dir, faults=[Fault(kind=fault, at_step=FRAMEWORK_AT)]))
+    try:
+        main_fn = load_target(str(ROOT / target))
+        argv = ["--steps", str(steps), "--nan-at", "0", "--run-dir", str(run_dir), *extra]
+        main_fn(argv)
+    finally:
+        set_context(None)
+    del policy  # the examples run the default policy: latency is the anomaly's step
+    return read_jsonl(run_dir / "anomalies.jsonl")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--skip-clean", action="store_true", help="skip the 2000-step clean baseline")
+    p.add_argument("--skip-frameworks", action="store_true", help="skip the callback rows")
+    p.add_argument("--only-frameworks", action="store_true", help="only the callback rows")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -175,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{'fault (at step 300)':30} {'expected anomaly':20} {'first at':>8} {'latency':>7}  goal"
     )
     print(header + f"  {'other events':s}\n" + "-" * (len(header) + 14))
-    for s in SCENARIOS:
+    for s in [] if args.only_frameworks else SCENARIOS:
         events = guarded_run(
             FP16 if s.fp16_storm else TINY, s.steps, policy,
             faults=s.faults, lr_factor=s.lr_factor, data=s.data, fp16_storm=s.fp16_storm,
@@ -190,7 +233,21 @@ def main(argv: list[str] | None = None) -> None:
             f"  {', '.join(others) or '-'}{f'  ({len(early)} before the fault!)' if early else ''}",
             flush=True,
         )
-    if not args.skip_clean:
+    if not args.skip_frameworks:
+        print(f"\nunder the framework callbacks (fault at step {FRAMEWORK_AT}):")
+        for loop, fault, expect in FRAMEWORK_SCENARIOS:
+            events = framework_run(loop, fault, policy)
+            hit = next(
+                (e for e in events if e["kind"] == expect and e["step"] >= FRAMEWORK_AT), None
+            )
+            early = [e for e in events if e["step"] < FRAMEWORK_AT]
+            latency = "MISSED" if hit is None else str(hit["step"] - FRAMEWORK_AT)
+            print(
+                f"{loop + ' ' + fault:30} {expect:20} {'-' if hit is None else hit['step']:>8} "
+                f"{latency:>7}  0  {len(early)} before the fault",
+                flush=True,
+            )
+    if not (args.skip_clean or args.only_frameworks):
         events = guarded_run(TINY, 2000, policy)
         kinds = sorted({e["kind"] for e in events})
         print(

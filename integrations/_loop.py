@@ -20,25 +20,42 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import weakref
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import structlog
 import torch
+import torch.distributed as dist
 
-from remedy.workers import actions
+from remedy.policies._vocab import ACTION_TABLE
+from remedy.workers.chaos import FaultInjector, refuse_under_frameworks
 from remedy.workers.commands import Command, Outcome
-from remedy.workers.context import Reporter, get_context
+from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.detectors import DetectorSuite, default_detectors
-from remedy.workers.guard import Guard, LocalReporter
+from remedy.workers.guard import LocalReporter
+from remedy.workers.inbox import CommandInbox
 from remedy.workers.lr_scale import LRScale
-from remedy.workers.measure import GradNorm, MemoryProbe
-from remedy.workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host
+from remedy.workers.measure import GradNorm, MemoryProbe, module_grad_norms
+from remedy.workers.outbox import Outbox
+from remedy.workers.snapshots import (
+    Snapshot,
+    SnapshotRing,
+    capture_rng,
+    clone_to_host,
+    restore_rng,
+)
 from remedy.workers.stats import StepStats
 
 log = structlog.get_logger("remedy.integrations")
 
 HEARTBEAT_S = 0.5  # longest quiet period between reports, as GuardConfig.heartbeat_s
+
+# In-process actions a framework's loop cannot take, and why (the outcome's detail).
+REFUSED_UNDER_FRAMEWORKS: dict[str, str] = {
+    a.name: a.under_callbacks for a in ACTION_TABLE if a.under_callbacks is not None
+}
 
 
 class LoopGuard:
@@ -53,8 +70,14 @@ class LoopGuard:
         snapshot_every: int = 10,
         snapshot_ring: int = 6,
         detectors: list[Any] | None = None,
+        grad_clip: float | None = None,
+        context: WorkerContext | None = None,
     ) -> None:
-        ctx = get_context()
+        """`grad_clip`: clip the global gradient norm to this after measuring it (the
+        framework's own clipping is then turned off by the callback, so the detectors
+        see the norm before clipping, as under a Guard)."""
+        ctx = context or get_context()
+        self._ctx = ctx
         self.model = model
         self.optimizer: Any = None
         self.scheduler: Any = None
@@ -76,22 +99,47 @@ class LoopGuard:
         self.tick = 0
         self.lr_cut = LRScale()  # shrink_lr's cuts, in force only during the optimizer step
         self._lr_in_force = contextlib.ExitStack()
-        self.history: list[Outcome] = []
-        self._queued: dict[str, Command] = {}
-        self._done: set[str] = set()
-        self._outcomes: list[Outcome] = []
-        self._events: list[dict[str, Any]] = []
-        self._metrics: list[dict[str, Any]] = []
+        self.inbox = CommandInbox()  # the Guard's inbox and outbox: one implementation
+        self.outbox = Outbox(self.reporter, self.inbox, rank=self.rank, heartbeat_s=HEARTBEAT_S)
+        # Remediation state the appliers read; a framework's batches are its own.
+        self.micro_batches = 1
+        self.max_micro_batches: int | None = None
+        self.kv_caches: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.kv_allocator = "fixed"
+        self._group = (
+            dist.group.WORLD
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+            else None
+        )
+        self._group_device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if self._group is not None and dist.get_backend() == "nccl"
+            else torch.device("cpu")
+        )
+        self._recent_stats: deque[StepStats] = deque(maxlen=50)
+        self.grad_clip = grad_clip
+        faults = ctx.faults if ctx is not None else []
+        refuse_under_frameworks(faults)
+        self.injector = FaultInjector(
+            faults,
+            self.rank,
+            run_dir=self.run_dir,
+            kill_supervisor=getattr(self.reporter, "kill_supervisor", None),
+        )
+        self.steps_asked: int | None = None  # the framework's max_steps, told by the callback
+        self.skipped_updates: set[int] = set()  # logical steps whose update was dropped
+        self.skipped_batches: list[int] = []
+        self._loader_time = 0.0
+        self._step_ended: float | None = None  # when the last step ended: the loader's wait starts
         self._losses: list[float] = []
         self._grad_norm = math.nan
         self._skipped = False
         self._skip_left = 0
         self._next_batch = 0
-        self.cursor = _LoopCursor()
         self._t0 = time.perf_counter()
-        self._last_send = 0.0
         self._recent: list[float] = []  # the last 10 losses, for the summary
         self.stop_reason: str | None = None
+        self._closed: dict[str, Any] | None = None
 
     def _local(self, policy: str | None) -> Reporter:
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - standalone only
@@ -115,23 +163,22 @@ class LoopGuard:
     # ------------------------------------------------------------- the hooks
     def begin_step(self) -> None:
         """At the boundary before a step: apply due commands, snapshot, start the clock."""
-        for raw in self.reporter.poll():
-            cmd = Command.from_dict(raw)
-            if cmd.decision_id not in self._done:
-                self._queued.setdefault(cmd.decision_id, cmd)
-        due = sorted(
-            (c for c in self._queued.values() if c.apply_at_tick <= self.tick),
-            key=lambda c: (c.seq, c.chain_id, c.chain_index),
-        )
-        for cmd in due:
-            del self._queued[cmd.decision_id]
-            self._done.add(cmd.decision_id)
-            outcome = actions.apply_command(self, cmd)  # type: ignore[arg-type]
-            self._outcomes.append(outcome)
-            self.history.append(outcome)
-            log.info("action", action=cmd.action, outcome=outcome.outcome, detail=outcome.detail)
+        self.inbox.take(self.reporter.poll())
+        if self._group is not None:
+            # Every rank applies the same commands at the same boundary (as the Guard does).
+            due = self.inbox.due_up_to_seq(self.inbox.agreed_seq(self._group, self._group_device))
+        else:
+            due = self.inbox.due_at_tick(self.tick)
+        self.inbox.apply(due, self)
         if due:
             self._send()
+        # The framework fetched this step's batch since the last step ended: that is the
+        # loader's wait (with the framework's own bookkeeping, small beside a stall).
+        self.injector.before_batch(self.step_count)
+        self._loader_time = (
+            time.perf_counter() - self._step_ended if self._step_ended is not None else 0.0
+        )
+        self.injector.before_step(self.step_count)
         if self.optimizer is not None and self.step_count % self.snapshot_every == 0:
             steps = self.snapshots.steps()
             if not steps or steps[-1] != self.step_count:
@@ -153,19 +200,31 @@ class LoopGuard:
         Returns True when this step's update is skipped (gradients set to None,
         which torch optimizers treat as "no update").
         """
-        self._grad_norm = float(self._norm()) if self._params else math.nan
+        self.injector.on_grads(self.step_count, self._params)
+        norm_t = self._norm() if self._params else None
+        self._grad_norm = float(norm_t) if norm_t is not None else math.nan
         loss = self.loss
         bad = not (math.isfinite(loss) and math.isfinite(self._grad_norm))
         if bad or self._skip_left > 0:
+            if self._skip_left > 0:
+                self.skipped_batches.append(self.step_count)
             self._skip_left = max(self._skip_left - 1, 0)
             for p in self._params:
                 p.grad = None
             self._skipped = True
+            self.skipped_updates.add(self.step_count)
         else:
+            if self.grad_clip is not None and norm_t is not None:
+                coef = (self.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
+                torch._foreach_mul_([p.grad for p in self._params if p.grad is not None], coef)
             # The framework steps the optimizer next: the cut LR holds for that step only, and
             # end_step puts the scheduled LR back, as the Guard does around its own step.
             self._lr_in_force.enter_context(self.lr_cut.applied(self.optimizer))
         return self._skipped
+
+    def chaos_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """This step's loss with the chaos file's loss faults applied (the loss itself if none)."""
+        return self.injector.on_loss(self.step_count, self._next_batch, loss)
 
     @property
     def loss(self) -> float:
@@ -185,7 +244,7 @@ class LoopGuard:
             if self.optimizer
             else math.nan,
             step_time_s=time.perf_counter() - self._t0,
-            loader_time_s=0.0,
+            loader_time_s=self._loader_time,
             batch_index=self._next_batch,
             loss_scale=float(self.scaler.get_scale())
             if self.scaler is not None and self.scaler.is_enabled()
@@ -196,53 +255,71 @@ class LoopGuard:
             optimizer_skipped=self._skipped,
         )
         events = self.detectors.observe(stats)
-        self._events.extend(e.to_dict() for e in events)
-        self._metrics.append(stats.to_metrics())
+        for e in events:
+            self.outbox.event(e.to_dict())
+        record = stats.to_metrics()
+        chaos = self.injector.drain_log()
+        if chaos:
+            record["chaos"] = chaos
+        self.outbox.metrics(record)
+        self._recent_stats.append(stats)
         self._recent = [*self._recent[-9:], stats.loss]
         self._next_batch += 1
         self.step_count += 1
         self.tick += 1
-        self._send()
+        self._send(force=bool(events))
+        self._step_ended = time.perf_counter()
 
     def close(self) -> dict[str, Any]:
-        """Flush the last report; close the in-process journal; return this rank's totals."""
+        """Flush the last report; close the in-process journal; return this rank's totals.
+
+        Idempotent. Without a supervisor, `summary.json` is written to the run directory.
+        """
+        if self._closed is not None:
+            return self._closed
         self._send(wait=True)
-        summary = {
+        summary: dict[str, Any] = {
             "rank": self.rank,
             "status": "aborted" if self.stop_reason else "completed",
             "stop_reason": self.stop_reason,
             "steps_completed": self.step_count,
             "steps_executed": self.tick,
+            "updates_skipped": len(self.skipped_updates),
             "final_loss": self._final_loss(),
+            "skipped_batches": list(self.skipped_batches),
         }
-        ctx = get_context()
+        short = self._short_of_asked()
+        if short is not None:
+            summary["steps_asked"] = self.steps_asked
+            summary["short_of_asked"] = short
+            log.warning("fewer_steps_trained", rank=self.rank, detail=short)
+        self._closed = summary
+        ctx = self._ctx
         if ctx is not None:
             ctx.summary = summary  # what a supervised rank returns (as a Guard's close does)
         if self._owns_reporter:
-            self.reporter.close()
+            assert isinstance(self.reporter, LocalReporter)
+            self.reporter.close(summary)
         return summary
+
+    def _short_of_asked(self) -> str | None:
+        """Why fewer logical steps were trained than the framework was asked for, or None."""
+        asked = self.steps_asked
+        if asked is None or self.step_count >= asked or self.stop_reason:
+            return None
+        undone = self.tick - self.step_count
+        return (
+            f"trained {self.step_count} of the {asked} logical steps asked: the framework's "
+            f"max_steps counts executed steps and rollbacks undid {undone}; raise max_steps "
+            f"by {asked - self.step_count} to train them all"
+        )
 
     def _final_loss(self) -> float | None:
         losses = [v for m in self._recent[-10:] if math.isfinite(v := float(m))]
         return sum(losses) / len(losses) if losses else None
 
-    def _send(self, *, wait: bool = False) -> None:
-        now = time.monotonic()
-        # Like a Guard: report at once when there is news, else at most every HEARTBEAT_S.
-        if not (wait or self._events or self._outcomes) and now - self._last_send < HEARTBEAT_S:
-            return
-        self._last_send = now
-        batch = {
-            "rank": self.rank,
-            "step": self.step_count,
-            "tick": self.tick,
-            "ts": time.time(),
-            "events": self._events,
-            "metrics": self._metrics,
-            "outcomes": [o.to_dict() for o in self._outcomes],
-        }
-        self._events, self._metrics, self._outcomes = [], [], []
-        self.reporter.send(batch, wait=wait)
+    def _send(self, *, force: bool = False, wait: bool = False) -> None:
+        self.outbox.send(step=self.step_count, tick=self.tick, force=force, wait=wait)
 
     # ------------------------------------ what the appliers call (Guard's API)
     def take_snapshot(self) -> Snapshot:
@@ -258,22 +335,62 @@ class LoopGuard:
             lr_scale=self.lr_cut.scale,
         )
 
-    # Guard's own implementations, borrowed so a fix there holds here too: they
-    # touch only what both classes have (model, optimizer, scheduler, scaler,
-    # snapshots, detectors, lr_scale, and a cursor, which here is the loop's).
     def restore(self, snap: Snapshot) -> None:
-        """Weights, optimizer, scheduler, scaler and RNG back to `snap`; remediations stay in force."""
-        Guard.restore(self, snap)  # type: ignore[arg-type]
+        """Weights, optimizer, scheduler, scaler and RNG back to `snap`; remediations stay in force.
+
+        The step goes back with them; the loop's data position does not (`data_rewindable`).
+        """
+        self.model.load_state_dict(snap.model)
+        # Loading may alias the given tensors; the snapshot must stay pristine for a second rollback.
+        self.optimizer.load_state_dict(clone_to_host(snap.optimizer))
+        if self.scheduler is not None and snap.scheduler is not None:
+            self.scheduler.load_state_dict(clone_to_host(snap.scheduler))
+        if self.scaler is not None and snap.scaler is not None:
+            self.scaler.load_state_dict(snap.scaler)
+        restore_rng(snap.rng)
+        self.step_count = snap.step
+        self.skipped_updates = {s for s in self.skipped_updates if s < snap.step}
+        self.snapshots.drop_after(snap.step)
+        self.detectors.reset()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None:
-        Guard.scale_lr(self, factor, min_lr=min_lr)  # type: ignore[arg-type]
+        self.lr_cut.cut(factor, min_lr=min_lr)
 
     @property
     def lr_scale(self) -> float:
         return self.lr_cut.scale
 
     def effective_lrs(self) -> list[float]:
-        return Guard.effective_lrs(self)  # type: ignore[arg-type]
+        return self.lr_cut.effective_lrs(self.optimizer)
+
+    @property
+    def history(self) -> deque[Outcome]:
+        """Every applied or failed command, newest last."""
+        return self.inbox.history
+
+    @property
+    def group(self) -> Any:
+        return self._group
+
+    @property
+    def data_rewindable(self) -> bool:
+        return False  # the framework owns the data position: a rollback says so in its outcome
+
+    @property
+    def device(self) -> torch.device:
+        return self._params[0].device if self._params else torch.device("cpu")
+
+    def refusal(self, action: str) -> str | None:
+        """Why a framework's loop cannot take `action`, or None."""
+        return REFUSED_UNDER_FRAMEWORKS.get(action)
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        return {}
+
+    def submit(self, command: Command) -> None:
+        """Queue a command by hand (an operator's intervention, a test); applied like any other."""
+        self.inbox.submit(command)
 
     def skip_next(self, count: int) -> list[int]:
         """Drop the updates of the loop's next `count` batches; returns their positions."""
@@ -284,19 +401,8 @@ class LoopGuard:
         self.stop_reason = reason
 
     def module_grad_norms(self) -> dict[str, float]:
-        from remedy.workers.measure import module_grad_norms  # noqa: PLC0415
-
         return module_grad_norms(self.model)
 
     @property
-    def recent_stats(self) -> list[StepStats]:
-        return []
-
-
-class _LoopCursor:
-    """The framework owns the data position: seeking it back is not ours to do."""
-
-    rewindable = False  # a rollback says so in its outcome: the loop's data was not rewound
-
-    def seek(self, position: int) -> None:
-        del position
+    def recent_stats(self) -> deque[StepStats]:
+        return self._recent_stats

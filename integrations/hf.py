@@ -5,7 +5,8 @@
 
 The callback reads each forward's loss from the model's output (a forward
 hook on `output.loss`), measures the gradients right before the optimizer
-step (dropping a non-finite update, as the Guard does), runs the detectors
+step, before clipping (it clips to the Trainer's `max_grad_norm` itself, after
+measuring, and drops a non-finite update, as the Guard does), runs the detectors
 at the end of the step and applies the policy's in-process actions at the
 next step's start on the Trainer's model, optimizer and LR scheduler
 (Accelerate's GradScaler is out of its reach). `abort` stops the Trainer. See `remedy.integrations._loop` for what
@@ -23,7 +24,12 @@ from remedy.integrations._loop import LoopGuard
 
 
 class RemedyCallback(TrainerCallback):
-    """remedy's detectors and remedies inside a `transformers.Trainer`."""
+    """remedy's detectors and remedies inside a `transformers.Trainer`.
+
+    `policy`: a policy file or bundled name (without a supervisor); `run_dir`: where
+    the journal, metrics and `summary.json` go; `options`: `LoopGuard`'s own
+    (`snapshot_every`, `snapshot_ring`, `detectors`).
+    """
 
     def __init__(
         self, *, policy: str | None = None, run_dir: str | Path | None = None, **options: Any
@@ -33,18 +39,37 @@ class RemedyCallback(TrainerCallback):
         self.options = options
         self.guard: LoopGuard | None = None
         self._hook: Any = None
+        self._clip = 0.0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         model = kw["model"]
-        self.guard = LoopGuard(model, policy=self.policy, run_dir=self.run_dir, **self.options)
+        # The Trainer clips before any callback sees the gradients: the Guard's detectors
+        # need the norm before clipping, so the callback clips, right after measuring.
+        self._clip = float(args.max_grad_norm or 0.0)
+        if self._clip > 0:
+            args.max_grad_norm = 0.0
+        self.guard = LoopGuard(
+            model,
+            policy=self.policy,
+            run_dir=self.run_dir,
+            grad_clip=self._clip if self._clip > 0 else None,
+            **self.options,
+        )
+        self.guard.steps_asked = int(state.max_steps) if state.max_steps else None
         guard = self.guard
 
-        def capture(module: Any, inputs: Any, output: Any) -> None:
+        def capture(module: Any, inputs: Any, output: Any) -> Any:
             loss = getattr(output, "loss", None)
             if loss is None and isinstance(output, dict):
                 loss = output.get("loss")
-            if loss is not None and module.training:
-                guard.record_loss(loss)
+            if loss is None or not module.training:
+                return None
+            changed = guard.chaos_loss(loss)
+            guard.record_loss(changed)
+            if changed is loss:
+                return None
+            output["loss"] = changed  # a ModelOutput is a dict too; its attribute follows
+            return output
 
         self._hook = model.register_forward_hook(capture)
 
@@ -66,6 +91,8 @@ class RemedyCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self._hook is not None:
             self._hook.remove()
+        if self._clip > 0:
+            args.max_grad_norm = self._clip  # the user's arguments as they were
         if self.guard is not None:
             self.guard.close()
 

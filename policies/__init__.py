@@ -10,6 +10,7 @@ from remedy.policies._check import check_policy
 from remedy.policies._diagnostics import Diagnostic
 from remedy.policies._engine import Engine
 from remedy.policies._events import EVENT_REJECT_REASONS, MAX_STEP, AnomalyEvent, Decision
+from remedy.policies._incidents import IncidentMerger, merged_text
 from remedy.policies._limits import MAX_DEPTH, MAX_POLICY_BYTES
 from remedy.policies._loader import (
     bundled_policy_path,
@@ -56,6 +57,7 @@ __all__ = [
     "Diagnostic",
     "Engine",
     "EventError",
+    "IncidentMerger",
     "NotifySink",
     "OutcomeError",
     "Policy",
@@ -70,5 +72,6 @@ __all__ = [
     "load_policy",
     "load_policy_bytes",
     "load_policy_text",
+    "merged_text",
     "severity_rank",
 ]

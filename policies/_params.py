@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, PlainValidator, model_validator
 from pydantic_core import PydanticCustomError
 
 from remedy.policies._types import NonNegFloat, NonNegInt, name_validator, number_validator
+from remedy.policies._vocab import ACTIONS
 
 
 class ActionParams(BaseModel):
@@ -179,6 +180,13 @@ ACTION_PARAMS: dict[str, type[ActionParams]] = {
     "abort": AbortParams,
     "configure_cuda_allocator": ConfigureCudaAllocatorParams,
 }
+
+
+# The action table (`_vocab.ACTION_TABLE`) names every action; each has its model here.
+if set(ACTION_PARAMS) != set(ACTIONS):  # pragma: no cover - a broken table fails every import
+    raise RuntimeError(
+        f"action table and parameter models disagree: {sorted(set(ACTION_PARAMS) ^ set(ACTIONS))}"
+    )
 
 
 def params_dict(params: ActionParams) -> dict[str, Any]:

@@ -6,7 +6,8 @@ depend on them); add to them, never rename.
 
 from __future__ import annotations
 
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, Literal
 
 ANOMALY_KINDS: Final[tuple[str, ...]] = (
     "nonfinite_loss",
@@ -40,28 +41,95 @@ ANOMALY_KINDS: Final[tuple[str, ...]] = (
     "checkpoint_corrupt",
 )
 
-ACTIONS: Final[tuple[str, ...]] = (
-    "rollback",
-    "shrink_lr",
-    "rescale_grad_scaler",
-    "enable_activation_checkpointing",
-    "switch_kv_allocator",
-    "restart_rank",
-    "skip_batches",
-    "reduce_microbatch",
-    "checkpoint_now",
-    "dump_diagnostics",
-    "notify",
-    "abort",
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """One row of the action table: the one place an action is described.
+
+    `applies`: where it is carried out: `rank` (an in-process applier in
+    `remedy.workers.actions.APPLIERS`, at a step boundary on every rank),
+    `supervisor` (by the supervisor itself; `abort` also stops every rank's
+    loop through its applier) or `group` (on the worker group).
+    `disruptive`: interrupts training for every rank; at most one in flight.
+    `does`: what it does, one phrase (the README's table, `remedy policy` messages).
+    `under_callbacks`: None if the HF/Lightning callbacks apply it, else why not:
+    the sentence a failed outcome gives there. Its parameter model is the entry
+    of the same name in `_params.ACTION_PARAMS` (checked there at import).
+    """
+
+    name: str
+    applies: Literal["rank", "supervisor", "group"]
+    does: str
+    disruptive: bool = False
+    under_callbacks: str | None = None
+
+
+ACTION_TABLE: Final[tuple[ActionSpec, ...]] = (
+    ActionSpec(
+        "rollback",
+        "rank",
+        "restore the newest snapshot or checkpoint `steps_back` before the anomaly, then "
+        "skip `skip_batches` batches",
+        disruptive=True,
+    ),
+    ActionSpec(
+        "shrink_lr", "rank", "multiply every LR by `factor` from now on, under any schedule"
+    ),
+    ActionSpec(
+        "rescale_grad_scaler", "rank", "set or multiply the AMP loss scale; retune its growth"
+    ),
+    ActionSpec(
+        "enable_activation_checkpointing",
+        "rank",
+        "recompute the chosen modules' activations in backward instead of storing them",
+    ),
+    ActionSpec("switch_kv_allocator", "rank", "move live KV caches to another allocator"),
+    ActionSpec(
+        "restart_rank",
+        "group",
+        "replace the hung or dead rank; the others regroup and adopt one state",
+        disruptive=True,
+    ),
+    ActionSpec("skip_batches", "rank", "drop the next `count` batches' updates"),
+    ActionSpec(
+        "reduce_microbatch",
+        "rank",
+        "split each batch into `factor` times more micro-batches (same global batch)",
+        under_callbacks=(
+            "the framework splits the batch itself (its gradient accumulation setting): "
+            "reduce_microbatch cannot change that under a callback"
+        ),
+    ),
+    ActionSpec(
+        "checkpoint_now",
+        "rank",
+        "write a durable checkpoint at the next boundary",
+        under_callbacks=(
+            "the framework writes its own checkpoints: remedy keeps no durable checkpoint "
+            "under a callback"
+        ),
+    ),
+    ActionSpec("dump_diagnostics", "rank", "write per-module gradient norms and recent step stats"),
+    ActionSpec("notify", "supervisor", "tell a person (the decision's reason by default)"),
+    ActionSpec("abort", "supervisor", "stop the run (exit status 3) with `reason`"),
     # Beyond the original set: CUDA caching-allocator settings at run time.
-    "configure_cuda_allocator",
+    ActionSpec(
+        "configure_cuda_allocator",
+        "rank",
+        "change the CUDA caching allocator's settings (e.g. expandable_segments)",
+    ),
 )
+ACTION_SPECS: Final[dict[str, ActionSpec]] = {a.name: a for a in ACTION_TABLE}
+
+ACTIONS: Final[tuple[str, ...]] = tuple(ACTION_SPECS)
 
 # Actions that interrupt training for every rank; at most one is in flight.
-DISRUPTIVE_ACTIONS: Final[frozenset[str]] = frozenset({"rollback", "restart_rank"})
+DISRUPTIVE_ACTIONS: Final[frozenset[str]] = frozenset(a.name for a in ACTION_TABLE if a.disruptive)
 
 # Actions the supervisor carries out itself rather than sending to ranks.
-SUPERVISOR_ACTIONS: Final[frozenset[str]] = frozenset({"restart_rank", "notify", "abort"})
+SUPERVISOR_ACTIONS: Final[frozenset[str]] = frozenset(
+    a.name for a in ACTION_TABLE if a.applies != "rank"
+)
 
 SEVERITIES: Final[tuple[str, ...]] = ("info", "warning", "critical")
 

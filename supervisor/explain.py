@@ -13,7 +13,15 @@ import dataclasses
 import math
 from typing import Any
 
-from remedy.policies import AnomalyEvent, EventError, Policy, PolicyError, Rule, load_policy
+from remedy.policies import (
+    AnomalyEvent,
+    EventError,
+    Policy,
+    PolicyError,
+    Rule,
+    load_policy,
+    merged_text,
+)
 from remedy.policies._predicates import COMPARABLE_FIELDS, _field
 from remedy.policies._vocab import severity_rank
 from remedy.supervisor.rundata import RunData, number
@@ -144,6 +152,9 @@ def explain_decision(run: RunData, d: dict[str, Any], policy: Policy | None) -> 
     ]
     for ev in _events_for(run, d):
         lines.append("  - " + _event_text(ev))
+    merged = merged_text(anomaly)
+    if merged is not None:
+        lines.append("  " + merged)
     rule = policy.rule(str(d.get("rule"))) if policy is not None else None
     if rule is None:
         lines.append(

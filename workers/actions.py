@@ -1,7 +1,9 @@
 """In-process actions: what a rank does when a command reaches its step boundary.
 
-Each applier is a function `(guard, params, command) -> result` that changes
-the running job in place and returns a JSON-able result for the journal.
+Each applier is a function `(target, params, command) -> result` that changes
+the running job in place and returns a JSON-able result for the journal. The
+target is an `ActionTarget`: what a rank offers its appliers (the `Guard`,
+or a framework callback's `LoopGuard`), not the whole of either.
 An applier raises `ActionError` when the action cannot be done (the engine
 then follows the rule's `on_failure`), or `TransientActionError` for
 failures worth retrying; `apply_command` retries those with tenacity within
@@ -12,8 +14,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 import torch
@@ -24,11 +27,65 @@ from remedy.workers.commands import Command, Outcome
 from remedy.workers.exceptions import ActionError, CheckpointError, TransientActionError
 
 if TYPE_CHECKING:
-    from remedy.workers.guard import Guard
+    from remedy.workers.checkpoint_store import CheckpointStore
+    from remedy.workers.snapshots import Snapshot, SnapshotRing
+    from remedy.workers.stats import StepStats
 
 log = structlog.get_logger("remedy.actions")
 
-Applier = Callable[["Guard", dict[str, Any], Command], dict[str, Any]]
+
+class ActionTarget(Protocol):
+    """What the appliers of in-process actions may read and change on a rank."""
+
+    model: torch.nn.Module
+    scaler: Any
+    snapshots: SnapshotRing
+    micro_batches: int
+    kv_allocator: str
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def step_count(self) -> int: ...
+    @property
+    def tick(self) -> int: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def run_dir(self) -> Path | None: ...
+    @property
+    def checkpoints(self) -> CheckpointStore | None: ...
+    @property
+    def group(self) -> Any:
+        """The process group the ranks agree through, or None for one rank."""
+
+    @property
+    def data_rewindable(self) -> bool:
+        """Whether a rollback can take the data back too."""
+
+    @property
+    def max_micro_batches(self) -> int | None: ...
+    @property
+    def kv_caches(self) -> Any: ...
+    @property
+    def lr_scale(self) -> float: ...
+    @property
+    def recent_stats(self) -> Iterable[StepStats]: ...
+
+    def refusal(self, action: str) -> str | None:
+        """Why this loop cannot apply `action` (one sentence), or None when it can."""
+
+    def restore(self, snap: Snapshot) -> None: ...
+    def skip_next(self, count: int) -> list[int]: ...
+    def effective_lrs(self) -> list[float]: ...
+    def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None: ...
+    def take_snapshot(self) -> Snapshot: ...
+    def checkpoint_extra(self) -> dict[str, Any]: ...
+    def module_grad_norms(self) -> dict[str, float]: ...
+    def request_stop(self, reason: str) -> None: ...
+
+
+Applier = Callable[[ActionTarget, dict[str, Any], Command], dict[str, Any]]
 APPLIERS: dict[str, Applier] = {}
 
 # Bounds on retrying a transient failure; a command that still fails is
@@ -45,18 +102,19 @@ def applier(name: str) -> Callable[[Applier], Applier]:
     return register
 
 
-def apply_command(guard: Guard, command: Command) -> Outcome:
+def apply_command(guard: ActionTarget, command: Command) -> Outcome:
     """Apply one command with bounded retries; never raises (errors become a failed outcome)."""
     fn = APPLIERS.get(command.action)
     step, tick = guard.step_count, guard.tick
-    if fn is None:
+    refused = guard.refusal(command.action)
+    if fn is None or refused is not None:
         return Outcome(
             command.decision_id,
             guard.rank,
             "failed",
             step,
             tick,
-            f"{command.action!r} is not an in-process action",
+            refused or f"{command.action!r} is not an in-process action",
         )
     attempts = 0
     try:
@@ -100,7 +158,7 @@ def apply_command(guard: Guard, command: Command) -> Outcome:
 
 
 @applier("rollback")
-def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+def rollback(guard: ActionTarget, params: dict[str, Any], command: Command) -> dict[str, Any]:
     """Restore the newest state at least `steps_back` before the anomaly, then skip batches.
 
     From the snapshot ring when it reaches back that far (every rank's ring
@@ -115,7 +173,7 @@ def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str
     snap, source, why = guard.snapshots.newest_at_or_before(target), "memory", ""
     if snap is None and guard.checkpoints is not None:
         choice = restore_point.agree_on_disk(
-            guard.checkpoints, at_or_before=target, group=guard._group
+            guard.checkpoints, at_or_before=target, group=guard.group
         )
         why = choice.describe()
         if choice.step is not None:
@@ -137,7 +195,7 @@ def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str
     guard.restore(snap)
     retired = guard.checkpoints.retire_after(snap.step) if guard.checkpoints is not None else []
     skipped = guard.skip_next(int(params.get("skip_batches", 0)))
-    rewound = guard.cursor.rewindable
+    rewound = guard.data_rewindable
     # The policy's reason says how far back it asked to go; the snapshot ring decides
     # where it can: say the step restored and how far that really was.
     detail = (
@@ -153,8 +211,8 @@ def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str
         )
     if not rewound:
         detail += (
-            "; the data was not rewound (a plain iterable cannot go back): training "
-            "goes on with the next batch it yields"
+            "; the data was not rewound (a plain iterable, or a framework's own loader, "
+            "cannot go back): training goes on with the next batch it yields"
         )
     return {
         "from_step": from_step,
@@ -170,13 +228,13 @@ def rollback(guard: Guard, params: dict[str, Any], command: Command) -> dict[str
 
 
 @applier("skip_batches")
-def skip_batches(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+def skip_batches(guard: ActionTarget, params: dict[str, Any], command: Command) -> dict[str, Any]:
     skipped = guard.skip_next(int(params.get("count", 1)))
     return {"skipped_batches": skipped, "detail": f"skipped {len(skipped)} batches"}
 
 
 @applier("shrink_lr")
-def shrink_lr(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+def shrink_lr(guard: ActionTarget, params: dict[str, Any], command: Command) -> dict[str, Any]:
     """Cut every LR by `factor` (floored at `min_lr`) from now on, under any schedule."""
     factor = float(params.get("factor", 0.5))
     min_lr = float(params.get("min_lr", 0.0))
@@ -197,7 +255,9 @@ def shrink_lr(guard: Guard, params: dict[str, Any], command: Command) -> dict[st
 
 
 @applier("rescale_grad_scaler")
-def rescale_grad_scaler(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+def rescale_grad_scaler(
+    guard: ActionTarget, params: dict[str, Any], command: Command
+) -> dict[str, Any]:
     """Set or multiply the GradScaler's scale; optionally change its growth settings."""
     scaler = guard.scaler
     if scaler is None or not scaler.is_enabled():
@@ -235,7 +295,7 @@ def _scaler_device(scaler: torch.amp.GradScaler) -> str:
 
 
 @applier("checkpoint_now")
-def checkpoint_now(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+def checkpoint_now(guard: ActionTarget, params: dict[str, Any], command: Command) -> dict[str, Any]:
     if guard.checkpoints is None:
         raise ActionError("checkpoint_now needs a run directory for durable checkpoints")
     snap = guard.take_snapshot()
@@ -248,7 +308,9 @@ def checkpoint_now(guard: Guard, params: dict[str, Any], command: Command) -> di
 
 
 @applier("dump_diagnostics")
-def dump_diagnostics(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+def dump_diagnostics(
+    guard: ActionTarget, params: dict[str, Any], command: Command
+) -> dict[str, Any]:
     """Write per-module gradient norms and recent stats for a person to read."""
     if guard.run_dir is None:
         raise ActionError("dump_diagnostics needs a run directory")
@@ -270,6 +332,6 @@ def dump_diagnostics(guard: Guard, params: dict[str, Any], command: Command) -> 
 
 
 @applier("abort")
-def abort(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+def abort(guard: ActionTarget, params: dict[str, Any], command: Command) -> dict[str, Any]:
     guard.request_stop(str(params.get("reason") or "aborted by policy"))
     return {"detail": "training loop stopped"}

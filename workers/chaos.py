@@ -71,7 +71,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "nan_grad": "one parameter's gradient becomes NaN after backward (once per run)",
     "loss_spike": "poisons `duration` batches from the one trained at the step: their loss is "
     "scaled by `factor` every time they are trained on",
-    "grad_explosion": "every gradient is scaled by `factor` for one step (once per run)",
+    "grad_explosion": "the gradients of one step are scaled by `factor` in its backward, before "
+    "any all-reduce, as a real explosion is (once per run)",
     "memory_leak": "each step from `at_step` keeps `bytes` more memory alive for `duration` steps",
     "oom": "the step raises an out-of-memory error (once per run)",
     "slow_loader": "fetching each batch sleeps `seconds` for `duration` steps",
@@ -85,6 +86,26 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "of the step (once per run); Ray restarts it and it resumes from its journal",
 }
 SUPPORTED_FAULTS = frozenset(FAULT_DESCRIPTIONS)
+
+# Faults the framework callbacks cannot inject, and why (`remedy.integrations`): a chaos
+# file naming one is refused there in one line rather than silently doing nothing.
+NOT_UNDER_FRAMEWORKS: dict[str, str] = {
+    "oom": "the framework's step has no out-of-memory retry to exercise",
+    "corrupt_checkpoint": "the framework writes its own checkpoints",
+    "slow_collective": "the framework runs its own collectives",
+}
+
+
+def refuse_under_frameworks(faults: Iterable[Fault]) -> None:
+    """Raise `ChaosConfigError` (one line) if a fault cannot be injected under a callback."""
+    refused = sorted({f.kind for f in faults if f.kind in NOT_UNDER_FRAMEWORKS})
+    if refused:
+        why = "; ".join(f"{k}: {NOT_UNDER_FRAMEWORKS[k]}" for k in refused)
+        raise ChaosConfigError(
+            f"chaos: cannot inject {', '.join(refused)} under a framework callback ({why}); "
+            "remove them from the chaos file or run the loop under a Guard"
+        )
+
 
 # The parameters each injectable fault takes, besides `kind`, `at_step` and `rank`.
 FAULT_PARAMS: dict[str, frozenset[str]] = {
@@ -474,7 +495,14 @@ class FaultInjector:
         factor = self._factor(batch_index)
         if factor is not None:
             self._note("loss_spike", step, batch_index=batch_index, factor=factor)
-            return loss * factor
+            loss = loss * factor
+        boom = self.fire_once("grad_explosion", step)
+        if boom is not None and loss.requires_grad:
+            # Scaled where backward starts: the loss reads the same, this rank's gradients
+            # explode, and a data-parallel all-reduce spreads them as it would a real one.
+            grad_factor = boom.factor or 1e6
+            loss.register_hook(lambda g: g * grad_factor)
+            self._note("grad_explosion", step, factor=grad_factor)
         return loss
 
     def _poison(self, fired: Mapping[str, Any]) -> None:
@@ -494,7 +522,7 @@ class FaultInjector:
         return None
 
     def on_grads(self, step: int, params: list[torch.nn.Parameter]) -> None:
-        """Gradient-side faults: a NaN gradient or an explosion; a late all-reduce."""
+        """Gradient-side faults after backward: a NaN gradient; a late all-reduce."""
         f = self.fire_once("slow_collective", step)
         if f is not None:
             process_faults.slow(f.seconds)
@@ -505,13 +533,6 @@ class FaultInjector:
                     p.grad.view(-1)[0] = float("nan")
                     break
             self._note("nan_grad", step)
-        f = self.fire_once("grad_explosion", step)
-        if f is not None:
-            factor = f.factor or 1e6
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(factor)
-            self._note("grad_explosion", step, factor=factor)
 
     @property
     def poisoned_batches(self) -> list[int]:

@@ -46,6 +46,7 @@ from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.data import BatchCursor, DataExhausted
 from remedy.workers.detectors import Detector, DetectorSuite, default_detectors
 from remedy.workers.exceptions import RunAborted
+from remedy.workers.inbox import CommandInbox
 from remedy.workers.lr_scale import LRScale
 from remedy.workers.measure import (
     GradNorm,
@@ -53,6 +54,7 @@ from remedy.workers.measure import (
     first_nonfinite_param,
     module_grad_norms,
 )
+from remedy.workers.outbox import Outbox
 from remedy.workers.snapshots import (
     Snapshot,
     SnapshotRing,
@@ -65,8 +67,6 @@ from remedy.workers.stats import StepStats
 
 log = structlog.get_logger("remedy.guard")
 
-# A done command sent again this long after its outcome went out gets the outcome again.
-OUTCOME_RESEND_S = 2.0
 # summary["final_loss"] is the mean of the finite training losses of the last this many steps.
 FINAL_LOSS_STEPS = 10
 
@@ -94,6 +94,10 @@ class GuardConfig:
     micro_batches: int = 1  # gradient-accumulation chunks per batch
     oom_retries: int = 2  # times a step that ran out of memory is retried after remediation
     oom_wait_s: float = 10.0  # how long to wait for the policy's answer to an OOM
+    # Steps in a row whose update an OOM the policy could not relieve skipped: at this
+    # many the run stops, aborted, with the reason (a run that cannot train must say so).
+    # 0: never (the loop goes on skipping, e.g. to watch a dry-run policy).
+    oom_give_up_steps: int = 3
     # Enforce a memory cap on saved activations (bytes per micro-batch forward):
     # above it the step raises a real torch.OutOfMemoryError. Exercises OOM
     # recovery where no accelerator's memory runs out; None disables.
@@ -200,13 +204,7 @@ class Guard:
             weakref.WeakSet()
         )  # live caches switch_kv_allocator migrates
         self.kv_allocator = self.config.kv_allocator
-        self._queued: dict[str, Command] = {}
-        self._done_ids: set[str] = set()
-        # Each done command's outcome and when it last went out: a command sent again
-        # after that (a restarted supervisor that never got the outcome) gets it again.
-        self._outcome_of: dict[str, tuple[Outcome, float]] = {}
-        self._failed_chains: set[str] = set()
-        self._max_seq = 0
+        self.inbox = CommandInbox()  # the supervisor's commands, each applied once
         # Checkpoint writes in flight, by id of the snapshot they read; such a
         # snapshot's buffers are not recycled until its write is done.
         self._writes: dict[int, Future[Any]] = {}
@@ -221,17 +219,21 @@ class Guard:
             self._group = dist.group.WORLD
             if dist.get_backend() == "nccl":
                 self._group_device = torch.device("cuda", torch.cuda.current_device())
-        self._outcomes: list[Outcome] = []
-        self.history: deque[Outcome] = deque(
-            maxlen=1000
-        )  # every applied or failed command, newest last
-        self._events: list[dict[str, Any]] = []
-        self._metrics: list[tuple[StepStats, list[dict[str, Any]]]] = []
-        self._last_send = 0.0
+        # Reports out: events, metrics (built from (stats, chaos log) when a report leaves).
+        self.outbox = Outbox(
+            self.reporter,
+            self.inbox,
+            rank=self.rank,
+            heartbeat_s=self.config.heartbeat_s,
+            build=lambda item: _metrics_record(*item),
+        )
         self._stop_reason: str | None = None
         self._batch_index = -1
         self._loader_time = 0.0
         self._closed = False
+        self._oom_skips = 0  # steps in a row an unrelieved OOM skipped
+        # Whether each logical step's update was skipped, as last trained (for goodput).
+        self._update_skipped: dict[int, bool] = {}
         self.summary: dict[str, Any] = {}
         # Several ranks under a supervisor: a lost peer is survived, not raised (workers.membership).
         self.membership = ctx.membership
@@ -288,23 +290,21 @@ class Guard:
             step, self._resume_step = self._resume_step, None
             self.resumed = restore_point.resume(self, step)
             self._report_corrupt()
-        self._take_commands()
+        self.inbox.take(self.reporter.poll())
         if self._group is not None:
             # Every rank applies the same commands at the same boundary, or
             # their step counts and collectives would part ways.
-            agreed = torch.tensor([self._max_seq], dtype=torch.int64, device=self._group_device)
             try:
-                dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self._group)
+                agreed = self.inbox.agreed_seq(self._group, self._group_device)
             except RuntimeError as exc:
                 if self.membership is None or not self.membership.recover(self, exc, in_step=False):
                     raise
                 self._boundary()  # agree again, in the new generation
                 return
-            ready = [c for c in self._queued.values() if c.seq <= int(agreed.item())]
+            due = self.inbox.due_up_to_seq(agreed)
         else:
-            ready = [c for c in self._queued.values() if c.apply_at_tick <= self.tick]
-        due = sorted(ready, key=lambda c: (c.seq, c.chain_id, c.chain_index))
-        self._apply(due)
+            due = self.inbox.due_at_tick(self.tick)
+        self.inbox.apply(due, self)
         if due:
             self._report_corrupt()
             self._send(force=True)
@@ -372,50 +372,9 @@ class Guard:
                 ts=time.time(),
                 details={"checkpoint_step": checkpoint_step, "error": error[:300]},
             )
-            self._events.append(ev.to_dict())
+            self.outbox.event(ev.to_dict())
         if found:
             self._send(force=True)
-
-    def _take_commands(self) -> None:
-        now = time.monotonic()
-        for raw in self.reporter.poll():
-            cmd = Command.from_dict(raw)
-            self._max_seq = max(self._max_seq, cmd.seq)
-            if cmd.decision_id not in self._done_ids:
-                self._queued.setdefault(cmd.decision_id, cmd)
-                continue
-            # Done already: once the replies to reports sent before the outcome are
-            # in, a command that still comes is one whose outcome was lost.
-            done = self._outcome_of.get(cmd.decision_id)
-            if done is not None and now - done[1] >= OUTCOME_RESEND_S:
-                self._outcomes.append(done[0])
-                self._outcome_of[cmd.decision_id] = (done[0], now)
-
-    def _apply(self, commands: list[Command]) -> None:
-        """Apply commands in order; a failed step stops the rest of its chain."""
-        for cmd in commands:
-            self._queued.pop(cmd.decision_id, None)
-            self._done_ids.add(cmd.decision_id)
-            if cmd.chain_id and cmd.chain_id in self._failed_chains:
-                outcome = Outcome(
-                    cmd.decision_id, self.rank, "failed", self.step_count, self.tick,
-                    "not run: an earlier step of its chain failed",
-                )  # fmt: skip
-            else:
-                outcome = actions.apply_command(self, cmd)
-                outcome.result.setdefault("late_by_ticks", self.tick - cmd.apply_at_tick)
-                if outcome.outcome != "applied" and cmd.chain_id and not cmd.continue_on_failure:
-                    self._failed_chains.add(cmd.chain_id)
-            self._outcomes.append(outcome)
-            self._outcome_of[cmd.decision_id] = (outcome, time.monotonic())
-            self.history.append(outcome)
-            log.info(
-                "action",
-                action=cmd.action,
-                outcome=outcome.outcome,
-                detail=outcome.detail,
-                rank=self.rank,
-            )
 
     def step(self, batch: Any) -> StepResult:
         """One training step on `batch`: forward, backward, checks, optimizer step, report."""
@@ -425,16 +384,22 @@ class Guard:
         # end, the allocator hands the memory back to the OS and the next backward
         # page-faults it in again (1-2.5% of a 50M-parameter CPU step).
         self.optimizer.zero_grad(set_to_none=True)
+        ooms: list[str] = []  # an OOM relieved on retry is still one of the step's events
         for attempt in range(self.config.oom_retries + 1):
             try:
                 self.injector.before_step(step)
                 loss = self._forward_backward(batch)
+                self._oom_skips = 0
                 break
             except torch.OutOfMemoryError as exc:
                 self.optimizer.zero_grad(set_to_none=True)
                 self._report_oom(step, str(exc), attempt)
+                ooms.append("oom")
                 if attempt == self.config.oom_retries or not self._await_commands():
-                    return self._finish_step(t0, math.nan, math.nan, skipped=True, oom=True)
+                    self._give_up_after_oom(str(exc))
+                    return self._finish_step(
+                        t0, math.nan, math.nan, skipped=True, oom=True, also=ooms[:1]
+                    )
             except RuntimeError as exc:
                 # A peer was lost inside a collective: the step is discarded, not raised.
                 if self.membership is None or not self.membership.recover(self, exc, in_step=True):
@@ -458,7 +423,17 @@ class Guard:
         if not math.isfinite(norm_v):
             extra["nonfinite_param"] = first_nonfinite_param(self.model)
         skipped = self._optimizer_step(loss_v, norm_v)
-        return self._finish_step(t0, loss_v, norm_v, skipped=skipped, extra=extra)
+        return self._finish_step(t0, loss_v, norm_v, skipped=skipped, extra=extra, also=ooms[:1])
+
+    def _give_up_after_oom(self, message: str) -> None:
+        """An OOM the policy did not relieve skipped this step: stop once too many in a row have."""
+        self._oom_skips += 1
+        limit = self.config.oom_give_up_steps
+        if limit > 0 and self._oom_skips >= limit and self._stop_reason is None:
+            self.request_stop(
+                f"{self._oom_skips} steps in a row ran out of memory and were skipped: the "
+                f"policy's remedies did not relieve it ({message[:120]})"
+            )
 
     def _forward_backward(self, batch: Any) -> torch.Tensor:
         self.max_micro_batches = _batch_size(batch)
@@ -527,6 +502,7 @@ class Guard:
         skipped: bool,
         oom: bool = False,
         extra: dict[str, Any] | None = None,
+        also: list[str] | None = None,
     ) -> StepResult:
         allocated, reserved, capacity = self._memory.read()
         stats = StepStats(
@@ -557,13 +533,15 @@ class Guard:
             )
         self.recent_stats.append(stats)
         # Records are built when a report goes out, a batch at a time.
-        self._metrics.append((stats, self.injector.drain_log()))
-        if events:
-            self._events.extend(e.to_dict() for e in events)
+        self.outbox.metrics((stats, self.injector.drain_log()))
+        for e in events:
+            self.outbox.event(e.to_dict())
+        self._update_skipped[self.step_count] = skipped
         self.step_count += 1
         self.tick += 1
         self._send(force=bool(events))
-        return StepResult(stats.step, loss_v, norm_v, stats.lr, skipped, [e.kind for e in events])
+        kinds = [*(also or []), *(e.kind for e in events)]
+        return StepResult(stats.step, loss_v, norm_v, stats.lr, skipped, kinds)
 
     # ------------------------------------------------------------- OOM path
     def _report_oom(self, step: int, message: str, attempt: int) -> None:
@@ -582,7 +560,7 @@ class Guard:
                 "micro_batches": self.micro_batches,
             },
         )
-        self._events.append(ev.to_dict())
+        self.outbox.event(ev.to_dict())
         self._send(force=True)
 
     def _await_commands(self) -> bool:
@@ -596,11 +574,9 @@ class Guard:
         deadline = time.monotonic() + self.config.oom_wait_s
         self._send(force=True, wait=True)
         while True:
-            self._take_commands()
-            if self._queued:
-                self._apply(
-                    sorted(self._queued.values(), key=lambda c: (c.chain_id, c.chain_index))
-                )
+            self.inbox.take(self.reporter.poll())
+            if self.inbox.queued:
+                self.inbox.apply(self.inbox.all_queued(), self)
                 self._send(force=True)
                 return True
             # A reporter whose replies may come before the decision (none does so far)
@@ -611,28 +587,28 @@ class Guard:
             self._send(force=True)
 
     # ------------------------------------------------------------- reporting
+    def send_report(self) -> None:
+        """Report now, news or not (a rank that has just joined says so at once)."""
+        self._send(force=True)
+
+    def report_soon(self) -> None:
+        """Let the next report go out at once, whatever the heartbeat period."""
+        self.outbox.soon()
+
+    def use_group(self, group: Any) -> None:
+        """Agree on commands through `group` from now on (a new generation's process group)."""
+        self._group = group
+
     def _send(self, *, force: bool = False, wait: bool = False) -> None:
-        now = time.monotonic()
-        if (
-            not (force or wait or self._outcomes)
-            and now - self._last_send < self.config.heartbeat_s
-        ):
-            return
-        batch = {
-            "rank": self.rank,
-            "step": self.step_count,
-            "tick": self.tick,
-            "ts": time.time(),
-            "events": self._events,
-            "metrics": [_metrics_record(stats, chaos) for stats, chaos in self._metrics],
-            "outcomes": [o.to_dict() for o in self._outcomes],
+        self.outbox.send(
+            step=self.step_count,
+            tick=self.tick,
+            force=force,
+            wait=wait,
             # For progress displays: the step total and the batch size last seen.
-            "max_steps": self.max_steps,
-            "batch_size": self.max_micro_batches,
-        }
-        self._events, self._metrics, self._outcomes = [], [], []
-        self._last_send = now
-        self.reporter.send(batch, wait=wait)
+            max_steps=self.max_steps,
+            batch_size=self.max_micro_batches,
+        )
 
     # ------------------------------------------------------- state handling
     def take_snapshot(self, into: Snapshot | None = None) -> Snapshot:
@@ -684,7 +660,7 @@ class Guard:
     def report_event(self, event: Any) -> None:
         """Send an anomaly the user's code found (e.g. a KV-cache measure) with the next report."""
         if event is not None:
-            self._events.append(event.to_dict())
+            self.outbox.event(event.to_dict())
             self._send(force=True)
 
     def track_kv_cache(self, cache: Any) -> None:
@@ -693,8 +669,26 @@ class Guard:
 
     def submit(self, command: Command) -> None:
         """Queue a command by hand (an operator's intervention, a test); applied like any other."""
-        if command.decision_id not in self._done_ids:
-            self._queued.setdefault(command.decision_id, command)
+        self.inbox.submit(command)
+
+    @property
+    def history(self) -> deque[Outcome]:
+        """Every applied or failed command, newest last."""
+        return self.inbox.history
+
+    @property
+    def group(self) -> Any:
+        """The process group the ranks agree through (None for one rank)."""
+        return self._group
+
+    @property
+    def data_rewindable(self) -> bool:
+        return self.cursor.rewindable
+
+    def refusal(self, action: str) -> str | None:
+        """Every in-process action applies to a Guard's loop."""
+        del action
+        return None
 
     def skip_next(self, count: int) -> list[int]:
         return self.cursor.skip_next(count)
@@ -729,6 +723,10 @@ class Guard:
             "stop_reason": self._stop_reason,
             "steps_completed": self.step_count,
             "steps_executed": self.tick,
+            # Trained steps whose update was dropped (non-finite, overflow, OOM, skipped batch).
+            "updates_skipped": sum(
+                1 for st, sk in self._update_skipped.items() if sk and st < self.step_count
+            ),
             # A single batch's loss is noisy: the mean of the last few training losses.
             "final_loss": sum(losses) / len(losses) if losses else None,
             "final_loss_over_steps": len(losses),
@@ -784,13 +782,16 @@ def _local_summary(controller: Any, rank: dict[str, Any], wall_s: float) -> dict
     """summary.json of a single-process run, in the shape `remedy run` writes (`remedy report`)."""
     c = controller
     completed, executed = int(rank["steps_completed"]), int(rank["steps_executed"])
+    skipped = int(rank.get("updates_skipped", 0))
     return {
         "run_id": c.run_dir.run_id,
         "status": "aborted" if c.abort_reason is not None else rank["status"],
-        "abort_reason": c.abort_reason,
+        "abort_reason": c.abort_reason or rank.get("stop_reason"),
         "steps_completed": completed,
         "steps_executed": executed,
-        "goodput": round(completed / executed, 4) if executed else 0.0,
+        # Useful work: the steps kept whose update was applied, over the steps executed.
+        "goodput": round((completed - skipped) / executed, 4) if executed else 0.0,
+        "updates_skipped": skipped,
         "final_loss": rank["final_loss"],
         "actions": dict(c.action_counts),
         "anomalies": dict(c.anomaly_counts),

@@ -170,7 +170,7 @@ class Membership:
         self.timeline["guard"] = time.time()
         self.phase = "boundary"
         self.step, self.tick = guard.step_count, guard.tick
-        guard._send(force=True)
+        guard.send_report()
 
     def mark(self, guard: Guard) -> None:
         """The boundary this step starts from; `recover` returns here if the step fails."""
@@ -190,7 +190,7 @@ class Membership:
         state = train_state.broadcast(guard, src=source)
         relayout_ddp(guard, state.get("ddp_buckets"))
         self.timeline["adopted"] = time.time()
-        guard._last_send = 0.0  # report the first step of the new generation at once
+        guard.report_soon()  # report the first step of the new generation at once
         self.phase = "boundary"
         self.step, self.tick = guard.step_count, guard.tick
         log.info("state_adopted", rank=self.rank, source=source, step=guard.step_count,
@@ -260,8 +260,8 @@ class Membership:
         state = train_state.broadcast(guard, src=source, state=captured)
         relayout_ddp(guard, state.get("ddp_buckets"))
         self.timeline["adopted"] = time.time()
-        guard._group = dist.group.WORLD
-        guard._last_send = 0.0  # report the first step of the new generation at once
+        guard.use_group(dist.group.WORLD)
+        guard.report_soon()  # report the first step of the new generation at once
         self.recoveries += 1
         self.last_recovery = {
             "generation": generation,

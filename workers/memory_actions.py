@@ -25,7 +25,7 @@ from remedy.workers.commands import Command
 from remedy.workers.exceptions import ActionError
 
 if TYPE_CHECKING:
-    from remedy.workers.guard import Guard
+    from remedy.workers.actions import ActionTarget
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -35,7 +35,9 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @applier("enable_activation_checkpointing")
-def enable_checkpointing(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+def enable_checkpointing(
+    guard: ActionTarget, params: dict[str, Any], command: Command
+) -> dict[str, Any]:
     model = _unwrapped(guard.model)
     before = set(checkpointed_modules(model))
     try:
@@ -58,7 +60,9 @@ def enable_checkpointing(guard: Guard, params: dict[str, Any], command: Command)
 
 
 @applier("reduce_microbatch")
-def reduce_microbatch(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+def reduce_microbatch(
+    guard: ActionTarget, params: dict[str, Any], command: Command
+) -> dict[str, Any]:
     """Multiply the number of micro-batches by `factor` (halving each one for factor 2)."""
     factor = int(params.get("factor", 2))
     if factor < 2:
@@ -81,7 +85,9 @@ def reduce_microbatch(guard: Guard, params: dict[str, Any], command: Command) ->
 
 
 @applier("switch_kv_allocator")
-def switch_kv_allocator(guard: Guard, params: dict[str, Any], command: Command) -> dict[str, Any]:
+def switch_kv_allocator(
+    guard: ActionTarget, params: dict[str, Any], command: Command
+) -> dict[str, Any]:
     to = str(params.get("to", "paged"))
     before = guard.kv_allocator
     migrated, deferred = 0, 0
@@ -108,7 +114,7 @@ def switch_kv_allocator(guard: Guard, params: dict[str, Any], command: Command) 
 
 @applier("configure_cuda_allocator")
 def configure_cuda_allocator(
-    guard: Guard, params: dict[str, Any], command: Command
+    guard: ActionTarget, params: dict[str, Any], command: Command
 ) -> dict[str, Any]:
     """Apply CUDA caching-allocator settings, e.g. {expandable_segments: true}."""
     settings = {k: v for k, v in params.items() if v is not None}

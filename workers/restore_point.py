@@ -111,9 +111,7 @@ def remediations(guard: Guard) -> dict[str, Any]:
         "kv_allocator": guard.kv_allocator,
         "lr_cut": (guard.lr_cut.scale, guard.lr_cut.floor),
         "checkpointed": checkpointed_modules(getattr(guard.model, "module", guard.model)),
-        "done_ids": sorted(guard._done_ids),
-        "max_seq": guard._max_seq,
-        "failed_chains": sorted(guard._failed_chains),
+        **guard.inbox.state(with_queued=False),
     }
 
 
@@ -131,7 +129,7 @@ def resume(guard: Guard, step: int) -> dict[str, Any]:
             f"asked to resume from step {step}, but this rank writes no checkpoints "
             "(checkpoint_every is 0 or there is no run directory)"
         )
-    choice = agree_on_disk(guard.checkpoints, at_or_before=step, group=guard._group)
+    choice = agree_on_disk(guard.checkpoints, at_or_before=step, group=guard.group)
     if choice.step is None:
         why = choice.describe() or f"no checkpoint at or before step {step} on every rank"
         out = {

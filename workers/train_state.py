@@ -21,7 +21,6 @@ from remedy.workers.activation_checkpointing import (
     checkpointed_modules,
     enable_activation_checkpointing,
 )
-from remedy.workers.commands import Command
 from remedy.workers.lr_scale import LRScale
 from remedy.workers.snapshots import SnapshotRing
 
@@ -43,10 +42,7 @@ def capture(guard: Guard) -> dict[str, Any]:
         "kv_allocator": guard.kv_allocator,
         "lr_cut": (guard.lr_cut.scale, guard.lr_cut.floor),
         "checkpointed": checkpointed_modules(_plain(guard.model)),
-        "done_ids": sorted(guard._done_ids),
-        "queued": [c.to_dict() for c in guard._queued.values()],
-        "max_seq": guard._max_seq,
-        "failed_chains": sorted(guard._failed_chains),
+        **guard.inbox.state(),
     }
 
 
@@ -66,10 +62,7 @@ def adopt(guard: Guard, state: dict[str, Any]) -> None:
     guard.kv_allocator = state["kv_allocator"]
     if state["checkpointed"]:
         enable_activation_checkpointing(_plain(guard.model), modules=state["checkpointed"])
-    guard._done_ids = set(state["done_ids"])
-    guard._queued = {c["decision_id"]: Command.from_dict(c) for c in state["queued"]}
-    guard._max_seq = state["max_seq"]
-    guard._failed_chains = set(state["failed_chains"])
+    guard.inbox.adopt(state)
     # Rings differ between survivors and the replacement; all restart from this boundary.
     guard.snapshots = SnapshotRing(guard.config.snapshot_ring)
     guard.snapshots.push(snap)

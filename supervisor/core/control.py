@@ -31,6 +31,7 @@ from remedy.policies import (
     AnomalyEvent,
     Decision,
     Engine,
+    IncidentMerger,
 )
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.effects import Notify, NotifyCarrier, log_notify
@@ -150,6 +151,7 @@ class Controller:
         self._times_len = max(straggler.window, straggler.min_samples) if straggler else 0
         self._new_times = False  # samples arrived since the last check
         self._checked_step: int | None = None  # the newest step at the last check
+        self.incidents = IncidentMerger(world_size)
 
     # ---------------------------------------------------------------- ingest
     def ingest(self, batch: Any) -> list[dict[str, Any]]:
@@ -194,7 +196,8 @@ class Controller:
             self._outcome(outcome)
         for ev in report.events:
             self._record(ev)
-        events = report.events
+        # One fault seen on several ranks or through a collective is one incident.
+        events = self.incidents.offer(report.events, ticks=self.tick_of, now=now)
         if self._new_times:
             events += self._check_stragglers()
         if events:
@@ -549,6 +552,9 @@ class Controller:
 
     def finish(self, reason: str = "the run ended before the ranks reported an outcome") -> None:
         """Resolve every decision still pending as failed (nothing is lost from the journal)."""
+        held = self.incidents.flush()
+        if held:
+            self.handle(self.engine.decide(held, now=self._clock()))
         for pending in list(self.pending.values()):
             self._close(pending.command.decision_id)
             if pending.command.decision_id.endswith("-stop"):

@@ -54,6 +54,7 @@ def test_nan_loss_under_lightning_is_rolled_back_and_training_completes(tmp_path
 
     torch.manual_seed(0)
     module = Regression()
+    callback = RemedyCallback(run_dir=tmp_path / "run")
     trainer = lightning.Trainer(
         max_steps=STEPS,
         accelerator="cpu",
@@ -61,12 +62,14 @@ def test_nan_loss_under_lightning_is_rolled_back_and_training_completes(tmp_path
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[RemedyCallback(run_dir=tmp_path / "run")],
+        callbacks=[callback],
         default_root_dir=str(tmp_path),
     )
     trainer.fit(module, data())
 
-    assert trainer.global_step == STEPS, "training completes"
+    assert callback.guard is not None
+    assert callback.guard.step_count == STEPS, "the asked-for logical steps are trained"
+    assert trainer.global_step > STEPS, "the steps the rollback undid are trained again"
     decisions = read_jsonl(tmp_path / "run" / "decisions.jsonl")
     applied = {d["action"] for d in decisions if d["outcome"] == "applied"}
     assert {"rollback", "shrink_lr"} <= applied
@@ -93,8 +96,10 @@ def test_callback_under_remedy_run_reports_to_the_supervisor(
     spec = RunSpec(target=target, run_dir=str(tmp_path / "run"), threads_per_rank=1)
     summary = run_supervised(spec)
     assert summary["status"] == "completed", summary["ranks"]
-    assert summary["ranks"][0]["result"] == {"global_step": STEPS, "finite": True}
-    assert summary["steps_executed"] == STEPS
+    result = summary["ranks"][0]["result"]
+    assert result["finite"] and result["global_step"] > STEPS  # the undone steps trained again
+    assert summary["steps_completed"] == STEPS
+    assert summary["steps_executed"] == result["global_step"]
     decisions = read_jsonl(tmp_path / "run" / "decisions.jsonl")
     assert {"rollback", "shrink_lr"} <= {
         d["action"] for d in decisions if d["outcome"] == "applied"

@@ -27,11 +27,19 @@ def test_two_ranks_roll_back_together_and_end_identical(ray_cluster: None, tmp_p
     assert [r["steps_completed"] for r in ranks] == [80, 80]
     assert ranks[0]["steps_executed"] == ranks[1]["steps_executed"] > 80
     assert ranks[0]["result"]["params_digest"] == ranks[1]["result"]["params_digest"]
-    rollback = next(
-        d for d in read_jsonl(tmp_path / "decisions.jsonl") if d["action"] == "rollback"
-    )
+    decisions = read_jsonl(tmp_path / "decisions.jsonl")
+    rollback = next(d for d in decisions if d["action"] == "rollback")
     assert rollback["outcome"] == "applied"
     assert rollback["anomaly"]["rank"] == 1
+    # One incident, one remedy: rank 0's NaN gradients (through the all-reduce) are merged
+    # into rank 1's NaN loss; the LR gets the rule's one cut (x0.8), not a second (x0.5).
+    assert len({d["chain"]["id"] for d in decisions}) == 1, decisions
+    assert [(d["action"], d["params"].get("factor")) for d in decisions] == [
+        ("rollback", None),
+        ("shrink_lr", 0.8),
+    ]
+    merged = rollback["anomaly"]["details"]["merged"]
+    assert {(m["kind"], m["rank"]) for m in merged} >= {("nonfinite_grad", 0)}
     # Both ranks restored the same step at the same boundary.
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     by_rank = {r: [(m["tick"], m["step"]) for m in metrics if m["rank"] == r] for r in (0, 1)}

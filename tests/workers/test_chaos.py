@@ -75,7 +75,7 @@ def test_loss_spike_poisons_batches() -> None:
 
 
 def test_grad_faults() -> None:
-    """nan_grad puts a NaN in one gradient; grad_explosion scales every gradient."""
+    """nan_grad puts a NaN in one gradient; grad_explosion scales the step's gradients in backward."""
     p = torch.nn.Parameter(torch.ones(3))
     p.grad = torch.ones(3)
     inj = FaultInjector(
@@ -91,8 +91,12 @@ def test_grad_faults() -> None:
     )
     inj.on_grads(1, [p])
     assert math.isnan(float(p.grad[0]))
-    p.grad = torch.ones(3)
+    p.grad = None
     inj.on_grads(2, [p])
+    loss = inj.on_loss(2, 0, (p * 1.0).sum())
+    assert float(loss) == 3.0, "the loss reads the same"
+    loss.backward()
+    assert p.grad is not None
     assert torch.equal(p.grad, torch.full((3,), 100.0))
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from remedy.workers import guard as guard_mod
+from remedy.workers import inbox as inbox_mod
 from remedy.workers.commands import Command
 from remedy.workers.context import WorkerContext
 from remedy.workers.guard import Guard, GuardConfig
@@ -56,7 +56,7 @@ def test_done_command_sent_again_is_not_applied_again_but_its_outcome_is_resent(
     monkeypatch: pytest.MonkeyPatch, resend_s: float
 ) -> None:
     """shrink_lr sent on every reply: the LR is cut once; its outcome goes out again only past OUTCOME_RESEND_S."""
-    monkeypatch.setattr(guard_mod, "OUTCOME_RESEND_S", resend_s)
+    monkeypatch.setattr(inbox_mod, "OUTCOME_RESEND_S", resend_s)
     sup = _Supervisor(_lr_cut("r-d00001"))
     guard = _guard(sup)
     for batch in guard:

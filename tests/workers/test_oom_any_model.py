@@ -122,7 +122,9 @@ def test_dry_run_oom_does_not_wait_for_commands(tmp_path: Path) -> None:
     model = build("mlp")
     guard = Guard(
         model, torch.optim.Adam(model.parameters(), lr=1e-3), loss_fn=loss_fn, data=data,
-        config=GuardConfig(policy=str(policy), activation_cap_bytes=cap, oom_wait_s=3600.0),
+        config=GuardConfig(
+            policy=str(policy), activation_cap_bytes=cap, oom_wait_s=3600.0, oom_give_up_steps=0
+        ),
         run_dir=tmp_path / "run",
     )  # fmt: skip
     results = [guard.step(batch) for batch in guard]

@@ -29,24 +29,32 @@ from remedy.workers.stats import StepStats
 
 @dataclass
 class DataStallDetector:
-    """`data_stall`: median loader wait / median step time above 1.2 (warning) or 2.5 (critical)."""
+    """`data_stall`: median loader wait / median step time above 1.0 (warning) or 2.5 (critical);
+    or one wait of at least `min_spike_s` and `spike_ratio` median steps (warning)."""
 
     window: int = 5
-    warn_ratio: float = 1.2
+    # A wait as long as the step's compute halves the throughput.
+    warn_ratio: float = 1.0
     critical_ratio: float = 2.5
     min_wait_s: float = 0.005
     min_stall_s: float = 0.25  # training time (waits and steps) the stall must have lasted
+    # One long wait: a shard that took seconds to open stalls the job as much as a slow
+    # window, though the median never sees it.
+    spike_ratio: float = 3.0
+    min_spike_s: float = 1.0
     cooldown_steps: int = 100
     name: str = "data_stall"
     _waits: deque[float] = field(default_factory=deque)
     _steps: deque[float] = field(default_factory=deque)
     _warn: Cooldown = field(init=False)
     _critical: Cooldown = field(init=False)
+    _spike: Cooldown = field(init=False)
     _stalled_s: float = 0.0  # time covered by the current run of stalled windows
 
     def __post_init__(self) -> None:
         self._warn = Cooldown(self.cooldown_steps)
         self._critical = Cooldown(self.cooldown_steps)
+        self._spike = Cooldown(self.cooldown_steps)
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         self._waits.append(stats.loader_time_s)
@@ -56,6 +64,9 @@ class DataStallDetector:
             self._steps.popleft()
         if len(self._waits) < self.window:
             return []
+        spike = self._one_long_wait(stats)
+        if spike:
+            return spike
         wait = statistics.median(self._waits)
         if wait < self.min_wait_s:
             self._stalled_s = 0.0
@@ -93,3 +104,25 @@ class DataStallDetector:
         self._waits.clear()
         self._steps.clear()
         self._stalled_s = 0.0
+
+    def _one_long_wait(self, stats: StepStats) -> list[AnomalyEvent]:
+        wait = stats.loader_time_s
+        if wait < self.min_spike_s:
+            return []
+        step_s = statistics.median(self._steps)
+        ratio = wait / max(step_s, 1e-9)
+        if ratio < self.spike_ratio or not self._spike.ready(stats.tick):
+            return []
+        self._spike.fire(stats.tick)
+        return [
+            event(
+                stats,
+                "data_stall",
+                value=ratio,
+                threshold=self.spike_ratio,
+                severity="warning",
+                loader_s=wait,
+                step_s=step_s,
+                single_wait=True,
+            )
+        ]

@@ -1,0 +1,93 @@
+"""The callbacks' LoopGuard shares the Guard's command inbox: failed chains, resent outcomes.
+
+Every action under the callbacks: tests/integrations/test_action_table.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from remedy.integrations._loop import LoopGuard
+from remedy.workers import inbox as inbox_mod
+from remedy.workers.commands import Command
+from remedy.workers.context import WorkerContext
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(60)]
+
+
+class _Supervisor:
+    """Sends the same commands on every reply, as a supervisor that never got the outcomes."""
+
+    def __init__(self, commands: list[dict[str, Any]]) -> None:
+        self.commands = commands
+        self.batches: list[dict[str, Any]] = []
+
+    def send(self, batch: dict[str, Any], *, wait: bool = False) -> None:
+        self.batches.append(batch)
+
+    def poll(self) -> list[dict[str, Any]]:
+        return [dict(c) for c in self.commands]
+
+    def close(self) -> None:
+        pass
+
+
+def _train(guard: LoopGuard, steps: int) -> None:
+    """A loop someone else drives: the hooks a framework callback calls, in its order."""
+    model = guard.model
+    opt = guard.optimizer
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        guard.begin_step()
+        x = torch.randn(8, 4, generator=g)
+        loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        guard.record_loss(loss)
+        loss.backward()
+        guard.before_optimizer_step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        guard.end_step()
+
+
+def _loop_guard(tmp_path: Path | None = None, context: WorkerContext | None = None) -> LoopGuard:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    guard = LoopGuard(model, run_dir=tmp_path, detectors=[], context=context)
+    guard.attach(torch.optim.SGD(model.parameters(), lr=0.1))
+    return guard
+
+
+def _cmd(decision_id: str, action: str, params: dict[str, Any], **kw: Any) -> Command:
+    return Command(decision_id, action, params, 1, 0, apply_at_tick=1, seq=1, **kw)
+
+
+def test_a_failed_step_fails_the_rest_of_its_chain_under_a_callback() -> None:
+    """A refused first step of a chain: the second is not run, as in the Guard."""
+    guard = _loop_guard()
+    guard.submit(_cmd("d1", "reduce_microbatch", {"factor": 2}, chain_id="c", chain_index=0))
+    guard.submit(_cmd("d2", "shrink_lr", {"factor": 0.5}, chain_id="c", chain_index=1))
+    _train(guard, 3)
+    guard.close()
+    assert [o.outcome for o in guard.history] == ["failed", "failed"]
+    assert guard.history[1].detail == "not run: an earlier step of its chain failed"
+    assert guard.lr_scale == 1.0
+
+
+@pytest.mark.parametrize("resend_s", [0.0, 3600.0])
+def test_done_command_sent_again_gets_its_outcome_again_under_a_callback(
+    monkeypatch: pytest.MonkeyPatch, resend_s: float
+) -> None:
+    """shrink_lr on every reply: the LR is cut once; the outcome goes out again only past OUTCOME_RESEND_S."""
+    monkeypatch.setattr(inbox_mod, "OUTCOME_RESEND_S", resend_s)
+    sup = _Supervisor([_cmd("d1", "shrink_lr", {"factor": 0.5}).to_dict()])
+    guard = _loop_guard(context=WorkerContext(reporter=sup))
+    _train(guard, 6)
+    guard.close()
+    assert guard.lr_scale == 0.5
+    sent = [o for b in sup.batches for o in b["outcomes"] if o["decision_id"] == "d1"]
+    assert {o["outcome"] for o in sent} == {"applied"}
+    assert (len(sent) > 1) if resend_s == 0.0 else (len(sent) == 1)

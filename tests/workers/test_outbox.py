@@ -1,0 +1,59 @@
+"""The outbox: news goes out at once, quiet steps at most every heartbeat; metrics built on sending."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from remedy.workers.commands import Command
+from remedy.workers.inbox import CommandInbox
+from remedy.workers.outbox import Outbox
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.batches: list[dict[str, Any]] = []
+
+    def send(self, batch: dict[str, Any], *, wait: bool = False) -> None:
+        self.batches.append(batch)
+
+    def poll(self) -> list[dict[str, Any]]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class _Target:
+    """The least an applier of shrink_lr needs: an LR scale."""
+
+    rank, step_count, tick = 0, 3, 3
+    lr_scale = 1.0
+
+    def refusal(self, action: str) -> str | None:
+        return None
+
+    def effective_lrs(self) -> list[float]:
+        return [0.1 * self.lr_scale]
+
+    def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None:
+        self.lr_scale *= factor
+
+
+def test_heartbeat_news_and_outcomes_decide_when_a_report_leaves() -> None:
+    """Quiet steps within the heartbeat stay; an event forced, or an outcome, goes at once."""
+    sink, inbox = _Collect(), CommandInbox()
+    out = Outbox(sink, inbox, rank=2, heartbeat_s=3600.0, build=lambda n: {"n": n})
+    assert out.send(step=0, tick=0)  # the first report: nothing sent yet
+    out.metrics(1)
+    assert not out.send(step=1, tick=1), "within the heartbeat, no news"
+    out.event({"kind": "loss_spike"})
+    assert out.send(step=2, tick=2, force=True)
+    assert sink.batches[-1]["metrics"] == [{"n": 1}]
+    assert sink.batches[-1]["events"] == [{"kind": "loss_spike"}]
+    cmd = Command("d1", "shrink_lr", {"factor": 0.5}, 3, 2, apply_at_tick=3)
+    inbox.apply([cmd], _Target())  # type: ignore[arg-type]
+    assert out.send(step=3, tick=3), "an outcome is news"
+    assert [o["decision_id"] for o in sink.batches[-1]["outcomes"]] == ["d1"]
+    assert sink.batches[-1]["rank"] == 2
+    out.soon()
+    assert out.send(step=3, tick=3), "soon(): the next report goes at once"
