@@ -37,6 +37,7 @@ from remedy.workers import (  # noqa: F401 - memory_actions registers its applie
     actions,
     memory_actions,
     restore_point,
+    sharding,
 )
 from remedy.workers.activation_checkpointing import SavedActivationCap
 from remedy.workers.chaos import FaultInjector
@@ -189,7 +190,9 @@ class Guard:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self._memory = MemoryProbe(self.device)
-        self._grad_norm = GradNorm(self.params)
+        # A sharded (FSDP2/HSDP) model's tensors are DTensors: norms and snapshots go by shard.
+        self.sharded = sharding.is_sharded(model)
+        self._grad_norm = sharding.grad_norm_for(self.params) or GradNorm(self.params)
         self.micro_batches = self.config.micro_batches
         self.max_micro_batches: int | None = None  # the batch size, once a batch has been seen
         self.step_count = 0
@@ -447,7 +450,7 @@ class Guard:
         norm_t = self._grad_norm()
         if self.config.grad_clip is not None:
             coef = (self.config.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
-            torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], coef)
+            torch._foreach_mul_(sharding.local_grads(self.params), coef)
         if loss.device.type == "cpu" and norm_t.device.type == "cpu":
             loss_v, norm_v = loss.item(), norm_t.item()  # no device to wait for: two reads
         else:  # one host sync for both
@@ -456,7 +459,9 @@ class Guard:
             ).tolist()
         extra: dict[str, Any] = {}
         if not math.isfinite(norm_v):
-            extra["nonfinite_param"] = first_nonfinite_param(self.model)
+            extra["nonfinite_param"] = (
+                sharding.first_nonfinite_param if self.sharded else first_nonfinite_param
+            )(self.model)
         skipped = self._optimizer_step(loss_v, norm_v)
         return self._finish_step(t0, loss_v, norm_v, skipped=skipped, extra=extra)
 
@@ -464,9 +469,8 @@ class Guard:
         self.max_micro_batches = _batch_size(batch)
         chunks = _split(batch, self.micro_batches)
         total: torch.Tensor | None = None
-        no_sync = getattr(
-            self.model, "no_sync", None
-        )  # DDP: reduce gradients once, on the last chunk
+        # DDP, FSDP2: reduce gradients once, on the last chunk
+        no_sync = getattr(self.model, "no_sync", None) or sharding.no_sync_of(self.model)
         for i, (chunk, weight) in enumerate(chunks):
             sync = (
                 no_sync()
@@ -653,9 +657,10 @@ class Guard:
 
     def restore(self, snap: Snapshot) -> None:
         """Put the loop back at the boundary before `snap.step`, keeping remediations in force."""
-        self.model.load_state_dict(snap.model)
+        # A sharded model's snapshot holds local shards: rebuilt as DTensors, each rank loads its own.
+        self.model.load_state_dict(sharding.rebuild(snap.model))
         # Loading may alias the given tensors; the snapshot must stay pristine for a second rollback.
-        self.optimizer.load_state_dict(clone_to_host(snap.optimizer))
+        self.optimizer.load_state_dict(sharding.rebuild(clone_to_host(snap.optimizer), copy=True))
         if self.scheduler is not None and snap.scheduler is not None:
             self.scheduler.load_state_dict(clone_to_host(snap.scheduler))
         if self.scaler is not None and snap.scaler is not None:
@@ -700,7 +705,7 @@ class Guard:
         return self.cursor.skip_next(count)
 
     def module_grad_norms(self) -> dict[str, float]:
-        return module_grad_norms(self.model)
+        return (sharding.module_grad_norms if self.sharded else module_grad_norms)(self.model)
 
     def request_stop(self, reason: str) -> None:
         self._stop_reason = reason
