@@ -35,13 +35,13 @@ import torch.distributed as dist
 
 from remedy.workers import (  # noqa: F401 - memory_actions registers its appliers
     actions,
+    dcp_store,
     memory_actions,
     restore_point,
     sharding,
 )
 from remedy.workers.activation_checkpointing import SavedActivationCap
 from remedy.workers.chaos import FaultInjector
-from remedy.workers.checkpoint_store import CheckpointStore
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.data import BatchCursor, DataExhausted
@@ -174,8 +174,9 @@ class Guard:
         ]
         self.snapshots = SnapshotRing(self.config.snapshot_ring)
         self.checkpoints = (
-            CheckpointStore(
-                self.run_dir / "checkpoints", rank=self.rank, keep=self.config.checkpoint_keep
+            # A sharded model in a process group checkpoints through DCP (workers.dcp_store).
+            dcp_store.store_for(
+                self, self.run_dir / "checkpoints", keep=self.config.checkpoint_keep
             )
             if self.run_dir is not None and self.config.checkpoint_every > 0
             else None
