@@ -194,6 +194,8 @@ class Guard:
         # A sharded (FSDP2/HSDP) model's tensors are DTensors: norms and snapshots go by shard.
         self.sharded = sharding.is_sharded(model)
         self._grad_norm = sharding.grad_norm_for(self.params) or GradNorm(self.params)
+        if self.sharded:  # overflows must be agreed over the group: `guard.scaler` is sharded
+            self.scaler = sharding.sharded_scaler(self.scaler)
         self.micro_batches = self.config.micro_batches
         self.max_micro_batches: int | None = None  # the batch size, once a batch has been seen
         self.step_count = 0

@@ -173,6 +173,31 @@ def no_sync_of(
     return None
 
 
+def sharded_scaler(scaler: Any) -> Any:
+    """A `ShardedGradScaler` in place of a plain `GradScaler`, carrying its state and settings.
+
+    A plain scaler decides on the gradients this rank holds; under FSDP an
+    overflow lands in one rank's shard only, that rank skips the step while
+    the others take it, and the shards part ways. The sharded scaler agrees
+    on overflows over the process group. None and sharded scalers pass through.
+    """
+    from torch.distributed.fsdp.sharded_grad_scaler import (  # noqa: PLC0415 - sharded jobs only
+        ShardedGradScaler,
+    )
+
+    if scaler is None or isinstance(scaler, ShardedGradScaler) or not scaler.is_enabled():
+        return scaler
+    out = ShardedGradScaler(
+        scaler._device,
+        init_scale=float(scaler.get_scale()),
+        growth_factor=scaler.get_growth_factor(),
+        backoff_factor=scaler.get_backoff_factor(),
+        growth_interval=scaler.get_growth_interval(),
+    )
+    out.load_state_dict(scaler.state_dict())
+    return out
+
+
 # ------------------------------------------------------------------ snapshots
 @dataclass
 class LocalShard:

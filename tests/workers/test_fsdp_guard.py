@@ -143,3 +143,70 @@ def test_rollback_restores_every_shard_and_ranks_agree(tmp_path: Path) -> None:
     assert sum(r["snapshot"]["local_numel"] for r in rolled) == full_numel
     assert rolled[0]["shard"] != rolled[1]["shard"]
     assert rolled[0]["full"] == rolled[1]["full"] == clean[0]["full"]
+
+
+# ------------------------------------------------------------ remediations
+def _remedy_rank(rank: int, world: int, case: str) -> dict[str, Any]:
+    from remedy.workers.activation_checkpointing import enable_activation_checkpointing  # noqa: PLC0415
+    from remedy.workers.chaos import Fault  # noqa: PLC0415
+    from remedy.workers.context import WorkerContext  # noqa: PLC0415
+
+    model = build(shard=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = corpus()
+    config = GuardConfig(detectors=[], micro_batches=2 if case == "micro" else 1)
+    scaler = None
+    faults = []
+    if case == "scaler":
+        config.amp_dtype = torch.float16
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        faults = [Fault(kind="nan_grad", at_step=2, rank=1)]  # one rank's shard only
+    if case == "checkpointing":
+        enable_activation_checkpointing(model)
+    ctx = WorkerContext(rank=rank, world_size=world, faults=faults)
+    guard = Guard(model, opt, loss_fn=lm_loss, max_steps=4, scaler=scaler, config=config,
+                  context=ctx, data=lambda i: local_rows(data.batch(i), rank, world))  # fmt: skip
+    if case == "shrink":
+        guard.submit(Command("cut-1", "shrink_lr", {"factor": 0.5}, 0, 0))
+        guard.submit(Command("skip-1", "skip_batches", {"count": 2}, 0, 0))
+    out = [guard.step(b) for b in guard]
+    guard.close()
+    return {
+        "norms": [r.grad_norm for r in out],
+        "losses": [r.loss for r in out],
+        "skipped": [r.optimizer_skipped for r in out],
+        "lrs": [r.lr for r in out],
+        "scaler": type(guard.scaler).__name__ if guard.scaler is not None else None,
+        "scale": float(guard.scaler.get_scale()) if guard.scaler is not None else None,
+        "skipped_batches": guard.close()["skipped_batches"],
+        "full": full_digest(model),
+    }
+
+
+def test_remediations_on_a_sharded_model(tmp_path: Path) -> None:
+    """Micro-batches keep the global batch, checkpointing keeps FSDP's hooks, LR cuts and skips apply."""
+    base = spawn_ranks(_remedy_rank, 2, tmp_path / "base", "base")
+    micro = spawn_ranks(_remedy_rank, 2, tmp_path / "micro", "micro")
+    ckpt = spawn_ranks(_remedy_rank, 2, tmp_path / "ckpt", "checkpointing")
+    cut = spawn_ranks(_remedy_rank, 2, tmp_path / "cut", "shrink")
+    for rank in (0, 1):
+        # Two micro-batches of the same rows: the same gradient up to float32 summation order.
+        assert micro[rank]["norms"] == pytest.approx(base[rank]["norms"], rel=1e-5)
+        assert micro[rank]["losses"] == pytest.approx(base[rank]["losses"], rel=1e-5)
+        # Recomputed activations are the same numbers: the checkpointed run is bitwise the same.
+        assert ckpt[rank]["norms"] == base[rank]["norms"]
+        assert ckpt[rank]["full"] == base[rank]["full"]
+        assert cut[rank]["lrs"] == pytest.approx([lr * 0.5 for lr in base[rank]["lrs"]])
+        assert cut[rank]["skipped_batches"] == [0, 1]
+    assert cut[0]["full"] == cut[1]["full"] != base[0]["full"]
+
+
+def test_gradscaler_becomes_sharded_and_ranks_skip_together(tmp_path: Path) -> None:
+    """A NaN in one rank's gradient shard: with the Guard's sharded scaler both ranks skip and back off."""
+    ranks = spawn_ranks(_remedy_rank, 2, tmp_path, "scaler")
+    for got in ranks:
+        assert got["scaler"] == "ShardedGradScaler"
+        assert got["skipped"][2] is True
+    assert ranks[0]["skipped"] == ranks[1]["skipped"]
+    assert ranks[0]["scale"] == ranks[1]["scale"]
+    assert ranks[0]["full"] == ranks[1]["full"]
