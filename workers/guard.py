@@ -38,6 +38,7 @@ from remedy.workers import (  # noqa: F401 - memory_actions registers its applie
     dcp_store,
     memory_actions,
     restore_point,
+    shard_mirror,
     sharding,
 )
 from remedy.workers.activation_checkpointing import SavedActivationCap
@@ -181,6 +182,8 @@ class Guard:
             if self.run_dir is not None and self.config.checkpoint_every > 0
             else None
         )
+        # A sharded rank's newest snapshot is mirrored to its buddy rank (workers.shard_mirror).
+        self.mirror = shard_mirror.mirror_for(self)
         # Checksum failures found while restoring, reported as `checkpoint_corrupt` events.
         self._corrupt: list[tuple[int, str]] = []
         if self.checkpoints is not None:
@@ -344,6 +347,8 @@ class Guard:
                 self._prepare_spares = False
         snap = self.take_snapshot(into=reuse)
         self.snapshots.push(snap)
+        if self.mirror is not None:
+            self.mirror.push(snap)
         if self.checkpoints is not None and self._checkpoint_due():
             snap.extra = self.checkpoint_extra()
             write = self.checkpoints.save(snap)
@@ -450,7 +455,13 @@ class Guard:
         self.injector.on_grads(step, self.params)
         if self.scaler is not None and self.scaler.is_enabled():
             self.scaler.unscale_(self.optimizer)
-        norm_t = self._grad_norm()
+        try:
+            norm_t = self._grad_norm()
+        except RuntimeError as exc:  # a sharded norm's all-reduce: a peer was lost
+            if self.membership is None or not self.membership.recover(self, exc, in_step=True):
+                raise
+            lr = float(self.optimizer.param_groups[0]["lr"])
+            return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
         if self.config.grad_clip is not None:
             coef = (self.config.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
             torch._foreach_mul_(sharding.local_grads(self.params), coef)
@@ -726,6 +737,8 @@ class Guard:
         self._send(wait=True)
         if self.checkpoints is not None:
             self.checkpoints.close()
+        if self.mirror is not None:
+            self.mirror.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._spare = None

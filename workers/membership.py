@@ -29,7 +29,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from remedy.workers import train_state
+from remedy.workers import shard_mirror, train_state
 from remedy.workers.exceptions import GroupLostError
 from remedy.workers.group_sockets import GroupSockets
 from remedy.workers.snapshots import capture_rng, restore_rng
@@ -103,6 +103,7 @@ class Membership:
         self.tick = 0
         self.recoveries = 0
         self.last_recovery: dict[str, Any] = {}
+        self.last_restore: dict[str, Any] = {}  # a sharded job: where the shards came from
         # Wall-clock times of this process's latest recovery (or, on a replacement,
         # its start), for the supervisor's recovery record: where the time went.
         self.timeline: dict[str, float] = {"started": time.time()}
@@ -149,6 +150,7 @@ class Membership:
             "pid": os.getpid(),
             "recoveries": self.recoveries,
             "timeline": dict(self.timeline),
+            "restore": dict(self.last_restore),
         }
 
     # ---------------------------------------------------------- training side
@@ -174,8 +176,12 @@ class Membership:
         source, self.adopt_from = self.adopt_from, None
         t0 = time.perf_counter()
         self.timeline["adopting"] = time.time()
-        state = train_state.broadcast(guard, src=source)
-        relayout_ddp(guard, state.get("ddp_buckets"))
+        # No peer holds a sharded rank's shard whole: it comes from its buddy (shard_mirror).
+        if guard.sharded:
+            self.last_restore = shard_mirror.restore_group(guard, fresh=True)
+        else:
+            state = train_state.broadcast(guard, src=source)
+            relayout_ddp(guard, state.get("ddp_buckets"))
         self.timeline["adopted"] = time.time()
         guard._last_send = 0.0  # report the first step of the new generation at once
         self.phase = "boundary"
@@ -214,7 +220,7 @@ class Membership:
             restore_rng(rng)
             guard.optimizer.zero_grad(set_to_none=True)
         captured = None
-        if self.rank == source:
+        if self.rank == source and not guard.sharded:
             # Taken before DDP's re-initialisation, whose start-up sync copies rank 0's
             # parameters, and rank 0 may be a fresh replacement.
             captured = {**train_state.capture(guard), "ddp_buckets": ddp_bucket_layout(guard.model)}
@@ -223,12 +229,16 @@ class Membership:
         self.generation = generation
         self.join()
         joined = time.perf_counter()
-        rebuild_ddp(guard)
-        self.timeline["ddp"] = time.time()
-        state = train_state.broadcast(guard, src=source, state=captured)
-        relayout_ddp(guard, state.get("ddp_buckets"))
-        self.timeline["adopted"] = time.time()
         guard._group = dist.group.WORLD
+        if guard.sharded:  # each survivor keeps its own shard (shard_mirror)
+            shard_mirror.regroup(guard)
+            self.last_restore = shard_mirror.restore_group(guard, fresh=False)
+        else:
+            rebuild_ddp(guard)
+            self.timeline["ddp"] = time.time()
+            state = train_state.broadcast(guard, src=source, state=captured)
+            relayout_ddp(guard, state.get("ddp_buckets"))
+        self.timeline["adopted"] = time.time()
         guard._last_send = 0.0  # report the first step of the new generation at once
         self.recoveries += 1
         self.last_recovery = {

@@ -198,6 +198,42 @@ def sharded_scaler(scaler: Any) -> Any:
     return out
 
 
+def rebind_groups(model: torch.nn.Module) -> None:
+    """After a new process-group generation: point the model's meshes and FSDP at its groups.
+
+    `destroy_process_group` ends every group; the next `init_process_group`
+    names the new default group as the old one was named, so a 1-D mesh over
+    the world resolves to it again. A mesh of several dimensions (HSDP) gets
+    its groups made anew, in the order `init_device_mesh` made them. FSDP
+    keeps the group objects themselves, and a step that failed mid-way left
+    parameters unsharded: both are reset.
+    """
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415 - sharded only
+    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
+
+    meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if is_dtensor(p)}  # type: ignore[attr-defined]
+    for mesh in meshes.values():
+        if mesh.ndim > 1:
+            fresh = init_device_mesh(
+                mesh.device_type, tuple(mesh.mesh.shape), mesh_dim_names=mesh.mesh_dim_names
+            )
+            mesh._dim_group_names = fresh._dim_group_names
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = module._get_fsdp_state()._fsdp_param_group
+        if group is None:
+            continue
+        for info in (group.mesh_info, group.post_forward_mesh_info):
+            if info is None:
+                continue
+            if hasattr(info, "shard_process_group"):
+                info.shard_process_group = info.mesh.get_group(info.shard_mesh_dim)
+            if hasattr(info, "replicate_process_group"):
+                info.replicate_process_group = info.mesh.get_group(info.replicate_mesh_dim)
+        module.reshard()
+
+
 # ------------------------------------------------------------------ snapshots
 @dataclass
 class LocalShard:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
+from remedy.workers.rundir import read_jsonl
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -25,3 +27,50 @@ def test_readme_loop_with_fully_shard_trains_on_two_ranks(
     ranks = summary["ranks"]
     assert [r["steps_completed"] for r in ranks] == [30, 30]
     assert ranks[0]["result"]["params_digest"] == ranks[1]["result"]["params_digest"]
+
+
+REPO = HERE.parents[1]
+GPT = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
+POLICY = str(HERE / "fsdp_policy.yaml")
+GPT_ARGS = ["--fsdp", "--steps", "40", "--layers", "2", "--width", "32", "--block-size", "16",
+            "--batch-size", "4", "--sample-every", "0", "--snapshot-every", "2"]  # fmt: skip
+
+
+def _gpt(run_dir: Path, *, faults: list[dict[str, Any]], argv: list[str]) -> dict[str, Any]:
+    spec = RunSpec(target=GPT, workers=4, run_dir=str(run_dir), faults=faults, policy=POLICY,
+                   argv=[*GPT_ARGS, *argv], threads_per_rank=1)  # fmt: skip
+    summary = run_supervised(spec)
+    assert summary["status"] == "completed", summary
+    return summary
+
+
+@pytest.mark.parametrize(
+    ("fault", "rule"),
+    [
+        ({"kind": "nan_loss", "at_step": 25, "rank": 2}, "nan-rollback"),
+        (
+            {"kind": "loss_spike", "at_step": 25, "rank": 1, "factor": 50.0, "duration": 3},
+            "spike-rollback",
+        ),
+    ],
+    ids=["nan", "spike"],
+)
+def test_four_sharded_ranks_roll_back_and_skip_bitwise(
+    ray_cluster: None, tmp_path: Path, fault: dict[str, Any], rule: str
+) -> None:
+    """A fault on one of 4 FSDP2 ranks rolls every shard back; the run ends bitwise equal to a
+    fault-free run that skips the same batches."""
+    faulty = _gpt(tmp_path / "faulty", faults=[fault], argv=[])
+    decisions = read_jsonl(tmp_path / "faulty" / "decisions.jsonl")
+    # One rollback applied (the spike's next poisoned step is a repeat, suppressed while cooling down).
+    applied = [d for d in decisions if d["action"] == "rollback" and d["outcome"] == "applied"]
+    assert [d["rule"] for d in applied] == [rule]
+    skipped = faulty["ranks"][0]["skipped_batches"]
+    assert skipped and all(r["skipped_batches"] == skipped for r in faulty["ranks"])
+    clean = _gpt(
+        tmp_path / "clean", faults=[], argv=["--skip-batches", ",".join(map(str, skipped))]
+    )
+    digests = {r["result"]["params_digest"] for r in faulty["ranks"]}
+    assert len(digests) == 1
+    assert digests == {r["result"]["params_digest"] for r in clean["ranks"]}
+    assert faulty["ranks"][0]["steps_executed"] > clean["ranks"][0]["steps_executed"] == 40
