@@ -19,12 +19,19 @@ import torch.multiprocessing as mp
 
 
 def _entry(
-    rank: int, world: int, workdir: str, fn: Callable[..., Any], args: tuple[Any, ...]
+    rank: int,
+    world: int,
+    workdir: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    backend: str,
 ) -> None:
     torch.set_num_threads(1)
     out = Path(workdir) / f"result.rank{rank}.pt"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # one GPU per rank
     dist.init_process_group(
-        "gloo", init_method=f"file://{workdir}/store", rank=rank, world_size=world
+        backend, init_method=f"file://{workdir}/store", rank=rank, world_size=world
     )
     try:
         result: Any = ("ok", fn(rank, world, *args))
@@ -39,15 +46,20 @@ def _entry(
 
 
 def spawn_ranks(
-    fn: Callable[..., Any], world: int, workdir: Path, *args: Any, timeout_s: float = 240
+    fn: Callable[..., Any],
+    world: int,
+    workdir: Path,
+    *args: Any,
+    timeout_s: float = 240,
+    backend: str = "gloo",
 ) -> list[Any]:
-    """`fn(rank, world, *args)` on `world` gloo ranks; their results, by rank."""
+    """`fn(rank, world, *args)` on `world` ranks (gloo, or NCCL with a GPU each); results by rank."""
     workdir.mkdir(parents=True, exist_ok=True)
     env_before = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
         ctx = mp.start_processes(
-            _entry, args=(world, str(workdir), fn, args), nprocs=world, join=False,
+            _entry, args=(world, str(workdir), fn, args, backend), nprocs=world, join=False,
             start_method="spawn",
         )  # fmt: skip
         import time  # noqa: PLC0415 - only here

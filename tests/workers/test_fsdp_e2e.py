@@ -74,3 +74,48 @@ def test_four_sharded_ranks_roll_back_and_skip_bitwise(
     assert len(digests) == 1
     assert digests == {r["result"]["params_digest"] for r in clean["ranks"]}
     assert faulty["ranks"][0]["steps_executed"] > clean["ranks"][0]["steps_executed"] == 40
+
+
+WATCH = {"first_step_s": 4.0}  # the hang watch's first-step allowance, as in the DDP restart tests
+
+
+def _restartable(run_dir: Path, faults: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = RunSpec(target=GPT, workers=4, run_dir=str(run_dir), faults=faults, policy=POLICY,
+                   argv=[*GPT_ARGS, "--snapshot-every", "1", "--checkpoint-every", "8"],
+                   threads_per_rank=1, hang_watch=WATCH, spares=2)  # fmt: skip
+    summary = run_supervised(spec)
+    assert summary["status"] == "completed", summary
+    return summary
+
+
+@pytest.fixture(scope="module")
+def clean_sharded(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The whole parameters' digest of the fault-free sharded run the restart tests compare to."""
+    summary = _restartable(tmp_path_factory.mktemp("clean"), [])
+    digests = {r["result"]["params_digest"] for r in summary["ranks"]}
+    assert len(digests) == 1 and summary["recoveries"] == []
+    return digests.pop()
+
+
+@pytest.mark.parametrize(
+    ("lost", "source"), [((1,), "buddy"), ((1, 2), "dcp")], ids=["buddy", "adjacent-dcp"]
+)
+def test_stopped_sharded_rank_is_replaced_from_its_buddy_or_dcp(
+    clean_sharded: str, tmp_path: Path, lost: tuple[int, ...], source: str
+) -> None:
+    """SIGSTOPped ranks are replaced; the shard comes from the buddy (0 steps lost) or, with the buddy
+    lost too, from the DCP checkpoint; the journal names the source; the run ends as a clean one."""
+    faults = [{"kind": "hang_rank", "at_step": 20, "rank": r} for r in lost]
+    summary = _restartable(tmp_path, faults)
+    assert {r["result"]["params_digest"] for r in summary["ranks"]} == {clean_sharded}
+    restart = [d for d in read_jsonl(tmp_path / "decisions.jsonl") if d["action"] == "restart_rank"]
+    applied = [d for d in restart if d["outcome"] == "applied"]
+    assert applied, restart
+    restore = applied[-1]["result"]["shard_restore"]
+    assert restore["source"] == source, restore
+    assert f"shards from {source}" in applied[-1]["detail"]
+    if source == "buddy":
+        assert restore["steps_lost"] == 0
+        assert [r["steps_executed"] for r in summary["ranks"]] == [40] * 4
+    else:
+        assert restore["step"] == 16  # the newest checkpoint committed by every rank
