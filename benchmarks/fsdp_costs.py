@@ -50,11 +50,11 @@ from tests.workers.fsdp_ranks import spawn_ranks  # noqa: E402
 CFG = GPTConfig(block_size=64, n_layer=4, n_embd=128)  # the example's defaults
 
 
-def _build() -> tuple[torch.nn.Module, Any, Any]:
+def _build(cfg: GPTConfig = CFG) -> tuple[torch.nn.Module, Any, Any]:
     from torch.distributed.fsdp import fully_shard  # noqa: PLC0415 - in the rank processes
 
     torch.manual_seed(0)
-    model = GPT(CFG)
+    model = GPT(cfg)
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
@@ -63,14 +63,16 @@ def _build() -> tuple[torch.nn.Module, Any, Any]:
     return model, opt, sched
 
 
-def _rank(rank: int, world: int, steps: int, blocks: int, every: int) -> dict[str, Any]:
-    corpus = SyntheticCorpus(block_size=CFG.block_size, batch_size=16, seed=0)
+def _rank(
+    rank: int, world: int, steps: int, blocks: int, every: int, cfg: GPTConfig
+) -> dict[str, Any]:
+    corpus = SyntheticCorpus(block_size=cfg.block_size, batch_size=16, seed=0)
 
     def batch(i: int) -> torch.Tensor:
         return corpus.batch(i * world + rank)
 
-    plain_model, plain_opt, plain_sched = _build()
-    model, opt, sched = _build()
+    plain_model, plain_opt, plain_sched = _build(cfg)
+    model, opt, sched = _build(cfg)
     guard = Guard(model, opt, loss_fn=lm_loss, data=batch, scheduler=sched,
                   config=GuardConfig(snapshot_every=every))  # fmt: skip
     loop = iter(guard)
@@ -140,13 +142,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30, help="steps per block")
     p.add_argument("--blocks", type=int, default=6, help="alternating blocks of each loop")
     p.add_argument("--snapshot-every", type=int, default=10)
+    p.add_argument("--layers", type=int, default=CFG.n_layer)
+    p.add_argument("--width", type=int, default=CFG.n_embd)
     args = p.parse_args()
+    cfg = GPTConfig(block_size=CFG.block_size, n_layer=args.layers, n_embd=args.width)
     with tempfile.TemporaryDirectory() as tmp:
-        ranks = spawn_ranks(_rank, 2, Path(tmp), args.steps, args.blocks, args.snapshot_every,
+        ranks = spawn_ranks(_rank, 2, Path(tmp), args.steps, args.blocks, args.snapshot_every, cfg,
                             timeout_s=3600)  # fmt: skip
     r = ranks[0]
     load = os.getloadavg()
-    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; 2 gloo ranks, example GPT")
+    params = sum(p.numel() for p in GPT(cfg).parameters())
+    print(
+        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; 2 gloo ranks, GPT of "
+        f"{args.layers} layers, width {args.width} ({params / 1e6:.1f}M parameters)"
+    )
     print(f"step: plain {r['plain_step_ms']:.2f} ms, guarded {r['guard_step_ms']:.2f} ms "
           f"(median ratio {r['guard_step_ms'] / r['plain_step_ms']:.3f}, "
           f"mean ratio {r['guard_mean_ms'] / r['plain_mean_ms']:.3f}; "

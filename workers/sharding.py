@@ -256,13 +256,17 @@ class LocalShard:
 
 def clone_shard(t: torch.Tensor, into: object = None) -> LocalShard:
     """Host copy of a DTensor's local shard; `into`'s buffer is overwritten when it fits."""
-    spec: Any = t
     src = local(t).detach()
-    buf = into.local if isinstance(into, LocalShard) else None
-    if buf is not None and buf.shape == src.shape and buf.dtype == src.dtype:
-        host = buf.copy_(src)
-    else:
-        host = src.to("cpu", copy=True)
+    if (
+        isinstance(into, LocalShard)
+        and into.local.shape == src.shape
+        and into.local.dtype == src.dtype
+    ):
+        # A recycled snapshot's shard of the same tensor: its layout holds; only the bytes change.
+        into.local.copy_(src)
+        return into
+    spec: Any = t
+    host = src.to("cpu", copy=True)
     return LocalShard(host, spec.device_mesh, tuple(spec.placements), spec.shape, spec.stride())
 
 
