@@ -50,6 +50,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="saved-activation bytes per micro-batch above which a step runs out of memory",
     )
     p.add_argument("--fsdp", action="store_true", help="shard with FSDP2 instead of DDP")
+    p.add_argument(
+        "--hsdp", action="store_true", help="with --fsdp: 2 replicas of the shards (HSDP)"
+    )
     p.add_argument("--snapshot-every", type=int, default=10)
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument(
@@ -73,11 +76,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = GPTConfig(block_size=args.block_size, n_layer=args.layers, n_embd=args.width)
     model: torch.nn.Module = GPT(cfg).to(device)
     if world > 1 and dist.is_initialized() and args.fsdp:
-        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415 - sharded runs only
+        from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415 - sharded only
+        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
+        # HSDP: shards within each half of the ranks, replicated across the halves.
+        mesh = (
+            init_device_mesh(device.type, (2, world // 2), mesh_dim_names=("replicate", "shard"))
+            if args.hsdp
+            else None
+        )
         for block in model.blocks:  # one all-gather per block; the root holds the rest
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     elif world > 1 and dist.is_initialized():
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(

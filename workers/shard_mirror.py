@@ -273,9 +273,18 @@ def restore_group(guard: Guard, *, fresh: bool) -> dict[str, Any]:
         and all(step == views[r]["boundary"] or step in views[r]["ring"] for r in survivors)
     )
     if not in_memory:
+        missing = [f for f in fresh_ranks if f not in sources]
+        why = (
+            f"no live replica or buddy holds the shard of rank(s) {missing}"
+            if missing
+            else f"the shards in memory are of different steps ({sorted(steps)})"
+        )
         out = restore_point.resume(guard, step=1 << 62)
-        return {"source": "dcp", "step": out["step"], "why": out.get("why", ""),
-                "fresh": fresh_ranks}  # fmt: skip
+        if out.get("why"):
+            why += f"; {out['why']}"
+        log.warning("shards_from_dcp", rank=dist.get_rank(), step=out["step"], why=why)
+        return {"source": "dcp", "step": out["step"], "why": why, "fresh": fresh_ranks,
+                "steps_lost": max(max(v["boundary"] for v in views) - out["step"], 0)}  # fmt: skip
     common: list[Any] = [None]
     if dist.get_rank() == lead:  # remediations and command bookkeeping: the same on every rank
         common = [{k: v for k, v in train_state.capture(guard).items() if k != "snapshot"}]

@@ -79,9 +79,11 @@ def test_four_sharded_ranks_roll_back_and_skip_bitwise(
 WATCH = {"first_step_s": 4.0}  # the hang watch's first-step allowance, as in the DDP restart tests
 
 
-def _restartable(run_dir: Path, faults: list[dict[str, Any]]) -> dict[str, Any]:
+def _restartable(
+    run_dir: Path, faults: list[dict[str, Any]], *, extra: tuple[str, ...] | list[str] = ()
+) -> dict[str, Any]:
     spec = RunSpec(target=GPT, workers=4, run_dir=str(run_dir), faults=faults, policy=POLICY,
-                   argv=[*GPT_ARGS, "--snapshot-every", "1", "--checkpoint-every", "8"],
+                   argv=[*GPT_ARGS, "--snapshot-every", "1", "--checkpoint-every", "8", *extra],
                    threads_per_rank=1, hang_watch=WATCH, spares=2)  # fmt: skip
     summary = run_supervised(spec)
     assert summary["status"] == "completed", summary
@@ -119,3 +121,19 @@ def test_stopped_sharded_rank_is_replaced_from_its_buddy_or_dcp(
         assert [r["steps_executed"] for r in summary["ranks"]] == [40] * 4
     else:
         assert restore["step"] == 16  # the newest checkpoint committed by every rank
+
+
+def test_hsdp_rank_is_replaced_from_its_replica(ray_cluster: None, tmp_path: Path) -> None:
+    """HSDP (2 x 2 mesh): a SIGSTOPped rank takes its shard from its live replica peer, 0 steps lost,
+    and the run ends bitwise equal to a fault-free HSDP run."""
+    clean = _restartable(tmp_path / "clean", [], extra=["--hsdp"])
+    hung = _restartable(tmp_path / "hung", [{"kind": "hang_rank", "at_step": 20, "rank": 1}],
+                        extra=["--hsdp"])  # fmt: skip
+    digest = {r["result"]["params_digest"] for r in clean["ranks"]}
+    assert len(digest) == 1
+    assert {r["result"]["params_digest"] for r in hung["ranks"]} == digest
+    restart = [d for d in read_jsonl(tmp_path / "hung" / "decisions.jsonl")
+               if d["action"] == "restart_rank" and d["outcome"] == "applied"]  # fmt: skip
+    restore = restart[-1]["result"]["shard_restore"]
+    assert restore["source"] == "replica" and restore["from"] == {"1": 3}
+    assert restore["steps_lost"] == 0
