@@ -157,6 +157,8 @@ class Membership:
     def attach(self, guard: Guard) -> None:
         """The Guard exists: say so at once, which ends the supervisor's start-up allowance."""
         self.timeline["guard"] = time.time()
+        if guard.sharded:  # its mesh's groups and the mirror's: released with the world's
+            self._sockets.grow()
         self.phase = "boundary"
         self.step, self.tick = guard.step_count, guard.tick
         guard._send(force=True)
@@ -224,6 +226,10 @@ class Membership:
             # Taken before DDP's re-initialisation, whose start-up sync copies rank 0's
             # parameters, and rank 0 may be a fresh replacement.
             captured = {**train_state.capture(guard), "ddp_buckets": ddp_bucket_layout(guard.model)}
+        if (
+            guard.mirror is not None
+        ):  # its exchange fails (its sockets are released) before its group
+            guard.mirror.wait()
         self.leave()
         self.timeline["left"] = time.time()
         self.generation = generation
@@ -232,6 +238,7 @@ class Membership:
         guard._group = dist.group.WORLD
         if guard.sharded:  # each survivor keeps its own shard (shard_mirror)
             shard_mirror.regroup(guard)
+            self._sockets.grow()
             self.last_restore = shard_mirror.restore_group(guard, fresh=False)
         else:
             rebuild_ddp(guard)
