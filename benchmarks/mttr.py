@@ -18,6 +18,11 @@ For each it prints fault -> detection, detection -> next completed step on
 every rank, the total, and the steps lost, then the ratios.
 
     python benchmarks/mttr.py [--steps 60] [--hang-step 30] [--rows abc]
+
+With `--fsdp` the job is sharded (`pretrain_gpt.py --fsdp`, snapshots every
+step, checkpoints every 10): row (a) restores the replaced rank's shard from
+its buddy's memory, row (d) hangs ranks 2 and 3 at once (rank 2's buddy is
+lost too) and restores from the DCP checkpoint, row (c) restarts every rank.
 """
 
 from __future__ import annotations
@@ -45,11 +50,12 @@ from remedy.workers.rundir import read_jsonl  # noqa: E402
 
 TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
 CHECKPOINT_EVERY = 100  # GuardConfig's default
+SHARDED: list[str] = []  # `--fsdp`: the example's sharding flags
 
 
 def job_args(steps: int) -> list[str]:
     return ["--steps", str(steps), "--layers", "2", "--width", "64", "--batch-size", "8",
-            "--block-size", "64", "--sample-every", "0"]  # fmt: skip
+            "--block-size", "64", "--sample-every", "0", *SHARDED]  # fmt: skip
 
 
 def run(tmp: Path, *, steps: int, faults: list[dict[str, Any]], spares: int) -> dict[str, Any]:
@@ -71,8 +77,8 @@ def fault_time(tmp: Path) -> float:
 
 def recovered(tmp: Path, summary: dict[str, Any]) -> dict[str, float]:
     assert summary["status"] == "completed", summary["status"]
-    [rec] = summary["recoveries"]
-    fault_at = fault_time(tmp)
+    rec = summary["recoveries"][-1]  # two ranks hung at once may be replaced in two records
+    fault_at = min(m.stat().st_mtime for m in (tmp / "chaos" / "fired").glob("*.json"))
     ranks = summary["ranks"]
     lost = max(r["steps_executed"] - r["steps_completed"] for r in ranks)
     return {
@@ -141,7 +147,13 @@ def main() -> None:
         "--rows", default="abc", help="rows to run: a (warm), b (cold), c (full restart)"
     )
     p.add_argument("--profile", action="store_true", help="print each warm run's timeline")
+    p.add_argument("--fsdp", action="store_true", help="the sharded job; adds row (d), DCP")
     args = p.parse_args()
+    global CHECKPOINT_EVERY
+    if args.fsdp:
+        SHARDED.extend(["--fsdp", "--snapshot-every", "1", "--checkpoint-every", "10"])
+        CHECKPOINT_EVERY = 10
+        args.rows += "d"
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, logging_level="ERROR")  # fmt: skip
     fault = [{"kind": "hang_rank", "at_step": args.hang_step, "rank": 3}]
@@ -153,13 +165,18 @@ def main() -> None:
         # A false alarm on the fault-free run would make every figure below meaningless.
         assert clean["recoveries"] == [] and "rank_hang" not in clean["anomalies"], clean
         start_s, step_s = fresh_start(tmp / "clean", clean)
-        for name, spares in (("(a) targeted, warm spare", 2), ("(b) targeted, cold actor", 0)):
-            if name[1] not in args.rows:
+        adjacent = [{**fault[0], "rank": 2}, *fault]
+        for name, spares, faults in (
+            ("(a) targeted, warm spare" + (", buddy" if args.fsdp else ""), 2, fault),
+            ("(b) targeted, cold actor", 0, fault),
+            ("(d) targeted, buddy lost: DCP", 2, adjacent),
+        ):
+            if name[1] not in args.rows or (name[1] == "d" and not args.fsdp):
                 continue
             runs = []
             for i in range(args.repeat):
                 d = tmp / f"{name[1]}{i}"
-                summary = run(d, steps=args.steps, faults=fault, spares=spares)
+                summary = run(d, steps=args.steps, faults=faults, spares=spares)
                 runs.append(recovered(d, summary))
                 if args.profile:
                     print(
@@ -187,8 +204,8 @@ def main() -> None:
               f"{r['lost']:>11.0f} {r['replaced']:>6.0f}")  # fmt: skip
     if full_name in rows:
         full = rows[full_name]["total"]
-        for name in ("(a) targeted, warm spare", "(b) targeted, cold actor"):
-            if name in rows:
+        for name in rows:
+            if name != full_name:
                 print(f"full restart / {name[4:]}: {full / rows[name]['total']:.1f}x")
     print(json.dumps(rows))
     ray.shutdown()

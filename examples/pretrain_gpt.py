@@ -9,8 +9,10 @@ or alone in one process (the policy engine runs in-process):
     python examples/pretrain_gpt.py --steps 300
 
 The model and corpus are in `gpt_model.py` next to this file. With several
-ranks the model is wrapped in DDP; each rank reads its own slice of the
-batch stream, so rollback and skipped batches stay exact per rank.
+ranks the model is wrapped in DDP, or with `--fsdp` sharded by FSDP2
+(`fully_shard` on each block and the root: each rank holds a shard of the
+weights and optimizer state); each rank reads its own slice of the batch
+stream, so rollback and skipped batches stay exact per rank.
 """
 
 from __future__ import annotations
@@ -47,6 +49,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="saved-activation bytes per micro-batch above which a step runs out of memory",
     )
+    p.add_argument("--fsdp", action="store_true", help="shard with FSDP2 instead of DDP")
+    p.add_argument(
+        "--hsdp", action="store_true", help="with --fsdp: 2 replicas of the shards (HSDP)"
+    )
+    p.add_argument("--snapshot-every", type=int, default=10)
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument(
+        "--skip-batches",
+        default="",
+        help="comma-separated batch indices never trained on (to reproduce a run that skipped them)",
+    )
     p.add_argument("--policy", default=None, help="single-process mode only")
     p.add_argument("--run-dir", default=None, help="single-process mode only")
     return p.parse_args(argv)
@@ -62,7 +75,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     cfg = GPTConfig(block_size=args.block_size, n_layer=args.layers, n_embd=args.width)
     model: torch.nn.Module = GPT(cfg).to(device)
-    if world > 1 and dist.is_initialized():
+    if world > 1 and dist.is_initialized() and args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415 - sharded only
+        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+
+        # HSDP: shards within each half of the ranks, replicated across the halves.
+        mesh = (
+            init_device_mesh(device.type, (2, world // 2), mesh_dim_names=("replicate", "shard"))
+            if args.hsdp
+            else None
+        )
+        for block in model.blocks:  # one all-gather per block; the root holds the rest
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    elif world > 1 and dist.is_initialized():
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95)
@@ -91,10 +117,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         config=GuardConfig(
             amp_dtype=torch.float16 if use_amp else None,
             activation_cap_bytes=args.activation_cap,
+            snapshot_every=args.snapshot_every,
+            checkpoint_every=args.checkpoint_every,
             policy=args.policy,
         ),
         run_dir=args.run_dir,
     )
+    guard.cursor.skipped.update(int(i) for i in args.skip_batches.split(",") if i)
     samples: dict[int, list[int]] = {}
     for batch_tokens in guard:
         result = guard.step(batch_tokens)
@@ -124,7 +153,9 @@ def params_digest(model: torch.nn.Module) -> str:
     """SHA-256 of every parameter's bytes: data-parallel replicas must end bitwise equal."""
     digest = hashlib.sha256()
     for p in model.parameters():
-        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+        # A sharded parameter is gathered whole (a collective: every rank calls this).
+        whole = p.full_tensor() if hasattr(p, "full_tensor") else p
+        digest.update(whole.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 

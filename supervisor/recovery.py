@@ -439,7 +439,15 @@ class Recovery:
             "rank_timelines": {
                 str(r): p.get("timeline", {}) for r, p in pings.items() if isinstance(p, dict)
             },
+            # A sharded job: where the shards came from (buddy, replica or dcp; workers.shard_mirror).
+            "shard_restore": next(
+                (p["restore"] for p in pings.values() if isinstance(p, dict) and p.get("restore")),
+                None,
+            ),
         }
+        if record["shard_restore"]:
+            r = record["shard_restore"]
+            what += f"; shards from {r['source']} at step {r['step']}"
         self.records.append(record)
         self._launched = None
         self.sup.controller.resolve_group_action(

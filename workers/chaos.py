@@ -46,6 +46,7 @@ from remedy.policies._yaml import Document, load_yaml
 from remedy.workers import process_faults
 from remedy.workers.chaos_record import FiredRecord, fired_dir
 from remedy.workers.exceptions import ChaosConfigError
+from remedy.workers.sharding import local
 
 FaultKind = Literal[
     "nan_loss",
@@ -530,7 +531,7 @@ class FaultInjector:
         if self.fire_once("nan_grad", step) is not None:
             for p in params:
                 if p.grad is not None:
-                    p.grad.view(-1)[0] = float("nan")
+                    local(p.grad).view(-1)[0] = float("nan")  # a sharded model: this rank's shard
                     break
             self._note("nan_grad", step)
 

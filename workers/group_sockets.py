@@ -54,6 +54,7 @@ class GroupSockets:
 
     def __init__(self) -> None:
         self.opened: dict[int, str] = {}
+        self._before: dict[int, str] = {}
 
     @contextlib.contextmanager
     def around(self) -> Iterator[None]:
@@ -61,7 +62,13 @@ class GroupSockets:
         before = _sockets()
         yield
         after = _sockets()
+        self._before = before
         self.opened = {fd: link for fd, link in after.items() if before.get(fd) != link}
+
+    def grow(self) -> None:
+        """Add every socket opened since `around` began: the groups a sharded job forms after it
+        (device-mesh dimensions, the DCP writer's and the shard mirror's groups)."""
+        self.opened = {fd: link for fd, link in _sockets().items() if self._before.get(fd) != link}
 
     def release(self) -> int:
         """Shut down (not close: gloo still owns them) the group's connections; how many."""

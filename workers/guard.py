@@ -35,12 +35,14 @@ import torch.distributed as dist
 
 from remedy.workers import (  # noqa: F401 - memory_actions registers its appliers
     actions,
+    dcp_store,
     memory_actions,
     restore_point,
+    shard_mirror,
+    sharding,
 )
 from remedy.workers.activation_checkpointing import SavedActivationCap
 from remedy.workers.chaos import FaultInjector
-from remedy.workers.checkpoint_store import CheckpointStore
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.data import BatchCursor, DataExhausted
@@ -177,12 +179,15 @@ class Guard:
         ]
         self.snapshots = SnapshotRing(self.config.snapshot_ring)
         self.checkpoints = (
-            CheckpointStore(
-                self.run_dir / "checkpoints", rank=self.rank, keep=self.config.checkpoint_keep
+            # A sharded model in a process group checkpoints through DCP (workers.dcp_store).
+            dcp_store.store_for(
+                self, self.run_dir / "checkpoints", keep=self.config.checkpoint_keep
             )
             if self.run_dir is not None and self.config.checkpoint_every > 0
             else None
         )
+        # A sharded rank's newest snapshot is mirrored to its buddy rank (workers.shard_mirror).
+        self.mirror = shard_mirror.mirror_for(self)
         # Checksum failures found while restoring, reported as `checkpoint_corrupt` events.
         self._corrupt: list[tuple[int, str]] = []
         if self.checkpoints is not None:
@@ -193,7 +198,11 @@ class Guard:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self._memory = MemoryProbe(self.device)
-        self._grad_norm = GradNorm(self.params)
+        # A sharded (FSDP2/HSDP) model's tensors are DTensors: norms and snapshots go by shard.
+        self.sharded = sharding.is_sharded(model)
+        self._grad_norm = sharding.grad_norm_for(self.params) or GradNorm(self.params)
+        if self.sharded:  # overflows must be agreed over the group: `guard.scaler` is sharded
+            self.scaler = sharding.sharded_scaler(self.scaler)
         self.micro_batches = self.config.micro_batches
         self.max_micro_batches: int | None = None  # the batch size, once a batch has been seen
         self.step_count = 0
@@ -338,6 +347,8 @@ class Guard:
                 self._prepare_spares = False
         snap = self.take_snapshot(into=reuse)
         self.snapshots.push(snap)
+        if self.mirror is not None:
+            self.mirror.push(snap)
         if self.checkpoints is not None and self._checkpoint_due():
             snap.extra = self.checkpoint_extra()
             write = self.checkpoints.save(snap)
@@ -409,10 +420,16 @@ class Guard:
         self.injector.on_grads(step, self.params)
         if self.scaler is not None and self.scaler.is_enabled():
             self.scaler.unscale_(self.optimizer)
-        norm_t = self._grad_norm()
+        try:
+            norm_t = self._grad_norm()
+        except RuntimeError as exc:  # a sharded norm's all-reduce: a peer was lost
+            if self.membership is None or not self.membership.recover(self, exc, in_step=True):
+                raise
+            lr = float(self.optimizer.param_groups[0]["lr"])
+            return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
         if self.config.grad_clip is not None:
             coef = (self.config.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
-            torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], coef)
+            torch._foreach_mul_(sharding.local_grads(self.params), coef)
         if loss.device.type == "cpu" and norm_t.device.type == "cpu":
             loss_v, norm_v = loss.item(), norm_t.item()  # no device to wait for: two reads
         else:  # one host sync for both
@@ -421,7 +438,9 @@ class Guard:
             ).tolist()
         extra: dict[str, Any] = {}
         if not math.isfinite(norm_v):
-            extra["nonfinite_param"] = first_nonfinite_param(self.model)
+            extra["nonfinite_param"] = (
+                sharding.first_nonfinite_param if self.sharded else first_nonfinite_param
+            )(self.model)
         skipped = self._optimizer_step(loss_v, norm_v)
         return self._finish_step(t0, loss_v, norm_v, skipped=skipped, extra=extra, also=ooms[:1])
 
@@ -439,9 +458,8 @@ class Guard:
         self.max_micro_batches = _batch_size(batch)
         chunks = _split(batch, self.micro_batches)
         total: torch.Tensor | None = None
-        no_sync = getattr(
-            self.model, "no_sync", None
-        )  # DDP: reduce gradients once, on the last chunk
+        # DDP, FSDP2: reduce gradients once, on the last chunk
+        no_sync = getattr(self.model, "no_sync", None) or sharding.no_sync_of(self.model)
         for i, (chunk, weight) in enumerate(chunks):
             sync = (
                 no_sync()
@@ -629,9 +647,10 @@ class Guard:
 
     def restore(self, snap: Snapshot) -> None:
         """Put the loop back at the boundary before `snap.step`, keeping remediations in force."""
-        self.model.load_state_dict(snap.model)
+        # A sharded model's snapshot holds local shards: rebuilt as DTensors, each rank loads its own.
+        self.model.load_state_dict(sharding.rebuild(snap.model))
         # Loading may alias the given tensors; the snapshot must stay pristine for a second rollback.
-        self.optimizer.load_state_dict(clone_to_host(snap.optimizer))
+        self.optimizer.load_state_dict(sharding.rebuild(clone_to_host(snap.optimizer), copy=True))
         if self.scheduler is not None and snap.scheduler is not None:
             self.scheduler.load_state_dict(clone_to_host(snap.scheduler))
         if self.scaler is not None and snap.scaler is not None:
@@ -694,7 +713,7 @@ class Guard:
         return self.cursor.skip_next(count)
 
     def module_grad_norms(self) -> dict[str, float]:
-        return module_grad_norms(self.model)
+        return (sharding.module_grad_norms if self.sharded else module_grad_norms)(self.model)
 
     def request_stop(self, reason: str) -> None:
         self._stop_reason = reason
@@ -712,6 +731,8 @@ class Guard:
         self._send(wait=True)
         if self.checkpoints is not None:
             self.checkpoints.close()
+        if self.mirror is not None:
+            self.mirror.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._spare = None

@@ -29,7 +29,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from remedy.workers import train_state
+from remedy.workers import shard_mirror, train_state
 from remedy.workers.exceptions import GroupLostError
 from remedy.workers.group_sockets import GroupSockets
 from remedy.workers.snapshots import capture_rng, restore_rng
@@ -104,6 +104,7 @@ class Membership:
         self.tick = 0
         self.recoveries = 0
         self.last_recovery: dict[str, Any] = {}
+        self.last_restore: dict[str, Any] = {}  # a sharded job: where the shards came from
         # Wall-clock times of this process's latest recovery (or, on a replacement,
         # its start), for the supervisor's recovery record: where the time went.
         self.timeline: dict[str, float] = {"started": time.time()}
@@ -162,12 +163,15 @@ class Membership:
             "pid": os.getpid(),
             "recoveries": self.recoveries,
             "timeline": dict(self.timeline),
+            "restore": dict(self.last_restore),
         }
 
     # ---------------------------------------------------------- training side
     def attach(self, guard: Guard) -> None:
         """The Guard exists: say so at once, which ends the supervisor's start-up allowance."""
         self.timeline["guard"] = time.time()
+        if guard.sharded:  # its mesh's groups and the mirror's: released with the world's
+            self._sockets.grow()
         self.phase = "boundary"
         self.step, self.tick = guard.step_count, guard.tick
         guard.send_report()
@@ -187,8 +191,12 @@ class Membership:
         source, self.adopt_from = self.adopt_from, None
         t0 = time.perf_counter()
         self.timeline["adopting"] = time.time()
-        state = train_state.broadcast(guard, src=source)
-        relayout_ddp(guard, state.get("ddp_buckets"))
+        # No peer holds a sharded rank's shard whole: it comes from its buddy (shard_mirror).
+        if guard.sharded:
+            self.last_restore = shard_mirror.restore_group(guard, fresh=True)
+        else:
+            state = train_state.broadcast(guard, src=source)
+            relayout_ddp(guard, state.get("ddp_buckets"))
         self.timeline["adopted"] = time.time()
         guard.report_soon()  # report the first step of the new generation at once
         self.phase = "boundary"
@@ -226,12 +234,15 @@ class Membership:
             guard.cursor.position = position
             restore_rng(rng)
             guard.optimizer.zero_grad(set_to_none=True)
+        if guard.mirror is not None:
+            # Its exchange fails (its sockets are released) before its group.
+            guard.mirror.wait()
         self.leave()
         self.timeline["left"] = time.time()
         captured = None
         formed = self.generation  # the last generation this process was part of
         while True:
-            if self.rank == source and captured is None:
+            if self.rank == source and captured is None and not guard.sharded:
                 # Taken before DDP's re-initialisation, whose start-up sync copies rank 0's
                 # parameters, and rank 0 may be a fresh replacement.
                 captured = {
@@ -255,12 +266,17 @@ class Membership:
                 self.generation = formed  # not part of `generation`: any order past it counts
                 generation, source, store_addr = self._next_order()
         joined = time.perf_counter()
-        rebuild_ddp(guard)
-        self.timeline["ddp"] = time.time()
-        state = train_state.broadcast(guard, src=source, state=captured)
-        relayout_ddp(guard, state.get("ddp_buckets"))
-        self.timeline["adopted"] = time.time()
         guard.use_group(dist.group.WORLD)
+        if guard.sharded:  # each survivor keeps its own shard (shard_mirror)
+            shard_mirror.regroup(guard)
+            self._sockets.grow()
+            self.last_restore = shard_mirror.restore_group(guard, fresh=False)
+        else:
+            rebuild_ddp(guard)
+            self.timeline["ddp"] = time.time()
+            state = train_state.broadcast(guard, src=source, state=captured)
+            relayout_ddp(guard, state.get("ddp_buckets"))
+        self.timeline["adopted"] = time.time()
         guard.report_soon()  # report the first step of the new generation at once
         self.recoveries += 1
         self.last_recovery = {

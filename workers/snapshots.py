@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from remedy.workers import sharding
+
 
 def clone_to_host(tree: Any, into: Any = None) -> Any:
     """Deep-copy a state tree, moving every tensor to host memory.
@@ -26,6 +28,8 @@ def clone_to_host(tree: Any, into: Any = None) -> Any:
     overwritten in place: a fresh multi-GB allocation costs far more in page
     faults than the copy itself.
     """
+    if sharding.is_dtensor(tree):  # a sharded model's state: this rank's shard, never gathered
+        return sharding.clone_shard(tree, into)
     if isinstance(tree, torch.Tensor):
         if (
             isinstance(into, torch.Tensor)
@@ -52,6 +56,8 @@ def blank_like(tree: Any) -> Any:
     copies without page faults: the Guard builds one on a helper thread
     while the ring fills, so the copy at the next snapshot is the only cost.
     """
+    if isinstance(tree, sharding.LocalShard):
+        return sharding.blank_shard(tree)
     if isinstance(tree, torch.Tensor):
         return torch.zeros(tree.shape, dtype=tree.dtype, device="cpu")
     if isinstance(tree, dict):

@@ -30,6 +30,7 @@ import torch
 from remedy.policies import AnomalyEvent
 from remedy.workers.detectors._robust import Cooldown
 from remedy.workers.detectors.base import event
+from remedy.workers.sharding import local
 from remedy.workers.stats import StepStats
 
 
@@ -60,7 +61,8 @@ class UpdateStallDetector:
     def attach(self, model: torch.nn.Module) -> None:
         """Choose the watched elements of `model`'s trainable parameters (once)."""
         self.model = model
-        params = [p for p in model.parameters() if p.requires_grad and p.numel() > 0]
+        # A sharded model's parameters are DTensors: each rank watches elements of its own shard.
+        params = [local(p) for p in model.parameters() if p.requires_grad and local(p).numel() > 0]
         self._picks = []
         self.reset()
         if not params:
