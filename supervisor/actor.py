@@ -625,6 +625,19 @@ class SupervisorActor:
             and self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED)
         ):
             status = "completed"  # degraded: the lost ranks came back, and completed
+        elif (
+            len(results) == self.spec.workers
+            and all(r.get("status") in ("completed", "aborted") for r in results)
+            and self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED)
+        ):
+            # A rank stopped itself (an OOM nothing relieved, `oom_give_up_steps`): the
+            # run is aborted for that rank's reason, not failed.
+            status = "aborted"
+            c.abort_reason = next(
+                str(r.get("stop_reason") or "a rank stopped itself")
+                for r in results
+                if r.get("status") == "aborted"
+            )
         else:
             status = "failed"
         # A degraded job ends for the reason it degraded (a lost rank nothing replaced).
@@ -635,6 +648,8 @@ class SupervisorActor:
         lead = results[0] if results else {}
         completed = int(lead.get("steps_completed", 0))
         executed = int(lead.get("steps_executed", 0))
+        # An update that was skipped (an unrelieved OOM, a non-finite step) trained nothing.
+        kept = max(0, completed - int(lead.get("updates_skipped", 0) or 0))
         summary = {
             "run_id": self.spec.run_id,
             "status": status,
@@ -642,7 +657,8 @@ class SupervisorActor:
             "stop_reason": c.stop_reason,
             "steps_completed": completed,
             "steps_executed": executed,
-            "goodput": round(completed / executed, 4) if executed else 0.0,
+            "goodput": round(kept / executed, 4) if executed else 0.0,
+            "updates_skipped": completed - kept,
             "final_loss": lead.get("final_loss"),
             "actions": dict(c.action_counts),
             "anomalies": dict(c.anomaly_counts),
