@@ -486,7 +486,13 @@ class SupervisorActor:
             now = time.monotonic()
             for rank in range(self.spec.workers):
                 self.watch.started(rank, now)
-            self.run_dir.wal({"type": "supervisor_started", "incarnation": self.incarnation})
+            self.run_dir.wal(
+                {
+                    "type": "supervisor_started",
+                    "incarnation": self.incarnation,
+                    "policy": self.spec.policy,  # what `explain` loads while the run goes on
+                }
+            )
             if self._group_record is None:
                 if self.incarnation > 1:
                     # Died while starting the group, before its first state record: start

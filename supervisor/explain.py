@@ -282,8 +282,21 @@ def _mean(values: list[float]) -> float | None:
     return sum(finite) / len(finite) if finite else None
 
 
+def kept_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The executed steps no later rollback undid: a row is undone when a later tick ran its
+    step (or an earlier one) again. In tick order."""
+    out: list[dict[str, Any]] = []
+    lowest = math.inf
+    for m in sorted(rows, key=lambda m: int(m["tick"]), reverse=True):
+        if int(m["step"]) < lowest:
+            out.append(m)
+            lowest = int(m["step"])
+    return out[::-1]
+
+
 def _loss_around(run: RunData, d: dict[str, Any]) -> list[str]:
-    """Rank 0's mean loss over the executed steps before the anomaly and after the action."""
+    """Rank 0's mean loss over the executed steps before the anomaly, and over the kept steps
+    (none a rollback later undid) after the action."""
     anomaly = d.get("anomaly") or {}
     rows = run.metrics_of(int(anomaly.get("rank") or 0)) or run.metrics_of(0)
     if not rows:
@@ -293,12 +306,12 @@ def _loss_around(run: RunData, d: dict[str, Any]) -> list[str]:
         tick = next((int(m["tick"]) for m in rows if m.get("step") == d.get("step")), 0)
     lead = max(0, int(d.get("apply_at_step") or d.get("step") or 0) - int(d.get("step") or 0))
     before = [v for m in rows if int(m["tick"]) < tick if (v := number(m.get("loss"))) is not None]
-    after_rows = [m for m in rows if int(m["tick"]) > tick + lead]
+    after_rows = [m for m in kept_rows(rows) if int(m["tick"]) > tick + lead]
     after = [v for m in after_rows if (v := number(m.get("loss"))) is not None]
     b, a = _mean(before[-LOSS_WINDOW:]), _mean(after[:LOSS_WINDOW])
     out = [
         f"loss before: {_fmt(b)} (mean of the {min(len(before), LOSS_WINDOW)} executed steps before tick {tick})",
-        f"loss after:  {_fmt(a)} (mean of the next {min(len(after), LOSS_WINDOW)} executed steps)",
+        f"loss after:  {_fmt(a)} (mean of the next {min(len(after), LOSS_WINDOW)} kept steps)",
     ]
     if after_rows:
         first = after_rows[0]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remedy.supervisor.core.control_state import read_journal
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.report_files import read_records, read_run_dir
 
@@ -143,7 +144,18 @@ def derive_summary(
         "decisions": len(decisions),
         "workers": len({m.get("rank") for m in metrics}) or 1,
         "wall_s": _wall_s(metrics),
+        "policy": _started_policy(path),
     }
+
+
+def _started_policy(path: Path) -> str | None:
+    """The policy the run's supervisor was started with, from its journal.wal, or None."""
+    started = [
+        r["policy"]
+        for r in read_journal(path / "journal.wal")
+        if r.get("type") == "supervisor_started" and isinstance(r.get("policy"), str)
+    ]
+    return started[-1] if started else None
 
 
 def _wall_s(metrics: list[dict[str, Any]]) -> float:

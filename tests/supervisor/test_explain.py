@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,9 @@ from tests.supervisor.runs import supervised
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
-# One firing (rollback + LR cut), then a NaN inside the cooldown (held back),
-# then one after it with max_fires used up (escalates to notify).
+# A NaN gradient told (notify), one firing (rollback + LR cut) whose rollback
+# undoes the steps after that notify, then a NaN inside the cooldown (held
+# back), then one after it with max_fires used up (escalates to notify).
 POLICY = """\
 version: 1
 name: explain-test
@@ -27,6 +29,11 @@ rules:
     cooldown_steps: 30
     max_fires: 1
     on_exhausted: notify
+  - name: grad-told
+    when: {anomaly: nonfinite_grad}
+    do:
+      - notify: {message: "a non-finite gradient"}
+    cooldown_steps: 100
 """
 
 
@@ -36,6 +43,7 @@ def run_dir(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path
     policy = path / "policy.yaml"
     policy.write_text(POLICY)
     faults = [{"kind": "nan_loss", "at_step": s, "rank": 0} for s in (20, 25, 50)]
+    faults.append({"kind": "nan_grad", "at_step": 12, "rank": 0})
     summary = supervised(path / "run", faults=faults, argv=["--steps", "70"], policy=str(policy))
     assert summary["status"] == "completed"
     return path / "run"
@@ -80,3 +88,35 @@ def test_explain_cli_step_and_errors(run_dir: Path, capsys: pytest.CaptureFixtur
     assert main(["explain", str(run_dir), "--decision", "nope"]) == 2
     assert main(["explain", str(run_dir), "--rule", "no-such-rule"]) == 2
     assert main(["explain", str(run_dir), "--step", "999"]) == 2
+
+
+def test_explain_after_a_rollback_uses_the_kept_steps(run_dir: Path) -> None:
+    """ "What training did next" after the notify at step 12 is what was kept: the
+    rollback from step 20 undid the steps after it, so training went on from the
+    step that rollback restored, not at step 13."""
+    run = load_run(run_dir)
+    told = next(d for d in run.decisions if d["rule"] == "grad-told")
+    rollback = next(
+        d for d in run.decisions if d["action"] == "rollback" and d["outcome"] == "applied"
+    )
+    restored = rollback["result"]["restored_step"]
+    assert told["step"] == 12 and restored <= 12
+    text = explain(run, decision=told["decision_id"][-6:])
+    assert f"training went on at step {restored} (tick " in text
+    assert "training went on at step 13 " not in text
+
+
+def test_explain_of_a_live_run_re_evaluates_the_rule(run_dir: Path, tmp_path: Path) -> None:
+    """While the run goes on (no summary.json yet) the rule is found in the policy the
+    supervisor was started with, and its predicates are re-evaluated."""
+    live = tmp_path / "live"
+    shutil.copytree(run_dir, live)
+    (live / "summary.json").unlink()
+    run = load_run(live)
+    assert run.summary_source == "journals"
+    rollback = next(
+        d for d in run.decisions if d["action"] == "rollback" and d["outcome"] == "applied"
+    )
+    text = explain(run, decision=rollback["decision_id"][-6:])
+    assert "not in the run's policy" not in text
+    assert "anomaly: nonfinite_loss in ['nonfinite_loss'] -> holds" in text
