@@ -384,8 +384,16 @@ class SupervisorActor:
         return ray.util.get_node_ip_address(), os.getpid()
 
     async def output(self, lines: Any) -> None:
-        """Lines the ranks printed, for the displays."""
+        """Lines the ranks printed, for the displays and the run directory."""
         self.feed.output(lines)
+        kept = [
+            {k: x.get(k) for k in ("ts", "rank", "stream", "line")}
+            for x in lines if isinstance(x, dict) and isinstance(x.get("line"), str)
+        ] if isinstance(lines, list) else []  # fmt: skip
+        try:
+            self.run_dir.output(kept)
+        except OSError as exc:  # a full disk loses the copy, never the run
+            log.warning("output_not_written", error=str(exc))
 
     async def events(
         self, cursor: int, token: str | None = None

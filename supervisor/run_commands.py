@@ -8,9 +8,16 @@ one line per event; `attach` the live display of `remedy run`.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
+import math
+import signal
 import sys
 import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from remedy.supervisor import registry
@@ -169,7 +176,6 @@ def _status_on_cluster(address: str) -> int:
 # -------------------------------------------------------------------- logs
 def logs(run_id: str, *, follow: bool, address: str | None = None) -> int:
     """The run's decisions, anomalies and the ranks' output; `follow` until the run ends."""
-    import ray  # noqa: PLC0415
 
     try:
         ref = find(run_id, address)
@@ -180,24 +186,12 @@ def logs(run_id: str, *, follow: bool, address: str | None = None) -> int:
                 if ref.summary() is None:
                     raise gone(ref)
                 return _logs_from_run_dir(ref)
-            cursor = 0
-            while True:
-                try:
-                    events, cursor = ray.get(
-                        sup.events.remote(cursor, ref.token), timeout=ASK_TIMEOUT_S
-                    )
-                    ended = ray.get(sup.wait.remote(0), timeout=ASK_TIMEOUT_S) if follow else None
-                except (ray.exceptions.RayError, TimeoutError) as exc:
-                    if follow and ref.summary() is not None:
-                        break  # it ended and went away between two polls
-                    raise call_failed(exc, run_id, "did not answer") from None
-                for event in events:
-                    line = log_line(event)
-                    if line is not None:
-                        print(line, flush=True)
-                if not follow or ended is not None:
-                    break
-                time.sleep(FOLLOW_POLL_S)
+            try:
+                with _sigterm_as_interrupt():
+                    _print_events(sup, ref, follow=follow)
+            except KeyboardInterrupt:
+                print(f"remedy: stopped following run {run_id}; it goes on", flush=True)
+                return EXIT_OK
     except AccessError as exc:
         _print_error(str(exc))
         return exc.exit_code
@@ -205,6 +199,48 @@ def logs(run_id: str, *, follow: bool, address: str | None = None) -> int:
         summary = ref.summary()
         print(f"remedy: run {run_id} ended: {(summary or {}).get('status', 'unknown')}")
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops a `logs -f` like Ctrl-C. Set once connected: Ray's own handler, which
+    prints its C++ stack, is installed when the driver connects."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals be
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _print_events(sup: Any, ref: RunRef, *, follow: bool) -> None:
+    """The live feed's lines; with `follow`, until the run ends."""
+    import ray  # noqa: PLC0415
+
+    run_id = ref.run_id
+    cursor = 0
+    while True:
+        try:
+            events, cursor = ray.get(sup.events.remote(cursor, ref.token), timeout=ASK_TIMEOUT_S)
+            ended = ray.get(sup.wait.remote(0), timeout=ASK_TIMEOUT_S) if follow else None
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            if follow and ref.summary() is not None:
+                break  # it ended and went away between two polls
+            raise call_failed(exc, run_id, "did not answer") from None
+        for event in events:
+            line = log_line(event)
+            if line is not None:
+                print(line, flush=True)
+        if not follow or ended is not None:
+            break
+        time.sleep(FOLLOW_POLL_S)
 
 
 def log_line(event: dict[str, Any]) -> str | None:
@@ -235,27 +271,92 @@ def journal_line(record: dict[str, Any]) -> str:
 
 
 def _logs_from_run_dir(ref: RunRef) -> int:
-    """An ended run: its journal from the run directory (the ranks' output is in Ray's logs)."""
+    """An ended run, from its run directory: the ranks' output, the anomalies, the decisions
+    and what happened to the job, one readable line each, in time order."""
     assert ref.run_dir is not None
+    entries: list[tuple[float, int, str]] = []
+
+    def add(ts: Any, text: str | None) -> None:
+        if text is not None:
+            entries.append((_epoch(ts), len(entries), text))
+
+    for record in _jsonl(ref.run_dir / "journal.wal"):
+        add(record.get("ts"), wal_line(record))
+    anomalies = _jsonl(ref.run_dir / "anomalies.jsonl")
+    for a in anomalies:
+        add(a.get("ts"), log_line({**a, "event": "anomaly"}))
+    decisions = _journaled_decisions(ref)
+    for d in decisions:
+        add(d.get("ts"), "remedy: " + decision_line(d))
+    output = _jsonl(ref.run_dir / "output.jsonl")
+    for o in output:
+        add(o.get("ts"), log_line({**o, "event": "output"}))
+    for _, _, text in sorted(entries):
+        print(text)
+    summary = ref.summary() or {}
+    kinds = Counter(str(a.get("kind")) for a in anomalies)
+    seen = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none"
+    print(
+        f"remedy: run {ref.run_id} ended: {summary.get('status', 'unknown')} "
+        f"(anomalies: {seen}; {len(decisions)} decision(s))"
+    )
+    if not output:
+        print(f"remedy: no output of the ranks was kept in {ref.run_dir / 'output.jsonl'}")
+    return EXIT_OK
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """The whole JSON objects of a JSON-lines file; torn or foreign lines skipped."""
     try:
-        wal = (ref.run_dir / "journal.wal").read_text(encoding="utf-8", errors="replace")
+        text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        wal = ""
-    for line in wal.splitlines():
+        return []
+    out = []
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and record.get("type") not in ("decided", "resolved"):
-            print(journal_line(record))
-    for d in _journaled_decisions(ref):
-        print("remedy: " + decision_line(d))
-    summary = ref.summary() or {}
-    print(
-        f"remedy: run {ref.run_id} ended: {summary.get('status', 'unknown')} "
-        f"(the ranks' output of an ended run is in Ray's logs: `ray logs`)"
-    )
-    return EXIT_OK
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def _epoch(ts: Any) -> float:
+    """Seconds since the epoch of a record's `ts` (a number, or ISO 8601 as the journals
+    write it); 0 for none, so undated lines come first."""
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool) and math.isfinite(ts):
+        return float(ts)
+    if isinstance(ts, str):
+        with contextlib.suppress(ValueError):
+            return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    return 0.0
+
+
+def wal_line(record: dict[str, Any]) -> str | None:
+    """A readable line for a journal.wal record; None for the bookkeeping ones (state
+    records, and the decisions, which decisions.jsonl gives in full)."""
+    kind = record.get("type")
+    if kind in ("decided", "resolved", "state"):
+        return None
+    if kind == "supervisor_started":
+        n = record.get("incarnation")
+        again = f" (restart {int(n) - 1})" if isinstance(n, int) and n > 1 else ""
+        return f"remedy: supervisor started{again}, policy {record.get('policy', '?')}"
+    if kind == "job_state":
+        to = record["to"] if isinstance(record.get("to"), dict) else {}
+        return f"remedy: job {to.get('phase', '?')}: {record.get('reason', '')}"
+    if kind == "ranks_ended":
+        results = record["results"] if isinstance(record.get("results"), dict) else {}
+        said = "; ".join(
+            f"rank {r}: {x.get('status')} at step {x.get('steps_completed')}"
+            for r, x in results.items()
+            if isinstance(x, dict)
+        )
+        return f"remedy: ranks ended: {said or 'none'}"
+    if kind == "run_ended":
+        return f"remedy: run ended: {record.get('status')}"
+    return journal_line(record)
 
 
 # -------------------------------------------------------------------- stop

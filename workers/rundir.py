@@ -85,6 +85,15 @@ class RunDir:
         lines = [encode({**r, "event": "metrics", "ts": ts}) for r in records]
         self._files["metrics.jsonl"].write("\n".join(lines) + "\n")
 
+    def output(self, lines: list[dict[str, Any]]) -> None:
+        """Lines the ranks printed, in `output.jsonl` (`rank`, `stream`, `line`, `ts` in
+        seconds since the epoch): what `remedy logs` shows of a run that has ended."""
+        if not lines:
+            return
+        self._logger("output.jsonl")  # opens the file
+        encode = _ENCODER.encode
+        self._files["output.jsonl"].write("\n".join(encode(x) for x in lines) + "\n")
+
     def wal(self, record: dict[str, Any]) -> None:
         """A write-ahead record, on disk before this returns."""
         self._logger("journal.wal").msg("wal", run_id=self.run_id, **record)

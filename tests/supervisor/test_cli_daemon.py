@@ -119,6 +119,20 @@ def test_detached_run_is_watched_and_stopped_from_other_shells() -> None:
             assert listed.returncode == 0, listed.stderr
             assert [json.loads(x)["state"] for x in listed.stdout.splitlines()] == ["running"]
 
+            # SIGTERM stops a `logs -f` cleanly (no Ray stack), and the run goes on.
+            termed = subprocess.Popen(
+                [sys.executable, "-m", "remedy.supervisor", "logs", run_id, "-f"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=head.env,
+            )  # fmt: skip
+            assert termed.stdout is not None
+            assert termed.stdout.readline(), "logs -f printed nothing"
+            termed.send_signal(signal.SIGTERM)
+            termed_out, termed_err = termed.communicate(timeout=60)
+            assert termed.returncode == 0, termed_err
+            assert f"remedy: stopped following run {run_id}; it goes on" in termed_out
+            assert "SIGTERM" not in termed_err and "Traceback" not in termed_err, termed_err
+            assert _status(head, run_id)["state"] == "running"
+
             # `logs -f` follows until the run ends (here, by the stop below).
             follow = subprocess.Popen(
                 [sys.executable, "-m", "remedy.supervisor", "logs", run_id, "-f"],
