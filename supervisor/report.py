@@ -26,6 +26,7 @@ matplotlib.use("Agg")  # files only; never a window
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.text import Annotation
 
 from remedy.supervisor.rundata import RunData, load_run, number, status_line
 
@@ -155,11 +156,38 @@ def timeline(run: RunData) -> Figure:
     )
     handles, labels = loss_ax.get_legend_handles_labels()
     fig.tight_layout(rect=(0, 0, 1, 0.95))
+    for ax in axes[:, 0]:
+        _spread_labels(fig, ax)
     if handles:
         # Above the panels, where it hides no mark.
         fig.legend(handles, labels, fontsize=7, loc="upper center", ncol=6,
                    bbox_to_anchor=(0.5, 0.965), frameon=False)  # fmt: skip
     return fig
+
+
+def _spread_labels(fig: Figure, ax: Axes) -> None:
+    """Move the action labels of one panel apart where they would overlap (two actions on
+    the same step): each is shifted past the ones placed before it, down for a level label,
+    right for an upright one."""
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    placed: list[Any] = []
+    for text in ax.texts:
+        if not text.get_text() or not isinstance(text, Annotation):
+            continue
+        if text.get_anncoords() != "offset points":
+            continue
+        for _ in range(12):
+            box = text.get_window_extent(renderer)
+            hit = next((b for b in placed if box.overlaps(b)), None)
+            if hit is None:
+                break
+            px_per_pt = fig.dpi / 72.0
+            dx, dy = text.xyann
+            if text.get_rotation() % 180:
+                text.xyann = (dx + (hit.x1 - box.x0) / px_per_pt + 1, dy)
+            else:
+                text.xyann = (dx, dy - (box.y1 - hit.y0) / px_per_pt - 1)
+        placed.append(text.get_window_extent(renderer))
 
 
 def _wide(run: RunData, key: str) -> bool:

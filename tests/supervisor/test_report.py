@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from remedy.supervisor.cli import main
-from remedy.supervisor.report import write_report
+from remedy.supervisor.report import timeline, write_report
 from remedy.supervisor.rundata import load_run
 from remedy.workers.rundir import read_jsonl
 from tests.supervisor.runs import standalone, supervised
@@ -160,3 +160,35 @@ def test_running_run_is_reported_from_its_journals(tmp_path: Path) -> None:
     assert run.status == "running"
     png, page = write_report(tmp_path)
     assert png.is_file() and "running" in page.read_text()
+
+
+TWO_ON_ONE_STEP = """\
+version: 1
+name: two-on-one-step
+rules:
+  - name: nan-told-twice
+    when: {anomaly: nonfinite_loss}
+    do:
+      - notify: {message: "a non-finite loss"}
+      - notify: {message: "told again"}
+"""
+
+
+def test_labels_of_actions_on_the_same_step_do_not_overlap(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """Two actions at one step get two labels on the loss panel, drawn apart."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(TWO_ON_ONE_STEP)
+    run_dir = tmp_path / "run"
+    faults = [{"kind": "nan_loss", "at_step": 20, "rank": 0}]
+    summary = supervised(run_dir, faults=faults, argv=["--steps", "40"], policy=str(policy))
+    assert summary["status"] == "completed"
+    run = load_run(run_dir)
+    fig = timeline(run)
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    loss_ax = fig.axes[0]
+    labels = [t for t in loss_ax.texts if t.get_text() == "notify"]
+    assert len(labels) == 2
+    a, b = (t.get_window_extent(renderer) for t in labels)
+    assert not a.overlaps(b), (a, b)
