@@ -92,21 +92,31 @@ def choose(flag: str | None, environ: dict[str, str] | None = None) -> Choice:
             return Choice("cluster", named, f"--address auto (${ADDRESS_ENV})")
         recorded = _recorded_address(env)
         if recorded is None:
+            where = _address_file(env)
+            hint = (
+                f"RAY_TMPDIR={env['RAY_TMPDIR']} names the `ray start --temp-dir` to look in"
+                if env.get("RAY_TMPDIR")
+                else "a `ray start --temp-dir DIR` cluster is found with RAY_TMPDIR=DIR"
+            )
             raise ClusterError(
-                "--address auto: no running Ray cluster found on this machine "
-                "(start one with `ray start --head`, name one with --address HOST:PORT, "
-                "or use --address local)"
+                f"--address auto: no running Ray cluster found on this machine ({where} "
+                f"names none; {hint}); start one with `ray start --head`, name one with "
+                "--address HOST:PORT, or use --address local"
             )
         return Choice("cluster", recorded, "--address auto (ray start)")
     return Choice("cluster", flag, "--address")
 
 
+def _address_file(env: Any) -> Path:
+    """Where `ray start` records its address: in its --temp-dir, which RAY_TMPDIR names."""
+    temp = env.get("RAY_TMPDIR") or os.path.join(tempfile.gettempdir(), "ray")
+    return Path(temp) / "ray_current_cluster"
+
+
 def _recorded_address(env: Any) -> str | None:
     """The GCS address the last `ray start` on this machine wrote, if any."""
-    temp = env.get("RAY_TMPDIR") or os.path.join(tempfile.gettempdir(), "ray")
-    path = Path(temp) / "ray_current_cluster"
     try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip()
+        text = _address_file(env).read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
         return None
     return text or None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,6 +50,26 @@ def test_auto_reads_what_ray_start_recorded(tmp_path: Path) -> None:
     assert choose("auto", env) == Choice("cluster", "127.0.0.1:6390", "--address auto (ray start)")
     # RAY_ADDRESS=auto, Ray's own spelling, means the same.
     assert choose(None, {**env, "RAY_ADDRESS": "auto"}) == choose("auto", env)
+
+
+def test_auto_without_a_recorded_cluster_says_to_set_ray_tmpdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `ray start --temp-dir X` cluster records its address in X, where `auto` looks only
+    when RAY_TMPDIR says so: the error names the file it read and the variable to set."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "default"))
+    started = tmp_path / "x"
+    started.mkdir()
+    (started / "ray_current_cluster").write_text("127.0.0.1:6391\n")
+    with pytest.raises(ClusterError) as info:
+        choose("auto", {})
+    text = str(info.value)
+    assert str(tmp_path / "default" / "ray" / "ray_current_cluster") in text
+    assert "`ray start --temp-dir DIR` cluster is found with RAY_TMPDIR=DIR" in text
+    assert "\n" not in text
+    assert choose("auto", {"RAY_TMPDIR": str(started)}).address == "127.0.0.1:6391"
+    with pytest.raises(ClusterError, match="RAY_TMPDIR=/nowhere names the `ray start"):
+        choose("auto", {"RAY_TMPDIR": "/nowhere"})
 
 
 @pytest.mark.parametrize(
