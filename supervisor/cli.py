@@ -24,6 +24,7 @@ import math
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -453,15 +454,25 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 
 def _supervise(spec: Any, args: argparse.Namespace) -> int:
+    done = threading.Event()  # set before this returns: disconnect then stops the private Ray
+    try:
+        return _supervise_watched(spec, args, done)
+    finally:
+        done.set()
+
+
+def _supervise_watched(spec: Any, args: argparse.Namespace, watching: threading.Event) -> int:
     import ray  # noqa: PLC0415
 
     from remedy.supervisor import registry  # noqa: PLC0415
+    from remedy.supervisor.cluster import private_ray_gone  # noqa: PLC0415
     from remedy.supervisor.display import make_display  # noqa: PLC0415
     from remedy.supervisor.exceptions import WaitTimeout  # noqa: PLC0415
     from remedy.supervisor.rundata import load_run  # noqa: PLC0415
     from remedy.supervisor.runner import format_summary, run_supervised  # noqa: PLC0415
 
     display = make_display(quiet=args.quiet)
+    threading.Thread(target=_watch_private_ray, args=(spec, display, watching), daemon=True).start()
     try:
         summary = run_supervised(spec, display=display)
     except KeyboardInterrupt:
@@ -475,18 +486,87 @@ def _supervise(spec: Any, args: argparse.Namespace) -> int:
         raise
     except (ray.exceptions.RayError, WaitTimeout) as exc:
         display.close({"run_id": spec.run_id, "status": "failed"}, "")
+        gone = private_ray_gone()
+        if gone is not None:
+            written = _cluster_gone_summary(spec, gone)
+            registry.update(spec.run_id, state="failed")
+            print(
+                f"remedy: error: the private Ray of run {spec.run_id} went away under it "
+                f"(its {gone} ended); run failed, summary in {written}",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
         first = " ".join(str(exc).split())[:300]
         print(
             f"remedy: error: the supervisor of run {spec.run_id} failed: {first}", file=sys.stderr
         )
         return EXIT_FAILED
     registry.update(spec.run_id, state=summary.get("status"))
+    gone = private_ray_gone()
+    if gone is not None:
+        print(
+            f"remedy: error: the private Ray of run {spec.run_id} went away under it "
+            f"(its {gone} ended); summary in {Path(spec.run_dir) / 'summary.json'}",
+            file=sys.stderr,
+        )
     run = load_run(spec.run_dir)
     text = format_summary(summary, run.decisions)
     display.close(summary, text, report=_write_report_files(run))
     for line in rank_errors(summary):
         print(line, file=sys.stderr)
     return STATUS_EXIT.get(summary["status"], EXIT_FAILED)
+
+
+def _watch_private_ray(spec: Any, display: Any, done: threading.Event) -> None:
+    """Ray ends a process whose GCS is gone after a minute, with its own error: when a
+    daemon of the private Ray ends, say so in one line, write the summary and exit first."""
+    from remedy.supervisor import registry  # noqa: PLC0415
+    from remedy.supervisor.cluster import abandon_private_ray, private_ray_gone  # noqa: PLC0415
+
+    while not done.wait(1.0):
+        gone = private_ray_gone()
+        if gone is None:
+            continue
+        written = _cluster_gone_summary(spec, gone)
+        registry.update(spec.run_id, state="failed")
+        with contextlib.suppress(Exception):
+            display.close({"run_id": spec.run_id, "status": "failed"}, "")
+        print(
+            f"remedy: error: the private Ray of run {spec.run_id} went away under it "
+            f"(its {gone} ended); run failed, summary in {written}",
+            file=sys.stderr,
+            flush=True,
+        )
+        abandon_private_ray()
+        sys.stdout.flush()
+        os._exit(EXIT_FAILED)
+
+
+def _cluster_gone_summary(spec: Any, gone: str) -> Path:
+    """summary.json of a run whose private Ray died under it: status `failed`, the totals
+    from its journals, and why (a summary its supervisor wrote before dying is kept)."""
+    from remedy.supervisor.rundata import RunDirError, load_run  # noqa: PLC0415
+
+    path = Path(spec.run_dir) / "summary.json"
+    if path.exists():
+        return path
+    try:
+        summary = dict(load_run(spec.run_dir).summary)
+    except RunDirError:
+        summary = {"run_id": spec.run_id}
+    summary.update(
+        status="failed",
+        stop_reason=f"the private Ray went away under the run (its {gone} ended)",
+        policy=spec.policy,
+        workers=spec.workers,
+    )
+    tmp = path.with_name(".summary.json.tmp")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        print(f"remedy: error: cannot write {path}: {exc.strerror}", file=sys.stderr)
+    return path
 
 
 def _write_report_files(run: Any) -> dict[str, str]:

@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -280,7 +281,62 @@ def _start_private(workers: int, common: dict[str, Any]) -> Connection:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
     address = ray.get_runtime_context().gcs_address
+    _PRIVATE_DAEMONS.clear()
+    _PRIVATE_DAEMONS.update(_daemons_of(os.getpid()))
+    _PRIVATE_TEMP[:] = [temp_dir]
     return Connection("local", address, "private", token=token, temp_dir=temp_dir)
+
+
+# The private Ray's own processes (pid -> name), children of the process that started it.
+_PRIVATE_DAEMONS: dict[int, str] = {}
+_DAEMON_NAMES = ("raylet", "gcs_server")
+_PRIVATE_TEMP: list[str] = []
+
+
+def _stat(pid: int) -> tuple[str, str, int] | None:
+    """(name, state, parent pid) of a process from /proc, or None if it is not there."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    head, _, rest = text.rpartition(")")
+    fields = rest.split()
+    if len(fields) < 2 or not fields[1].lstrip("-").isdigit():
+        return None
+    return head.partition("(")[2], fields[0], int(fields[1])
+
+
+def _daemons_of(parent: int) -> dict[int, str]:
+    found: dict[int, str] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and (st := _stat(int(entry))) is not None:
+                name, _, ppid = st
+                if ppid == parent and name in _DAEMON_NAMES:
+                    found[int(entry)] = name
+    return found
+
+
+def abandon_private_ray() -> None:
+    """After part of the private Ray died: end the rest of it (its raylet ends the ranks'
+    processes) and remove its directory; this process cannot use Ray any more."""
+    for pid, name in _PRIVATE_DAEMONS.items():
+        st = _stat(pid)
+        if st is not None and st[0] == name and st[1] not in ("Z", "X"):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+    for temp_dir in _PRIVATE_TEMP:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def private_ray_gone() -> str | None:
+    """Which of the private Ray's raylet and GCS this process started has ended, or None
+    (also when there is no private Ray, or it cannot be told)."""
+    for pid, name in _PRIVATE_DAEMONS.items():
+        st = _stat(pid)
+        if st is None or st[1] in ("Z", "X") or st[0] != name:
+            return name
+    return None
 
 
 def _use_token(token: str) -> None:
@@ -311,6 +367,8 @@ def disconnect(conn: Connection | None) -> None:
 
     if conn is not None and conn.mode == "attached":
         return  # the caller's connection: theirs to close
+    _PRIVATE_DAEMONS.clear()  # stopped on purpose below: not a Ray that went away
+    _PRIVATE_TEMP.clear()
     if ray.is_initialized():
         ray.shutdown()
     if conn is not None and conn.temp_dir:

@@ -18,6 +18,7 @@ import structlog
 
 from remedy.supervisor import waits
 from remedy.supervisor.actor import launch_supervisor
+from remedy.supervisor.cluster import private_ray_gone
 from remedy.supervisor.display import Display
 from remedy.supervisor.exceptions import WaitTimeout
 from remedy.supervisor.spec import RunSpec
@@ -96,6 +97,8 @@ def follow(
                 last_status = time.monotonic()
                 progress(waits.get(supervisor.status.remote(token), ANSWER_S, "status"))
         except WaitTimeout as exc:
+            if private_ray_gone() is not None:
+                raise  # nothing will answer again: the caller says the cluster went away
             silent_since = silent_since or time.monotonic() - ANSWER_S
             log.warning(
                 "supervisor_not_answering",
