@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from remedy.supervisor import registry
+from remedy.supervisor.core.control_state import read_journal
 from remedy.supervisor.display import decision_line, make_display
 from remedy.supervisor.run_access import (
     AccessError,
@@ -306,20 +307,11 @@ def _logs_from_run_dir(ref: RunRef) -> int:
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    """The whole JSON objects of a JSON-lines file; torn or foreign lines skipped."""
+    """The whole JSON objects of a JSON-lines file; torn or foreign lines skipped, unreadable: none."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        return read_journal(path)
     except OSError:
         return []
-    out = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
 
 
 def _epoch(ts: Any) -> float:
