@@ -7,13 +7,15 @@ to the policy apart, each fires its own rule (a rollback and an LR cut).
 
 `IncidentMerger` hands the policy one event per incident: the one closest to
 the cause (`CAUSE_ORDER`, then the lowest rank), whose `details["merged"]`
-lists the others, so the journal and `remedy explain` name them. A
-`nonfinite_loss` is the cause itself and is decided at once. The kinds it
-leads to are held at their tick until every rank has reported that tick (or
-`hold_s` has passed, for a rank that stopped reporting), since another rank's
-`nonfinite_loss` may still be on its way. An event of the family that comes
-for a tick already decided joins that incident and is not decided again.
-Other kinds pass straight through.
+lists the others, so the journal and `remedy explain` name them. Every kind
+of the family, the cause included, is held at its tick until every rank has
+reported that tick (or `hold_s` has passed, for a rank that stopped
+reporting): the rank with the NaN loss reports at once, the others' NaN
+gradients a moment later, and a decision taken on the first report alone
+would be journaled without them. The wait is one report of the slowest
+rank; the ranks skip the bad update themselves meanwhile. An event of the
+family that comes for a tick already decided (after `hold_s`) joins that
+incident and is not decided again. Other kinds pass straight through.
 
 Pure: no I/O, no clock of its own (`now` is given), so it is tested alone.
 """
@@ -70,10 +72,6 @@ class IncidentMerger:
             if tick in self._decided:
                 self.late.extend((ev, self._decided[tick]) for ev in found)
                 del self.late[:-DECIDED_KEPT]
-            elif any(ev.kind == CAUSE_ORDER[0] for ev in found):
-                # Nothing outranks the cause itself: decide now, with what was held for its tick.
-                held = self._pop(tick) if tick in self._held else []
-                out.append(self._merge([*found, *held]))
             else:
                 self._held.setdefault(tick, []).extend(found)
                 self._since.setdefault(tick, now)

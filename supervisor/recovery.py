@@ -24,7 +24,12 @@ decision fails (the policy's `on_failure` follows). Each transition is
 journaled with its reason; the failed attempts are counted once, by the job
 state (`JobState.attempts`).
 
-A lost rank that no decision replaces (the policy notified, ran dry, or its
+A rank lost while a restart is already decided or under way (two ranks found
+hung in one ping round, a survivor that stops during a recovery) joins that
+restart instead of going to the policy again: its anomaly is recorded, the
+job state's lost set grows, and the restart replaces it too (`_join`). A
+second decision would be cooled down or suppressed, and nothing would
+replace the rank. A lost rank that no decision replaces (the policy notified, ran dry, or its
 restart was suppressed) moves the job to `degraded` (`_if_unreplaced`); a
 dead one ends the run, a hung one that makes progress again brings the job
 back (`check_back`).
@@ -86,6 +91,11 @@ ABORT_S = 10.0
 PING_EVERY_S = 0.25
 
 
+def _ranks_text(ranks: set[int]) -> str:
+    ordered = sorted(ranks)
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(map(str, ordered))
+
+
 class RestartError(SupervisorError):
     """A targeted restart did not bring the group back; the message says why."""
 
@@ -107,6 +117,9 @@ class Recovery:
         self._suspected_at = 0.0  # wall time the current stall was first suspected
         self._ping_started = 0.0  # wall time the latest ping round began
         self._marks: dict[str, float] = {}  # wall times of the restart in progress
+        # Ranks lost while a restart was under way, with why: that restart takes them in.
+        self._joining: dict[int, str] = {}
+        self._joined: dict[int, str] = {}  # those the restart in progress took in
         self._launched: dict[str, Any] | None = None  # what its latest launch started
         # While a restart waits for the group to step: each rank's newest tick, fed by
         # the supervisor's report path (`progress`), which wakes the waiting restart.
@@ -157,6 +170,9 @@ class Recovery:
         if self._replacing(rank):
             self.replacement_failed(rank, reason)
             return
+        if self._under_way():
+            self._join(rank, kind, reason, incarnation, details)
+            return
         # The slot is closed (its reports refused) only when a restart replaces it:
         # if the policy does not restart it, a slow rank that comes back still counts.
         self._detected_at[rank] = time.time()
@@ -186,6 +202,55 @@ class Recovery:
         answered = len(c.decisions)
         c.ingest({"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]})
         self._if_unreplaced(rank, kind, reason, c.decisions[answered:])
+
+    def _under_way(self) -> bool:
+        """A restart is decided (it may not have begun yet) or running."""
+        c = self.sup.controller
+        return any(
+            d.action == "restart_rank" for d in c.deferred.values()
+        ) or self.sup.job.state.phase in (
+            Phase.RECOVERING,
+            Phase.RESTARTING_ALL,
+        )
+
+    def _join(
+        self,
+        rank: int,
+        kind: str,
+        reason: str,
+        incarnation: int,
+        details: dict[str, Any] | None,
+    ) -> None:
+        """`rank` was lost while a restart is under way: that restart replaces it too."""
+        c = self.sup.controller
+        self._detected_at[rank] = time.time()
+        c.drop_rank(rank)
+        why = f"{reason}; joins the restart under way"
+        c.record_anomaly(
+            AnomalyEvent(
+                kind=kind,
+                rank=rank,
+                step=max(c.step_of.values(), default=0),
+                tick=max(c.tick_of.values(), default=0),
+                severity="critical",
+                source="supervisor",
+                ts=time.time(),
+                details={"reason": why, "incarnation": incarnation, **(details or {})},
+            )
+        )
+        log.warning(kind, rank=rank, reason=why)
+        self._joining[rank] = f"{kind} on rank {rank}"
+        if self.sup.job.state.phase in (Phase.RECOVERING, Phase.RESTARTING_ALL):
+            self.sup.job.step(RanksLost(frozenset({rank}), why))
+        self.sup.write_state()
+        self._moved.set()  # an attempt waiting on the group starts over with it
+
+    def _take_joining(self, ranks: list[int]) -> list[int]:
+        """`ranks` with the ranks that joined the restart, which are then taken."""
+        joined = {r for r in self._joining if r in self.sup.slots.slots}
+        self._joined.update({r: self._joining[r] for r in joined})
+        self._joining.clear()
+        return sorted({*ranks, *joined})
 
     def _if_unreplaced(
         self, rank: int, kind: str, reason: str, answers: list[dict[str, Any]]
@@ -261,6 +326,10 @@ class Recovery:
             self._ticks = dict.fromkeys(world, -1)
         deadline = time.monotonic() + REGROUP_TIMEOUT_S
         while not all(self._ticks.get(r, -1) > past for r in world):
+            if self._joining:
+                raise RestartError(
+                    f"{_ranks_text(set(self._joining))} lost while the group re-formed"
+                )
             failed = {r: why for r, why in self._failed.items() if r in replaced}
             if failed:
                 raise RestartError(
@@ -322,6 +391,7 @@ class Recovery:
             "marks": dict(self._marks),
             "front": self._front,
             "launched": self._launched,
+            "joining": {str(r): why for r, why in self._joining.items()},
             "records": self.records,
         }
 
@@ -332,6 +402,7 @@ class Recovery:
             self._marks = {str(k): float(v) for k, v in state["marks"].items()}
             self._front = int(state["front"])
             self._launched = state.get("launched")
+            self._joining = {int(r): str(why) for r, why in state.get("joining", {}).items()}
             self.records = list(state["records"])
         for d in deferred:
             for rank in d.ranks:
@@ -347,7 +418,8 @@ class Recovery:
     # --------------------------------------------------------------- restart
     async def _restart(self, d: Decision, *, resumed: bool = False) -> None:
         sup = self.sup
-        ranks = sorted(r for r in d.ranks if r in sup.slots.slots)
+        self._joined = {}
+        ranks = self._take_joining([r for r in d.ranks if r in sup.slots.slots])
         # Every effect below is preceded by a state record: a supervisor killed at
         # any point finds this decision deferred and the job's phase, and goes on.
         sup.write_state()
@@ -361,7 +433,10 @@ class Recovery:
             return
         if phase is Phase.RUNNING or not resumed:
             # A new restart (or one whose supervisor crashed before it began).
-            sup.job.step(RanksLost(frozenset(ranks), f"{d.anomaly.kind} on rank {d.anomaly.rank}"))
+            why_lost = "; ".join(
+                [f"{d.anomaly.kind} on rank {d.anomaly.rank}", *self._joined.values()]
+            )
+            sup.job.step(RanksLost(frozenset(ranks), why_lost))
             sup.write_state()
         else:
             ranks = sorted({*ranks, *sup.job.state.lost})
@@ -393,6 +468,11 @@ class Recovery:
             # One count of failed attempts, the job state's (`JobState.attempts`): a
             # resumed restart has the attempts its crashed supervisor had not used. Its
             # first attempt starts over from killing the lost ranks' current processes.
+            if self._joining:
+                # Ranks lost since the last attempt began: the next one starts over with them,
+                # killing their processes (and the replacements it had started).
+                ranks = self._take_joining(ranks)
+                first = True
             try:
                 info = await self._attempt(ranks, first=first)
                 break

@@ -243,6 +243,11 @@ class Controller:
             if (rank in p.targets and rank not in p.outcomes) or rank in p.dropped
         ]
 
+    def record_anomaly(self, ev: AnomalyEvent) -> None:
+        """Count and log an anomaly that no policy decision follows (a rank lost while a
+        restart that takes it in is already under way)."""
+        self._record(ev)
+
     def _record(self, ev: AnomalyEvent) -> None:
         """Count and log one valid anomaly, whoever saw it."""
         self.changes += 1

@@ -13,7 +13,8 @@ def _ev(kind: str, rank: int, tick: int = 7) -> AnomalyEvent:
 
 @pytest.mark.parametrize("first", ["nonfinite_grad", "nonfinite_loss"])
 def test_ddp_nan_is_one_incident_whichever_rank_reports_first(first: str) -> None:
-    """NaN loss on rank 1, NaN grads on both: held until both reported, then one nonfinite_loss."""
+    """NaN loss on rank 1, NaN grads on both: held until both reported, then one nonfinite_loss
+    that names every other event, whichever rank's report came first."""
     merger = IncidentMerger(world_size=2)
     batches = {
         "nonfinite_grad": (0, [_ev("nonfinite_grad", 0)]),
@@ -23,21 +24,29 @@ def test_ddp_nan_is_one_incident_whichever_rank_reports_first(first: str) -> Non
     ticks: dict[int, int] = {}
     rank, events = batches[order[0]]
     ticks[rank] = 8
-    found = merger.offer(events, ticks=ticks, now=0.0)
-    # The NaN loss, the cause, is decided at once; NaN gradients alone wait for the other rank.
-    assert [e.kind for e in found] == (["nonfinite_loss"] if first == "nonfinite_loss" else [])
+    # Nothing is decided while the other rank has not reported the tick, the cause included.
+    assert merger.offer(events, ticks=ticks, now=0.0) == []
+    assert merger.holding == len(events)
     rank, events = batches[order[1]]
     ticks[rank] = 8
-    found += merger.offer(events, ticks=ticks, now=0.1)
-    (incident,) = found
+    (incident,) = merger.offer(events, ticks=ticks, now=0.1)
     assert (incident.kind, incident.rank) == ("nonfinite_loss", 1)
-    merged = [("nonfinite_grad", 1)]  # in the cause's own report
-    if first == "nonfinite_grad":  # held, then merged: the journal names it
-        merged.append(("nonfinite_grad", 0))
-        assert "nonfinite_grad on rank 0" in (merged_text(incident.to_dict()) or "")
-    else:  # came after the decision: it joins the decided incident
-        assert [(e.kind, e.rank) for e, _ in merger.late] == [("nonfinite_grad", 0)]
-    assert sorted((m["kind"], m["rank"]) for m in incident.details["merged"]) == sorted(merged)
+    assert sorted((m["kind"], m["rank"]) for m in incident.details["merged"]) == [
+        ("nonfinite_grad", 0),
+        ("nonfinite_grad", 1),
+    ]
+    assert "nonfinite_grad on rank 0" in (merged_text(incident.to_dict()) or "")
+    assert merger.late == []
+
+
+def test_a_rank_that_went_quiet_holds_the_cause_at_most_hold_s() -> None:
+    """The NaN-loss rank reported, its peer never does: the cause is decided after hold_s."""
+    merger = IncidentMerger(world_size=2, hold_s=1.0)
+    assert merger.offer([_ev("nonfinite_loss", 1)], ticks={1: 8}, now=0.0) == []
+    assert merger.offer([], ticks={1: 9}, now=0.5) == []
+    (incident,) = merger.offer([], ticks={1: 10}, now=1.0)
+    assert (incident.kind, incident.rank) == ("nonfinite_loss", 1)
+    assert "merged" not in incident.details
 
 
 def test_default_policy_decides_one_chain_for_the_merged_incident() -> None:
