@@ -37,6 +37,7 @@ import ray
 import structlog
 
 from remedy.policies import Decision, Engine, Policy, PolicyError
+from remedy.supervisor import liveness
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import Notify, log_notify
@@ -359,6 +360,8 @@ class SupervisorActor:
                 # so answer again with what the rank still owes.
                 return self.controller.commands_for(batch["rank"])
             return []
+        if isinstance(batch, dict) and "outages" in batch:
+            self._outage_notes(batch.pop("outages"))
         commands = self.controller.ingest(batch)
         report = self.controller.last_report
         if report is not None:
@@ -379,9 +382,33 @@ class SupervisorActor:
         self._keep_state()  # before the reply: no rank holds a command the journal lacks
         return commands
 
-    async def where(self) -> tuple[str, int]:
-        """(node address, pid) of this supervisor's process (the `kill_supervisor` fault's target)."""
-        return ray.util.get_node_ip_address(), os.getpid()
+    async def where(self) -> tuple[str, int, float]:
+        """(node address, pid, process start time) of this supervisor's process: what a watcher
+        kills when it stops answering (`supervisor.liveness`), and the `kill_supervisor` fault."""
+        ident = liveness.Identity.of_this_process(ray.util.get_node_ip_address())
+        return ident.node, ident.pid, ident.created
+
+    async def note_outage(self, token: str | None, note: Any) -> None:
+        """The driver saw this supervisor not answering, and answering again: journal it."""
+        self._require(token, "note_outage")
+        self._outage_notes([note])
+
+    def _outage_notes(self, notes: Any) -> None:
+        """Journal the outages a rank or the driver saw end (untrusted: each note is checked)."""
+        for raw in notes[: liveness.MAX_NOTES] if isinstance(notes, list) else [notes]:
+            note = liveness.valid_note(raw)
+            if note is None:
+                self.controller.rejected["outage_note"] += 1
+                continue
+            self.run_dir.wal({"type": "supervisor_outage", "note": note})
+            log.warning("supervisor_outage", **note)
+
+    def outages(self) -> list[dict[str, Any]]:
+        """The supervisor's outages so far, merged from every watcher's notes in the journal."""
+        journal = control_state.read_journal(self.run_dir.path / "journal.wal")
+        return liveness.merge_outages(
+            [r["note"] for r in journal if r.get("type") == "supervisor_outage"]
+        )
 
     async def output(self, lines: Any) -> None:
         """Lines the ranks printed, for the displays and the run directory."""
@@ -664,6 +691,7 @@ class SupervisorActor:
         executed = int(lead.get("steps_executed", 0))
         # An update that was skipped (an unrelieved OOM, a non-finite step) trained nothing.
         kept = max(0, completed - int(lead.get("updates_skipped", 0) or 0))
+        outages = self.outages()
         summary = {
             "run_id": self.spec.run_id,
             "status": status,
@@ -689,6 +717,8 @@ class SupervisorActor:
             "job": self.job.state.to_dict(),
             "recoveries": self.recovery.records if self.recovery is not None else [],
             "supervisor_restarts": self.incarnation - 1,
+            "supervisor_outages": outages,
+            "supervisor_outage_s": round(sum(o["duration_s"] for o in outages), 3),
             "wall_s": round(time.time() - self.started, 2),
             "ranks": results,
         }

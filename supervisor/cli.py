@@ -131,6 +131,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="GPUs per rank (default: 1 if the cluster has one per rank, else 0)",
     )
+    run.add_argument(
+        "--supervisor-timeout",
+        type=_seconds,
+        default=None,
+        help="seconds a report may go unanswered before the supervisor counts as hung and is "
+        "killed for Ray to restart (default: 20 heartbeats, at least 10)",
+    )
 
     pol = sub.add_parser("policy", help="check, test or apply policy files")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True, parser_class=_Parser)
@@ -295,6 +302,7 @@ def _run(args: argparse.Namespace) -> int:
             gpus_per_rank=args.gpus_per_worker or 0.0,
             verbose=args.verbose,
             notify_env=_notify_env(policy_loaded.notify),
+            supervisor_timeout_s=args.supervisor_timeout,
         )
         claim = claim_run_dir(
             Path(spec.run_dir),
@@ -467,7 +475,7 @@ def _supervise_watched(spec: Any, args: argparse.Namespace, watching: threading.
     from remedy.supervisor import registry  # noqa: PLC0415
     from remedy.supervisor.cluster import private_ray_gone  # noqa: PLC0415
     from remedy.supervisor.display import make_display  # noqa: PLC0415
-    from remedy.supervisor.exceptions import WaitTimeout  # noqa: PLC0415
+    from remedy.supervisor.exceptions import SupervisorLost, WaitTimeout  # noqa: PLC0415
     from remedy.supervisor.rundata import load_run  # noqa: PLC0415
     from remedy.supervisor.runner import format_summary, run_supervised  # noqa: PLC0415
 
@@ -484,6 +492,16 @@ def _supervise_watched(spec: Any, args: argparse.Namespace, watching: threading.
             registry.update(spec.run_id, state="stopped")
             print(f"remedy: run {spec.run_id} stopped; summary in {written}", file=sys.stderr)
         raise
+    except SupervisorLost as exc:
+        display.close({"run_id": spec.run_id, "status": "failed"}, "")
+        written = _lost_supervisor_summary(spec, str(exc))
+        registry.update(spec.run_id, state="failed")
+        print(
+            f"remedy: error: the supervisor of run {spec.run_id} was lost: {exc}; "
+            f"run failed, summary in {written}",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     except (ray.exceptions.RayError, WaitTimeout) as exc:
         display.close({"run_id": spec.run_id, "status": "failed"}, "")
         gone = private_ray_gone()
@@ -543,30 +561,24 @@ def _watch_private_ray(spec: Any, display: Any, done: threading.Event) -> None:
 
 
 def _cluster_gone_summary(spec: Any, gone: str) -> Path:
-    """summary.json of a run whose private Ray died under it: status `failed`, the totals
-    from its journals, and why (a summary its supervisor wrote before dying is kept)."""
-    from remedy.supervisor.rundata import RunDirError, load_run  # noqa: PLC0415
-
-    path = Path(spec.run_dir) / "summary.json"
-    if path.exists():
-        return path
-    try:
-        summary = dict(load_run(spec.run_dir).summary)
-    except RunDirError:
-        summary = {"run_id": spec.run_id}
-    summary.update(
-        status="failed",
-        stop_reason=f"the private Ray went away under the run (its {gone} ended)",
-        policy=spec.policy,
-        workers=spec.workers,
+    """summary.json of a run whose private Ray died under it (see `write_fallback_summary`)."""
+    return _lost_supervisor_summary(
+        spec, f"the private Ray went away under the run (its {gone} ended)"
     )
-    tmp = path.with_name(".summary.json.tmp")
+
+
+def _lost_supervisor_summary(spec: Any, reason: str) -> Path:
+    """summary.json of a run no supervisor will finish (see `write_fallback_summary`)."""
+    from remedy.supervisor.exceptions import SupervisorError  # noqa: PLC0415
+    from remedy.supervisor.rundata import write_fallback_summary  # noqa: PLC0415
+
     try:
-        tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        print(f"remedy: error: cannot write {path}: {exc.strerror}", file=sys.stderr)
-    return path
+        return write_fallback_summary(
+            spec.run_dir, spec.run_id, reason, policy=spec.policy, workers=spec.workers
+        )
+    except SupervisorError as exc:
+        print(f"remedy: error: {exc}", file=sys.stderr)
+        return Path(spec.run_dir) / "summary.json"
 
 
 def _write_report_files(run: Any) -> dict[str, str]:

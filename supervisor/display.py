@@ -71,6 +71,14 @@ def stats_line(p: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def outage_line(note: dict[str, Any]) -> str:
+    """One line for a supervisor outage that ended, as the displays and `remedy status` say it."""
+    return (
+        f"the supervisor answered again after {_num(note.get('duration_s'), '.1f')} s "
+        f"without an answer ({note.get('how') or 'answered again on its own'})"
+    )
+
+
 def ranks_line(p: dict[str, Any]) -> str:
     ranks = p.get("ranks") or {}
     return "ranks: " + "  ".join(f"{r}:{state}" for r, state in ranks.items())
@@ -154,6 +162,11 @@ class LiveDisplay:
             self.console.print(self._text("remedy: " + decision_line(event), style=style))
         elif kind == "missed":
             self.console.print(f"remedy: ({event.get('count')} earlier events not shown)")
+        elif kind == "supervisor_silent":
+            how = f" ({event['how']})" if event.get("how") else ""
+            self.stats.plain = f"supervisor not answering for {event.get('seconds')} s{how}"
+        elif kind == "supervisor_back":
+            self.console.print(self._text("remedy: " + outage_line(event), style="bold yellow"))
         elif kind == "progress":
             total = event.get("total")
             self.progress.update(self.task, completed=event.get("step") or 0, total=total)

@@ -28,3 +28,8 @@ class Unauthorized(SupervisorError):
 
 class WaitTimeout(SupervisorError):
     """A bounded wait on another process ran out; the message names the wait and its bound."""
+
+
+class SupervisorLost(SupervisorError):
+    """The supervisor stopped answering and was not back within its restart bound after it was
+    killed; the message says since when."""

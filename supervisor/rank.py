@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from remedy.supervisor.output import forward_output, supervisor_sink
 from remedy.supervisor.reporter import RayReporter
+from remedy.supervisor.rundata import write_fallback_summary
 from remedy.supervisor.target import (
     call_target,
     describe_exception,
@@ -60,6 +61,7 @@ class RankActor:
         threads: int | None = None,
         verbose: bool = False,
         token: str = "",
+        silence_s: float | None = None,
     ) -> None:
         configure_logging(verbose=verbose)
         os.environ.setdefault(NCCL_ERROR_HANDLING_ENV, "2")
@@ -71,6 +73,7 @@ class RankActor:
         self.target = target
         self.argv = list(argv)
         self.token = token  # stamped on every report (the supervisor refuses batches without it)
+        self.silence_s = silence_s  # a report unanswered this long: the supervisor is hung
         self.membership: Membership | None = None
         self.ctx: WorkerContext | None = None
         self._result: dict[str, Any] | None = None
@@ -151,7 +154,11 @@ class RankActor:
             run_id=self.run_id,
             run_dir=Path(self.run_dir),
             reporter=RayReporter(
-                self.supervisor, rank=rank, incarnation=incarnation, token=self.token
+                self.supervisor,
+                rank=rank,
+                incarnation=incarnation,
+                token=self.token,
+                silence_s=self.silence_s,
             ),
             faults=[Fault.model_validate(f) for f in faults or []],
             argv=list(self.argv),
@@ -187,6 +194,14 @@ class RankActor:
                 if self.ctx.reporter is not None:
                     self.ctx.reporter.close()
         summary = dict(self.ctx.summary)
+        lost = getattr(self.ctx.reporter, "supervisor_lost", None)
+        if lost:
+            # Nobody will write this run's summary: say why where the user looks for it.
+            summary["supervisor_lost"] = lost
+            if rank == 0:
+                write_fallback_summary(
+                    self.run_dir, self.run_id, f"the supervisor was lost: {lost}"
+                )
         summary.update(
             rank=rank,
             incarnation=incarnation,

@@ -16,10 +16,17 @@ the supervisor's acknowledgement: it journals what a batch carried before
 it answers. A report that fails outright (the supervisor gone for good, or
 a reply lost) puts its events and outcomes back into the held batch, to be
 sent again.
+
+A supervisor that is alive but answers nothing is not restarted by Ray: the
+reporter's `SilenceWatch` (`supervisor.liveness`) counts a report unanswered
+for its bound as a hung supervisor, kills its process so that Ray restarts
+it, and attaches a note of the outage to the next report once answers come
+back. Every step and `close` look; none of it blocks the training loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -27,6 +34,8 @@ from typing import Any
 
 import ray
 import structlog
+
+from remedy.supervisor import liveness
 
 log = structlog.get_logger("remedy.reporter")
 
@@ -38,6 +47,8 @@ MAX_HELD_METRICS = 5000
 CLOSE_TIMEOUT_S = 120.0
 # A `send(wait=True)` (the OOM path) waits at most this long.
 WAIT_TIMEOUT_S = 30.0
+# The Guard's default heartbeat, until the Guard says its own (`set_heartbeat`).
+HEARTBEAT_S = 0.5
 
 
 class RayReporter:
@@ -48,21 +59,43 @@ class RayReporter:
     """
 
     def __init__(
-        self, supervisor: Any, *, rank: int = 0, incarnation: int = 1, token: str = ""
+        self,
+        supervisor: Any,
+        *,
+        rank: int = 0,
+        incarnation: int = 1,
+        token: str = "",
+        silence_s: float | None = None,
     ) -> None:
         self.supervisor = supervisor
         self.token = token  # the run's token: a batch without it is refused
         self.rank = rank
         self.incarnation = incarnation
         self.seq = 0
-        self._in_flight: list[tuple[ray.ObjectRef, dict[str, Any]]] = []
+        # Each report in flight, with the batch it carries and when it went out.
+        self._in_flight: list[tuple[ray.ObjectRef, dict[str, Any], float]] = []
         self._held: dict[str, Any] | None = None
         self._inbox: list[dict[str, Any]] = []
         self.lost_replies = 0
         self.dropped_metrics = 0  # metrics records dropped while the supervisor was away
+        # Who the supervisor is (node, pid, start time), asked now and after each outage: a
+        # hung one answers nothing, so its pid must be known before it is needed.
+        self._silence_s = silence_s
+        self.watch = liveness.SilenceWatch(
+            f"rank {rank}", liveness.silence_bound(HEARTBEAT_S, silence_s)
+        )
+        self._ident: liveness.Identity | None = None
+        # When the oldest report not yet answered went out (a failed one stays unanswered).
+        self._unanswered_since: float | None = None
+        self._ident_ref: ray.ObjectRef | None = supervisor.where.remote()
+
+    def set_heartbeat(self, heartbeat_s: float) -> None:
+        """The Guard's heartbeat: the silence bound is derived from it (unless one was given)."""
+        self.watch.bound_s = liveness.silence_bound(heartbeat_s, self._silence_s)
 
     def send(self, batch: dict[str, Any], *, wait: bool = False) -> None:
         self._collect(timeout=0)
+        self._watch()
         if self._held is not None or len(self._in_flight) >= MAX_IN_FLIGHT:
             self._hold(batch)
             self._release()
@@ -73,6 +106,7 @@ class RayReporter:
 
     def poll(self) -> list[dict[str, Any]]:
         self._collect(timeout=0)
+        self._watch()
         self._release()
         out, self._inbox = self._inbox, []
         return out
@@ -82,11 +116,35 @@ class RayReporter:
 
     def kill_supervisor(self) -> None:
         """Chaos: SIGKILL the supervisor's process (Ray restarts it); by Ray if on another node."""
-        node, pid = ray.get(self.supervisor.where.remote(), timeout=30)
+        node, pid = ray.get(self.supervisor.where.remote(), timeout=30)[:2]
         if node == ray.util.get_node_ip_address():
             os.kill(pid, signal.SIGKILL)
         else:
             ray.kill(self.supervisor, no_restart=False)
+
+    @property
+    def supervisor_lost(self) -> str | None:
+        """Why the supervisor is lost for good (not restarted after its kill), else None."""
+        return self.watch.gave_up
+
+    def _watch(self) -> None:
+        """Look whether the supervisor answers; kill a hung one (see `supervisor.liveness`)."""
+        if self._ident_ref is not None:
+            ready, _ = ray.wait([self._ident_ref], timeout=0)
+            if ready:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    self._ident = liveness.Identity.from_wire(ray.get(self._ident_ref))  # ready
+                self._ident_ref = None
+        action = self.watch.check(self._unanswered_since)
+        if action == "kill":
+            self.watch.killed(
+                liveness.kill(
+                    self._ident,
+                    self.supervisor,
+                    here=ray.util.get_node_ip_address(),
+                    may_ray_kill=self.rank == 0,
+                )
+            )
 
     # ------------------------------------------------------------------
     def _post(self, batch: dict[str, Any]) -> None:
@@ -94,7 +152,13 @@ class RayReporter:
         batch["incarnation"] = self.incarnation
         batch["seq"] = self.seq
         batch["token"] = self.token
-        self._in_flight.append((self.supervisor.report.remote(batch), batch))
+        notes = self.watch.take_notes()
+        if notes:  # outages this rank saw end: the supervisor journals them
+            batch["outages"] = [*batch.get("outages", []), *notes]
+        now = time.time()
+        if self._unanswered_since is None:
+            self._unanswered_since = now
+        self._in_flight.append((self.supervisor.report.remote(batch), batch, now))
 
     def _hold(self, batch: dict[str, Any], *, newer: bool = True) -> None:
         """Merge `batch` into the held one: the newest header, every event and outcome.
@@ -110,6 +174,8 @@ class RayReporter:
             held.update({k: v for k, v in batch.items() if k not in body})
         held["events"].extend(batch.get("events") or [])
         held["outcomes"].extend(batch.get("outcomes") or [])
+        if batch.get("outages"):
+            held.setdefault("outages", []).extend(batch["outages"])
         metrics = held["metrics"]
         metrics.extend(batch.get("metrics") or [])
         if len(metrics) > MAX_HELD_METRICS:
@@ -128,24 +194,32 @@ class RayReporter:
     def _collect(self, *, timeout: float | None) -> None:
         if not self._in_flight:
             return
-        refs = [ref for ref, _ in self._in_flight]
+        refs = [ref for ref, _, _ in self._in_flight]
         ready, _ = ray.wait(refs, num_returns=len(refs) if timeout == 0 else 1, timeout=timeout)
         if not ready:
             return
         done = set(ready)
         kept = []
-        for ref, batch in self._in_flight:
+        answered: float | None = None  # when the oldest report answered now went out
+        for ref, batch, sent in self._in_flight:
             if ref not in done:
-                kept.append((ref, batch))
+                kept.append((ref, batch, sent))
                 continue
             try:
                 self._inbox.extend(ray.get(ref))  # ready: ray.wait returned it
+                answered = sent if answered is None else min(answered, sent)
             except ray.exceptions.RayError as exc:
                 # Unacknowledged: its events and outcomes go out again with the next batch.
                 self.lost_replies += 1
                 log.warning("report_failed", error=str(exc)[:300])
                 self._hold({**batch, "metrics": []}, newer=False)
         self._in_flight = kept
+        if answered is not None:
+            if self.watch.outage is not None:
+                self._ident_ref = self.supervisor.where.remote()  # restarted: a new process
+            self.watch.answered(min(answered, self._unanswered_since or answered))
+            # It answers: reports still out count their silence from now, not from before.
+            self._unanswered_since = time.time() if kept else None
 
     def _drain(self, timeout_s: float) -> None:
         """Wait until every report is answered (held ones sent), at most `timeout_s`."""
@@ -161,3 +235,6 @@ class RayReporter:
                 return
             self._release()
             self._collect(timeout=min(left, 1.0))
+            self._watch()
+            if self.watch.gave_up is not None:
+                return

@@ -88,10 +88,30 @@ def _status_of(ref: RunRef) -> dict[str, Any]:
             return _ended_status(ref, ended)
         try:
             live: dict[str, Any] = ray.get(sup.status.remote(ref.token), timeout=ASK_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise AccessError(silent_supervisor(ref)) from None
         except (ray.exceptions.RayError, TimeoutError) as exc:
             raise call_failed(exc, ref.run_id, "did not answer") from None
     live.pop("slots", None)
     return {**live, "run_dir": str(ref.run_dir), "address": ref.address}
+
+
+def silent_supervisor(ref: RunRef) -> str:
+    """One line for a live run whose supervisor does not answer: for how long, as far as the run
+    directory tells (a supervisor writes its journal at least every 30 s, metrics on each report)."""
+    line = f"run {ref.run_id}: supervisor not answering"
+    newest = 0.0
+    run_dir = ref.run_dir
+    if run_dir is not None:
+        for name in ("journal.wal", "metrics.jsonl"):
+            with contextlib.suppress(OSError):
+                newest = max(newest, (run_dir / name).stat().st_mtime)
+    if newest:
+        line += f" for {time.time() - newest:.0f} s (its last write to the run directory)"
+    return (
+        f"{line}; no answer within {ASK_TIMEOUT_S:g} s. The ranks and the driver kill a "
+        "supervisor that stays silent past their bound, and Ray restarts it"
+    )
 
 
 def _ended_status(ref: RunRef, summary: dict[str, Any]) -> dict[str, Any]:

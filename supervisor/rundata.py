@@ -148,6 +148,32 @@ def derive_summary(
     }
 
 
+def write_fallback_summary(run_dir: str | Path, run_id: str, reason: str, **extra: Any) -> Path:
+    """summary.json of a run whose supervisor cannot write it (its Ray went away, or it was
+    lost for good): status `failed`, the totals from its journals, and why.
+
+    A summary its supervisor wrote before is kept as it is.
+    """
+    import json  # noqa: PLC0415 - only this rare path writes
+    import os  # noqa: PLC0415
+
+    path = Path(run_dir) / "summary.json"
+    if path.exists():
+        return path
+    try:
+        summary = dict(load_run(run_dir).summary)
+    except RunDirError:
+        summary = {"run_id": run_id}
+    summary.update(status="failed", stop_reason=reason, **extra)
+    tmp = path.with_name(".summary.json.tmp")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise SupervisorError(f"cannot write {path}: {exc.strerror}") from None
+    return path
+
+
 def _started_policy(path: Path) -> str | None:
     """The policy the run's supervisor was started with, from its journal.wal, or None."""
     started = [

@@ -8,25 +8,28 @@ display. A driver that started the run and sees it end removes the actor.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ray
 import structlog
 
-from remedy.supervisor import waits
+from remedy.supervisor import liveness, waits
 from remedy.supervisor.actor import launch_supervisor
 from remedy.supervisor.cluster import private_ray_gone
 from remedy.supervisor.display import Display
-from remedy.supervisor.exceptions import WaitTimeout
+from remedy.supervisor.exceptions import SupervisorLost, WaitTimeout
 from remedy.supervisor.spec import RunSpec
 from remedy.supervisor.worker_group import kill_run_actors
 
-# A supervisor answers a call within this long past what the call waits for itself,
-# else it is not answering: restarting after a crash (seconds), or hung.
+# How long a call that asks the supervisor for something (status, events) may take.
 ANSWER_S = 30.0
+# The Guard's default heartbeat: the driver's silence bound derives from it.
+HEARTBEAT_S = 0.5
 log = structlog.get_logger("remedy.runner")
 
 PROGRESS_EVERY_S = 5.0
@@ -56,7 +59,20 @@ def run_supervised(
     try:
         waits.get(sup.start.remote(), START_S, "the supervisor's start")
         try:
-            summary = follow(sup, spec.token, display=display, progress=progress)
+            summary = follow(
+                sup,
+                spec.token,
+                display=display,
+                progress=progress,
+                silence_s=spec.supervisor_timeout_s,
+            )
+            return summary
+        except ray.exceptions.RayActorError:
+            # The run ended while this driver was not looking (stopped, say) and its
+            # supervisor has left since: the run directory holds how it ended.
+            summary = _written_summary(spec)
+            if summary is None:
+                raise
             return summary
         except KeyboardInterrupt:
             summary = stop_run(sup, spec.token, "interrupted (Ctrl-C or SIGTERM of remedy run)")
@@ -70,6 +86,15 @@ def run_supervised(
             kill_run_actors(spec.run_id)
 
 
+def _written_summary(spec: RunSpec) -> dict[str, Any] | None:
+    """summary.json of `spec`'s run, if its supervisor wrote one."""
+    try:
+        summary = json.loads((Path(spec.run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("run_id") == spec.run_id else None
+
+
 def follow(
     supervisor: Any,
     token: str,
@@ -77,38 +102,68 @@ def follow(
     display: Display | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     cursor: int = 0,
+    silence_s: float | None = None,
 ) -> dict[str, Any]:
     """Poll a started supervisor until its run ends; the summary.
 
-    Every call is bounded: a supervisor that does not answer is said so (logged
-    once per bound, with how long), and asked again, never waited on forever.
+    Every call is bounded. A supervisor that answers nothing for the silence
+    bound is hung: it is killed so that Ray restarts it (`supervisor.liveness`),
+    the display says so, and the outage is noted to it once it answers again.
+    One that is not back `liveness.RESTART_S` after that raises `SupervisorLost`.
     """
+    watch = liveness.SilenceWatch("driver", liveness.silence_bound(HEARTBEAT_S, silence_s))
+    ident = _identity(supervisor)
     last_status = time.monotonic()
-    silent_since: float | None = None
     while True:
         wait_s = POLL_S if display else PROGRESS_EVERY_S
+        asked = time.time()
         try:
             summary = waits.get(
-                supervisor.wait.remote(wait_s), wait_s + ANSWER_S, "the supervisor's wait"
+                supervisor.wait.remote(wait_s), wait_s + watch.bound_s, "the supervisor's wait"
             )
             if display is not None:
                 cursor = pump(supervisor, display, cursor, token)
             if progress is not None and time.monotonic() - last_status >= PROGRESS_EVERY_S:
                 last_status = time.monotonic()
                 progress(waits.get(supervisor.status.remote(token), ANSWER_S, "status"))
-        except WaitTimeout as exc:
+        except WaitTimeout:
             if private_ray_gone() is not None:
                 raise  # nothing will answer again: the caller says the cluster went away
-            silent_since = silent_since or time.monotonic() - ANSWER_S
-            log.warning(
-                "supervisor_not_answering",
-                seconds=round(time.monotonic() - silent_since, 1),
-                wait=str(exc),
-            )
+            action = watch.check(asked + wait_s)  # the answer was due then
+            if action == "kill":
+                watch.killed(
+                    liveness.kill(
+                        ident, supervisor, here=ray.util.get_node_ip_address(), may_ray_kill=True
+                    )
+                )
+            elif action == "give_up":
+                raise SupervisorLost(str(watch.gave_up)) from None
+            if display is not None and watch.outage is not None:
+                display.handle({
+                    "event": "supervisor_silent",
+                    "seconds": round(time.time() - watch.outage.began, 1),
+                    "how": watch.outage.how,
+                })  # fmt: skip
             continue
-        silent_since = None
+        if watch.outage is not None:
+            watch.answered(asked)
+            ident = _identity(supervisor)  # restarted: another process
+        for note in watch.take_notes():
+            if display is not None:
+                display.handle({"event": "supervisor_back", **note})
+            waits.get(supervisor.note_outage.remote(token, note), ANSWER_S, "note_outage")
         if summary is not None:
             return dict(summary)
+
+
+def _identity(supervisor: Any) -> liveness.Identity | None:
+    """Which process the supervisor is now (None if it does not say within `ANSWER_S`)."""
+    try:
+        return liveness.Identity.from_wire(
+            waits.get(supervisor.where.remote(), ANSWER_S, "the supervisor's address")
+        )
+    except WaitTimeout:
+        return None
 
 
 def stop_run(

@@ -46,6 +46,10 @@ class RunSpec:
     # of these points of a recovery (`recovery.CRASH_POINTS`), so a test can
     # crash it in the middle of a restart; Ray restarts it and it carries on.
     crash_points: list[str] = field(default_factory=list)
+    # A report or driver call unanswered this long means a hung supervisor, which is
+    # then killed so that Ray restarts it (None: derived from the Guard's heartbeat,
+    # `supervisor.liveness.silence_bound`, 10 s at its 0.5 s default).
+    supervisor_timeout_s: float | None = None
     # The run's secret: reports, commands, `status`, `policy apply` and `stop`
     # without it are refused (see `SupervisorActor._authorized`). Kept in the
     # registry entry (owner-only) of the machine that started the run.

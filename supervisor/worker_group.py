@@ -120,6 +120,7 @@ class WorkerGroup:
             threads=self.spec.threads_per_rank,
             verbose=self.spec.verbose,
             token=self.spec.token,
+            silence_s=self.spec.supervisor_timeout_s,
         )
 
     def _new_rank(self, rank: int) -> tuple[Any, str]:

@@ -35,6 +35,10 @@ class Outbox:
         self.inbox = inbox  # its outcomes go out with the next report
         self.rank = rank
         self.heartbeat_s = heartbeat_s
+        # A reporter that watches the supervisor's answers derives its bound from the heartbeat.
+        set_heartbeat = getattr(reporter, "set_heartbeat", None)
+        if set_heartbeat is not None:
+            set_heartbeat(heartbeat_s)
         self._build = build
         self._events: list[dict[str, Any]] = []
         self._metrics: list[Any] = []

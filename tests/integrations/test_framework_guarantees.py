@@ -50,14 +50,13 @@ def _hf_trainer(tmp_path: Path, steps: int, callback: Any, **args: Any) -> Any:
         per_device_train_batch_size=2,
         gradient_accumulation_steps=2,
         max_grad_norm=1.0,
-        learning_rate=1e-2,
         save_strategy="no",
         report_to=[],
         use_cpu=True,
         disable_tqdm=True,
         logging_steps=1000,
         dataloader_num_workers=0,
-        **args,
+        **{"learning_rate": 1e-2, **args},
     )
     return transformers.Trainer(
         model=model, args=targs, train_dataset=Tokens(8 * steps), callbacks=[callback]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -191,3 +194,50 @@ def test_restart_after_every_rank_ended_finishes_from_the_journal(
     assert summary["ranks"] == [rank] and summary["final_loss"] == 0.25
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
     assert [r["type"] for r in read_jsonl(tmp_path / "journal.wal")][-1] == "run_ended"
+
+
+def _stop_supervisor_at(run_id: str, run_dir: Path, step: int, stopped: list[int]) -> None:
+    """SIGSTOP the run's supervisor, for good, once it has ingested a report of `step`."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        except OSError:
+            lines = []
+        if any(json.loads(line).get("step", 0) >= step for line in lines[-20:] if line.strip()):
+            sup = ray.get_actor(supervisor_name(run_id), namespace=NAMESPACE)
+            pid = ray.get(sup.where.remote(), timeout=30)[1]
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+            return
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(180)
+def test_stopped_supervisor_is_killed_restarted_and_the_outage_recorded(
+    two_rank_baseline: Any, tmp_path: Path
+) -> None:
+    """A supervisor SIGSTOPped for good at step 150 of 2 ranks: a rank or the driver finds it silent
+    past the bound, kills it, Ray restarts it; every step is trained, the NaN at 200 rolled back
+    once, the decisions as without the stop, and summary.json records the outage."""
+    spec = RunSpec(
+        target=TARGET, workers=2, run_dir=str(tmp_path), faults=[NAN], argv=ARGS,
+        threads_per_rank=1, spares=0, supervisor_timeout_s=3.0,
+    )  # fmt: skip
+    stopped: list[int] = []
+    thread = threading.Thread(
+        target=_stop_supervisor_at, args=(spec.run_id, tmp_path, 150, stopped), daemon=True
+    )
+    thread.start()
+    summary = run_supervised(spec)
+    thread.join(timeout=5)
+    assert stopped, "the supervisor was never stopped"
+    _assert_survived(tmp_path, summary, two_rank_baseline, 2)
+    (outage,) = summary["supervisor_outages"]
+    assert outage["how"].startswith(f"killed its process (pid {stopped[0]}, SIGKILL) by ")
+    assert outage["noticed_after_s"] >= 3.0, outage
+    assert outage["duration_s"] > outage["noticed_after_s"], outage
+    assert set(outage["noticed_by"]) <= {"driver", "rank 0", "rank 1"}, outage
+    assert summary["supervisor_outage_s"] == outage["duration_s"]
+    notes = [r for r in read_jsonl(tmp_path / "journal.wal") if r["type"] == "supervisor_outage"]
+    assert notes and all(n["note"]["ended"] is not None for n in notes)
