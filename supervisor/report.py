@@ -6,7 +6,10 @@ rollbacks is its own line; steps later undone by a rollback are drawn faint
 and dashed, and the rollback itself is an arrow back to the step it
 restored, with the steps whose batches were skipped shaded. Anomalies are
 marked on the loss panel, LR cuts and scaler rescues annotated on their
-panels, rank restarts drawn as markers on every panel.
+panels, rank restarts drawn as markers on every panel. A supervisor outage
+is a grey band over the steps the ranks trained while it did not answer
+(from the last step it wrote before the outage to the newest step of the
+first reports it wrote after).
 """
 
 from __future__ import annotations
@@ -145,6 +148,7 @@ def timeline(run: RunData) -> Figure:
     loss_ax = axs.get("loss", axes[0, 0])
     _mark_anomalies(loss_ax, run)
     _mark_actions(run, axs, loss_ax, list(axes[:, 0]))
+    _mark_outages(run, loss_ax, list(axes[:, 0]))
     axes[-1, 0].set_xlabel("step", fontsize=8)
     s = run.summary
     fig.suptitle(
@@ -250,6 +254,62 @@ def _mark_actions(run: RunData, axs: dict[str, Axes], loss_ax: Axes, every: list
                              rotation=90, va="top", xytext=(2, -2), textcoords="offset points")  # fmt: skip
 
 
+def outage_steps(run: RunData, outage: dict[str, Any]) -> tuple[int, int] | None:
+    """The steps trained while the supervisor did not answer, as its metrics show them.
+
+    metrics.jsonl is written by the supervisor when it takes a report: the
+    last step written before the outage began, and the newest step of the
+    first write after it ended (the reports the ranks held meanwhile).
+    """
+    began, ended = number(outage.get("began")), number(outage.get("ended"))
+    if began is None or ended is None:
+        return None
+    before: list[tuple[float, int]] = []
+    after: list[tuple[float, int]] = []
+    for m in run.metrics:
+        t, step = _epoch(m.get("ts")), number(m.get("step"))
+        if t is not None and step is not None:
+            (after if t >= ended else before).append((t, int(step)))
+    if not after:
+        return None
+    first = min(t for t, _ in after)
+    start = max((s for t, s in before if t < began), default=0)
+    end = max(s for t, s in after if t == first)
+    return (start, end) if end >= start else None
+
+
+def _epoch(ts: Any) -> float | None:
+    """A journal's ISO timestamp in seconds since the epoch (None if it is not one)."""
+    import datetime  # noqa: PLC0415 - only reports with outages need it
+
+    if not isinstance(ts, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _mark_outages(run: RunData, loss_ax: Axes, every: list[Axes]) -> None:
+    outages = run.summary.get("supervisor_outages")
+    for outage in outages if isinstance(outages, list) else []:
+        if not isinstance(outage, dict):
+            continue
+        steps = outage_steps(run, outage)
+        if steps is None:
+            continue
+        for ax in every:
+            ax.axvspan(*steps, color="#7f7f7f", alpha=0.18, linewidth=0, hatch="//")
+        loss_ax.annotate(
+            f"supervisor not answering {_cell(outage.get('duration_s'))} s",
+            (steps[0], loss_ax.get_ylim()[0]),
+            xytext=(2, 14),
+            textcoords="offset points",
+            fontsize=7,
+            color="#555555",
+        )
+
+
 def _draw_rollback(run: RunData, ax: Axes, d: dict[str, Any], result: dict[str, Any]) -> None:
     restored = int(result["restored_step"])
     start = int(result.get("from_step") or d.get("applied_at_step") or d.get("step") or restored)
@@ -335,6 +395,18 @@ img { max-width: 100%; }
 """
 
 
+def _outages_text(outages: Any) -> str | None:
+    """One sentence per supervisor outage, for the report's summary table."""
+    if not isinstance(outages, list) or not outages:
+        return None
+    return "; ".join(
+        f"{o.get('duration_s')} s without an answer, noticed after {o.get('noticed_after_s')} s "
+        f"by {', '.join(map(str, o.get('noticed_by') or []))}: {o.get('how')}"
+        for o in outages
+        if isinstance(o, dict)
+    )
+
+
 def render_html(run: RunData, png: bytes) -> str:
     """One page with everything inline: no file beside it is needed to read it."""
     s = run.summary
@@ -351,6 +423,7 @@ def render_html(run: RunData, png: bytes) -> str:
         ("anomalies", s.get("anomalies")),
         ("actions applied", s.get("actions")),
         ("decision outcomes", s.get("outcomes")),
+        ("supervisor outages", _outages_text(s.get("supervisor_outages"))),
     ]
     errors = [
         (f"rank {r.get('rank')} error", r.get("error"))

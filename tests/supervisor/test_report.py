@@ -192,3 +192,37 @@ def test_labels_of_actions_on_the_same_step_do_not_overlap(
     assert len(labels) == 2
     a, b = (t.get_window_extent(renderer) for t in labels)
     assert not a.overlaps(b), (a, b)
+
+
+def test_a_supervisor_outage_is_a_band_over_the_steps_trained_without_it(tmp_path: Path) -> None:
+    """Steps 0-9 written before the outage, 10-24 held by the ranks and written after it."""
+    from remedy.supervisor.report import outage_steps  # noqa: PLC0415
+
+    def iso(t: float) -> str:
+        import datetime  # noqa: PLC0415
+
+        return (
+            datetime.datetime.fromtimestamp(t, tz=datetime.UTC).isoformat().replace("+00:00", "Z")
+        )
+
+    t0 = 1_800_000_000.0
+    metrics = [{"step": s, "tick": s, "rank": 0, "loss": 1.0 / (s + 1), "ts": iso(t0 + s * 0.1)}
+               for s in range(10)]  # fmt: skip
+    metrics += [{"step": s, "tick": s, "rank": 0, "loss": 1.0 / (s + 1), "ts": iso(t0 + 20.0)}
+                for s in range(10, 25)]  # fmt: skip
+    metrics += [{"step": 25, "tick": 25, "rank": 0, "loss": 0.04, "ts": iso(t0 + 20.5)}]
+    outage = {"began": t0 + 1.0, "noticed": t0 + 11.0, "ended": t0 + 19.9, "duration_s": 18.9,
+              "noticed_after_s": 10.0, "noticed_by": ["rank 0"], "killed": t0 + 11.0,
+              "how": "killed its process (pid 7, SIGKILL) by rank 0"}  # fmt: skip
+    summary = {"run_id": "r", "status": "completed", "steps_completed": 26, "steps_executed": 26,
+               "goodput": 1.0, "supervisor_outages": [outage]}  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    run = load_run(tmp_path)
+    assert outage_steps(run, outage) == (9, 24)
+    _, page = write_report(run)
+    facts = dict(tables(page)["summary"])
+    assert facts["supervisor outages"] == (
+        "18.9 s without an answer, noticed after 10.0 s by rank 0: "
+        "killed its process (pid 7, SIGKILL) by rank 0"
+    )
