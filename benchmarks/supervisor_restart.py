@@ -13,7 +13,14 @@ Two measures, in one process:
    the control loop running again (`supervisor_started`), the wall
    time of each run, and whether both took the same decisions.
 
+3. With `--hang`, the supervisor SIGSTOPped for good instead of killed, once
+   at step 150 (the NaN at 200 still to come) and once after the ranks'
+   last step: who found it silent and after how long, the outage until it
+   answered again, whether the decisions are those of the clean run, and,
+   for the second, the time from the ranks' last step to the run's end.
+
     python benchmarks/supervisor_restart.py [--workers 2] [--steps 260] [--records-only]
+        [--hang [--supervisor-timeout S]]
 
 A state record keeps the newest `control_state.MAX_CLOSED_KEPT` closed ids.
 """
@@ -23,9 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -41,7 +50,7 @@ sys.path.insert(0, str(REPO))
 from remedy.policies import AnomalyEvent, Engine, load_policy  # noqa: E402
 from remedy.supervisor.core.control import Controller  # noqa: E402
 from remedy.supervisor.runner import run_supervised  # noqa: E402
-from remedy.supervisor.spec import RunSpec  # noqa: E402
+from remedy.supervisor.spec import NAMESPACE, RunSpec, supervisor_name  # noqa: E402
 from remedy.workers.rundir import RunDir, read_jsonl  # noqa: E402
 
 TARGET = f"{REPO / 'tests' / 'supervisor' / 'daemon_train.py'}:main"
@@ -101,11 +110,66 @@ def crash_run(tmp: Path, workers: int, steps: int, kill: bool) -> dict[str, Any]
     return out
 
 
+def _stop_supervisor(run_id: str, run_dir: Path, step: int, stopped: list[float]) -> None:
+    """SIGSTOP the run's supervisor for good once it wrote a metrics record of `step`."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            lines = (run_dir / "metrics.jsonl").read_text().splitlines()[-20:]
+        except OSError:
+            lines = []
+        if any(json.loads(line).get("step", 0) >= step for line in lines if line.strip()):
+            sup = ray.get_actor(supervisor_name(run_id), namespace=NAMESPACE)
+            os.kill(ray.get(sup.where.remote(), timeout=30)[1], signal.SIGSTOP)
+            stopped.append(time.time())
+            return
+        time.sleep(0.02)
+
+
+def hang_run(
+    tmp: Path, workers: int, steps: int, stop_at: int, timeout_s: float | None
+) -> dict[str, Any]:
+    """A run whose supervisor is SIGSTOPped for good at `stop_at`; what it cost."""
+    spec = RunSpec(
+        target=TARGET, workers=workers, run_dir=str(tmp), threads_per_rank=1, spares=0,
+        faults=[{"kind": "nan_loss", "at_step": 200, "rank": 0}],
+        argv=["--steps", str(steps), "--step-s", "0.03", "--await-after", "200"],
+        supervisor_timeout_s=timeout_s,
+    )  # fmt: skip
+    stopped: list[float] = []
+    watcher = threading.Thread(
+        target=_stop_supervisor, args=(spec.run_id, tmp, stop_at, stopped), daemon=True
+    )
+    watcher.start()
+    t0 = time.time()
+    summary = run_supervised(spec)
+    watcher.join(timeout=5)
+    journal = read_jsonl(tmp / "journal.wal")
+    ended = next(r for r in journal if r["type"] == "run_ended")
+    last_step = max(float(r["result"]["last_step_at"]) for r in summary["ranks"])
+    return {
+        "wall_s": time.time() - t0,
+        "status": summary["status"],
+        "restarts": summary["supervisor_restarts"],
+        "outages": summary["supervisor_outages"],
+        "last_step_to_end_s": _ts(ended["ts"]) - last_step,
+        "stopped_after_last_step": bool(stopped) and stopped[0] < last_step,
+        "decisions": sorted(
+            (d["action"], d["anomaly"]["kind"], d["anomaly"]["step"], d["outcome"])
+            for d in read_jsonl(tmp / "decisions.jsonl")
+        ),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--steps", type=int, default=260)
     p.add_argument("--records-only", action="store_true", help="measure the state record only")
+    p.add_argument("--hang", action="store_true", help="SIGSTOP the supervisor instead of a kill")
+    p.add_argument(
+        "--supervisor-timeout", type=float, default=None, help="the silence bound (default: 10 s)"
+    )
     args = p.parse_args()
 
     print("state record (written with an fsync before a reply that carries a new command)")
@@ -123,6 +187,16 @@ def main() -> None:
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         clean = crash_run(Path(tmp) / "clean", args.workers, args.steps, kill=False)
+        if args.hang:
+            rows = [
+                ("at step 150", hang_run(Path(tmp) / "mid", args.workers, args.steps, 150,
+                                         args.supervisor_timeout)),
+                ("at the end", hang_run(Path(tmp) / "end", args.workers, args.steps,
+                                        args.steps - 1, args.supervisor_timeout)),
+            ]  # fmt: skip
+            ray.shutdown()
+            _print_hangs(clean, rows, args)
+            return
         killed = crash_run(Path(tmp) / "killed", args.workers, args.steps, kill=True)
     ray.shutdown()
     print(f"\n{args.workers} ranks, {args.steps} steps, kill_supervisor at 150, NaN at 200")
@@ -135,6 +209,28 @@ def main() -> None:
     print(f"  restored -> control loop running again: {killed['restore_s']:.3f} s")
     same = clean["decisions"] == killed["decisions"]
     print(f"  same decisions and outcomes: {same} ({len(killed['decisions'])} decisions)")
+
+
+def _print_hangs(
+    clean: dict[str, Any], rows: list[tuple[str, dict[str, Any]]], args: argparse.Namespace
+) -> None:
+    bound = args.supervisor_timeout or "10 (default)"
+    print(
+        f"\n{args.workers} ranks, {args.steps} steps, NaN at 200, supervisor SIGSTOPped for good;"
+    )
+    print(f"silence bound {bound} s; without the stop: {clean['status']}, {clean['wall_s']:.1f} s")
+    for name, r in rows:
+        (o,) = r["outages"] or [{}]
+        print(
+            f"  stopped {name}: {r['status']}, {r['wall_s']:.1f} s, restarts {r['restarts']}, "
+            f"same decisions {r['decisions'] == clean['decisions']}"
+        )
+        print(
+            f"    silent {o.get('noticed_after_s')} s before {', '.join(o.get('noticed_by', []))} "
+            f"noticed; {o.get('how')}; answered again {o.get('duration_s')} s after it went silent"
+        )
+        if r["stopped_after_last_step"] or name == "at the end":
+            print(f"    ranks' last step -> run's end: {r['last_step_to_end_s']:.1f} s")
 
 
 if __name__ == "__main__":

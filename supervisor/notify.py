@@ -208,7 +208,7 @@ class _SinkWorker:
 
     def _loop(self) -> None:
         while True:
-            job = self.queue.get()
+            job = self.queue.get()  # next job: the sender thread idles here until close's _STOP
             if job is _STOP:
                 return
             self._deliver(job)

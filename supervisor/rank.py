@@ -171,7 +171,7 @@ class RankActor:
         # The user's prints (and the traceback below) reach the driver's display, prefixed by rank.
         with forward_output(rank, supervisor_sink(self.supervisor)):
             try:
-                self.membership.join()
+                self.membership.join()  # rendezvous: bounded by collective_timeout()
                 fn = self._fn or load_target(self.target)
                 result = call_target(fn, self.ctx.argv)
                 status, error = self.ctx.summary.get("status", "completed"), None

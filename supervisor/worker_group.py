@@ -233,8 +233,8 @@ class WorkerGroup:
                 task.cancel()
             elif rank not in self.adopted:
                 continue  # killed or replaced meanwhile (a restart): its answer is stale
-            elif task.result() is not None:
-                out[rank] = task.result()
+            elif task.result() is not None:  # done
+                out[rank] = task.result()  # done
                 self.adopted.discard(rank)
         for rank in sorted(self.adopted - set(self.actors)):
             out[rank] = DEAD
@@ -300,7 +300,7 @@ class WorkerGroup:
         out: dict[int, Any] = {}
         for rank, task in tasks.items():
             if task.done():
-                out[rank] = task.result()
+                out[rank] = task.result()  # done
             else:
                 task.cancel()
                 out[rank] = NO_ANSWER

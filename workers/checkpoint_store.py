@@ -34,6 +34,7 @@ import structlog
 import torch
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from remedy.workers import waits
 from remedy.workers.exceptions import CheckpointError
 from remedy.workers.snapshots import Snapshot
 
@@ -224,9 +225,11 @@ class CheckpointStore:
         return sorted(out)
 
     def wait(self) -> None:
-        """Block until queued writes are on disk."""
+        """Block until queued writes are on disk (`WaitTimeout` past `waits.CHECKPOINT_S`)."""
         if not self._closed:
-            self._pool.submit(lambda: None).result()
+            waits.result(
+                self._pool.submit(lambda: None), waits.CHECKPOINT_S, "the checkpoint writes"
+            )
 
     # ----------------------------------------------------------------- read
     def _read(self, step: int) -> bytes:
@@ -293,7 +296,7 @@ class CheckpointStore:
     def close(self) -> None:
         """Finish queued writes; the store can still be read afterwards."""
         self._closed = True
-        self._pool.shutdown(wait=True)
+        waits.drain(self._pool, waits.CHECKPOINT_S, "the checkpoint writes")
 
 
 def committed_steps(directory: str | os.PathLike[str], world_size: int) -> list[int]:

@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from remedy.workers import waits
 from remedy.workers.checkpoint_store import CheckpointStore, _atomic_write, _sha256
 from remedy.workers.exceptions import CheckpointError
 from remedy.workers.sharding import is_sharded
@@ -91,7 +92,7 @@ class DcpStore(CheckpointStore):
         """
         # One write at a time: DCP's background collectives of two writes must not interleave.
         if self._pending is not None:
-            self._pending.result()
+            waits.result(self._pending, waits.CHECKPOINT_S, "the previous DCP checkpoint")
         written = dcp.async_save(
             self._live_state(), checkpoint_id=str(self._dcp_dir(snap.step)), process_group=self._pg
         )
@@ -114,7 +115,7 @@ class DcpStore(CheckpointStore):
     def _commit(self, snap: Snapshot, written: Future[Any] | None) -> Path:
         if written is not None:
             try:
-                written.result()
+                waits.result(written, waits.CHECKPOINT_S, f"the DCP checkpoint of step {snap.step}")
             except (OSError, RuntimeError) as exc:
                 raise CheckpointError(f"DCP checkpoint at step {snap.step} failed: {exc}") from exc
         buf = io.BytesIO()
@@ -228,7 +229,7 @@ class DcpStore(CheckpointStore):
     def close(self) -> None:
         if self._pending is not None:
             with contextlib.suppress(Exception):
-                self._pending.result()
+                waits.result(self._pending, waits.CHECKPOINT_S, "the last DCP checkpoint")
         super().close()
 
 

@@ -35,3 +35,7 @@ class RunAborted(WorkerError):
 
 class GroupLostError(WorkerError):
     """A collective failed because a peer was lost, and the group could not be re-formed."""
+
+
+class WaitTimeout(WorkerError):
+    """A bounded wait of a rank on its helper thread ran out; the message names it and its bound."""

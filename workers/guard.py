@@ -40,6 +40,7 @@ from remedy.workers import (  # noqa: F401 - memory_actions registers its applie
     restore_point,
     shard_mirror,
     sharding,
+    waits,
 )
 from remedy.workers.activation_checkpointing import SavedActivationCap
 from remedy.workers.chaos import FaultInjector
@@ -341,7 +342,7 @@ class Guard:
             spare, self._spare = self._spare, None
             failed = spare.exception()
             if failed is None:
-                reuse = spare.result()
+                reuse = spare.result()  # done
             else:  # out of host memory, say: snapshots go to fresh memory as before
                 log.warning("snapshot buffers not prepared; not trying again", error=repr(failed))
                 self._prepare_spares = False
@@ -734,7 +735,9 @@ class Guard:
         if self.mirror is not None:
             self.mirror.close()
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            if self._spare is not None:
+                self._spare.cancel()  # buffers no snapshot will use
+            waits.drain(self._pool, waits.POOL_S, "the snapshot-buffer pool")
             self._spare = None
         recent = list(self.recent_stats)[-FINAL_LOSS_STEPS:]
         losses = [s.loss for s in recent if math.isfinite(s.loss)]

@@ -254,7 +254,7 @@ class Membership:
             self.generation = generation
             self._use_store(store_addr)
             try:
-                self.join()
+                self.join()  # rendezvous: bounded by collective_timeout()
                 break
             except (RuntimeError, dist.DistError) as failed:
                 # The rendezvous itself failed: the supervisor serving its store died

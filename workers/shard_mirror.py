@@ -25,6 +25,7 @@ load the newest committed DCP checkpoint. The result names the source.
 
 from __future__ import annotations
 
+import datetime
 import pickle
 import threading
 import time
@@ -36,7 +37,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from remedy.workers import restore_point, sharding, train_state
+from remedy.workers import restore_point, sharding, train_state, waits
 from remedy.workers.snapshots import Snapshot
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class ShardMirror:
     def wait(self) -> None:
         if self._inflight is not None:
             try:
-                self._inflight.result()
+                waits.result(self._inflight, waits.MIRROR_S, "the shard mirror's exchange")
             except RuntimeError as exc:  # a peer was lost mid-exchange: recovery follows
                 log.warning("mirror_exchange_failed", rank=self.rank, error=str(exc)[:200])
             self._inflight = None
@@ -180,7 +181,7 @@ class ShardMirror:
             dist.P2POp(dist.irecv, recv, dist.get_global_rank(pg, self.ward), pg),
         ]
         for work in dist.batch_isend_irecv(ops):
-            work.wait()
+            work.wait(timeout=datetime.timedelta(seconds=waits.MIRROR_S))
 
     def held_step(self) -> int | None:
         with self._lock:
@@ -193,7 +194,7 @@ class ShardMirror:
 
     def close(self) -> None:
         self.wait()
-        self._pool.shutdown(wait=True)
+        waits.drain(self._pool, waits.MIRROR_S, "the shard mirror's pool")
 
 
 def mirror_for(guard: Guard) -> ShardMirror | None:

@@ -8,6 +8,7 @@ in the commit that added it).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,21 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def _hf_trainer(tmp_path: Path, steps: int, callback: Any, **args: Any) -> Any:
+def _hf_trainer(
+    tmp_path: Path,
+    steps: int,
+    callback: Any,
+    lr_factor: Callable[[int], float] | None = None,
+    **args: Any,
+) -> Any:
+    """A 1-layer GPT-2 Trainer; `lr_factor` gives it an AdamW whose LR that schedule scales."""
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
     model = transformers.GPT2LMHeadModel(config)
+    optimizers: Any = (None, None)
+    if lr_factor is not None:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        optimizers = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_factor))
     targs = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"),
         max_steps=steps,
@@ -59,7 +71,11 @@ def _hf_trainer(tmp_path: Path, steps: int, callback: Any, **args: Any) -> Any:
         **{"learning_rate": 1e-2, **args},
     )
     return transformers.Trainer(
-        model=model, args=targs, train_dataset=Tokens(8 * steps), callbacks=[callback]
+        model=model,
+        args=targs,
+        train_dataset=Tokens(8 * steps),
+        callbacks=[callback],
+        optimizers=optimizers,
     )
 
 
@@ -79,6 +95,27 @@ def test_hf_grad_norm_is_read_before_clipping_and_chaos_is_injected(tmp_path: Pa
     kinds = [a["kind"] for a in read_jsonl(tmp_path / "run" / "anomalies.jsonl")]
     assert "grad_norm_explosion" in kinds
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_hf_bad_lr_raises_grad_norm_explosion_with_the_norm_before_clipping(
+    tmp_path: Path,
+) -> None:
+    """HF, max_grad_norm 1: an LR schedule whose step 30 multiplies the LR by 300 (a bad LR, no
+    chaos): the norm jumps from ~1 to far above 1 before the Trainer's clipping, and the Guard's
+    detectors call it grad_norm_explosion against the norm's own median."""
+    from remedy.integrations.hf import RemedyCallback  # noqa: PLC0415
+
+    callback = RemedyCallback(run_dir=tmp_path / "run")
+    trainer = _hf_trainer(tmp_path, 40, callback, lr_factor=lambda s: 1.0 if s < 30 else 300.0)
+    trainer.train()
+    explosions = [
+        a for a in read_jsonl(tmp_path / "run" / "anomalies.jsonl")
+        if a["kind"] == "grad_norm_explosion"
+    ]  # fmt: skip
+    assert explosions, "the bad LR went unnoticed"
+    first = explosions[0]
+    assert first["step"] in (30, 31) and first["value"] > 10.0, first
+    assert first["value"] > 10 * first["details"]["baseline"] > 1.0, "judged before clipping"
 
 
 def test_hf_run_writes_summary_and_says_why_rollbacks_left_steps_untrained(

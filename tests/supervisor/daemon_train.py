@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # A supervisor that is restarting answers seconds late: the run must last until it does.
         waiting = args.await_after is not None and result.step >= args.await_after
         time.sleep(args.await_s if waiting and not guard.history else args.step_s)
+    last_step_at = time.time()
     guard.close()
     digest = hashlib.sha256()
     for param in model.parameters():
@@ -76,4 +77,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for o in guard.history
         ],
         "params_digest": digest.hexdigest(),
+        "last_step_at": last_step_at,
     }

@@ -1,4 +1,6 @@
-"""No wait of the supervisor side on another process is left without a bound (`supervisor.waits`)."""
+"""No wait is left without a bound: the supervisor side on other processes (`supervisor.waits`),
+the ranks on their helper threads (`workers.waits`); the ranks' collectives and rendezvous are
+bounded by the process group's timeout, their reports by the reporter's."""
 
 from __future__ import annotations
 
@@ -9,8 +11,17 @@ import pytest
 
 from remedy.supervisor.exceptions import WaitTimeout
 
-SUPERVISOR = Path(__file__).resolve().parents[2] / "supervisor"
+REPO = Path(__file__).resolve().parents[2]
+SUPERVISOR = REPO / "supervisor"
+PACKAGES = [REPO / "supervisor", REPO / "workers", REPO / "integrations"]
 BOUNDED = {"wait_for", "within", "get"}  # asyncio.wait_for, waits.within, waits.get
+# remedy's own `wait` methods, each bounded inside (through `workers.waits`): the checkpoint
+# store's and the shard mirror's.
+OWN_BOUNDED_WAITS = {"self.wait", "checkpoints.wait", "mirror.wait", "guard.mirror.wait"}
+# Markers on a line that says why its wait needs no bound of its own: the future is done
+# already, the reference is ready, a worker thread idles for its next job until close sends
+# it one, or the rendezvous, which the store and process group bound (`collective_timeout`).
+MARKERS = ("# ready", "# done", "# next job", "# rendezvous")
 
 
 def _name(func: ast.expr) -> str:
@@ -36,23 +47,37 @@ def unbounded(path: Path) -> list[str]:
         if not isinstance(node, ast.Call):
             continue
         name = _name(node.func)
-        timed = any(k.arg == "timeout" for k in node.keywords) or len(node.args) >= 3
+        last = name.rsplit(".", 1)[-1]
+        kwargs = {k.arg: k.value for k in node.keywords}
+        timed = "timeout" in kwargs or len(node.args) >= 3
         where = f"{path.name}:{node.lineno}: {name}"
+        if any(m in lines[node.lineno - 1] for m in MARKERS):
+            continue
         if name in ("ray.get", "ray.wait", "asyncio.wait"):
-            if not timed and "# ready" not in lines[node.lineno - 1]:
+            if not timed:
                 found.append(where)
-        elif (name == "asyncio.gather" or (name.endswith(".wait") and not node.args)) and id(
-            node
-        ) not in inside_bound:
+        elif name == "asyncio.gather" or (
+            last == "wait" and not node.args and "timeout" not in kwargs
+        ):
+            if id(node) not in inside_bound and name not in OWN_BOUNDED_WAITS:
+                found.append(where)
+        elif last in ("result", "join") and not node.args and "timeout" not in kwargs:
+            found.append(where)  # a future's result, a thread's join
+        elif last == "get" and name.endswith("queue.get") and not node.args and not kwargs:
             found.append(where)
+        elif name.endswith("pool.shutdown"):
+            wait = kwargs.get("wait")
+            if not (isinstance(wait, ast.Constant) and wait.value is False):
+                found.append(where)  # waits for every queued job, however long
     return found
 
 
 @pytest.mark.timeout(30)
-def test_every_wait_in_supervisor_has_a_bound() -> None:
-    """ray.get/ray.wait/asyncio.wait carry a timeout; gather and Event.wait sit inside a bounded wait."""
-    modules = sorted(SUPERVISOR.rglob("*.py"))
-    assert len(modules) > 20
+def test_every_wait_has_a_bound() -> None:
+    """ray.get/ray.wait/asyncio.wait carry a timeout; gather and Event.wait sit inside a bounded
+    wait; futures, threads, queues and pools are waited on with a timeout, in every package."""
+    modules = sorted(p for package in PACKAGES for p in package.rglob("*.py"))
+    assert len(modules) > 60
     left = [w for path in modules for w in unbounded(path)]
     assert left == [], "unbounded waits:\n" + "\n".join(left)
 
@@ -69,8 +94,18 @@ def test_the_check_finds_an_unbounded_wait(tmp_path: Path) -> None:
         "    await ev.wait()\n"
         "    await asyncio.wait_for(ev.wait(), 1)\n"
         "    ray.get(ref, timeout=1)\n"
+        "def g(fut, thread, work_queue, pool):\n"
+        "    fut.result()\n"
+        "    thread.join()\n"
+        "    work_queue.get()\n"
+        "    pool.shutdown()\n"
+        "    fut.result(timeout=1); thread.join(1.0); work_queue.get(timeout=1)\n"
+        "    pool.shutdown(wait=False); ', '.join(['a'])\n"
     )
-    assert [w.split(": ")[1] for w in unbounded(bad)] == ["ray.get", "asyncio.gather", "ev.wait"]
+    assert sorted(w.split(": ")[1] for w in unbounded(bad)) == sorted([
+        "ray.get", "asyncio.gather", "ev.wait", "fut.result", "thread.join", "work_queue.get",
+        "pool.shutdown",
+    ])  # fmt: skip
 
 
 @pytest.mark.timeout(30)
@@ -85,3 +120,27 @@ def test_a_bounded_wait_names_itself() -> None:
 
     with pytest.raises(WaitTimeout, match=r"the spare's ping: no answer within 0.05s"):
         asyncio.run(waits.within(never(), 0.05, "the spare's ping"))
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_wait_on_its_helper_thread_names_itself() -> None:
+    """workers.waits: a helper stuck past the bound is a WaitTimeout naming the wait, and a drained
+    pool whose queue is empty shuts down at once."""
+    import threading  # noqa: PLC0415
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    from remedy.workers import waits as rank_waits  # noqa: PLC0415
+    from remedy.workers.exceptions import WaitTimeout as RankWaitTimeout  # noqa: PLC0415
+
+    release = threading.Event()
+    pool = ThreadPoolExecutor(1)
+    stuck = pool.submit(release.wait, 10)
+    with pytest.raises(RankWaitTimeout, match=r"the checkpoint writes: not done within 0.05s"):
+        rank_waits.result(stuck, 0.05, "the checkpoint writes")
+    with pytest.raises(RankWaitTimeout, match=r"the pool: not done within 0.05s"):
+        rank_waits.drain(pool, 0.05, "the pool")
+    release.set()
+    assert stuck.result(timeout=5) is True
+    idle = ThreadPoolExecutor(1)
+    rank_waits.drain(idle, 5.0, "an idle pool")
+    rank_waits.drain(idle, 5.0, "an idle pool, again")  # shut down already: nothing to wait for

@@ -83,6 +83,35 @@ def test_grad_norm_explosion_fires_above_threshold() -> None:
     assert (ev.kind, ev.value, ev.threshold) == ("grad_norm_explosion", 2e4, 1e4)
 
 
+def test_grad_norm_far_above_its_median_is_an_explosion_at_any_scale() -> None:
+    """An LR too large for the model: the norm climbs ~1.25x a step from 1.5 (the HF GPT-2 of
+    the framework tests at LR 10); it fires at 10x the median of the norms before, far below
+    the absolute 1e4, and names the baseline."""
+    det = GradNormDetector()
+    calm = [1.5 * (1 + 0.1 * math.sin(i)) for i in range(40)]
+    assert [e for i, n in enumerate(calm) for e in det.observe(stats(i, grad_norm=n))] == []
+    climbing = [1.5 * 1.25**k for k in range(1, 30)]
+    fired = [(i, e) for i, n in enumerate(climbing, 40) for e in det.observe(stats(i, grad_norm=n))]
+    step, ev = fired[0]
+    assert ev.kind == "grad_norm_explosion" and ev.value < 100
+    assert ev.threshold == pytest.approx(10 * ev.details["baseline"])
+    assert ev.value > ev.threshold and ev.details["ratio"] > 10
+    assert step - 40 <= 12, "within a dozen steps of the climb's start"
+
+
+def test_grad_norm_baseline_follows_a_norm_that_falls_and_waits_for_enough_steps() -> None:
+    """Converging training: the norm falls 100x over 300 steps, with 3x batch-to-batch noise;
+    nothing fires. Before `min_steps` norms only the absolute bound applies."""
+    det = GradNormDetector()
+    norms = [10.0 * 0.985**i * (3.0 if i % 17 == 0 else 1.0) for i in range(300)]
+    assert [e for i, n in enumerate(norms) for e in det.observe(stats(i, grad_norm=n))] == []
+    fresh = GradNormDetector()
+    assert fresh.observe(stats(0, grad_norm=1.0)) == []
+    assert fresh.observe(stats(1, grad_norm=500.0)) == [], "no baseline yet"
+    fresh.reset()
+    assert len(fresh._recent) == 0
+
+
 def test_grad_norm_vanishing_needs_patience() -> None:
     """A tiny norm must persist for `vanish_patience` steps before grad_norm_vanishing fires."""
     det = GradNormDetector(vanish_patience=3)
