@@ -87,7 +87,7 @@ class RayReporter:
         self._ident: liveness.Identity | None = None
         # When the oldest report not yet answered went out (a failed one stays unanswered).
         self._unanswered_since: float | None = None
-        self._ident_ref: ray.ObjectRef | None = supervisor.where.remote()
+        self._ident_ref: ray.ObjectRef | None = self._ask_where()
 
     def set_heartbeat(self, heartbeat_s: float) -> None:
         """The Guard's heartbeat: the silence bound is derived from it (unless one was given)."""
@@ -126,6 +126,11 @@ class RayReporter:
     def supervisor_lost(self) -> str | None:
         """Why the supervisor is lost for good (not restarted after its kill), else None."""
         return self.watch.gave_up
+
+    def _ask_where(self) -> ray.ObjectRef | None:
+        """Ask the supervisor which process it is (None if it cannot say: a stand-in in tests)."""
+        where = getattr(self.supervisor, "where", None)
+        return where.remote() if where is not None else None
 
     def _watch(self) -> None:
         """Look whether the supervisor answers; kill a hung one (see `supervisor.liveness`)."""
@@ -216,7 +221,7 @@ class RayReporter:
         self._in_flight = kept
         if answered is not None:
             if self.watch.outage is not None:
-                self._ident_ref = self.supervisor.where.remote()  # restarted: a new process
+                self._ident_ref = self._ask_where()  # restarted: a new process
             self.watch.answered(min(answered, self._unanswered_since or answered))
             # It answers: reports still out count their silence from now, not from before.
             self._unanswered_since = time.time() if kept else None

@@ -49,7 +49,7 @@ from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.data import BatchCursor, DataExhausted
 from remedy.workers.detectors import Detector, DetectorSuite, default_detectors
 from remedy.workers.exceptions import RunAborted
-from remedy.workers.inbox import CommandInbox
+from remedy.workers.inbox import Agreement, CommandInbox
 from remedy.workers.lr_scale import LRScale
 from remedy.workers.measure import (
     GradNorm,
@@ -225,10 +225,11 @@ class Guard:
         # With a process group of several ranks, commands are applied by agreement (see _boundary).
         self._group: Any = None
         self._group_device = torch.device("cpu")
+        self.agreement: Agreement | None = None
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            self._group = dist.group.WORLD
             if dist.get_backend() == "nccl":
                 self._group_device = torch.device("cuda", torch.cuda.current_device())
+            self.use_group(dist.group.WORLD)
         # Reports out: events, metrics (built from (stats, chaos log) when a report leaves).
         self.outbox = Outbox(
             self.reporter,
@@ -301,20 +302,22 @@ class Guard:
             self.resumed = restore_point.resume(self, step)
             self._report_corrupt()
         self.inbox.take(self.reporter.poll())
-        if self._group is not None:
-            # Every rank applies the same commands at the same boundary, or
-            # their step counts and collectives would part ways.
+        if self.agreement is not None:
+            # Every rank applies the same commands at the same boundary, or their step
+            # counts and collectives would part ways: those every rank held at the last one.
             try:
-                agreed = self.inbox.agreed_seq(self._group, self._group_device)
+                agreed = self.agreement.agreed(self.inbox.max_seq)
             except RuntimeError as exc:
                 if self.membership is None or not self.membership.recover(self, exc, in_step=False):
                     raise
                 self._boundary()  # agree again, in the new generation
                 return
-            due = self.inbox.due_up_to_seq(agreed)
+            due = self.inbox.due_up_to_seq(agreed) if agreed is not None else []
         else:
             due = self.inbox.due_at_tick(self.tick)
         self.inbox.apply(due, self)
+        if self.agreement is not None:
+            self.agreement.launch(self.inbox.max_seq)  # read in the next step's one sync
         if due:
             self._report_corrupt()
             self._send(force=True)
@@ -431,12 +434,24 @@ class Guard:
         if self.config.grad_clip is not None:
             coef = (self.config.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
             torch._foreach_mul_(sharding.local_grads(self.params), coef)
+        try:
+            seq_t = self.agreement.for_sync() if self.agreement is not None else None
+        except RuntimeError as exc:  # the agreement's all-reduce: a peer was lost
+            if self.membership is None or not self.membership.recover(self, exc, in_step=True):
+                raise
+            lr = float(self.optimizer.param_groups[0]["lr"])
+            return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
         if loss.device.type == "cpu" and norm_t.device.type == "cpu":
-            loss_v, norm_v = loss.item(), norm_t.item()  # no device to wait for: two reads
-        else:  # one host sync for both
-            loss_v, norm_v = torch.stack(
-                [loss.detach().float().reshape(()), norm_t.to(loss.device)]
-            ).tolist()
+            loss_v, norm_v = loss.item(), norm_t.item()  # no device to wait for: plain reads
+            if seq_t is not None and self.agreement is not None:
+                self.agreement.settle(seq_t.item())
+        else:  # one host sync for the loss, the norm and the commands' agreement
+            read = [loss.detach().double().reshape(()), norm_t.to(loss.device).double()]
+            if seq_t is not None:
+                read.append(seq_t.to(loss.device).double().reshape(()))
+            loss_v, norm_v, *seq_v = torch.stack(read).tolist()
+            if seq_v and self.agreement is not None:
+                self.agreement.settle(seq_v[0])
         extra: dict[str, Any] = {}
         if not math.isfinite(norm_v):
             extra["nonfinite_param"] = (
@@ -615,8 +630,10 @@ class Guard:
         self.outbox.soon()
 
     def use_group(self, group: Any) -> None:
-        """Agree on commands through `group` from now on (a new generation's process group)."""
+        """Agree on commands through `group` from now on (a new generation's process group);
+        an agreement launched in the old one is dropped."""
         self._group = group
+        self.agreement = Agreement(group, self._group_device)
 
     def _send(self, *, force: bool = False, wait: bool = False) -> None:
         self.outbox.send(
@@ -729,6 +746,8 @@ class Guard:
         if self._closed:
             return self.summary
         self._closed = True
+        if self.agreement is not None:
+            self.agreement.finish()
         self._send(wait=True)
         if self.checkpoints is not None:
             self.checkpoints.close()

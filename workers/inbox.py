@@ -20,6 +20,8 @@ One implementation for every loop: the `Guard` and the framework callbacks
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -38,6 +40,8 @@ log = structlog.get_logger("remedy.inbox")
 # A done command sent again this long after its outcome went out gets the outcome again.
 OUTCOME_RESEND_S = 2.0
 HISTORY_KEPT = 1000
+# An agreement's collective runs beside a whole step: past this, a peer is gone.
+AGREEMENT_TIMEOUT = datetime.timedelta(seconds=300)
 
 
 class CommandInbox:
@@ -158,6 +162,74 @@ class CommandInbox:
         self.max_seq = int(record["max_seq"])
         self.failed_chains = set(record["failed_chains"])
         self.queued = {c["decision_id"]: Command.from_dict(c) for c in record.get("queued", [])}
+
+
+class Agreement:
+    """Which commands every rank of a group applies, agreed at no host sync of its own.
+
+    At each boundary every rank launches an all-reduce (MIN) of the highest
+    command seq it holds and does not wait for it (`launch`). The Guard reads
+    the result in the one host sync its step makes anyway (`for_sync`, stacked
+    with the loss and the gradient norm, then `settle`), and the commands up to
+    that seq apply at the next boundary (`agreed`): every rank held them when
+    it launched, so every rank applies the same ones at the same boundary, one
+    step after they all had them. A step that ended early (a lost peer, an
+    OOM) reads nothing; the next boundary then waits for the result itself.
+    The first boundary of a group (the loop's, or one after a regroup) has
+    nothing launched yet: it agrees there and then, so commands queued before
+    the loop (or adopted with a replacement's state) apply at once.
+    """
+
+    def __init__(self, group: Any, device: Any) -> None:
+        self.group = group
+        self.device = device
+        self._tensor: Any = None
+        self._work: Any = None
+        self._agreed: int | None = None
+
+    def launch(self, max_seq: int) -> None:
+        """Start the agreement on what this rank holds (every rank, at the same boundary)."""
+        import torch  # noqa: PLC0415 - only ranks of a process group get here
+        import torch.distributed as dist  # noqa: PLC0415
+
+        self._tensor = torch.tensor([max_seq], dtype=torch.int64, device=self.device)
+        self._work = dist.all_reduce(
+            self._tensor, op=dist.ReduceOp.MIN, group=self.group, async_op=True
+        )
+
+    def for_sync(self) -> Any:
+        """The launched agreement's tensor, for the step's host sync to read (None if none).
+
+        Waits for the collective on the device (a stream wait under NCCL; on
+        gloo it is long done, every rank having launched it before the step's
+        own collectives). Raises what the collective raised (a lost peer).
+        """
+        if self._work is None:
+            return None
+        self._work.wait(timeout=AGREEMENT_TIMEOUT)
+        self._work = None
+        return self._tensor
+
+    def settle(self, value: float) -> None:
+        """The agreed seq, as the step's sync read it."""
+        self._agreed = int(value)
+        self._tensor = None
+
+    def agreed(self, max_seq: int) -> int | None:
+        """The seq agreed at the previous boundary; at the first boundary of a group (nothing
+        launched yet) the one agreed now, on `max_seq`, at a host sync of its own."""
+        if self._work is None and self._agreed is None:
+            self.launch(max_seq)
+        pending = self.for_sync()
+        if pending is not None:  # no step read it: read it here (a sync of its own)
+            self.settle(int(pending.item()))
+        agreed, self._agreed = self._agreed, None
+        return agreed
+
+    def finish(self) -> None:
+        """A launched agreement nobody will read (the loop ended): let it complete."""
+        with contextlib.suppress(RuntimeError):  # a peer lost at the very end
+            self.for_sync()
 
 
 def _ordered(commands: Iterable[Command]) -> list[Command]:
