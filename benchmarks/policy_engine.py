@@ -22,22 +22,35 @@ Then the cost per event as the number of rules grows (10, 50, 200
 synthetic rules over all anomaly kinds, with value and severity predicates).
 
     python benchmarks/policy_engine.py [--steps 2000] [--ranks 1024] [--repeat 5]
+    python benchmarks/policy_engine.py --against REV   # before/after: the engine at a git revision
 
-Each measurement is repeated and the median reported.
+Each measurement is repeated and the median reported. With `--against REV`
+the same streams go through the engine of that revision too (its tree,
+`git archive REV`, run in a child process of this one), the two measured
+in alternation, and the table gives both medians, their ratio and whether
+both engines took the same number of decisions.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+# The tree whose engine is measured: this checkout, or (in the child of `--against`) another
+# revision's, unpacked by the parent.
+sys.path.insert(0, os.environ.get("REMEDY_BENCH_TREE", str(REPO)))
 
-from remedy.policies import (
+from remedy.policies import (  # noqa: E402 - after the path of the tree measured
     ANOMALY_KINDS,
     AnomalyEvent,
     Engine,
@@ -154,6 +167,49 @@ def median_rate(
     return statistics.median(rates), events, decisions
 
 
+POLICIES = ("default", "conservative", "llm-pretrain")
+
+
+def one_round(steps: int, ranks: int) -> dict[str, dict[str, list[float]]]:
+    """Each stream through each bundled policy once: {stream: {policy: [events/s, decisions]}}."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for stream, make in STREAMS.items():
+        batches = make(steps, ranks)
+        for name in POLICIES:
+            seconds, events, decisions = run_once(load_policy(name), batches)
+            out.setdefault(stream, {})[name] = [events / seconds, decisions]
+    return out
+
+
+def against(rev: str, args: argparse.Namespace) -> int:
+    """Before/after: this checkout's engine and `rev`'s, on the same streams, in alternation."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True
+        ).stdout
+        with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+            tar.extractall(tmp, filter="tar")
+        env = {**os.environ, "REMEDY_BENCH_TREE": tmp}
+        child = [sys.executable, __file__, "--one-round", "--steps", str(args.steps),
+                 "--ranks", str(args.ranks)]  # fmt: skip
+        rounds: dict[str, list[dict[str, dict[str, list[float]]]]] = {"new": [], "old": []}
+        for _ in range(args.repeat):
+            rounds["new"].append(one_round(args.steps, args.ranks))
+            done = subprocess.run(child, capture_output=True, text=True, check=True, env=env)
+            rounds["old"].append(json.loads(done.stdout.splitlines()[-1]))
+    print(f"{args.ranks} ranks, {args.steps} steps; {rev} (before) and this checkout (after), "
+          f"alternated, medians of {args.repeat}")  # fmt: skip
+    print(f"{'stream':<12}{'policy':<14}{'before ev/s':>13}{'after ev/s':>13}{'ratio':>8}  same")
+    for stream in STREAMS:
+        for name in POLICIES:
+            before = statistics.median(r[stream][name][0] for r in rounds["old"])
+            after = statistics.median(r[stream][name][0] for r in rounds["new"])
+            same = rounds["old"][0][stream][name][1] == rounds["new"][0][stream][name][1]
+            print(f"{stream:<12}{name:<14}{before:>13,.0f}{after:>13,.0f}{after / before:>8.2f}  "
+                  f"{'yes' if same else 'NO'}")  # fmt: skip
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2000)
@@ -162,7 +218,14 @@ def main() -> int:
     parser.add_argument(
         "--rules", action="store_true", help="also the cost per event vs rule count"
     )
+    parser.add_argument("--against", metavar="REV", help="also measure the engine at REV")
+    parser.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_round:  # the child of --against: one round, as JSON
+        print(json.dumps(one_round(args.steps, args.ranks)))
+        return 0
+    if args.against:
+        return against(args.against, args)
 
     print(f"{args.ranks} ranks, {args.steps} steps, median of {args.repeat}")
     print(
