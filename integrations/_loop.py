@@ -277,7 +277,7 @@ class LoopGuard:
         """
         if self._closed is not None:
             return self._closed
-        self._send(wait=True)
+        self._send(wait=True, ending=True)
         summary: dict[str, Any] = {
             "rank": self.rank,
             "status": "aborted" if self.stop_reason else "completed",
@@ -318,8 +318,9 @@ class LoopGuard:
         losses = [v for m in self._recent[-10:] if math.isfinite(v := float(m))]
         return sum(losses) / len(losses) if losses else None
 
-    def _send(self, *, force: bool = False, wait: bool = False) -> None:
-        self.outbox.send(step=self.step_count, tick=self.tick, force=force, wait=wait)
+    def _send(self, *, force: bool = False, wait: bool = False, ending: bool = False) -> None:
+        extra = {"ending": True} if ending else {}
+        self.outbox.send(step=self.step_count, tick=self.tick, force=force, wait=wait, **extra)
 
     # ------------------------------------ what the appliers call (Guard's API)
     def take_snapshot(self) -> Snapshot:

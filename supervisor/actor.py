@@ -362,8 +362,12 @@ class SupervisorActor:
             return []
         if isinstance(batch, dict) and "outages" in batch:
             self._outage_notes(batch.pop("outages"))
+        # The rank's loop is done: it takes no more steps, so no progress is to be waited for.
+        ending = isinstance(batch, dict) and batch.pop("ending", None) is True
         commands = self.controller.ingest(batch)
         report = self.controller.last_report
+        if report is not None and ending:
+            self.watch.forget(report.rank)
         if report is not None:
             valid = report.as_batch()
             self.feed.observe(valid)
@@ -388,10 +392,25 @@ class SupervisorActor:
         ident = liveness.Identity.of_this_process(ray.util.get_node_ip_address())
         return ident.node, ident.pid, ident.created
 
-    async def note_outage(self, token: str | None, note: Any) -> None:
-        """The driver saw this supervisor not answering, and answering again: journal it."""
+    async def note_outage(self, token: str | None, note: Any) -> dict[str, Any] | None:
+        """The driver saw this supervisor not answering, and answering again: journal it.
+
+        Returns the summary (with the outage) if the run has ended, else None.
+        """
         self._require(token, "note_outage")
         self._outage_notes([note])
+        if self._summary is not None:
+            # The run ended before the note came (the driver learns of the end from the
+            # answer that ends its outage): the summary gets it too.
+            outages = self.outages()
+            self._summary = {
+                **self._summary,
+                "supervisor_outages": outages,
+                "supervisor_outage_s": round(sum(o["duration_s"] for o in outages), 3),
+            }
+            with contextlib.suppress(OSError):
+                self.run_dir.write_summary(self._summary)
+        return self._summary
 
     def _outage_notes(self, notes: Any) -> None:
         """Journal the outages a rank or the driver saw end (untrusted: each note is checked)."""

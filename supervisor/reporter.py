@@ -87,6 +87,7 @@ class RayReporter:
         self._ident: liveness.Identity | None = None
         # When the oldest report not yet answered went out (a failed one stays unanswered).
         self._unanswered_since: float | None = None
+        self._header: dict[str, Any] = {}  # rank, step and tick of the newest report
         self._ident_ref: ray.ObjectRef | None = self._ask_where()
 
     def set_heartbeat(self, heartbeat_s: float) -> None:
@@ -160,6 +161,7 @@ class RayReporter:
         notes = self.watch.take_notes()
         if notes:  # outages this rank saw end: the supervisor journals them
             batch["outages"] = [*batch.get("outages", []), *notes]
+        self._header = {k: batch[k] for k in ("rank", "step", "tick") if k in batch}
         now = time.time()
         if self._unanswered_since is None:
             self._unanswered_since = now
@@ -229,7 +231,11 @@ class RayReporter:
     def _drain(self, timeout_s: float) -> None:
         """Wait until every report is answered (held ones sent), at most `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        while self._in_flight or self._held is not None:
+        while self._in_flight or self._held is not None or (self.watch.notes and self._header):
+            if self.watch.notes and not self._in_flight and self._held is None:
+                # The last reports are answered, and an outage ended meanwhile: say so
+                # before this rank's end (its notes ride on a report of their own).
+                self._post({**self._header, "events": [], "metrics": [], "outcomes": []})
             left = deadline - time.monotonic()
             if left <= 0:
                 log.warning(

@@ -151,7 +151,9 @@ def follow(
         for note in watch.take_notes():
             if display is not None:
                 display.handle({"event": "supervisor_back", **note})
-            waits.get(supervisor.note_outage.remote(token, note), ANSWER_S, "note_outage")
+            ended = waits.get(supervisor.note_outage.remote(token, note), ANSWER_S, "note_outage")
+            if summary is not None and ended is not None:
+                summary = ended  # the run ended before the note: its summary has it now
         if summary is not None:
             return dict(summary)
 

@@ -635,12 +635,16 @@ class Guard:
         self._group = group
         self.agreement = Agreement(group, self._group_device)
 
-    def _send(self, *, force: bool = False, wait: bool = False) -> None:
+    def _send(self, *, force: bool = False, wait: bool = False, ending: bool = False) -> None:
+        # `ending`: the loop is done, this rank takes no more steps (the hang watch stops
+        # expecting progress from it).
+        extra = {"ending": True} if ending else {}
         self.outbox.send(
             step=self.step_count,
             tick=self.tick,
             force=force,
             wait=wait,
+            **extra,
             # For progress displays: the step total and the batch size last seen.
             max_steps=self.max_steps,
             batch_size=self.max_micro_batches,
@@ -748,7 +752,7 @@ class Guard:
         self._closed = True
         if self.agreement is not None:
             self.agreement.finish()
-        self._send(wait=True)
+        self._send(wait=True, ending=True)
         if self.checkpoints is not None:
             self.checkpoints.close()
         if self.mirror is not None:

@@ -57,3 +57,27 @@ def test_heartbeat_news_and_outcomes_decide_when_a_report_leaves() -> None:
     assert sink.batches[-1]["rank"] == 2
     out.soon()
     assert out.send(step=3, tick=3), "soon(): the next report goes at once"
+
+
+def test_a_guards_last_report_says_its_loop_ended() -> None:
+    """The report a Guard sends when its loop ends carries `ending`: the supervisor's hang watch
+    stops waiting for progress from a rank that takes no more steps (a rank in its final drain
+    under load was once judged hung); no report before it does."""
+    import torch  # noqa: PLC0415
+
+    from remedy.workers import Guard, WorkerContext  # noqa: PLC0415
+
+    sink = _Collect()
+    model = torch.nn.Linear(2, 1)
+    guard = Guard(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        loss_fn=lambda m, b: m(b).pow(2).mean(),
+        data=lambda i: torch.ones(4, 2),
+        max_steps=3,
+        context=WorkerContext(reporter=sink),  # type: ignore[arg-type]
+    )
+    for batch in guard:
+        guard.step(batch)
+    assert sink.batches[-1].get("ending") is True
+    assert all("ending" not in b for b in sink.batches[:-1])
