@@ -78,6 +78,26 @@ class IncidentMerger:
         out.extend(self._release(ticks, now))
         return out
 
+    def state(self) -> dict[str, Any]:
+        """What a restarted supervisor needs: the held events (acknowledged to their ranks, so
+        sent by nobody again) and the ticks already decided (a late event stays merged)."""
+        return {
+            "held": {str(t): [e.to_dict() for e in evs] for t, evs in self._held.items()},
+            "decided": {str(t): e.to_dict() for t, e in self._decided.items()},
+        }
+
+    def restore(self, state: Mapping[str, Any] | None, *, now: float) -> None:
+        """Take `state()` back; the held events wait afresh from `now`."""
+        if not state:
+            return
+        self._held = {
+            int(t): [AnomalyEvent.from_dict(e) for e in evs] for t, evs in state["held"].items()
+        }
+        self._since = dict.fromkeys(self._held, now)
+        self._decided = OrderedDict(
+            (int(t), AnomalyEvent.from_dict(e)) for t, e in state["decided"].items()
+        )
+
     def flush(self) -> list[AnomalyEvent]:
         """Every held incident, merged: the run is ending."""
         return [self._merge(self._pop(tick)) for tick in sorted(self._held)]

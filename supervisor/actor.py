@@ -364,6 +364,8 @@ class SupervisorActor:
             self._outage_notes(batch.pop("outages"))
         # The rank's loop is done: it takes no more steps, so no progress is to be waited for.
         ending = isinstance(batch, dict) and batch.pop("ending", None) is True
+        # Ranks whose earlier reports are still on their way: an incident of theirs may be too.
+        self.controller.incomplete = self.slots.incomplete()
         commands = self.controller.ingest(batch)
         report = self.controller.last_report
         if report is not None and ending:

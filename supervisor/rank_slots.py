@@ -78,6 +78,7 @@ class RankSlots:
     ) -> None:
         self._clock = clock
         self.slots = {rank: Slot(rank, last_at=clock()) for rank in range(world_size)}
+        self._incomplete: set[int] = set()  # ranks whose slot has gaps, kept as they change
         self.rejected: Counter[str] = Counter() if rejected is None else rejected
         self.refused_stale = 0  # reports from a replaced incarnation
         self.refused_duplicate = 0  # a batch sequence number seen already
@@ -97,6 +98,7 @@ class RankSlots:
                 slots._clock(),
                 {int(q) for q in r.get("gaps", [])},
             )
+            slots._note_gaps(slots.slots[rank])
         return slots
 
     def accept(self, rank: Any, incarnation: Any, seq: Any) -> bool:
@@ -123,6 +125,7 @@ class RankSlots:
         """Accept `seq` for `slot` unless taken, too old to tell, or absurdly far ahead."""
         if seq in slot.gaps:
             slot.gaps.discard(seq)
+            self._note_gaps(slot)
             return True
         if seq <= slot.last_seq:
             self.refused_duplicate += 1
@@ -137,7 +140,18 @@ class RankSlots:
         slot.last_seq, slot.last_at = seq, now
         if slot.gaps and min(slot.gaps) <= seq - SEQ_WINDOW:
             slot.gaps = {q for q in slot.gaps if q > seq - SEQ_WINDOW}
+        self._note_gaps(slot)
         return True
+
+    def _note_gaps(self, slot: Slot) -> None:
+        if slot.gaps:
+            self._incomplete.add(slot.rank)
+        else:
+            self._incomplete.discard(slot.rank)
+
+    def incomplete(self) -> frozenset[int]:
+        """Ranks with batch numbers below their newest still missing (not yet arrived)."""
+        return frozenset(self._incomplete)
 
     def lose(self, rank: int) -> None:
         """The rank's process is hung or dead: its reports no longer count."""
@@ -150,6 +164,7 @@ class RankSlots:
         slot.state = SlotState.STARTING
         slot.last_seq = 0
         slot.gaps = set()
+        self._note_gaps(slot)
         slot.last_at = self._clock()
         slot.pid = None
         return slot.incarnation

@@ -152,6 +152,11 @@ class Controller:
         self._new_times = False  # samples arrived since the last check
         self._checked_step: int | None = None  # the newest step at the last check
         self.incidents = IncidentMerger(world_size)
+        # Ranks some of whose earlier reports have not come yet (Ray delivers an async
+        # actor's calls in no set order, and retries them out of order after a restart):
+        # their newest tick does not prove they reported the ticks below it. The shell sets
+        # it from its rank slots before each batch.
+        self.incomplete: frozenset[int] = frozenset()
 
     # ---------------------------------------------------------------- ingest
     def ingest(self, batch: Any) -> list[dict[str, Any]]:
@@ -197,7 +202,12 @@ class Controller:
         for ev in report.events:
             self._record(ev)
         # One fault seen on several ranks or through a collective is one incident.
-        events = self.incidents.offer(report.events, ticks=self.tick_of, now=now)
+        ticks = (
+            {r: t for r, t in self.tick_of.items() if r not in self.incomplete}
+            if self.incomplete
+            else self.tick_of
+        )
+        events = self.incidents.offer(report.events, ticks=ticks, now=now)
         if self._new_times:
             events += self._check_stragglers()
         if events:

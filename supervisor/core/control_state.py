@@ -69,6 +69,7 @@ def dump(c: Controller) -> dict[str, Any]:
         "rejected": dict(c.rejected),
         "abort_reason": c.abort_reason,
         "stop_reason": c.stop_reason,
+        "incidents": c.incidents.state(),
     }
 
 
@@ -113,6 +114,8 @@ def load(c: Controller, data: dict[str, Any]) -> None:
     c.rejected = Counter(data["rejected"])
     c.abort_reason = data["abort_reason"]
     c.stop_reason = data.get("stop_reason")
+    # Events held for the other ranks' reports of their tick (records before the merge had none).
+    c.incidents.restore(data.get("incidents"), now=c._clock())
 
 
 def _decision(raw: dict[str, Any]) -> Decision:

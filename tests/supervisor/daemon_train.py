@@ -61,12 +61,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         max_steps=args.steps,
         config=GuardConfig(checkpoint_every=0),
     )
-    for b in guard:
+    last_step_at = time.time()
+    for b in guard:  # the loop's end closes the Guard (its last reports wait for answers)
         result = guard.step(b)
+        last_step_at = time.time()
         # A supervisor that is restarting answers seconds late: the run must last until it does.
         waiting = args.await_after is not None and result.step >= args.await_after
         time.sleep(args.await_s if waiting and not guard.history else args.step_s)
-    last_step_at = time.time()
     guard.close()
     digest = hashlib.sha256()
     for param in model.parameters():

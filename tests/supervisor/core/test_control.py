@@ -34,7 +34,12 @@ rules:
 @pytest.fixture
 def controller(tmp_path: Path) -> Controller:
     engine = Engine(load_policy_text(POLICY, "control.yaml"), run_id="r")
-    return Controller(engine, world_size=2, run_dir=RunDir(tmp_path, "r"))
+    c = Controller(engine, world_size=2, run_dir=RunDir(tmp_path, "r"))
+    # These tests are about validation, journaling and dispatch, not about merging one
+    # incident across ranks (tests/policies/test_incidents.py): an incident is decided on its
+    # first report instead of waiting for the other rank's report of its tick.
+    c.incidents.hold_s = 0.0
+    return c
 
 
 def nan(rank: int, step: int) -> dict[str, Any]:
@@ -188,3 +193,38 @@ def test_late_outcome_of_a_dropped_step_is_not_a_rejection(controller: Controlle
     assert controller.rejected == {}
     controller.ingest({"rank": 1, "step": 6, "outcomes": [outcome("r-d99999", 1)]})
     assert controller.rejected == {"outcome_unknown_decision": 1}
+
+
+def test_a_rank_with_reports_still_on_their_way_holds_the_incident(tmp_path: Path) -> None:
+    """After a supervisor restart Ray retries calls out of order: rank 0's newer report (tick 9)
+    came before the one with its NaN loss at tick 7. Its tick alone would release rank 1's NaN
+    gradient as the incident, and the NaN loss would come too late: the wrong remedy (an LR cut,
+    no rollback). With rank 0 marked incomplete the incident waits for it."""
+    policy = (
+        POLICY
+        + """  - name: nan-grad-cut
+    when: {anomaly: nonfinite_grad}
+    do: [{shrink_lr: {factor: 0.5}}]
+"""
+    )
+    c = Controller(
+        Engine(load_policy_text(policy, "control.yaml"), run_id="r"),
+        world_size=2,
+        run_dir=RunDir(tmp_path, "r"),
+    )
+    grad = AnomalyEvent("nonfinite_grad", 1, 7, tick=7, value=float("nan"), severity="critical")
+    c.ingest({"rank": 1, "step": 8, "tick": 8, "events": [grad.to_dict()]})
+    c.incomplete = frozenset({0})  # rank 0's report of tick 7 has not come yet
+    c.ingest({"rank": 0, "step": 9, "tick": 9, "events": []})
+    assert not c.pending and c.incidents.holding == 1, "held: rank 0 may still report tick 7"
+    c.incomplete = frozenset()
+    loss = AnomalyEvent("nonfinite_loss", 0, 7, tick=7, value=float("nan"), severity="critical")
+    c.ingest({"rank": 0, "step": 8, "tick": 8, "events": [loss.to_dict()]})
+    decided = [p.decision for p in c.pending.values()]
+    assert [(d.rule, d.action, d.anomaly.kind) for d in decided] == [
+        ("nan-rollback", "rollback", "nonfinite_loss"),
+        ("nan-rollback", "shrink_lr", "nonfinite_loss"),
+    ]
+    assert [(m["kind"], m["rank"]) for m in decided[0].anomaly.details["merged"]] == [
+        ("nonfinite_grad", 1)
+    ]

@@ -35,9 +35,11 @@ def controller(tmp_path: Path, deferred: list[Decision]) -> Controller:
         deferred.append(d)  # carried out asynchronously, like the supervisor's restart
 
     engine = Engine(load_policy_text(POLICY, "membership.yaml"), run_id="r")
-    return Controller(
-        engine, world_size=4, run_dir=RunDir(tmp_path, "r"), group_action=group_action
-    )
+    c = Controller(engine, world_size=4, run_dir=RunDir(tmp_path, "r"), group_action=group_action)
+    # Not a test of merging one incident across ranks (tests/policies/test_incidents.py,
+    # test_restore_table.py): an incident is decided on its first report.
+    c.incidents.hold_s = 0.0
+    return c
 
 
 def _event(kind: str, rank: int, step: int) -> dict[str, Any]:

@@ -29,7 +29,11 @@ rules:
 
 def _controller(run_dir: Path, incarnation: int = 1) -> Controller:
     engine = Engine(load_policy_text(POLICY, "state.yaml"), run_id="r", incarnation=incarnation)
-    return Controller(engine, world_size=2, run_dir=RunDir(run_dir, "r"))
+    c = Controller(engine, world_size=2, run_dir=RunDir(run_dir, "r"))
+    # Not a test of merging one incident across ranks (tests/policies/test_incidents.py,
+    # test_restore_table.py): an incident is decided on its first report.
+    c.incidents.hold_s = 0.0
+    return c
 
 
 def _batch(rank: int, step: int, *events: dict[str, Any], outcomes: Any = ()) -> dict[str, Any]:
