@@ -127,12 +127,6 @@ def test_stopped_sharded_rank_is_replaced_from_its_buddy_or_dcp(
         assert restore["step"] == 16  # the newest checkpoint committed by every rank
 
 
-@pytest.mark.xfail(
-    reason="under remedy run the HSDP targeted restart does not step within 120 s (the survivors "
-    "regroup, the replacement never steps); the full-group restart then resumes from DCP, bitwise "
-    "equal. The replica restore itself passes on spawned ranks (test_fsdp_mirror.py)",
-    strict=False,
-)
 def test_hsdp_rank_is_replaced_from_its_replica(ray_cluster: None, tmp_path: Path) -> None:
     """HSDP (2 x 2 mesh): a SIGSTOPped rank takes its shard from its live replica peer, 0 steps lost,
     and the run ends bitwise equal to a fault-free HSDP run."""
