@@ -688,6 +688,7 @@ class SupervisorActor:
             "workers": self.spec.workers,
             "job": self.job.state.to_dict(),
             "recoveries": self.recovery.records if self.recovery is not None else [],
+            "resumed_from": self.spec.resume or None,
             "supervisor_restarts": self.incarnation - 1,
             "wall_s": round(time.time() - self.started, 2),
             "ranks": results,
