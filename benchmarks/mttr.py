@@ -23,6 +23,9 @@ With `--fsdp` the job is sharded (`pretrain_gpt.py --fsdp`, snapshots every
 step, checkpoints every 10): row (a) restores the replaced rank's shard from
 its buddy's memory, row (d) hangs ranks 2 and 3 at once (rank 2's buddy is
 lost too) and restores from the DCP checkpoint, row (c) restarts every rank.
+With `--hsdp` it is sharded on a 2 x 2 HSDP mesh: row (a) restores the
+replaced rank's shard from its live replica peer (row (d) is left out: each
+of two adjacent ranks has a live replica there).
 """
 
 from __future__ import annotations
@@ -138,6 +141,11 @@ def _ts(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
+def _source(args: argparse.Namespace) -> str:
+    """Where row (a)'s replacement takes its state from, for its label."""
+    return ", replica" if args.hsdp else ", buddy" if args.fsdp else ""
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
@@ -148,11 +156,16 @@ def main() -> None:
     )
     p.add_argument("--profile", action="store_true", help="print each warm run's timeline")
     p.add_argument("--fsdp", action="store_true", help="the sharded job; adds row (d), DCP")
+    p.add_argument("--hsdp", action="store_true", help="the sharded job on a 2 x 2 HSDP mesh")
     args = p.parse_args()
     global CHECKPOINT_EVERY
-    if args.fsdp:
+    if args.fsdp or args.hsdp:
         SHARDED.extend(["--fsdp", "--snapshot-every", "1", "--checkpoint-every", "10"])
         CHECKPOINT_EVERY = 10
+        args.fsdp = True
+    if args.hsdp:
+        SHARDED.append("--hsdp")
+    elif args.fsdp:
         args.rows += "d"
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, logging_level="ERROR")  # fmt: skip
@@ -167,7 +180,7 @@ def main() -> None:
         start_s, step_s = fresh_start(tmp / "clean", clean)
         adjacent = [{**fault[0], "rank": 2}, *fault]
         for name, spares, faults in (
-            ("(a) targeted, warm spare" + (", buddy" if args.fsdp else ""), 2, fault),
+            ("(a) targeted, warm spare" + _source(args), 2, fault),
             ("(b) targeted, cold actor", 0, fault),
             ("(d) targeted, buddy lost: DCP", 2, adjacent),
         ):

@@ -737,6 +737,7 @@ class SupervisorActor:
             "workers": self.spec.workers,
             "job": self.job.state.to_dict(),
             "recoveries": self.recovery.records if self.recovery is not None else [],
+            "resumed_from": self.spec.resume or None,
             "supervisor_restarts": self.incarnation - 1,
             "supervisor_outages": outages,
             "supervisor_outage_s": round(sum(o["duration_s"] for o in outages), 3),

@@ -114,6 +114,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=_workers, default=1, help="number of ranks (default: 1)")
     run.add_argument("--run-dir", default="", help="run directory (default: runs/<run_id>)")
     run.add_argument("--chaos", type=_nonempty, help="chaos file of faults to inject")
+    run.add_argument(
+        "--resume-from",
+        type=_nonempty,
+        metavar="RUN_DIR",
+        help="start from RUN_DIR's newest checkpoint committed by every rank, on --workers ranks "
+        "(at most as many as wrote it; a sharded checkpoint is resharded)",
+    )
     run.add_argument("--address", type=_nonempty, default=None, help=_ADDRESS_HELP)
     run.add_argument(
         "--detach",
@@ -261,6 +268,7 @@ def _notify_env(sinks: Any) -> dict[str, str]:
 
 def _run(args: argparse.Namespace) -> int:
     from remedy.policies import PolicyError  # noqa: PLC0415 - keep `remedy --help` fast
+    from remedy.supervisor import resume as _resume  # noqa: PLC0415
     from remedy.supervisor.cluster import ClusterError, choose  # noqa: PLC0415
     from remedy.supervisor.exceptions import TargetError, UsageError  # noqa: PLC0415
     from remedy.supervisor.policy_source import load_policy_source  # noqa: PLC0415
@@ -290,6 +298,7 @@ def _run(args: argparse.Namespace) -> int:
                 )
             if args.gpus_per_worker:
                 _check_gpus(args.gpus_per_worker, args.workers, _local_gpus(), "this machine")
+        resume = _resume.locate(args.resume_from, args.workers) if args.resume_from else None
         policy = str(Path(args.policy).resolve()) if Path(args.policy).is_file() else args.policy
         spec = RunSpec(
             target=target,
@@ -309,6 +318,9 @@ def _run(args: argparse.Namespace) -> int:
             given=f"--run-dir {args.run_dir}" if args.run_dir else f"run directory {spec.run_dir}",
             run_id=spec.run_id,
         )
+        if resume is not None:
+            _resume.seed(resume, Path(spec.run_dir))
+            spec.resume = resume.to_dict()
     except (PolicyError, ChaosConfigError) as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
@@ -402,9 +414,15 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) ->
                 if conn.mode == "local"
                 else f"the Ray cluster at {conn.address} ({conn.why})"
             )
+            resumed = (
+                f", resuming from step {spec.resume['step']} of {spec.resume['run_dir']} "
+                f"(written by {spec.resume['writers']} rank(s))"
+                if spec.resume
+                else ""
+            )
             print(
                 f"remedy: run {spec.run_id} on {where}, "
-                f"{spec.workers} rank(s), run dir {spec.run_dir}",
+                f"{spec.workers} rank(s), run dir {spec.run_dir}{resumed}",
                 file=sys.stderr,
             )
         claim.started = True

@@ -58,6 +58,9 @@ class RunSpec:
     # `url_env` the policy names), as `remedy run` found them: the supervisor may run
     # on another node, whose environment does not have them. Secrets, like the token.
     notify_env: dict[str, str] = field(default_factory=dict)
+    # `--resume-from`: the run every rank starts from (`resume.ResumePoint.to_dict`:
+    # its run directory, the checkpoint step, how many ranks wrote it); empty for a fresh start.
+    resume: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.run_dir:

@@ -168,8 +168,11 @@ class WorkerGroup:
 
     async def start(self) -> None:
         """Create every rank (and the warm spares) and start training in generation 0."""
+        resume = self.spec.resume.get("step")  # --resume-from: every rank starts from it
         for rank in range(self.spec.workers):
-            self._launch(rank, *self._new_rank(rank), generation=0, adopt_from=None)
+            self._launch(
+                rank, *self._new_rank(rank), generation=0, adopt_from=None, resume_step=resume
+            )
         for _ in range(self.spec.spares or 0):
             self._new_spare()
         await self._learn_pids(list(self.actors))

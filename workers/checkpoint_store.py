@@ -321,6 +321,21 @@ def committed_steps(directory: str | os.PathLike[str], world_size: int) -> list[
     return sorted(common or ())
 
 
+def committed_manifests(directory: str | os.PathLike[str], step: int) -> dict[int, dict[str, Any]]:
+    """The manifests of the ranks that committed `step`, by rank; a pure file check."""
+    root = Path(directory)
+    out: dict[int, dict[str, Any]] = {}
+    for path in root.glob(f"step-{step:08d}.rank*.json"):
+        try:
+            rank = int(path.name.split(".rank")[1].removesuffix(".json"))
+        except (IndexError, ValueError):
+            continue
+        if _committed(root, path, step, rank):
+            with contextlib.suppress(OSError, ValueError):  # retired meanwhile
+                out[rank] = json.loads(path.read_text())
+    return out
+
+
 def _committed(root: Path, manifest: Path, step: int, rank: int) -> bool:
     try:
         data = json.loads(manifest.read_text())
@@ -331,7 +346,7 @@ def _committed(root: Path, manifest: Path, step: int, rank: int) -> bool:
             and payload.parent == root
             and payload.stat().st_size == data["bytes"]
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not a manifest's JSON
         return False
 
 

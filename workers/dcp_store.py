@@ -79,6 +79,18 @@ class DcpStore(CheckpointStore):
     def _dcp_dir(self, step: int) -> Path:
         return self.directory / f"dcp-step-{step:08d}"
 
+    def _fresh_dcp_dir(self, step: int) -> str:
+        """`step`'s DCP directory, with this rank's shard files of an earlier write unlinked.
+
+        DCP writes shard files in place: one of a checkpoint written again (the
+        step reached again after a rollback) may be a hard link into the run
+        this one resumed from (`remedy run --resume-from`), never to be written through.
+        """
+        folder = self._dcp_dir(step)
+        for old in folder.glob(f"__{self.rank}_*.distcp"):
+            old.unlink(missing_ok=True)
+        return str(folder)
+
     def _live_state(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self._guard.model, self._guard.optimizer)
         return {"model": model_sd, "optim": optim_sd}
@@ -94,7 +106,7 @@ class DcpStore(CheckpointStore):
         if self._pending is not None:
             waits.result(self._pending, waits.CHECKPOINT_S, "the previous DCP checkpoint")
         written = dcp.async_save(
-            self._live_state(), checkpoint_id=str(self._dcp_dir(snap.step)), process_group=self._pg
+            self._live_state(), checkpoint_id=self._fresh_dcp_dir(snap.step), process_group=self._pg
         )
         pending: Any = written
         self._pending = pending
@@ -105,7 +117,7 @@ class DcpStore(CheckpointStore):
         try:
             dcp.save(
                 self._live_state(),
-                checkpoint_id=str(self._dcp_dir(snap.step)),
+                checkpoint_id=self._fresh_dcp_dir(snap.step),
                 process_group=self._pg,
             )
         except (OSError, RuntimeError) as exc:

@@ -408,6 +408,8 @@ class Guard:
                 break
             except torch.OutOfMemoryError as exc:
                 self.optimizer.zero_grad(set_to_none=True)
+                if self.sharded:  # FSDP's half-done iteration: else it never reduces again
+                    sharding.reset_iteration(self.model)
                 self._report_oom(step, str(exc), attempt)
                 ooms.append("oom")
                 if attempt == self.config.oom_retries or not self._await_commands():

@@ -206,10 +206,9 @@ def rebind_groups(model: torch.nn.Module) -> None:
     the world resolves to it again. A mesh of several dimensions (HSDP) gets
     its groups made anew, in the order `init_device_mesh` made them. FSDP
     keeps the group objects themselves, and a step that failed mid-way left
-    parameters unsharded: both are reset.
+    its iteration state behind: both are reset (`reset_iteration`).
     """
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415 - sharded only
-    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
 
     meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if is_dtensor(p)}  # type: ignore[attr-defined]
     for mesh in meshes.values():
@@ -218,12 +217,7 @@ def rebind_groups(model: torch.nn.Module) -> None:
                 mesh.device_type, tuple(mesh.mesh.shape), mesh_dim_names=mesh.mesh_dim_names
             )
             mesh._dim_group_names = fresh._dim_group_names
-    for module in model.modules():
-        if not isinstance(module, FSDPModule):
-            continue
-        group = module._get_fsdp_state()._fsdp_param_group
-        if group is None:
-            continue
+    for _, group in _fsdp_param_groups(model):
         for info in (group.mesh_info, group.post_forward_mesh_info):
             if info is None:
                 continue
@@ -231,6 +225,56 @@ def rebind_groups(model: torch.nn.Module) -> None:
                 info.shard_process_group = info.mesh.get_group(info.shard_mesh_dim)
             if hasattr(info, "replicate_process_group"):
                 info.replicate_process_group = info.mesh.get_group(info.replicate_mesh_dim)
+    reset_iteration(model)
+
+
+def _fsdp_param_groups(model: torch.nn.Module) -> list[tuple[Any, Any]]:
+    """(FSDP state, parameter group) of every `fully_shard`-ed module of `model`."""
+    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415 - sharded only
+
+    out: list[tuple[Any, Any]] = []
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            state: Any = module._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None)  # torch < 2.12: one group
+            if groups is None:
+                groups = [state._fsdp_param_group] if state._fsdp_param_group else []
+            out.extend((state, g) for g in groups)
+    return out
+
+
+def reset_iteration(model: torch.nn.Module) -> None:
+    """Forget the FSDP iteration a failed forward or backward left half done; reshard.
+
+    A rank whose backward failed (a peer lost mid-reduce) keeps FSDP's "final
+    callback queued" flag set: its next backward then never queues the
+    callback that reduces the root's gradients, while a replacement (fresh
+    state) does, and the two wait on each other's collectives for ever (the
+    HSDP targeted restart hung there). torch's own recovery, the root's
+    `reset_iter_state`, clears that and the in-flight reduce state; older
+    torch has no such call and gets the flags that matter reset by hand.
+    The gradients the failed backward left on the gathered (unsharded)
+    parameters are dropped too: the retried step would add to them.
+    """
+    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415 - sharded only
+
+    fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for module in fsdp:
+        state: Any = module._get_fsdp_state()
+        if state._is_root and callable(getattr(module, "reset_iter_state", None)):
+            module.reset_iter_state()
+        else:
+            state._state_ctx.post_backward_final_callback_queued = False
+            state._state_ctx.iter_forward_root = None
+    for _, group in _fsdp_param_groups(model):
+        for param in group.fsdp_params:
+            # Gradients the failed backward accumulated on the gathered parameters: left
+            # there, the next backward adds to them (reset_iter_state keeps them).
+            param.unsharded_accumulated_grad = None
+            unsharded = getattr(param, "_unsharded_param", None)
+            if unsharded is not None:
+                unsharded.grad = None
+    for module in fsdp:
         module.reshard()
 
 

@@ -3,6 +3,10 @@
 The sharded tests need real process groups; spawning ranks directly is the
 cheapest way on these machines. Each rank's return value comes back through
 a file in `workdir`; a rank that raises fails the call with its traceback.
+
+The same bodies run on NCCL, one GPU per rank: `backends(world)` are the
+parameters of a test that takes `backend`, and a rank puts its model and
+batches on `rank_device()`.
 """
 
 from __future__ import annotations
@@ -13,9 +17,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+def backends(world: int) -> list[Any]:
+    """gloo on the CPU, and NCCL on `world` GPUs (marked `gpu`; skipped with fewer GPUs)."""
+    nccl = pytest.param(
+        "nccl",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(
+                torch.cuda.device_count() < world,
+                reason=f"needs {world} CUDA GPUs (one per NCCL rank)",
+            ),
+        ],
+    )
+    return ["gloo", nccl]
+
+
+def rank_device() -> torch.device:
+    """Where this rank's model and batches live: its GPU on NCCL (set by `spawn_ranks`), else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _entry(

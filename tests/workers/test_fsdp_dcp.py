@@ -14,7 +14,7 @@ from remedy.workers import Guard, GuardConfig
 from remedy.workers.checkpoint_store import committed_steps
 from remedy.workers.context import WorkerContext
 from remedy.workers.dcp_store import DcpStore
-from tests.workers.fsdp_ranks import spawn_ranks
+from tests.workers.fsdp_ranks import backends, spawn_ranks
 from tests.workers.test_fsdp_guard import build, corpus, full_digest, local_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -63,14 +63,15 @@ def _dcp_rank(
     return out
 
 
-def test_dcp_checkpoint_resumes_resharded_on_fewer_ranks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", backends(4))
+def test_dcp_checkpoint_resumes_resharded_on_fewer_ranks(tmp_path: Path, backend: str) -> None:
     """4 ranks write DCP checkpoints; 2 ranks resume from step 8 with the same whole model and optimizer."""
-    four = spawn_ranks(_dcp_rank, 4, tmp_path / "four", str(tmp_path), 12, None, 8)
+    four = spawn_ranks(_dcp_rank, 4, tmp_path / "four", str(tmp_path), 12, None, 8, backend=backend)
     ckpt = tmp_path / "checkpoints"
     assert committed_steps(ckpt, 4) == [4, 8, 12]
     manifest = json.loads((ckpt / "step-00000008.rank3.json").read_text())
     assert manifest["world_size"] == 4 and manifest["dcp"]["files"]
-    two = spawn_ranks(_dcp_rank, 2, tmp_path / "two", str(tmp_path), 14, 8, 8)
+    two = spawn_ranks(_dcp_rank, 2, tmp_path / "two", str(tmp_path), 14, 8, 8, backend=backend)
     for rank in (0, 1):
         assert two[rank]["summary"]["resumed"]["step"] == 8
         assert two[rank]["full"] == four[0]["full"]  # the whole model, bitwise
@@ -78,15 +79,18 @@ def test_dcp_checkpoint_resumes_resharded_on_fewer_ranks(tmp_path: Path) -> None
         assert two[rank]["summary"]["steps_completed"] == 14
 
 
-def test_corrupt_dcp_shard_falls_back_to_an_older_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", backends(2))
+def test_corrupt_dcp_shard_falls_back_to_an_older_step(tmp_path: Path, backend: str) -> None:
     """A DCP file of one writer fails its checksum: every rank resumes from the newest older good step."""
-    spawn_ranks(_dcp_rank, 2, tmp_path / "first", str(tmp_path), 8, None, 4)
+    spawn_ranks(_dcp_rank, 2, tmp_path / "first", str(tmp_path), 8, None, 4, backend=backend)
     ckpt = tmp_path / "checkpoints"
     shard = next((ckpt / "dcp-step-00000008").glob("__1_*.distcp"))
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     shard.write_bytes(bytes(raw))
-    second = spawn_ranks(_dcp_rank, 2, tmp_path / "second", str(tmp_path), 10, 8, 4)
+    second = spawn_ranks(
+        _dcp_rank, 2, tmp_path / "second", str(tmp_path), 10, 8, 4, backend=backend
+    )
     for rank in (0, 1):
         resumed = second[rank]["summary"]["resumed"]
         assert resumed["step"] == 4

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from remedy.supervisor import resume
+from remedy.supervisor.exceptions import UsageError
 from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl
+from tests.workers.fsdp_ranks import backends
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -36,9 +44,17 @@ GPT_ARGS = ["--fsdp", "--steps", "40", "--layers", "2", "--width", "32", "--bloc
             "--batch-size", "4", "--sample-every", "0", "--snapshot-every", "2"]  # fmt: skip
 
 
-def _gpt(run_dir: Path, *, faults: list[dict[str, Any]], argv: list[str]) -> dict[str, Any]:
+def _gpus(backend: str) -> float:
+    """A rank's GPUs: one each on NCCL (the example then trains on CUDA with AMP), else none."""
+    return 1.0 if backend == "nccl" else 0.0
+
+
+def _gpt(
+    run_dir: Path, *, faults: list[dict[str, Any]], argv: list[str], backend: str = "gloo"
+) -> dict[str, Any]:
     spec = RunSpec(target=GPT, workers=4, run_dir=str(run_dir), faults=faults, policy=POLICY,
-                   argv=[*GPT_ARGS, *argv], threads_per_rank=1)  # fmt: skip
+                   argv=[*GPT_ARGS, *argv], threads_per_rank=1,
+                   gpus_per_rank=_gpus(backend))  # fmt: skip
     summary = run_supervised(spec)
     assert summary["status"] == "completed", summary
     return summary
@@ -55,12 +71,13 @@ def _gpt(run_dir: Path, *, faults: list[dict[str, Any]], argv: list[str]) -> dic
     ],
     ids=["nan", "spike"],
 )
+@pytest.mark.parametrize("backend", backends(4))
 def test_four_sharded_ranks_roll_back_and_skip_bitwise(
-    ray_cluster: None, tmp_path: Path, fault: dict[str, Any], rule: str
+    ray_cluster: None, tmp_path: Path, fault: dict[str, Any], rule: str, backend: str
 ) -> None:
     """A fault on one of 4 FSDP2 ranks rolls every shard back; the run ends bitwise equal to a
     fault-free run that skips the same batches."""
-    faulty = _gpt(tmp_path / "faulty", faults=[fault], argv=[])
+    faulty = _gpt(tmp_path / "faulty", faults=[fault], argv=[], backend=backend)
     decisions = read_jsonl(tmp_path / "faulty" / "decisions.jsonl")
     # One rollback applied (the spike's next poisoned step is a repeat, suppressed while cooling down).
     applied = [d for d in decisions if d["action"] == "rollback" and d["outcome"] == "applied"]
@@ -68,7 +85,10 @@ def test_four_sharded_ranks_roll_back_and_skip_bitwise(
     skipped = faulty["ranks"][0]["skipped_batches"]
     assert skipped and all(r["skipped_batches"] == skipped for r in faulty["ranks"])
     clean = _gpt(
-        tmp_path / "clean", faults=[], argv=["--skip-batches", ",".join(map(str, skipped))]
+        tmp_path / "clean",
+        faults=[],
+        argv=["--skip-batches", ",".join(map(str, skipped))],
+        backend=backend,
     )
     digests = {r["result"]["params_digest"] for r in faulty["ranks"]}
     assert len(digests) == 1
@@ -80,11 +100,16 @@ WATCH = {"first_step_s": 4.0}  # the hang watch's first-step allowance, as in th
 
 
 def _restartable(
-    run_dir: Path, faults: list[dict[str, Any]], *, extra: tuple[str, ...] | list[str] = ()
+    run_dir: Path,
+    faults: list[dict[str, Any]],
+    *,
+    extra: tuple[str, ...] | list[str] = (),
+    backend: str = "gloo",
 ) -> dict[str, Any]:
     spec = RunSpec(target=GPT, workers=4, run_dir=str(run_dir), faults=faults, policy=POLICY,
                    argv=[*GPT_ARGS, "--snapshot-every", "1", "--checkpoint-every", "8", *extra],
-                   threads_per_rank=1, hang_watch=WATCH, spares=2)  # fmt: skip
+                   threads_per_rank=1, hang_watch=WATCH, spares=2,
+                   gpus_per_rank=_gpus(backend))  # fmt: skip
     summary = run_supervised(spec)
     assert summary["status"] == "completed", summary
     return summary
@@ -127,18 +152,19 @@ def test_stopped_sharded_rank_is_replaced_from_its_buddy_or_dcp(
         assert restore["step"] == 16  # the newest checkpoint committed by every rank
 
 
-@pytest.mark.xfail(
-    reason="under remedy run the HSDP targeted restart does not step within 120 s (the survivors "
-    "regroup, the replacement never steps); the full-group restart then resumes from DCP, bitwise "
-    "equal. The replica restore itself passes on spawned ranks (test_fsdp_mirror.py)",
-    strict=False,
-)
-def test_hsdp_rank_is_replaced_from_its_replica(ray_cluster: None, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", backends(4))
+def test_hsdp_rank_is_replaced_from_its_replica(
+    ray_cluster: None, tmp_path: Path, backend: str
+) -> None:
     """HSDP (2 x 2 mesh): a SIGSTOPped rank takes its shard from its live replica peer, 0 steps lost,
-    and the run ends bitwise equal to a fault-free HSDP run."""
-    clean = _restartable(tmp_path / "clean", [], extra=["--hsdp"])
+    and the run ends bitwise equal to a fault-free HSDP run.
+
+    Rank 1 stops mid-step: the survivors' steps fail half-way, and they must forget FSDP's
+    half-done iteration before they step again with the replacement (it hung here, then the
+    retried step added the failed one's gradients)."""
+    clean = _restartable(tmp_path / "clean", [], extra=["--hsdp"], backend=backend)
     hung = _restartable(tmp_path / "hung", [{"kind": "hang_rank", "at_step": 20, "rank": 1}],
-                        extra=["--hsdp"])  # fmt: skip
+                        extra=["--hsdp"], backend=backend)  # fmt: skip
     digest = {r["result"]["params_digest"] for r in clean["ranks"]}
     assert len(digest) == 1
     assert {r["result"]["params_digest"] for r in hung["ranks"]} == digest
@@ -147,3 +173,45 @@ def test_hsdp_rank_is_replaced_from_its_replica(ray_cluster: None, tmp_path: Pat
     restore = restart[-1]["result"]["shard_restore"]
     assert restore["source"] == "replica" and restore["from"] == {"1": 3}
     assert restore["steps_lost"] == 0
+
+
+def _files(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+def test_sharded_run_resumes_on_fewer_ranks_with_resume_from(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """`remedy run --workers 2 --resume-from RUN_DIR` of a 4-rank FSDP2 run (a job restarted on
+    fewer nodes): both ranks load the 4 ranks' newest DCP checkpoint, resharded, and train on to
+    the end; the source run's directory is left as it was."""
+    four = tmp_path / "four"
+    _gpt(four, faults=[], argv=["--steps", "16", "--checkpoint-every", "8"])
+    source = _files(four / "checkpoints")
+    with pytest.raises(UsageError, match=r"step 16\) was written by 4 rank\(s\); a run of 5"):
+        resume.locate(str(four), 5)
+    two = tmp_path / "two"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(REPO), HOME=str(tmp_path), REMEDY_HOME=str(tmp_path / ".remedy"))
+    argv = ["run", GPT, "--workers", "2", "--resume-from", str(four), "--run-dir", str(two),
+            "--policy", POLICY, "--", *GPT_ARGS, "--steps", "24",
+            "--checkpoint-every", "8"]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "remedy.supervisor", *argv], env=env, text=True,
+                          capture_output=True, timeout=500, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming from step 16 of {four} (written by 4 rank(s))" in proc.stderr
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["resumed_from"]["step"] == 16 and summary["resumed_from"]["writers"] == 4
+    for rank in summary["ranks"]:
+        assert rank["resumed"]["step"] == 16, rank["resumed"]
+        assert rank["steps_completed"] == 24
+    assert len({r["result"]["params_digest"] for r in summary["ranks"]}) == 1
+    steps = {(m["rank"], m["step"]) for m in read_jsonl(two / "metrics.jsonl")}
+    assert steps == {(r, s) for r in (0, 1) for s in range(16, 24)}
+    # Written by the 2 ranks in their own directory; the source's files are untouched.
+    assert (
+        json.loads((two / "checkpoints" / "step-00000024.rank1.json").read_text())["world_size"]
+        == 2
+    )
+    assert _files(four / "checkpoints") == source

@@ -15,7 +15,7 @@ from examples.gpt_model import GPT, lm_loss
 from remedy.workers import Guard, GuardConfig, shard_mirror, sharding
 from remedy.workers.context import WorkerContext
 from remedy.workers.snapshots import Snapshot
-from tests.workers.fsdp_ranks import spawn_ranks
+from tests.workers.fsdp_ranks import backends, rank_device, spawn_ranks
 from tests.workers.test_fsdp_dcp import _rank_dir
 from tests.workers.test_fsdp_guard import CFG, corpus, full_digest, local_rows
 
@@ -26,8 +26,13 @@ STEPS, LOST_AT = 10, 6
 
 def _model(*, hsdp: bool, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    model = GPT(CFG)
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")) if hsdp else None
+    device = rank_device()
+    model = GPT(CFG).to(device)
+    mesh = (
+        init_device_mesh(device.type, (2, 2), mesh_dim_names=("replicate", "shard"))
+        if hsdp
+        else None
+    )
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -58,8 +63,9 @@ def _ring_rank(rank: int, world: int, workdir: str, lose: tuple[int, ...], hsdp:
     if lose:
         # The lost ranks' processes are gone; every rank forms the next generation.
         store = dist.distributed_c10d._get_default_store()
+        backend = dist.get_backend()
         dist.destroy_process_group()
-        dist.init_process_group("gloo", store=dist.PrefixStore("gen1", store), rank=rank,
+        dist.init_process_group(backend, store=dist.PrefixStore("gen1", store), rank=rank,
                                 world_size=world)  # fmt: skip
         if rank in lose:  # a fresh process: other weights, no optimizer state, nothing mirrored
             guard.close()
@@ -95,13 +101,16 @@ def test_pack_round_trip_keeps_every_shard_and_value() -> None:
     [((1,), False, "buddy", 0), ((1, 2), False, "dcp", 2), ((1,), True, "replica", 0)],
     ids=["buddy", "buddy-lost-too", "hsdp-replica"],
 )
+@pytest.mark.parametrize("backend", backends(4))
 def test_replaced_rank_takes_its_shard_and_the_run_ends_bitwise_equal(
-    tmp_path: Path, lose: tuple[int, ...], hsdp: bool, source: str, steps_lost: int
+    tmp_path: Path, lose: tuple[int, ...], hsdp: bool, source: str, steps_lost: int, backend: str
 ) -> None:
     """A fresh rank restores its shard (buddy, HSDP replica, or DCP when its buddy is lost too);
     the survivors keep theirs; the run ends bitwise equal to a fault-free one."""
-    clean = spawn_ranks(_ring_rank, 4, tmp_path / "clean", str(tmp_path / "c"), (), hsdp)
-    lost = spawn_ranks(_ring_rank, 4, tmp_path / "lost", str(tmp_path / "l"), lose, hsdp)
+    clean = spawn_ranks(_ring_rank, 4, tmp_path / "clean", str(tmp_path / "c"), (), hsdp,
+                        backend=backend)  # fmt: skip
+    lost = spawn_ranks(_ring_rank, 4, tmp_path / "lost", str(tmp_path / "l"), lose, hsdp,
+                       backend=backend)  # fmt: skip
     for rank in range(4):
         info = lost[rank]["info"]
         assert info["source"] == source, info
