@@ -122,6 +122,7 @@ class SupervisorActor:
             # Where a `notify` decision's effect is carried out: logged, and queued for
             # the policy's sinks and REMEDY_NOTIFY_WEBHOOK (see `supervisor.notify`).
             notify=self._notify,
+            node_of=self._node_of,
         )
         self.started = time.time()
         self.state = "starting"
@@ -589,6 +590,11 @@ class SupervisorActor:
         pids = self.group.pids if self.group is not None else {}
         sent = self.notifier.submit(d, {r: pids[r][0] for r in d.ranks if r in pids})
         return outcome, f"{detail}; {sent}" if sent else detail
+
+    def _node_of(self, rank: int) -> str | None:
+        """The node `rank`'s current process runs on, once the group has learnt it."""
+        where = self.group.pids.get(rank) if self.group is not None else None
+        return where[0] if where is not None else None
 
     def _group_action(self, d: Decision) -> tuple[str, str] | None:
         """restart_rank: replace the decision's ranks asynchronously (resolved when done)."""

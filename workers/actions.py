@@ -22,7 +22,7 @@ import structlog
 import torch
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from remedy.workers import restore_point
+from remedy.workers import replay, restore_point
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.exceptions import ActionError, CheckpointError, TransientActionError
 
@@ -335,3 +335,15 @@ def dump_diagnostics(
 def abort(guard: ActionTarget, params: dict[str, Any], command: Command) -> dict[str, Any]:
     guard.request_stop(str(params.get("reason") or "aborted by policy"))
     return {"detail": "training loop stopped"}
+
+
+@applier("replay_step")
+def replay_step(guard: ActionTarget, params: dict[str, Any], command: Command) -> dict[str, Any]:
+    """Re-run the anomalous step and classify its fault (`workers.replay`); or, as the
+    `<decision>-answer` command, take the policy's answer to a replay this rank holds for."""
+    replays = getattr(guard, "replays", None)
+    if replays is None:
+        raise ActionError("replay_step needs the Guard's own loop; this one cannot re-run a step")
+    if "answer" in params:
+        return {"detail": replays.answered(dict(params["answer"]))}
+    return replay.replay_step(guard, params, command)  # type: ignore[arg-type]

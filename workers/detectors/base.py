@@ -74,6 +74,20 @@ class DetectorSuite:
         for detector in self.detectors:
             detector.reset()
 
+    def flags(self, loss: float, grad_norm: float, *, scaled: bool) -> bool:
+        """Whether a detector will report this step's loss or gradient norm, asked before the
+        optimizer step (detectors that can tell define `flags(loss, grad_norm, scaled=...)`).
+
+        `scaled`: an enabled GradScaler scaled the loss (inf gradients are then its
+        overflow signal, not an anomaly). The Guard keeps the state from before such
+        a step, so that `replay_step` can re-run it (`workers.replay`).
+        """
+        for detector in self.detectors:
+            ask = getattr(detector, "flags", None)
+            if ask is not None and ask(loss, grad_norm, scaled=scaled):
+                return True
+        return False
+
     def new_epoch(self, epoch: int) -> None:
         """Tell the detectors that care (`new_epoch(epoch)`) that a new pass over the data began."""
         for detector in self.detectors:

@@ -46,6 +46,13 @@ class NonFiniteDetector:
             ]
         return []
 
+    def flags(self, loss: float, grad_norm: float, *, scaled: bool) -> bool:
+        """Whether `observe` will report this step: a non-finite loss, or norm without a scaler.
+
+        With an enabled GradScaler (`scaled`), inf gradients are its overflow signal.
+        """
+        return not math.isfinite(loss) or (not math.isfinite(grad_norm) and not scaled)
+
     def reset(self) -> None:
         """Stateless."""
 
@@ -100,6 +107,11 @@ class GradNormDetector:
             return []
         self._low_streak = 0
         return []
+
+    def flags(self, loss: float, grad_norm: float, *, scaled: bool) -> bool:
+        """Whether `observe` will report an explosion for this norm (vanishing needs a streak)."""
+        del loss, scaled
+        return math.isfinite(grad_norm) and grad_norm > self.explode_above
 
     def reset(self) -> None:
         self._low_streak = 0
