@@ -588,7 +588,11 @@ class SupervisorActor:
         if d is None:
             return outcome, detail
         pids = self.group.pids if self.group is not None else {}
-        sent = self.notifier.submit(d, {r: pids[r][0] for r in d.ranks if r in pids})
+        nodes = {r: pids[r][0] for r in d.ranks if r in pids}
+        if d.anomaly.node is not None:
+            # Where the fault was seen: the rank may have been replaced elsewhere since.
+            nodes[d.anomaly.rank] = d.anomaly.node
+        sent = self.notifier.submit(d, nodes)
         return outcome, f"{detail}; {sent}" if sent else detail
 
     def _node_of(self, rank: int) -> str | None:

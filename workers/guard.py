@@ -107,8 +107,11 @@ class GuardConfig:
     # recovery where no accelerator's memory runs out; None disables.
     activation_cap_bytes: int | None = None
     # replay_step (workers.replay): the step boundaries remembered (RNG states, data
-    # position), so an anomalous step among them can be re-run; 0 turns replays off.
-    replay_window: int = 4
+    # position), so an anomalous step among them can be re-run: the last this many
+    # steps (0 turns replays off), and those of the last replay_window_s seconds (the
+    # replay command comes a report's round trip after the anomaly).
+    replay_window: int = 8
+    replay_window_s: float = 5.0
     # How long the ranks hold after a replay for the policy's answer to it (a restart
     # of a rank included) before they go on without one.
     replay_wait_s: float = 60.0
@@ -227,7 +230,7 @@ class Guard:
         self.kv_allocator = self.config.kv_allocator
         self.inbox = CommandInbox()  # the supervisor's commands, each applied once
         # Step marks and pre-step states for replay_step; the boundary the current step began at.
-        self.replays = Replays(self.config.replay_window)
+        self.replays = Replays(self.config.replay_window, self.config.replay_window_s)
         self.step_mark: StepMark | None = None
         # Data-parallel replicas compared every so many steps (workers.replicas).
         self.replica_check = replicas.ReplicaCheck(self.config.replica_check_every)

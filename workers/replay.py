@@ -82,6 +82,8 @@ log = structlog.get_logger("remedy.replay")
 
 # Pre-step states (full copies) kept at once: the anomalous step and the next.
 PRE_STEPS_KEPT = 2
+# Step marks kept at most, whatever `Replays.window_s` says (steps of a few ms).
+MAX_MARKS = 1024
 # Ranks listed in a classification's evidence (it goes into an anomaly's details,
 # which are bounded): the suspect, the witness, the odd ones, then the lowest.
 EVIDENCE_RANKS = 8
@@ -98,6 +100,7 @@ class StepMark:
     tick: int
     cursor: int
     rng: dict[str, Any]
+    at: float = 0.0  # when (monotonic)
     batch_index: int = -1
     batch: Any = None
     forward_rng: dict[str, Any] | None = None
@@ -129,23 +132,39 @@ class Hold:
 
 @dataclass
 class Replays:
-    """One rank's side of `replay_step`: step marks, pre-step states, the hold."""
+    """One rank's side of `replay_step`: step marks, pre-step states, the hold.
 
-    window: int  # step marks kept (0: replays are off)
+    Marks are kept for the last `window` steps and, beyond that, for the last
+    `window_s` seconds (at most `MAX_MARKS`): a replay command comes after the
+    anomaly's report has reached every rank's supervisor and back, which on
+    fast steps is many steps later.
+    """
+
+    window: int  # step marks kept at least (0: replays are off)
+    window_s: float = 0.0  # and marks this recent
     marks: deque[StepMark] = field(init=False)
     kept: deque[PreStep] = field(init=False)
     hold: Hold | None = None
 
     def __post_init__(self) -> None:
-        self.marks = deque(maxlen=max(self.window, 1))
+        self.marks = deque()
         self.kept = deque(maxlen=PRE_STEPS_KEPT)
 
     # ------------------------------------------------------------- each step
     def mark(self, guard: Guard) -> StepMark:
         """Record the boundary the next step starts from (before its batch is fetched)."""
-        mark = StepMark(guard.step_count, guard.tick, guard.cursor.position, capture_rng())
+        rng = capture_rng()
+        if self.marks:  # an RNG the loop did not draw from since shares its copy
+            rng = _shared(rng, self.marks[-1].rng)
+        now = time.monotonic()
+        mark = StepMark(guard.step_count, guard.tick, guard.cursor.position, rng, now)
         if self.window:
-            self.marks.append(mark)
+            marks = self.marks
+            marks.append(mark)
+            while len(marks) > MAX_MARKS or (
+                len(marks) > self.window and now - marks[0].at > self.window_s
+            ):
+                marks.popleft()
         return mark
 
     def fetched(self, mark: StepMark, index: int, batch: Any, *, rewindable: bool) -> None:
@@ -203,6 +222,31 @@ class Replays:
         return int(agreed), flag < 0
 
 
+def _shared(rng: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """`rng` with each generator's state that equals its state in `before` replaced by that
+    copy, so the marks of a loop that draws from few generators cost little memory."""
+    out = dict(rng)
+    for key, state in rng.items():
+        old = before.get(key)
+        if old is not None and _same_state(state, old):
+            out[key] = old
+    return out
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, list | tuple):
+        return (
+            isinstance(b, list | tuple)
+            and len(a) == len(b)
+            and all(_same_state(x, y) for x, y in zip(a, b, strict=True))
+        )
+    if hasattr(a, "shape") and hasattr(a, "dtype"):  # numpy's key array
+        return hasattr(b, "shape") and a.shape == b.shape and bool((a == b).all())
+    return bool(a == b)
+
+
 def _grads(guard: Guard) -> tuple[list[torch.Tensor], list[str]]:
     """The gradients present, and their parameters' names, in parameter order."""
     tensors, names = [], []
@@ -248,8 +292,9 @@ def replay_step(guard: Guard, params: dict[str, Any], command: Command) -> dict[
         kept = sorted({s for row in table0 for s in row["kept"]})
         raise ActionError(
             f"no rank kept the state from before step {command.anomaly_step} (pre-step states "
-            f"kept: {kept or 'none'}; only a step a detector flags keeps one, and its marks must "
-            f"still be within the last {replays.window} steps on every rank)"
+            f"kept: {kept or 'none'}; only a step a detector flags keeps one, and every rank must "
+            f"still remember its start: the last {replays.window} steps and "
+            f"{replays.window_s:g} s are)"
         )
     holders = [r for r, row in enumerate(table0) if step in row["kept"]]
     mark = replays.mark_of(step)
