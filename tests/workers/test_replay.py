@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
+from remedy.supervisor.explain import explain
+from remedy.supervisor.rundata import load_run
 from remedy.workers import Guard, GuardConfig
 from remedy.workers.chaos import parse_chaos
 from remedy.workers.commands import Command
@@ -280,3 +282,22 @@ def test_alone_a_poisoned_batch_is_reproducible_and_rolled_back(tmp_path: Path, 
     assert order.index(decisions[1]["decision_id"]) < order.index(
         decisions[0]["decision_id"] + "-answer"
     )
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_explain_shows_the_replays_evidence(tmp_path: Path) -> None:
+    """`remedy explain` of the replay and of the decision its answer led to: both digests of
+    each rank compared, the batch checked on the other rank, the first gradient that differs."""
+    _one_process(tmp_path, "dataloader", {"kind": "bitflip", "at_step": S, "target": "grad"})
+    run = load_run(tmp_path / "dataloader")
+    replay, told = run.decisions
+    for d in (replay, told):
+        text = explain(run, decision=d["decision_id"])
+        assert "the replay's evidence (replay_transient on rank 0):" in text, text
+        orig, again = (
+            d["result"]["verdict"]["evidence"]["ranks"]["0"]["grads"]
+            if d is replay
+            else (told["anomaly"]["details"]["evidence"]["ranks"]["0"]["grads"])
+        )
+        assert f"gradients {orig} then {again}" in text
+        assert "first gradient that differs: 0.weight" in text
