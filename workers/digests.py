@@ -105,7 +105,12 @@ def digest(tensors: Sequence[torch.Tensor]) -> Digest:
     sums = (
         torch.stack(
             [
-                torch.stack([f.sum(dtype=torch.float64), f.abs().sum(dtype=torch.float64)])
+                torch.stack(
+                    [
+                        f.sum(dtype=torch.float64),
+                        torch.linalg.vector_norm(f, 1, dtype=torch.float64),
+                    ]
+                )
                 for f in floats
             ]
         )

@@ -73,6 +73,8 @@ log = structlog.get_logger("remedy.guard")
 
 # summary["final_loss"] is the mean of the finite training losses of the last this many steps.
 FINAL_LOSS_STEPS = 10
+# Step boundaries a Guard that may replay remembers at least (see GuardConfig.replay_window).
+REPLAY_WINDOW = 8
 
 _DONE: Future[Any] = Future()
 _DONE.set_result(None)
@@ -108,9 +110,11 @@ class GuardConfig:
     activation_cap_bytes: int | None = None
     # replay_step (workers.replay): the step boundaries remembered (RNG states, data
     # position), so an anomalous step among them can be re-run: the last this many
-    # steps (0 turns replays off), and those of the last replay_window_s seconds (the
-    # replay command comes a report's round trip after the anomaly).
-    replay_window: int = 8
+    # steps, and those of the last replay_window_s seconds (the replay command comes a
+    # report's round trip after the anomaly). None: `REPLAY_WINDOW` steps in a process
+    # group (whose membership takes the same RNG capture anyway) or under an in-process
+    # policy that uses replay_step, else none (one capture per step, ~0.1 ms); 0: off.
+    replay_window: int | None = None
     replay_window_s: float = 5.0
     # How long the ranks hold after a replay for the policy's answer to it (a restart
     # of a rank included) before they go on without one.
@@ -229,11 +233,6 @@ class Guard:
         )  # live caches switch_kv_allocator migrates
         self.kv_allocator = self.config.kv_allocator
         self.inbox = CommandInbox()  # the supervisor's commands, each applied once
-        # Step marks and pre-step states for replay_step; the boundary the current step began at.
-        self.replays = Replays(self.config.replay_window, self.config.replay_window_s)
-        self.step_mark: StepMark | None = None
-        # Data-parallel replicas compared every so many steps (workers.replicas).
-        self.replica_check = replicas.ReplicaCheck(self.config.replica_check_every)
         # Checkpoint writes in flight, by id of the snapshot they read; such a
         # snapshot's buffers are not recycled until its write is done.
         self._writes: dict[int, Future[Any]] = {}
@@ -248,6 +247,11 @@ class Guard:
             self._group = dist.group.WORLD
             if dist.get_backend() == "nccl":
                 self._group_device = torch.device("cuda", torch.cuda.current_device())
+        # Step marks and pre-step states for replay_step; the boundary the current step began at.
+        self.replays = Replays(self._replay_window(), self.config.replay_window_s)
+        self.step_mark: StepMark | None = None
+        # Data-parallel replicas compared every so many steps (workers.replicas).
+        self.replica_check = replicas.ReplicaCheck(self.config.replica_check_every)
         # Reports out: events, metrics (built from (stats, chaos log) when a report leaves).
         self.outbox = Outbox(
             self.reporter,
@@ -268,6 +272,19 @@ class Guard:
         self.membership = ctx.membership
         if self.membership is not None:
             self.membership.attach(self)
+
+    def _replay_window(self) -> int:
+        """The step marks to keep (`GuardConfig.replay_window`; None decides here)."""
+        if self.config.replay_window is not None:
+            return self.config.replay_window
+        if self._group is not None:
+            return REPLAY_WINDOW
+        controller = getattr(self.reporter, "controller", None)
+        policy = controller.engine.policy if controller is not None else None
+        uses = policy is not None and any(
+            step.action == "replay_step" for rule in policy.rules for step in rule.steps
+        )
+        return REPLAY_WINDOW if uses else 0
 
     # ------------------------------------------------------------- local mode
     def _local_reporter(self, ctx: WorkerContext) -> Reporter:

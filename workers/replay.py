@@ -65,6 +65,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import structlog
 import torch
 import torch.distributed as dist
@@ -234,17 +235,19 @@ def _shared(rng: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 
 
 def _same_state(a: Any, b: Any) -> bool:
+    """Whether two captures of one generator's state are equal (cheaply: C-level compares)."""
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, list | tuple):
+    if isinstance(a, list):  # CUDA: one state tensor per device
+        return isinstance(b, list) and len(a) == len(b) and all(map(_same_state, a, b))
+    if isinstance(a, tuple) and a and a[0] == "MT19937":  # numpy: (name, keys, pos, gauss...)
         return (
-            isinstance(b, list | tuple)
+            isinstance(b, tuple)
             and len(a) == len(b)
-            and all(_same_state(x, y) for x, y in zip(a, b, strict=True))
+            and a[2:] == b[2:]
+            and bool(np.array_equal(a[1], b[1]))
         )
-    if hasattr(a, "shape") and hasattr(a, "dtype"):  # numpy's key array
-        return hasattr(b, "shape") and a.shape == b.shape and bool((a == b).all())
-    return bool(a == b)
+    return bool(a == b)  # Python's: a tuple of ints
 
 
 def _grads(guard: Guard) -> tuple[list[torch.Tensor], list[str]]:
@@ -308,8 +311,10 @@ def replay_step(guard: Guard, params: dict[str, Any], command: Command) -> dict[
         heavy = _broadcast(group, heavy if me == source else None, source)
     assert heavy is not None
     _to_boundary(guard, heavy, mark)
+    t_restored = time.perf_counter()
     # 3. The step again, as it ran (with the gradient all-reduce), on every rank.
     batch, index, forward_rng, again = _same_step(guard, mark)
+    t_again = time.perf_counter()
     row = {
         "kept": own is not None,
         "flagged": own.flagged if own is not None else None,
@@ -337,8 +342,9 @@ def replay_step(guard: Guard, params: dict[str, Any], command: Command) -> dict[
         {"checked": _pack(checked) if checked is not None else None, "error": failed or None},
     )
     _fail_if_any(guard, heavy, mark, table2, "the check on another rank")
+    t_checked = time.perf_counter()
     # 5. Back to the boundary before `step`; the answer.
-    _to_boundary(guard, heavy, mark)
+    _back_to_boundary(guard, heavy, mark)
     if unread:
         guard.cursor.unread(unread)
     if guard.checkpoints is not None:
@@ -351,8 +357,20 @@ def replay_step(guard: Guard, params: dict[str, Any], command: Command) -> dict[
         tolerance=tolerance,
         source=source,
     )
-    verdict["replay_s"] = round(time.perf_counter() - t0, 4)
+    t_end = time.perf_counter()
+    verdict["replay_s"] = round(t_end - t0, 4)
     verdict["evidence"]["replay_s"] = verdict["replay_s"]
+    # Where the time went here: back to the step (the state broadcast included), the re-run
+    # with the all-reduce and its gather, the check alone and its gather, back again.
+    verdict["phases_s"] = {
+        name: round(b - a, 4)
+        for name, a, b in (
+            ("restore", t0, t_restored),
+            ("same_step", t_restored, t_again),
+            ("alone", t_again, t_checked),
+            ("back", t_checked, t_end),
+        )
+    }
     replays.hold = Hold(command.decision_id, time.monotonic())
     log.info("replay", rank=me, step=step, kind=verdict["kind"], suspect=verdict["rank"],
              seconds=verdict["replay_s"])  # fmt: skip
@@ -411,11 +429,28 @@ def _same_step(guard: Guard, mark: StepMark) -> tuple[Any, int, dict[str, Any] |
     return batch, index, forward_rng, run
 
 
+def _back_to_boundary(guard: Guard, heavy: Snapshot, mark: StepMark) -> None:
+    """Back to the boundary `_to_boundary` put this rank at, after re-runs, which changed no
+    weight or optimizer state: only gradients, buffers (batch-norm statistics), the scaler's
+    iteration, the RNGs and the data position."""
+    guard.optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for name, buf in guard.model.named_buffers():
+            saved = heavy.model.get(name)
+            if isinstance(saved, torch.Tensor) and saved.shape == buf.shape:
+                buf.copy_(saved)
+    if guard.scaler is not None and heavy.scaler is not None:
+        guard.scaler.load_state_dict(heavy.scaler)
+    restore_rng(mark.rng)
+    guard.step_count = mark.step
+    guard.cursor.seek(mark.cursor)
+
+
 def _alone(guard: Guard, heavy: Snapshot, mark: StepMark, sent: Any) -> _Run | None:
     """Re-run the suspect's batch on this rank alone (no all-reduce), from the same state."""
     batch, index, rng, factor = sent
     try:
-        _to_boundary(guard, heavy, mark)
+        _back_to_boundary(guard, heavy, mark)
         restore_rng(rng)
         with guard.injector.data_factor_of(factor):
             return _run(

@@ -63,6 +63,8 @@ class DetectorSuite:
 
     def __init__(self, detectors: Iterable[Detector]) -> None:
         self.detectors: list[Detector] = list(detectors)
+        # The detectors' `flags` methods, found once per list of detectors (see `flags`).
+        self._flaggers: tuple[list[Detector], list[Any]] = ([], [])
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         out: list[AnomalyEvent] = []
@@ -82,11 +84,12 @@ class DetectorSuite:
         overflow signal, not an anomaly). The Guard keeps the state from before such
         a step, so that `replay_step` can re-run it (`workers.replay`).
         """
-        for detector in self.detectors:
-            ask = getattr(detector, "flags", None)
-            if ask is not None and ask(loss, grad_norm, scaled=scaled):
-                return True
-        return False
+        seen, flaggers = self._flaggers
+        current = self.detectors
+        if len(seen) != len(current) or any(a is not b for a, b in zip(seen, current, strict=True)):
+            flaggers = [d.flags for d in self.detectors if callable(getattr(d, "flags", None))]  # type: ignore[attr-defined]
+            self._flaggers = (list(self.detectors), flaggers)
+        return any(ask(loss, grad_norm, scaled=scaled) for ask in flaggers)
 
     def new_epoch(self, epoch: int) -> None:
         """Tell the detectors that care (`new_epoch(epoch)`) that a new pass over the data began."""
