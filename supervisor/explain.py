@@ -252,13 +252,18 @@ def _replay_lines(kind: Any, rank: Any, found: dict[str, Any]) -> list[str]:
     ev = found.get("evidence")
     if not isinstance(ev, dict):
         return []
+    checked = (
+        f"rank {ev.get('suspect')}'s batch checked on rank {ev.get('witness')}"
+        if ev.get("witness") is not None
+        else "no other rank asked (the re-run showed it, or there is none)"
+    )
     lines = [
         f"the replay's evidence ({kind} on rank {rank}):",
         f"  {found.get('reason')}",
         (
-            f"  step {ev.get('step')} re-run on every rank from the state rank {ev.get('source')} kept "
-            f"before its update; rank {ev.get('suspect')}'s batch checked on rank {ev.get('witness')}; "
-            f"tolerance {ev.get('tolerance')} ({'bitwise' if not ev.get('tolerance') else 'relative'})"
+            f"  step {ev.get('step')} re-run on every rank from the state rank "
+            f"{ev.get('source')} kept before its update; {checked}; tolerance "
+            f"{ev.get('tolerance')} ({'bitwise' if not ev.get('tolerance') else 'relative'})"
         ),
     ]
     rows = ev.get("ranks")

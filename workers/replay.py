@@ -16,14 +16,16 @@ within the step boundary where it is applied, on every rank at once:
    gradients' digest after the reduce (`workers.digests`: exact bit sums, and
    float64 sums for a tolerance), are compared with what the original step
    gave (kept with the pre-step state).
-3. *Another chip on the same input.* The suspected rank re-runs its batch
-   alone (no all-reduce: its own local gradients) and a peer, the *witness*,
-   runs the same batch from the same state with the same RNG state (the batch
-   and RNG state are sent to it; a poisoned batch carries its poison along,
-   as bad data would). A data-parallel peer holds bitwise-equal parameters, so
-   on a healthy pair both give the same bits. The issue behind this module asks
-   for a warm spare here; a spare actor has no model until it becomes a rank
-   (its model is built by the user's function), so the peer stands in for it.
+3. *Another chip on the same input*, when the re-run shows nothing (the same
+   numbers again on every rank, replicas agreeing): the suspected rank re-runs
+   its batch alone (no all-reduce: its own local gradients) and a peer, the
+   *witness*, runs the same batch from the same state with the same RNG state
+   (the batch and RNG state are sent to it; a poisoned batch carries its
+   poison along, as bad data would). A data-parallel peer holds bitwise-equal
+   parameters, so on a healthy pair both give the same bits; a chip that
+   corrupts its forward on every run does not. The issue behind this module
+   asks for a warm spare here; a spare actor has no model until it becomes a
+   rank (its model is built by the user's function), so the peer stands in.
 4. *The answer* (`classify`), the same on every rank (each has the whole
    table after one all-gather per phase):
    - `replay_rank_specific`: the witness does not reproduce the suspected
@@ -278,7 +280,10 @@ def replay_step(guard: Guard, params: dict[str, Any], command: Command) -> dict[
     """Carry out `replay_step` on this rank (every rank does, at the same boundary)."""
     replays: Replays = guard.replays
     if not replays.window:
-        raise ActionError("replay_step needs the step marks the Guard keeps (replay_window > 0)")
+        raise ActionError(
+            "replay_step needs the step boundaries the Guard remembers, and this one keeps none "
+            "(a single rank under a supervisor keeps them only with GuardConfig(replay_window=8))"
+        )
     if guard.sharded:
         raise ActionError(
             "replay_step needs replicated parameters (DDP or one rank): a sharded model's "
@@ -325,23 +330,34 @@ def replay_step(guard: Guard, params: dict[str, Any], command: Command) -> dict[
     table1 = _gather(group, {**row, "error": None if again is not None else "re-run failed"})
     _fail_if_any(guard, heavy, mark, table1, "the re-run")
     suspect = _suspect(table1)
-    witness = _witness(suspect, world)
+    # The re-run alone may show the fault already (numbers that moved, replicas that
+    # disagree); only an answer of "the same numbers" needs another chip's opinion.
+    alone = [{**row, "checked": None} for row in table1]
+    verdict = classify(step=step, table=alone, suspect=suspect, witness=None,
+                       tolerance=tolerance, source=source)  # fmt: skip
+    witness = _witness(suspect, world) if verdict["kind"] == "replay_reproducible" else None
     # 4. The suspect's batch on the suspect and on the witness, each alone.
-    checked: _Run | None = None
     if witness is not None:
         payload = None
         if me == suspect:
             factor = guard.injector.data_factor(index)
             payload = (_to_cpu(batch), index, forward_rng, factor)
         sent = _broadcast(group, payload, suspect)
-        if me in (suspect, witness):
-            checked = _alone(guard, heavy, mark, sent)
-    failed = witness is not None and me in (suspect, witness) and checked is None
-    table2 = _gather(
-        group,
-        {"checked": _pack(checked) if checked is not None else None, "error": failed or None},
-    )
-    _fail_if_any(guard, heavy, mark, table2, "the check on another rank")
+        checked = _alone(guard, heavy, mark, sent) if me in (suspect, witness) else None
+        failed = me in (suspect, witness) and checked is None
+        table2 = _gather(
+            group,
+            {"checked": _pack(checked) if checked is not None else None, "error": failed or None},
+        )
+        _fail_if_any(guard, heavy, mark, table2, "the check on another rank")
+        verdict = classify(
+            step=step,
+            table=[{**a, **b} for a, b in zip(table1, table2, strict=True)],
+            suspect=suspect,
+            witness=witness,
+            tolerance=tolerance,
+            source=source,
+        )
     t_checked = time.perf_counter()
     # 5. Back to the boundary before `step`; the answer.
     _back_to_boundary(guard, heavy, mark)
@@ -349,14 +365,6 @@ def replay_step(guard: Guard, params: dict[str, Any], command: Command) -> dict[
         guard.cursor.unread(unread)
     if guard.checkpoints is not None:
         guard.checkpoints.retire_after(step)
-    verdict = classify(
-        step=step,
-        table=[{**a, **b} for a, b in zip(table1, table2, strict=True)],
-        suspect=suspect,
-        witness=witness,
-        tolerance=tolerance,
-        source=source,
-    )
     t_end = time.perf_counter()
     verdict["replay_s"] = round(t_end - t0, 4)
     verdict["evidence"]["replay_s"] = verdict["replay_s"]
