@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -75,6 +76,7 @@ from examples.gpt_model import (  # noqa: E402
 from remedy.workers import Guard, GuardConfig  # noqa: E402
 from remedy.workers.detectors import DetectorSuite, default_detectors  # noqa: E402
 from remedy.workers.measure import GradNorm, MemoryProbe, process_rss_bytes  # noqa: E402
+from remedy.workers.replay import Replays  # noqa: E402
 from remedy.workers.stats import StepStats  # noqa: E402
 
 
@@ -272,12 +274,23 @@ def component_costs(steps: int = 600) -> list[tuple[str, float, float]]:
         stats.step += 1
         stats.tick += 1
 
+    replays = Replays(8, 5.0)
+    # What `Replays.mark` reads of the Guard: the step, tick and data position.
+    position = SimpleNamespace(step_count=0, tick=0, cursor=SimpleNamespace(position=0))
+
+    def mark() -> None:
+        replays.mark(position)  # type: ignore[arg-type]
+        position.step_count += 1
+        position.tick += 1
+
     pieces: dict[str, Callable[[], Any]] = {
         "gradient norm (GradNorm, one _foreach_norm)": lambda: norm().item(),
         "RSS from /proc (every read)": process_rss_bytes,
         "MemoryProbe.read (RSS at most every 20 ms)": probe.read,
         "StepStats + metrics record": lambda: _stats(1).to_metrics(),
         "every default detector (DetectorSuite)": detectors,
+        "DetectorSuite.flags (before the update)": lambda: suite.flags(2.0, 1.0, scaled=False),
+        "step mark for replay_step (Replays.mark)": mark,
     }
     names = list(pieces)
     times: dict[str, list[float]] = {k: [] for k in pieces}

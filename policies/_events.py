@@ -44,6 +44,16 @@ class AnomalyEvent:
         if self.tick < 0:
             object.__setattr__(self, "tick", self.step)
 
+    @property
+    def node(self) -> str | None:
+        """The node the rank ran on, when the supervisor stamped it (`details["node"]`).
+
+        What `group_by: [node]` counts by: a node whose chips keep failing is one
+        key, whichever of its ranks (or their replacements there) saw the fault.
+        """
+        node = self.details.get("node")
+        return node if isinstance(node, str) else None
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON form used on the wire and in `anomalies.jsonl`."""
         out: dict[str, Any] = {

@@ -42,6 +42,7 @@ from remedy.policies._params import (
     EnableActivationCheckpointingParams,
     NotifyParams,
     ReduceMicrobatchParams,
+    ReplayStepParams,
     RescaleGradScalerParams,
     RestartRankParams,
     RollbackParams,
@@ -66,7 +67,7 @@ from remedy.policies._types import (
 
 SpanT = Annotated[Span, PlainValidator(parse_span)]
 CompareT = Annotated[Comparison, PlainValidator(parse_comparison)]
-GROUP_FIELDS = ("kind", "step", "rank", "source", "severity")
+GROUP_FIELDS = ("kind", "step", "rank", "source", "severity", "node")
 
 
 def shape_tag(value: Any) -> str | None:
@@ -139,6 +140,7 @@ class ActionStep(Strict):
     notify: NotifyParams | None = None
     abort: AbortParams | None = None
     configure_cuda_allocator: ConfigureCudaAllocatorParams | None = None
+    replay_step: ReplayStepParams | None = None
     on_failure: OnFailure | None = None
 
 

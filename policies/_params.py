@@ -165,6 +165,16 @@ class AbortParams(ActionParams):
     reason: _OptText = None
 
 
+class ReplayStepParams(ActionParams):
+    """Re-run the anomalous step from the state just before it and classify the fault.
+
+    `tolerance`: 0 compares bitwise; above 0, the relative difference the loss
+    and the gradient sums may show (for non-deterministic kernels).
+    """
+
+    tolerance: NonNegFloat = 0.0
+
+
 ACTION_PARAMS: dict[str, type[ActionParams]] = {
     "rollback": RollbackParams,
     "shrink_lr": ShrinkLrParams,
@@ -179,6 +189,7 @@ ACTION_PARAMS: dict[str, type[ActionParams]] = {
     "notify": NotifyParams,
     "abort": AbortParams,
     "configure_cuda_allocator": ConfigureCudaAllocatorParams,
+    "replay_step": ReplayStepParams,
 }
 
 

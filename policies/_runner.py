@@ -117,6 +117,7 @@ def _events(case: CaseSpec, index: int, spec: TestFileSpec, doc: Document) -> li
                         severity=getattr(extra, "severity", "warning"),
                         threshold=getattr(extra, "threshold", None),
                         source=getattr(extra, "source", "detector"),
+                        node=getattr(extra, "node", None),
                         step_seconds=spec.step_seconds,
                     )
                 )

@@ -61,9 +61,13 @@ def pattern_events(
     severity: str = "warning",
     threshold: float | None = None,
     source: str = "detector",
+    node: str | None = None,
     step_seconds: float = 1.0,
 ) -> list[AnomalyEvent]:
-    """Events of one kind on some ranks following `pattern`, ordered by step then rank."""
+    """Events of one kind on some ranks following `pattern`, ordered by step then rank.
+
+    `node`: the node the ranks ran on, as the supervisor stamps it (`details["node"]`).
+    """
     if kind not in ANOMALY_KINDS:
         raise PolicyTestError(f"unknown anomaly kind {kind!r} (valid: {', '.join(ANOMALY_KINDS)})")
     ranks = sorted(set(ranks))
@@ -89,6 +93,7 @@ def pattern_events(
                     source=source,
                     ts=step * step_seconds,
                     tick=step,
+                    details={"node": node} if node is not None else {},
                 )
             )
     return events

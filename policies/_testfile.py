@@ -49,6 +49,7 @@ class StreamSpec(Strict):
     severity: SeverityName = "warning"
     threshold: Annotated[float | None, PlainValidator(number_validator(optional=True))] = None
     source: SourceName = "detector"
+    node: Text | None = None  # the node the ranks ran on (for `group_by: [node]`)
 
 
 StreamValue = Annotated[

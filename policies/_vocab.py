@@ -39,6 +39,15 @@ ANOMALY_KINDS: Final[tuple[str, ...]] = (
     "pcie_throughput_drop",
     "nvlink_error",
     "checkpoint_corrupt",
+    # Silent data corruption: data-parallel replicas whose parameters or optimizer
+    # state no longer agree (`workers.replicas`), and the answer of a `replay_step`
+    # (`workers.replay`): the same numbers again (data or numerics), different
+    # numbers on the re-run (a transient hardware fault), or a rank whose result a
+    # peer does not reproduce from the same state and batch (that rank's chip).
+    "replica_divergence",
+    "replay_reproducible",
+    "replay_transient",
+    "replay_rank_specific",
 )
 
 
@@ -117,6 +126,17 @@ ACTION_TABLE: Final[tuple[ActionSpec, ...]] = (
         "configure_cuda_allocator",
         "rank",
         "change the CUDA caching allocator's settings (e.g. expandable_segments)",
+    ),
+    ActionSpec(
+        "replay_step",
+        "rank",
+        "re-run the anomalous step from the state just before it, on its rank and on a peer, "
+        "and answer replay_reproducible, replay_transient or replay_rank_specific",
+        disruptive=True,
+        under_callbacks=(
+            "the framework runs the step itself: remedy cannot re-run it from the state "
+            "before it under a callback"
+        ),
     ),
 )
 ACTION_SPECS: Final[dict[str, ActionSpec]] = {a.name: a for a in ACTION_TABLE}

@@ -123,6 +123,7 @@ class SupervisorActor:
             # Where a `notify` decision's effect is carried out: logged, and queued for
             # the policy's sinks and REMEDY_NOTIFY_WEBHOOK (see `supervisor.notify`).
             notify=self._notify,
+            node_of=self._node_of,
         )
         self.started = time.time()
         self.state = "starting"
@@ -635,8 +636,17 @@ class SupervisorActor:
         if d is None:
             return outcome, detail
         pids = self.group.pids if self.group is not None else {}
-        sent = self.notifier.submit(d, {r: pids[r][0] for r in d.ranks if r in pids})
+        nodes = {r: pids[r][0] for r in d.ranks if r in pids}
+        if d.anomaly.node is not None:
+            # Where the fault was seen: the rank may have been replaced elsewhere since.
+            nodes[d.anomaly.rank] = d.anomaly.node
+        sent = self.notifier.submit(d, nodes)
         return outcome, f"{detail}; {sent}" if sent else detail
+
+    def _node_of(self, rank: int) -> str | None:
+        """The node `rank`'s current process runs on, once the group has learnt it."""
+        where = self.group.pids.get(rank) if self.group is not None else None
+        return where[0] if where is not None else None
 
     def _group_action(self, d: Decision) -> tuple[str, str] | None:
         """restart_rank: replace the decision's ranks asynchronously (resolved when done)."""

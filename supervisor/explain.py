@@ -166,6 +166,7 @@ def explain_decision(run: RunData, d: dict[str, Any], policy: Policy | None) -> 
         )
         lines.extend("  " + text for text in predicate_lines(rule, anomaly))
         lines.append("  " + _limits(rule))
+    lines.extend(evidence_lines(d))
     lines.append("what was done:")
     lines.append(f"  {d.get('action')} {d.get('params') or {}} -> {d.get('outcome')}")
     if d.get("detail"):
@@ -216,13 +217,105 @@ def _events_for(run: RunData, d: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _event_text(ev: dict[str, Any]) -> str:
     value = ev.get("value")
+    details = ev.get("details")
+    node = details.get("node") if isinstance(details, dict) else None
+    where = f"rank {ev.get('rank')}" + (f" (node {node})" if isinstance(node, str) else "")
     parts = [
-        f"{ev.get('kind')} on rank {ev.get('rank')} at step {ev.get('step')} (tick {ev.get('tick')})",
+        f"{ev.get('kind')} on {where} at step {ev.get('step')} (tick {ev.get('tick')})",
         f"value {value}" if value is not None else "",
         f"threshold {ev.get('threshold')}" if ev.get("threshold") is not None else "",
         f"{ev.get('severity')}, from {ev.get('source')}",
     ]
     return ", ".join(p for p in parts if p)
+
+
+REPLAY_ANSWERS = ("replay_reproducible", "replay_transient", "replay_rank_specific")
+
+
+def evidence_lines(d: dict[str, Any]) -> list[str]:
+    """What a replay or the replica check compared, for the decision it led to or made."""
+    anomaly = d.get("anomaly") or {}
+    details = anomaly.get("details")
+    details = details if isinstance(details, dict) else {}
+    result = d.get("result")
+    verdict = result.get("verdict") if isinstance(result, dict) else None
+    if d.get("action") == "replay_step" and isinstance(verdict, dict):
+        return _replay_lines(verdict.get("kind"), verdict.get("rank"), verdict)
+    if anomaly.get("kind") in REPLAY_ANSWERS:
+        return _replay_lines(anomaly.get("kind"), anomaly.get("rank"), details)
+    if anomaly.get("kind") == "replica_divergence":
+        return _divergence_lines(anomaly.get("rank"), details)
+    return []
+
+
+def _replay_lines(kind: Any, rank: Any, found: dict[str, Any]) -> list[str]:
+    ev = found.get("evidence")
+    if not isinstance(ev, dict):
+        return []
+    checked = (
+        f"rank {ev.get('suspect')}'s batch checked on rank {ev.get('witness')}"
+        if ev.get("witness") is not None
+        else "no other rank asked (the re-run showed it, or there is none)"
+    )
+    lines = [
+        f"the replay's evidence ({kind} on rank {rank}):",
+        f"  {found.get('reason')}",
+        (
+            f"  step {ev.get('step')} re-run on every rank from the state rank "
+            f"{ev.get('source')} kept before its update; {checked}; tolerance "
+            f"{ev.get('tolerance')} ({'bitwise' if not ev.get('tolerance') else 'relative'})"
+        ),
+    ]
+    rows = ev.get("ranks")
+    for r, row in rows.items() if isinstance(rows, dict) else []:
+        if not isinstance(row, dict):
+            continue
+        loss, grads = _pair(row.get("loss")), _pair(row.get("grads"))
+        kept = ", kept the state" if row.get("kept") else ""
+        lines.append(
+            f"  rank {r}{kept}: loss {loss[0]} then {loss[1]} on the re-run; "
+            f"gradients {grads[0]} then {grads[1]}"
+        )
+    check = ev.get("witness_check")
+    if isinstance(check, dict):
+        loss, grads = _pair(check.get("loss")), _pair(check.get("grads"))
+        lines.append(
+            f"  rank {check.get('batch_of')}'s batch alone: on rank {ev.get('suspect')} loss "
+            f"{loss[0]}, gradients {grads[0]}; on rank {ev.get('witness')} loss {loss[1]}, "
+            f"gradients {grads[1]}"
+        )
+    if ev.get("first_difference"):
+        lines.append(f"  first gradient that differs: {ev['first_difference']}")
+    if ev.get("replay_s") is not None:
+        lines.append(f"  the replay took {ev['replay_s']} s")
+    return lines
+
+
+def _divergence_lines(rank: Any, details: dict[str, Any]) -> list[str]:
+    lines = [
+        (
+            f"the replica check's evidence (rank {rank} odd among ranks {details.get('group')}, "
+            f"reference rank {details.get('reference')}, checked every "
+            f"{details.get('checked_every')} steps, last agreed at step "
+            f"{details.get('last_agreed_step')}):"
+        )
+    ]
+    digests = details.get("digests")
+    for r, row in digests.items() if isinstance(digests, dict) else []:
+        if isinstance(row, dict):
+            lines.append(
+                f"  rank {r}: parameters {row.get('params')}, optimizer state {row.get('optimizer')}"
+            )
+    if details.get("first_difference"):
+        lines.append(f"  first tensor that differs: {details['first_difference']}")
+    return lines
+
+
+def _pair(value: Any) -> tuple[Any, Any]:
+    """A journaled [original, re-run] pair, whatever the line holds."""
+    if isinstance(value, list) and len(value) == 2:
+        return value[0], value[1]
+    return None, None
 
 
 def _as_event(raw: dict[str, Any]) -> AnomalyEvent | None:

@@ -323,12 +323,12 @@ def _draw_rollback(run: RunData, ax: Axes, d: dict[str, Any], result: dict[str, 
     )
     ax.annotate(f"rollback to {restored}", (restored, y), xytext=(0, 4),
                 textcoords="offset points", fontsize=7, color="#d62728")  # fmt: skip
-    skipped = result.get("skipped_batches") or []
-    if skipped:
+    skipped = result.get("skipped_count", len(result.get("skipped_batches") or []))
+    if isinstance(skipped, int) and skipped > 0:
         # The skipped batches are the data the replay would have trained on from the
         # restored step: shade those steps.
-        ax.axvspan(restored, restored + len(skipped), color="#ff7f0e", alpha=0.15, linewidth=0)
-        ax.annotate(f"{len(skipped)} batches skipped", (restored, lo), xytext=(2, 3),
+        ax.axvspan(restored, restored + skipped, color="#ff7f0e", alpha=0.15, linewidth=0)
+        ax.annotate(f"{skipped} batches skipped", (restored, lo), xytext=(2, 3),
                     textcoords="offset points", fontsize=7, color="#c55a00")  # fmt: skip
 
 

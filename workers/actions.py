@@ -22,7 +22,7 @@ import structlog
 import torch
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from remedy.workers import restore_point
+from remedy.workers import replay, restore_point
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.exceptions import ActionError, CheckpointError, TransientActionError
 
@@ -221,7 +221,7 @@ def rollback(guard: ActionTarget, params: dict[str, Any], command: Command) -> d
         "target_step": target,
         "source": source,
         "data_rewound": rewound,
-        "skipped_batches": skipped,
+        **skipped_result(skipped),
         "retired_checkpoints": retired,
         "detail": detail,
     }
@@ -230,7 +230,29 @@ def rollback(guard: ActionTarget, params: dict[str, Any], command: Command) -> d
 @applier("skip_batches")
 def skip_batches(guard: ActionTarget, params: dict[str, Any], command: Command) -> dict[str, Any]:
     skipped = guard.skip_next(int(params.get("count", 1)))
-    return {"skipped_batches": skipped, "detail": f"skipped {len(skipped)} batches"}
+    return {**skipped_result(skipped), "detail": f"skipped {len(skipped)} batches"}
+
+
+# Skipped batch indices an outcome lists one by one; more go as ranges (an outcome's result
+# is bounded: 300 indices, llm-pretrain's skip, made it too big for the supervisor to take).
+LISTED_SKIPS = 64
+
+
+def skipped_result(skipped: list[int]) -> dict[str, Any]:
+    """The skipped batch indices for an outcome: `skipped_count`, and `skipped_batches` (the
+    indices) when there are at most `LISTED_SKIPS`, else `skipped_ranges` ([first, last] each)."""
+    out: dict[str, Any] = {"skipped_count": len(skipped)}
+    if len(skipped) <= LISTED_SKIPS:
+        out["skipped_batches"] = skipped
+        return out
+    ranges: list[list[int]] = []
+    for index in sorted(skipped):
+        if ranges and index == ranges[-1][1] + 1:
+            ranges[-1][1] = index
+        else:
+            ranges.append([index, index])
+    out["skipped_ranges"] = ranges
+    return out
 
 
 @applier("shrink_lr")
@@ -335,3 +357,15 @@ def dump_diagnostics(
 def abort(guard: ActionTarget, params: dict[str, Any], command: Command) -> dict[str, Any]:
     guard.request_stop(str(params.get("reason") or "aborted by policy"))
     return {"detail": "training loop stopped"}
+
+
+@applier("replay_step")
+def replay_step(guard: ActionTarget, params: dict[str, Any], command: Command) -> dict[str, Any]:
+    """Re-run the anomalous step and classify its fault (`workers.replay`); or, as the
+    `<decision>-answer` command, take the policy's answer to a replay this rank holds for."""
+    replays = getattr(guard, "replays", None)
+    if replays is None:
+        raise ActionError("replay_step needs the Guard's own loop; this one cannot re-run a step")
+    if "answer" in params:
+        return {"detail": replays.answered(dict(params["answer"]))}
+    return replay.replay_step(guard, params, command)  # type: ignore[arg-type]

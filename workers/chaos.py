@@ -17,7 +17,9 @@ Two kinds of fault model two kinds of real trouble:
   again, in this process or a replacement, the spike comes back. Only
   skipping those batches cures it, as with the bad-data spikes of large runs.
 Window faults (`slow_loader`, `memory_leak`) act on every step of their
-window each time it runs.
+window each time it runs. Silent corruption (`bitflip` once, `bad_rank` on
+every step of one rank's process until it is replaced) flips a bit of a
+parameter, a gradient or an activation (`workers.bitflips`).
 
 What has fired is kept in the run directory (`chaos_record.FiredRecord`), so
 a restarted rank does not fire a fault again. To add a fault kind: name it in
@@ -28,11 +30,12 @@ hook, with `FaultInjector.fire_once` for a fault that fires once per run.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -43,7 +46,7 @@ from ruamel.yaml.error import YAMLError
 
 from remedy.policies import Diagnostic, PolicyError
 from remedy.policies._yaml import Document, load_yaml
-from remedy.workers import process_faults
+from remedy.workers import bitflips, process_faults
 from remedy.workers.chaos_record import FiredRecord, fired_dir
 from remedy.workers.exceptions import ChaosConfigError
 from remedy.workers.sharding import local
@@ -62,6 +65,8 @@ FaultKind = Literal[
     "slow_collective",
     "corrupt_checkpoint",
     "kill_supervisor",
+    "bitflip",
+    "bad_rank",
 ]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 
@@ -85,6 +90,10 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "boundary before the step (once per run); its checksum then fails on restore",
     "kill_supervisor": "the supervisor's process is killed (SIGKILL) from this rank at the start "
     "of the step (once per run); Ray restarts it and it resumes from its journal",
+    "bitflip": "flips bit `bit` of element `index` of a parameter, a gradient or an activation "
+    "(`target`, `name`) on the rank, once: a transient hardware fault",
+    "bad_rank": "the same as bitflip on every step from `at_step`, on the rank's process until it "
+    "is replaced (a parameter's bit stays set): a chip that keeps computing wrong results",
 }
 SUPPORTED_FAULTS = frozenset(FAULT_DESCRIPTIONS)
 
@@ -94,6 +103,8 @@ NOT_UNDER_FRAMEWORKS: dict[str, str] = {
     "oom": "the framework's step has no out-of-memory retry to exercise",
     "corrupt_checkpoint": "the framework writes its own checkpoints",
     "slow_collective": "the framework runs its own collectives",
+    "bitflip": "the corruption is injected in the Guard's own step",
+    "bad_rank": "the corruption is injected in the Guard's own step",
 }
 
 
@@ -122,9 +133,14 @@ FAULT_PARAMS: dict[str, frozenset[str]] = {
     "slow_collective": frozenset({"seconds"}),
     "corrupt_checkpoint": frozenset(),
     "kill_supervisor": frozenset(),
+    "bitflip": frozenset({"target", "name", "index", "bit"}),
+    "bad_rank": frozenset({"target", "name", "index", "bit"}),
 }
 
-_ALL_PARAMS = frozenset({"duration", "factor", "seconds", "bytes"})  # a kind not listed above
+# A kind not listed above takes any of them.
+_ALL_PARAMS = frozenset(
+    {"duration", "factor", "seconds", "bytes", "target", "name", "index", "bit"}
+)
 
 # Bounds: a chaos file describes a test, and a value past these is a typo
 # that would otherwise crash the rank with no reason given.
@@ -134,6 +150,8 @@ MAX_SPIKE_BATCHES = 100_000  # batches one loss_spike may poison
 MAX_SECONDS = 3600.0
 MAX_FACTOR = 1e12
 MAX_BYTES = 1 << 34  # 16 GiB kept alive per step
+MAX_BIT = 63  # the widest element, float64 / int64
+MAX_INDEX = 1 << 48
 MAX_LEAK_BYTES = 1 << 40  # 1 TiB over a whole memory_leak
 MAX_FILE_BYTES = 1 << 20
 MAX_MESSAGES = 20  # located errors shown for one file
@@ -152,6 +170,11 @@ class Fault(BaseModel):
     factor: float | None = Field(default=None, gt=0, le=MAX_FACTOR, allow_inf_nan=False)
     seconds: float = Field(default=0.5, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
     bytes: int = Field(default=8 << 20, ge=0, le=MAX_BYTES)
+    # bitflip, bad_rank (`workers.bitflips`): what is corrupted, where, which bit.
+    target: Literal["param", "grad", "activation"] = "grad"
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    index: int = Field(default=0, ge=0, le=MAX_INDEX)
+    bit: int = Field(default=30, ge=0, le=MAX_BIT)
 
     @model_validator(mode="after")
     def _bounded_totals(self) -> Fault:
@@ -349,6 +372,8 @@ def _text(detail: Any) -> str:
         "less_than_equal": f"must be at most {ctx.get('le')}, got {got}",
         "greater_than": f"must be greater than {ctx.get('gt')}, got {got}",
         "greater_than_equal": f"must be at least {ctx.get('ge')}, got {got}",
+        "literal_error": f"must be one of {ctx.get('expected')}, got {got}",
+        "string_type": f"must be a string, got {got}",
     }
     return texts.get(kind) or str(detail["msg"]).removeprefix("Value error, ")
 
@@ -408,6 +433,94 @@ class FaultInjector:
                     self._poison(fired)
         self._leak: list[torch.Tensor] = []
         self.log: list[dict[str, Any]] = []  # what was injected, for the metrics stream
+        # Silent corruption (`attach`): the tensors each bitflip/bad_rank fault aims at.
+        self._aims: dict[int, tuple[str, torch.Tensor | None]] = {}
+        self._bad: dict[int, bool] = {}  # bad_rank: is this process the bad one
+        self._step = 0  # the step being run (for forward hooks)
+        self._factor_override: tuple[float | None] | None = None  # see `data_factor_of`
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Aim the silent-corruption faults at the model's tensors (raises `ChaosConfigError`
+        naming what the model lacks): forward hooks for activations."""
+        for i, f in enumerate(self.faults):
+            if f.kind not in ("bitflip", "bad_rank"):
+                continue
+            if f.target == "activation":
+                name, module = bitflips.find_module(model, f.name)
+                module.register_forward_hook(self._activation_hook(i, f))
+                self._aims[i] = (name, None)
+            else:
+                name, param = bitflips.find_parameter(model, f.name)
+                self._aims[i] = (name, param)
+
+    def stepping(self, step: int) -> None:
+        """The step whose forward runs next (a replay runs an earlier one again)."""
+        self._step = step
+
+    def _corrupting(self, target: str, step: int) -> Iterator[tuple[int, Fault, bool]]:
+        """(index, fault, stuck) of each bitflip/bad_rank fault of `target` due at `step`."""
+        for i, f in enumerate(self.faults):
+            if f.kind in ("bitflip", "bad_rank") and f.target == target and i in self._aims:
+                stuck = self._due(i, step)
+                if stuck is not None:
+                    yield i, f, stuck
+
+    def _due(self, i: int, step: int) -> bool | None:
+        """Whether silent-corruption fault `i` acts at `step` (None: not), and if so whether the
+        bit stays set (a bad_rank's weight) rather than flipping. A bitflip is marked fired."""
+        f = self.faults[i]
+        if f.kind == "bad_rank":
+            return (f.target == "param") if step >= f.at_step and self._is_bad(i, step) else None
+        if f.at_step != step or self.record.get(self._keys[i]) is not None:
+            return None
+        self.record.mark(self._keys[i], {"kind": f.kind, "rank": self.rank, "step": step})
+        return False
+
+    def _is_bad(self, i: int, step: int) -> bool:
+        """bad_rank: the first process of the rank to reach the step is bad, for good; the ones
+        that replace it are not."""
+        if i not in self._bad:
+            fired = self.record.get(self._keys[i])
+            if fired is None:
+                fired = {"kind": "bad_rank", "rank": self.rank, "step": step,
+                         "process": bitflips.PROCESS}  # fmt: skip
+                self.record.mark(self._keys[i], fired)
+            self._bad[i] = fired.get("process") == bitflips.PROCESS
+        return self._bad[i]
+
+    def _activation_hook(self, i: int, f: Fault) -> Callable[..., Any]:
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> Any:
+            del module, args
+            if self._due(i, self._step) is None:
+                return None
+            changed, done = bitflips.corrupt_output(output, f.index, f.bit)
+            self._note(f.kind, self._step, target="activation", name=self._aims[i][0], **done)
+            return changed
+
+        return hook
+
+    def after_update(self, step: int) -> None:
+        """Parameter faults, after the optimizer step: a flipped (or stuck) bit of a weight."""
+        for i, f, stuck in self._corrupting("param", step):
+            name, param = self._aims[i]
+            assert param is not None
+            with torch.no_grad():
+                done = bitflips.flip_bit(param, f.index, f.bit, stuck=stuck)
+            self._note(f.kind, step, target="param", name=name, **done)
+
+    def data_factor(self, batch_index: int) -> float | None:
+        """The loss factor a poisoned batch carries (None for a clean one)."""
+        return self._factor(batch_index)
+
+    @contextlib.contextmanager
+    def data_factor_of(self, factor: float | None) -> Iterator[None]:
+        """Within: the batch being run carries `factor` (another rank's batch, poison and all),
+        whatever this rank's own poisoned batches are."""
+        self._factor_override = (factor,)
+        try:
+            yield
+        finally:
+            self._factor_override = None
 
     def _window(self, kind: str, step: int) -> list[tuple[int, Fault]]:
         if not self.faults:  # the common case: every hook is a no-op
@@ -493,7 +606,9 @@ class FaultInjector:
                 }
                 self.record.mark(self._keys[i], fired)
                 self._poison(fired)
-        factor = self._factor(batch_index)
+        factor = (
+            self._factor(batch_index) if self._factor_override is None else self._factor_override[0]
+        )
         if factor is not None:
             self._note("loss_spike", step, batch_index=batch_index, factor=factor)
             loss = loss * factor
@@ -534,6 +649,12 @@ class FaultInjector:
                     local(p.grad).view(-1)[0] = float("nan")  # a sharded model: this rank's shard
                     break
             self._note("nan_grad", step)
+        for i, f, _ in self._corrupting("grad", step):
+            name, param = self._aims[i]
+            assert param is not None
+            if param.grad is not None:
+                done = bitflips.flip_bit(param.grad, f.index, f.bit)
+                self._note(f.kind, step, target="grad", name=name, **done)
 
     @property
     def poisoned_batches(self) -> list[int]:

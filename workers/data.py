@@ -16,6 +16,7 @@ epoch is shuffled differently and every rank reads its own shard.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -58,6 +59,8 @@ class BatchCursor:
         self.epoch = 0
         self._epoch_start = 0  # position of the first batch of the current epoch
         self.skipped: set[int] = set()
+        # A plain iterable's batches to yield again before reading on (see `unread`).
+        self._again: deque[tuple[int, Any]] = deque()
 
     @property
     def rewindable(self) -> bool:
@@ -65,6 +68,11 @@ class BatchCursor:
 
     def next(self) -> tuple[int, Any]:
         """(index, batch) of the next batch that is not skipped; raises DataExhausted at the end."""
+        while self._again:
+            index, batch = self._again.popleft()
+            self.position = index + 1
+            if index not in self.skipped:
+                return index, batch
         while self.position in self.skipped:
             self._read()
             self.position += 1
@@ -142,6 +150,19 @@ class BatchCursor:
                 out.append(index)
             index += 1
         return out
+
+    def unread(self, items: list[tuple[int, Any]]) -> None:
+        """Give back batches already read, (index, batch) in order, to be yielded again first.
+
+        A replay goes back to a step; an indexable source is simply read again from
+        there (`seek`), a plain iterable cannot be, so the batches it yielded since are
+        kept and handed back.
+        """
+        if self._fetch is not None or not items:
+            return
+        later = [x for x in self._again if x[0] > items[-1][0]]  # given back before, unread still
+        self._again = deque([*items, *later])
+        self.position = items[0][0]
 
     def seek(self, position: int) -> None:
         if self._fetch is None:

@@ -37,6 +37,7 @@ from remedy.workers import (  # noqa: F401 - memory_actions registers its applie
     actions,
     dcp_store,
     memory_actions,
+    replicas,
     restore_point,
     shard_mirror,
     sharding,
@@ -58,6 +59,7 @@ from remedy.workers.measure import (
     module_grad_norms,
 )
 from remedy.workers.outbox import Outbox
+from remedy.workers.replay import Replays, StepMark
 from remedy.workers.snapshots import (
     Snapshot,
     SnapshotRing,
@@ -72,6 +74,8 @@ log = structlog.get_logger("remedy.guard")
 
 # summary["final_loss"] is the mean of the finite training losses of the last this many steps.
 FINAL_LOSS_STEPS = 10
+# Step boundaries a Guard that may replay remembers at least (see GuardConfig.replay_window).
+REPLAY_WINDOW = 8
 
 _DONE: Future[Any] = Future()
 _DONE.set_result(None)
@@ -105,6 +109,20 @@ class GuardConfig:
     # above it the step raises a real torch.OutOfMemoryError. Exercises OOM
     # recovery where no accelerator's memory runs out; None disables.
     activation_cap_bytes: int | None = None
+    # replay_step (workers.replay): the step boundaries remembered (RNG states, data
+    # position), so an anomalous step among them can be re-run: the last this many
+    # steps, and those of the last replay_window_s seconds (the replay command comes a
+    # report's round trip after the anomaly). None: `REPLAY_WINDOW` steps in a process
+    # group (whose membership takes the same RNG capture anyway) or under an in-process
+    # policy that uses replay_step, else none (one capture per step, ~0.1 ms); 0: off.
+    replay_window: int | None = None
+    replay_window_s: float = 5.0
+    # How long the ranks hold after a replay for the policy's answer to it (a restart
+    # of a rank included) before they go on without one.
+    replay_wait_s: float = 60.0
+    # Replicas' parameters and optimizer state are compared across data-parallel
+    # ranks every this many steps (workers.replicas); 0 turns the check off.
+    replica_check_every: int = replicas.DEFAULT_EVERY
     kv_allocator: str = "fixed"  # allocator for KV caches made through the Guard
     detectors: list[Detector] | None = None
     # Background producers of events (e.g. the NVML sampler): objects with
@@ -164,6 +182,7 @@ class Guard:
             run_dir=ctx.run_dir,
             kill_supervisor=getattr(self.reporter, "kill_supervisor", None),
         )
+        self.injector.attach(model)
         self.cursor = BatchCursor(data, epochs=epochs)
         self.data_exhausted: str | None = None  # why the data ended the loop, if it did
         self._epoch = 0  # the epoch the detectors were last told of
@@ -230,6 +249,11 @@ class Guard:
             if dist.get_backend() == "nccl":
                 self._group_device = torch.device("cuda", torch.cuda.current_device())
             self.use_group(dist.group.WORLD)
+        # Step marks and pre-step states for replay_step; the boundary the current step began at.
+        self.replays = Replays(self._replay_window(), self.config.replay_window_s)
+        self.step_mark: StepMark | None = None
+        # Data-parallel replicas compared every so many steps (workers.replicas).
+        self.replica_check = replicas.ReplicaCheck(self.config.replica_check_every)
         # Reports out: events, metrics (built from (stats, chaos log) when a report leaves).
         self.outbox = Outbox(
             self.reporter,
@@ -250,6 +274,19 @@ class Guard:
         self.membership = ctx.membership
         if self.membership is not None:
             self.membership.attach(self)
+
+    def _replay_window(self) -> int:
+        """The step marks to keep (`GuardConfig.replay_window`; None decides here)."""
+        if self.config.replay_window is not None:
+            return self.config.replay_window
+        if self._group is not None:
+            return REPLAY_WINDOW
+        controller = getattr(self.reporter, "controller", None)
+        policy = controller.engine.policy if controller is not None else None
+        uses = policy is not None and any(
+            step.action == "replay_step" for rule in policy.rules for step in rule.steps
+        )
+        return REPLAY_WINDOW if uses else 0
 
     # ------------------------------------------------------------- local mode
     def _local_reporter(self, ctx: WorkerContext) -> Reporter:
@@ -274,6 +311,11 @@ class Guard:
                 ):
                     break
                 t0 = time.perf_counter()
+                mark = self.step_mark = (
+                    self.replays.mark(self)
+                    if self.replays.window or self.membership is not None
+                    else None
+                )
                 if self.membership is not None:
                     self.membership.mark(self)
                 self.injector.before_batch(self.step_count)
@@ -283,6 +325,10 @@ class Guard:
                     self.data_exhausted = str(end)
                     log.info("data_exhausted", detail=str(end), step=self.step_count)
                     break
+                if mark is not None:
+                    self.replays.fetched(
+                        mark, self._batch_index, batch, rewindable=self.cursor.rewindable
+                    )
                 self._loader_time = time.perf_counter() - t0
                 if self.cursor.epoch != self._epoch:
                     self._epoch = self.cursor.epoch
@@ -321,12 +367,69 @@ class Guard:
         if due:
             self._report_corrupt()
             self._send(force=True)
+        if self.replays.hold is not None and self._await_answer():
+            self._boundary()  # the group re-formed while waiting: agree again in the new one
+            return
+        if self._group is not None and self.replica_check.due(self.step_count):
+            try:
+                diverged = self.replica_check.check(self)
+            except RuntimeError as exc:
+                if self.membership is None or not self.membership.recover(self, exc, in_step=False):
+                    raise
+                self._boundary()
+                return
+            if diverged is not None:
+                self.report_event(diverged)
         # A durable checkpoint is written from a snapshot: one is taken at its boundary too.
         due_snapshot = self.step_count % self.config.snapshot_every == 0 or self._checkpoint_due()
         if due_snapshot and (
             not len(self.snapshots) or self.snapshots.steps()[-1] != self.step_count
         ):
             self._snapshot()
+
+    def _await_answer(self) -> bool:
+        """After a replay: hold at this boundary until the policy's answer to it is in.
+
+        The answer comes as the replay's `-answer` command, after the commands it
+        decided (a rollback, say), and is applied with them; an answer that restarts a
+        rank keeps the ranks here until it is replaced (the survivors' collective here
+        fails when it is killed, and they re-form the group). Ranks give up together
+        after `replay_wait_s`. True when the group re-formed meanwhile.
+        """
+        deadline = time.monotonic() + self.config.replay_wait_s
+        next_report = 0.0
+        while self.replays.hold is not None:
+            now = time.monotonic()
+            if now >= next_report:  # the replay's outcome, then heartbeats that fetch replies
+                self._send(force=True)
+                next_report = now + 0.1
+            self.inbox.take(self.reporter.poll())
+            late = now > deadline
+            if self._group is not None:
+                try:
+                    seq, late = self.replays.agree(
+                        self._group, self._group_device, self.inbox.max_seq, late
+                    )
+                except RuntimeError as exc:
+                    if self.membership is None or not self.membership.recover(
+                        self, exc, in_step=False
+                    ):
+                        raise
+                    self.replays.hold = None
+                    return True
+                due = self.inbox.due_up_to_seq(seq)
+            else:  # alone: whatever came is the answer, whatever tick it was meant for
+                due = self.inbox.due_up_to_seq(self.inbox.max_seq)
+            if due:
+                self.inbox.apply(due, self)
+                self._send(force=True)
+            if late and self.replays.hold is not None:
+                log.warning("replay_answer_missing", waited_s=self.config.replay_wait_s,
+                            decision=self.replays.hold.decision_id)  # fmt: skip
+                self.replays.hold = None
+            elif self.replays.hold is not None:
+                time.sleep(0.02)
+        return False
 
     def _snapshot(self) -> None:
         """Snapshot this boundary into the cheapest buffers at hand.
@@ -403,7 +506,7 @@ class Guard:
         for attempt in range(self.config.oom_retries + 1):
             try:
                 self.injector.before_step(step)
-                loss = self._forward_backward(batch)
+                loss = self.forward_backward(batch)
                 self._oom_skips = 0
                 break
             except torch.OutOfMemoryError as exc:
@@ -423,19 +526,13 @@ class Guard:
                     raise
                 lr = float(self.optimizer.param_groups[0]["lr"])
                 return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
-        self.injector.on_grads(step, self.params)
-        if self.scaler is not None and self.scaler.is_enabled():
-            self.scaler.unscale_(self.optimizer)
         try:
-            norm_t = self._grad_norm()
+            norm_t = self.finish_grads()
         except RuntimeError as exc:  # a sharded norm's all-reduce: a peer was lost
             if self.membership is None or not self.membership.recover(self, exc, in_step=True):
                 raise
             lr = float(self.optimizer.param_groups[0]["lr"])
             return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
-        if self.config.grad_clip is not None:
-            coef = (self.config.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
-            torch._foreach_mul_(sharding.local_grads(self.params), coef)
         try:
             seq_t = self.agreement.for_sync() if self.agreement is not None else None
         except RuntimeError as exc:  # the agreement's all-reduce: a peer was lost
@@ -459,8 +556,33 @@ class Guard:
             extra["nonfinite_param"] = (
                 sharding.first_nonfinite_param if self.sharded else first_nonfinite_param
             )(self.model)
+        if self.replays.window:
+            self._keep_if_flagged(loss_v, norm_v)
         skipped = self._optimizer_step(loss_v, norm_v)
+        self.injector.after_update(step)
         return self._finish_step(t0, loss_v, norm_v, skipped=skipped, extra=extra, also=ooms[:1])
+
+    def finish_grads(self) -> torch.Tensor:
+        """After backward: chaos's gradient faults, unscaling, the global norm, clipping.
+
+        Returns the norm (before clipping) as a device tensor. A replay runs the
+        same sequence, so its gradients are the ones the optimizer would see.
+        """
+        self.injector.on_grads(self.step_count, self.params)
+        if self.scaler is not None and self.scaler.is_enabled():
+            self.scaler.unscale_(self.optimizer)
+        norm_t = self._grad_norm()
+        if self.config.grad_clip is not None:
+            coef = (self.config.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_(sharding.local_grads(self.params), coef)
+        return norm_t
+
+    def _keep_if_flagged(self, loss_v: float, norm_v: float) -> None:
+        """A step a detector will report keeps the state from before its update (replay_step)."""
+        scaled = self.scaler is not None and self.scaler.is_enabled()
+        if self.detectors.flags(loss_v, norm_v, scaled=scaled):
+            by_loss = self.detectors.flags(loss_v, 0.0, scaled=scaled)
+            self.replays.keep(self, loss_v, flagged="loss" if by_loss else "grads")
 
     def _give_up_after_oom(self, message: str) -> None:
         """An OOM the policy did not relieve skipped this step: stop once too many in a row have."""
@@ -472,12 +594,23 @@ class Guard:
                 f"policy's remedies did not relieve it ({message[:120]})"
             )
 
-    def _forward_backward(self, batch: Any) -> torch.Tensor:
+    def set_batch_index(self, index: int) -> None:
+        """The index of the batch the next forward trains on (a replay's earlier batch)."""
+        self._batch_index = index
+
+    def forward_backward(self, batch: Any, *, model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Forward and backward over `batch`'s micro-batches; the loss (detached).
+
+        `model`: what runs the forward (a replay checks a rank's batch on the module
+        a DDP wrapper holds, so that no collective runs); the Guard's model by default.
+        """
+        model = self.model if model is None else model
+        self.injector.stepping(self.step_count)
         self.max_micro_batches = _batch_size(batch)
         chunks = _split(batch, self.micro_batches)
         total: torch.Tensor | None = None
         # DDP, FSDP2: reduce gradients once, on the last chunk
-        no_sync = getattr(self.model, "no_sync", None) or sharding.no_sync_of(self.model)
+        no_sync = getattr(model, "no_sync", None) or sharding.no_sync_of(model)
         for i, (chunk, weight) in enumerate(chunks):
             sync = (
                 no_sync()
@@ -492,7 +625,7 @@ class Guard:
                         )
                     if self.config.activation_cap_bytes is not None:
                         forward.enter_context(SavedActivationCap(self.config.activation_cap_bytes))
-                    loss = self.loss_fn(self.model, chunk)
+                    loss = self.loss_fn(model, chunk)
                     if weight != 1.0:
                         loss = loss * weight
                 loss = self.injector.on_loss(self.step_count, self._batch_index, loss)
@@ -685,6 +818,7 @@ class Guard:
         # The param groups hold the scheduled LR, never the cut (see lr_scale.py), so an LR
         # cut decided after the snapshot stays in force: it is a remediation, not training state.
         self.snapshots.drop_after(snap.step)
+        self.replays.forget_after(snap.step)
         self.detectors.reset()
         self.optimizer.zero_grad(set_to_none=True)
 

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from remedy.workers import shard_mirror, train_state
 from remedy.workers.exceptions import GroupLostError
 from remedy.workers.group_sockets import GroupSockets
-from remedy.workers.snapshots import capture_rng, restore_rng
+from remedy.workers.snapshots import restore_rng
 
 if TYPE_CHECKING:
     from remedy.workers.guard import Guard
@@ -177,8 +177,13 @@ class Membership:
         guard.send_report()
 
     def mark(self, guard: Guard) -> None:
-        """The boundary this step starts from; `recover` returns here if the step fails."""
-        self._mark = (guard.cursor.position, capture_rng())
+        """The boundary this step starts from; `recover` returns here if the step fails.
+
+        The Guard has just marked it (`guard.step_mark`: the RNG states, taken once
+        for this and for replay_step)."""
+        mark = guard.step_mark
+        assert mark is not None
+        self._mark = (mark.cursor, mark.rng)
         if "adopted" in self.timeline and "next_step" not in self.timeline:
             self.timeline["next_step"] = time.time()
         self.phase = "step"

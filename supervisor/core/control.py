@@ -15,6 +15,7 @@ collectives) from the metrics and runs a `StragglerWatch` once per new step.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import time
@@ -31,6 +32,7 @@ from remedy.policies import (
     AnomalyEvent,
     Decision,
     Engine,
+    EventError,
     IncidentMerger,
 )
 from remedy.supervisor.core import control_state
@@ -48,6 +50,14 @@ DEFAULT_LIMITS = Limits()
 # it returns (outcome, detail), or None when it goes on asynchronously and
 # `Controller.resolve_group_action` will end it.
 GroupActionHook = Callable[[Decision], tuple[str, str] | None]
+
+# Commands the controller adds beside the decisions: an operator's or a policy's stop of
+# every rank's loop, and the answer to a replay the ranks hold for (`_answer_replay`).
+INTERNAL_SUFFIXES = ("-stop", "-answer")
+
+
+def _internal(decision_id: str) -> bool:
+    return decision_id.endswith(INTERNAL_SUFFIXES)
 
 
 class _Default(enum.Enum):
@@ -98,14 +108,18 @@ class Controller:
         limits: Limits = DEFAULT_LIMITS,
         clock: Callable[[], float] = time.time,
         notify: NotifyCarrier = log_notify,
+        node_of: Callable[[int], str | None] | None = None,
     ) -> None:
         """`straggler`: the slow-rank watch; by default a `StragglerWatch()` when
         `world_size > 1`, none for one rank; `None` turns it off. `limits`:
         how much a report batch may carry (`report_validation.Limits`);
         `clock`: wall time, for how far ahead a report may run; `notify`: carries
-        out a `notify` decision's `effects.Notify` (by default, a log line).
+        out a `notify` decision's `effects.Notify` (by default, a log line); `node_of`:
+        the node a rank runs on, stamped on its anomalies (`details["node"]`, what
+        `group_by: [node]` counts by).
         """
         self.engine = engine
+        self.node_of = node_of
         self.notify = notify
         self.world_size = world_size
         self.run_dir = run_dir
@@ -222,7 +236,14 @@ class Controller:
         Events that are one incident seen from several ranks belong merged here,
         before the policy decides.
         """
-        self.handle(self.engine.decide(events, now=now))
+        self.handle(self.engine.decide([self._stamped(e) for e in events], now=now))
+
+    def _stamped(self, ev: AnomalyEvent) -> AnomalyEvent:
+        """`ev` with the node its rank runs on in its details, when known."""
+        node = self.node_of(ev.rank) if self.node_of is not None else None
+        if node is None or ev.node == node:
+            return ev
+        return dataclasses.replace(ev, details={**ev.details, "node": node})
 
     def _log_rejections(self) -> None:
         """Log a reason's 1st, 10th, 100th, ... rejection: a flood must not flood the log too."""
@@ -263,7 +284,7 @@ class Controller:
         self.changes += 1
         self.anomaly_counts[ev.kind] += 1
         if self.run_dir is not None:
-            self.run_dir.anomaly(ev.to_dict())
+            self.run_dir.anomaly(self._stamped(ev).to_dict())
 
     def _metrics(self, rank: int, record: Any) -> None:
         if not isinstance(record, dict):
@@ -464,7 +485,7 @@ class Controller:
             pending.outcomes.pop(rank, None)
             pending.dropped.add(rank)
             decision_id = pending.command.decision_id
-            if pending.command.decision_id.endswith("-stop"):
+            if _internal(decision_id):
                 if set(pending.outcomes) >= pending.targets:
                     del self.pending[decision_id]
                 continue
@@ -521,7 +542,7 @@ class Controller:
         # command is still owed by that rank, which re-sends a done command's
         # outcome. Closing the command does (`_close`).
         pending.outcomes[outcome.rank] = outcome
-        if pending.command.action == "abort" and pending.command.decision_id.endswith("-stop"):
+        if _internal(pending.command.decision_id):
             if set(pending.outcomes) >= pending.targets:
                 self._close(outcome.decision_id)
             return
@@ -553,6 +574,49 @@ class Controller:
         if failed and d.ends_chain_on_failure:
             self._drop_rest_of_chain(d)
         self.handle(follow)
+        if d.action == "replay_step" and not failed:
+            self._answer_replay(pending, first)
+
+    def _answer_replay(self, pending: _Pending, outcome: Outcome) -> None:
+        """A replay's classification goes to the policy; then every rank gets the answer.
+
+        The ranks classified together and hold at their boundary until this answer
+        (`workers.replay`): a `<decision>-answer` command sent after what the policy
+        decided about the classification, naming it, and the ranks a restart replaces
+        (the survivors then wait for the group to re-form).
+        """
+        d = pending.decision
+        ev = replay_event(outcome.result.get("verdict"), self._tick(), self._clock(), d)
+        deferred = set(self.deferred)
+        decided: list[Decision] = []
+        if ev is not None:
+            self._record(ev)
+            decided = self.engine.decide([self._stamped(ev)], now=self._clock())
+            self.handle(decided)
+        restarts = [
+            x for i, x in self.deferred.items() if i not in deferred and x.action == "restart_rank"
+        ]
+        answer = {
+            "classification": ev.kind if ev is not None else None,
+            "actions": [
+                {"action": x.action, "rule": x.rule, "ranks": list(x.ranks)}
+                for x in decided
+                if not (x.suppressed or x.dry_run)
+            ],
+            "restart": sorted({r for x in restarts for r in x.ranks}),
+        }
+        self._seq += 1
+        cmd = Command(
+            d.decision_id + "-answer",
+            "replay_step",
+            {"answer": answer},
+            max(self.step_of.values(), default=0),
+            d.anomaly.step,
+            apply_at_tick=self._tick(),
+            seq=self._seq,
+        )
+        self.pending[cmd.decision_id] = _Pending(d, cmd, set(pending.targets), time.time())
+        self.changes += 1
 
     def _drop_rest_of_chain(self, failed: Decision) -> None:
         """A failed step ends its chain: later steps are not carried out (the engine says so too)."""
@@ -572,7 +636,7 @@ class Controller:
             self.handle(self.engine.decide(held, now=self._clock()))
         for pending in list(self.pending.values()):
             self._close(pending.command.decision_id)
-            if pending.command.decision_id.endswith("-stop"):
+            if _internal(pending.command.decision_id):
                 continue
             self._journal(
                 pending.decision,
@@ -648,3 +712,31 @@ def _seconds(value: Any) -> float | None:
     except OverflowError:  # an int too large for a float
         return None
     return seconds if 0.0 <= seconds < math.inf else None  # NaN fails both
+
+
+def replay_event(verdict: Any, tick: int, now: float, d: Decision) -> AnomalyEvent | None:
+    """The anomaly a replay's classification is (`workers.replay.classify`), or None if the
+    ranks' result does not hold one. Checked like any event from a rank."""
+    if not isinstance(verdict, dict):
+        return None
+    details = {
+        "reason": verdict.get("reason"),
+        "replay_decision": d.decision_id,
+        "anomaly": {"kind": d.anomaly.kind, "rank": d.anomaly.rank, "step": d.anomaly.step},
+        "replay_s": verdict.get("replay_s"),
+        "evidence": verdict.get("evidence"),
+    }
+    raw = {
+        "kind": verdict.get("kind"),
+        "rank": verdict.get("rank"),
+        "step": verdict.get("step"),
+        "tick": tick,
+        "severity": "warning" if verdict.get("kind") == "replay_reproducible" else "critical",
+        "ts": now,
+        "details": details,
+    }
+    try:
+        return AnomalyEvent.from_dict(raw)
+    except EventError as exc:
+        log.warning("replay_verdict_rejected", error=str(exc))
+        return None

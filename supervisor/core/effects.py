@@ -38,5 +38,6 @@ NotifyCarrier = Callable[[Notify], tuple[str, str]]
 
 def log_notify(effect: Notify) -> tuple[str, str]:
     """The default sink: one log line."""
-    log.warning("notify", rule=effect.rule, reason=effect.reason, message=effect.message)
+    node = effect.decision.anomaly.node if effect.decision is not None else None
+    log.warning("notify", rule=effect.rule, reason=effect.reason, message=effect.message, node=node)
     return "applied", "notification logged"

@@ -33,6 +33,9 @@ NEEDS_HERE = {
     "configure_cuda_allocator": "CUDA device",
     "rescale_grad_scaler": "needs an enabled GradScaler",
 }
+# replay_step re-runs a step a detector flagged; this loop runs no detector, and the
+# failure says so (it is exercised on real anomalies in tests/workers/test_replay.py).
+NEEDS_AN_ANOMALY = {"replay_step": "no rank kept the state from before step 3"}
 
 
 def test_the_table_is_the_vocabulary_and_every_rank_action_has_an_applier() -> None:
@@ -129,6 +132,9 @@ def test_every_action_is_checked_decided_applied_and_has_an_outcome(
         if target == "callbacks" and spec.under_callbacks is not None:
             assert (outcome.outcome, outcome.detail) == ("failed", spec.under_callbacks)
             assert REFUSED_UNDER_FRAMEWORKS[spec.name] == spec.under_callbacks
+        elif spec.name in NEEDS_AN_ANOMALY:
+            assert outcome.outcome == "failed"
+            assert NEEDS_AN_ANOMALY[spec.name] in outcome.detail
         elif spec.name in NEEDS_HERE and not torch.cuda.is_available():
             assert outcome.outcome == "failed"
             assert NEEDS_HERE[spec.name] in outcome.detail

@@ -163,4 +163,4 @@ def test_policy_pickles() -> None:
     policy = load_policy("llm-pretrain")
     copy = pickle.loads(pickle.dumps(policy))
     assert copy == policy
-    assert copy.rule("nan-rollback") == policy.rule("nan-rollback")
+    assert copy.rule("replay-first") == policy.rule("replay-first") is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
+from remedy.supervisor.core.report_validation import Limits, RankMark, validate_batch
 from remedy.workers import Command, Guard, GuardConfig
 from remedy.workers import actions as actions_mod
 from remedy.workers import guard as guard_mod
@@ -396,4 +398,24 @@ def test_snapshots_survive_failing_buffer_preparation(monkeypatch: pytest.Monkey
     guard.submit(command("rollback", anomaly_step=11, steps_back=1))
     next(it)
     assert_same_state(snapshot_state(guard.model, guard.optimizer, guard.scheduler), ref[10])
+    guard.close()
+
+
+def test_many_skipped_batches_go_as_ranges_the_supervisor_takes() -> None:
+    """300 skipped batches (llm-pretrain's rollback): a count and ranges, an outcome small enough
+    for the supervisor's report validation (a list of 300 indices was refused)."""
+    guard, it = guarded(40)
+    train(guard, it, 12)
+    guard.cursor.skipped.update({40, 41})  # skipped before: the ranges go around them
+    guard.submit(command("rollback", anomaly_step=12, steps_back=2, skip_batches=300))
+    next(it)
+    outcome = last_outcome(guard)
+    assert outcome.result["skipped_count"] == 300
+    assert "skipped_batches" not in outcome.result
+    assert outcome.result["skipped_ranges"] == [[10, 39], [42, 311]]
+    batch = {"rank": 0, "step": 11, "tick": 13, "outcomes": [outcome.to_dict()]}
+    rejected: Counter[str] = Counter()
+    report = validate_batch(batch, world_size=1, last=None, origin=RankMark(0, 0, 0.0), now=1.0,
+                            limits=Limits(), rejected=rejected)  # fmt: skip
+    assert report is not None and len(report.outcomes) == 1 and not rejected
     guard.close()

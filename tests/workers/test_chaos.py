@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.workers import Command, Guard, GuardConfig, WorkerContext
+from remedy.workers import Command, Guard, GuardConfig, WorkerContext, bitflips
 from remedy.workers.chaos import FAULT_DESCRIPTIONS, FaultInjector, load_chaos, parse_chaos
 from remedy.workers.exceptions import ChaosConfigError
 from remedy.workers.rundir import read_jsonl
@@ -133,6 +133,13 @@ BROKEN_FILES = [
     ("unknown_top_key.yaml", 2, 1, "fault: unknown key"),
     ("faults_not_list.yaml", 1, 9, "faults: expected a list of faults"),
     ("fault_not_mapping.yaml", 2, 5, "faults.0: expected a mapping"),
+    ("bit_too_high.yaml", 2, 47, "faults.0.bit: must be at most 63, got 64"),
+    (
+        "target_unknown.yaml",
+        4,
+        13,
+        "faults.0.target: must be one of 'param', 'grad' or 'activation'",
+    ),
 ]
 
 
@@ -315,3 +322,100 @@ def test_kill_rank_does_not_kill_the_replacement(tmp_path: Path) -> None:
     assert first.returncode == -signal.SIGKILL and "survived" not in first.stdout
     second = subprocess.run(run, capture_output=True, text=True, cwd=REPO, check=False)
     assert second.returncode == 0 and "survived" in second.stdout, second.stderr
+
+
+def _tiny() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+
+def test_bitflip_flips_one_bit_of_a_gradient_once() -> None:
+    """Bit 30 of a float32 makes a small gradient huge, once; `index` and `name` choose the element."""
+    model = _tiny()
+    inj = FaultInjector(parse_chaos({"faults": [
+        {"kind": "bitflip", "at_step": 3, "target": "grad", "name": "2.weight", "index": 5}]}), 0)  # fmt: skip
+    inj.attach(model)
+    seen = []
+    for step in (2, 3, 3):  # the step before, the step, the step again (a replay)
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 1e-3)
+        inj.on_grads(step, list(model.parameters()))
+        grad = model[2].weight.grad.view(-1)
+        seen.append(grad[5].item())
+        assert torch.equal(grad[:5], torch.full((5,), 1e-3))
+    assert seen[0] == seen[2] == pytest.approx(1e-3) and seen[1] > 1e30
+    assert [(e["fault"], e["name"], e["index"], e["bit"]) for e in inj.drain_log()] == [
+        ("bitflip", "2.weight", 5, 30)
+    ]
+    assert model[0].weight.grad.eq(1e-3).all(), "other parameters untouched"
+
+
+def test_a_weight_flip_of_a_low_bit_is_small_and_a_bad_rank_keeps_it_set() -> None:
+    """target param: bitflip changes a weight by a few ulps; bad_rank sets the bit each step
+    (it stays set, it does not flip back)."""
+    model = _tiny()
+    before = model[0].weight.view(-1)[0].item()
+    inj = FaultInjector(parse_chaos({"faults": [
+        {"kind": "bad_rank", "at_step": 1, "target": "param", "bit": 3}]}), 0)  # fmt: skip
+    inj.attach(model)
+    values = []
+    for step in range(4):
+        inj.after_update(step)
+        values.append(model[0].weight.view(-1)[0].item())
+    assert values[0] == before
+    assert values[1] == values[2] == values[3] != before
+    assert abs(values[1] - before) < 1e-5 * abs(before)
+
+
+def test_an_activation_flip_corrupts_the_forward_output_on_its_step() -> None:
+    """target activation: the module's output of that step's forward, on a copy; a NaN or a huge
+    value downstream, and the next forward is clean again."""
+    model = _tiny()
+    x = torch.ones(2, 4)
+    clean = model(x).detach()
+    inj = FaultInjector(parse_chaos({"faults": [
+        {"kind": "bitflip", "at_step": 1, "target": "activation", "name": "2"}]}), 0)  # fmt: skip
+    inj.attach(model)
+    inj.stepping(0)
+    assert torch.equal(model(x).detach(), clean)
+    inj.stepping(1)
+    assert not torch.equal(model(x).detach(), clean)
+    assert torch.equal(model(x).detach(), clean), "once"
+
+
+def test_a_bad_rank_is_the_process_that_first_ran_the_step_not_its_replacement(
+    tmp_path: Path,
+) -> None:
+    """The fired record names the bad process; a rank started after it (a replacement) is healthy."""
+    faults = parse_chaos({"faults": [{"kind": "bad_rank", "at_step": 2, "rank": 1}]})
+    bad = FaultInjector(faults, 1, run_dir=tmp_path)
+    model = _tiny()
+    bad.attach(model)
+    assert [i for i, _, _ in bad._corrupting("grad", 2)] == [0]
+    record = tmp_path / "chaos" / "fired" / f"{bad._keys[0]}.json"
+    mark = json.loads(record.read_text())
+    assert mark["process"] == bitflips.PROCESS
+    # Another process of the same rank (its replacement) reads the mark and is not bad.
+    mark["process"] = "4242-replacement"
+    record.write_text(json.dumps(mark))
+    replacement = FaultInjector(faults, 1, run_dir=tmp_path)
+    replacement.attach(_tiny())
+    assert list(replacement._corrupting("grad", 2)) == []
+    assert [i for i, _, _ in bad._corrupting("grad", 3)] == [0], "the bad one stays bad"
+
+
+def test_a_missing_parameter_or_module_is_named_when_the_guard_starts() -> None:
+    """A chaos file naming what the model lacks fails at once, listing what it has."""
+    model = _tiny()
+    for fault, text in [
+        ({"kind": "bitflip", "at_step": 1, "name": "head.weight"}, "no parameter 'head.weight'"),
+        (
+            {"kind": "bitflip", "at_step": 1, "target": "activation", "name": "enc"},
+            "no module 'enc'",
+        ),
+    ]:
+        ctx = WorkerContext(faults=parse_chaos({"faults": [fault]}))
+        with pytest.raises(ChaosConfigError, match=text) as info:
+            Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=lambda m, b: m(b).sum(),
+                  data=[torch.ones(2, 4)], context=ctx)  # fmt: skip
+        assert "0.weight" in str(info.value) or "0" in str(info.value)

@@ -289,7 +289,10 @@ def test_default_suite_is_complete_and_configurable() -> None:
         ANOMALY_KINDS
     )
     # Raised elsewhere: the OOM path and a checksum failure by the Guard, KV fragmentation
-    # by user code, lost ranks by the supervisor.
-    elsewhere = {"oom", "kv_fragmentation", "rank_hang", "rank_dead", "checkpoint_corrupt"}
+    # by user code, lost ranks by the supervisor, diverged replicas by the Guard's replica
+    # check, a replay's answer by the replay (workers.replicas, workers.replay).
+    elsewhere = {"oom", "kv_fragmentation", "rank_hang", "rank_dead", "checkpoint_corrupt",
+                 "replica_divergence", "replay_reproducible", "replay_transient",
+                 "replay_rank_specific"}  # fmt: skip
     expected = set(ANOMALY_KINDS) - elsewhere
     assert raised == expected

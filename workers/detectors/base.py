@@ -63,6 +63,8 @@ class DetectorSuite:
 
     def __init__(self, detectors: Iterable[Detector]) -> None:
         self.detectors: list[Detector] = list(detectors)
+        # The detectors' `flags` methods, found once per list of detectors (see `flags`).
+        self._flaggers: tuple[list[Detector], list[Any]] = ([], [])
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         out: list[AnomalyEvent] = []
@@ -73,6 +75,21 @@ class DetectorSuite:
     def reset(self) -> None:
         for detector in self.detectors:
             detector.reset()
+
+    def flags(self, loss: float, grad_norm: float, *, scaled: bool) -> bool:
+        """Whether a detector will report this step's loss or gradient norm, asked before the
+        optimizer step (detectors that can tell define `flags(loss, grad_norm, scaled=...)`).
+
+        `scaled`: an enabled GradScaler scaled the loss (inf gradients are then its
+        overflow signal, not an anomaly). The Guard keeps the state from before such
+        a step, so that `replay_step` can re-run it (`workers.replay`).
+        """
+        seen, flaggers = self._flaggers
+        current = self.detectors
+        if len(seen) != len(current) or any(a is not b for a, b in zip(seen, current, strict=True)):
+            flaggers = [d.flags for d in self.detectors if callable(getattr(d, "flags", None))]  # type: ignore[attr-defined]
+            self._flaggers = (list(self.detectors), flaggers)
+        return any(ask(loss, grad_norm, scaled=scaled) for ask in flaggers)
 
     def new_epoch(self, epoch: int) -> None:
         """Tell the detectors that care (`new_epoch(epoch)`) that a new pass over the data began."""

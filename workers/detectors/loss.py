@@ -61,31 +61,45 @@ class LossSpikeDetector:
             return []
         out: list[AnomalyEvent] = []
         losses = self._losses
-        if len(losses) >= self.min_history:
-            level = _median_sorted(sorted(self._recent))
-            margin = max(self.rel_tol * abs(level), self.abs_tol)
-            # Most steps fail the margin test; the noise scale (a sort) is needed only past it.
-            if loss - level > margin:
-                sigma = self._noise()
-                z = (loss - level) / sigma
-                if z > self.z_threshold:
-                    threshold = level + max(self.z_threshold * sigma, margin)
-                    out.append(
-                        event(
-                            stats,
-                            "loss_spike",
-                            value=loss,
-                            threshold=threshold,
-                            zscore=round(z, 2),
-                            median=level,
-                        )
-                    )
+        spike = self._spike(loss)
+        if spike is not None:
+            z, threshold, level = spike
+            out.append(
+                event(
+                    stats,
+                    "loss_spike",
+                    value=loss,
+                    threshold=threshold,
+                    zscore=round(z, 2),
+                    median=level,
+                )
+            )
         if not out:
             losses.append(loss)
             self._recent.append(loss)
             if len(losses) > self.window:
                 losses.popleft()
         return out
+
+    def flags(self, loss: float, grad_norm: float, *, scaled: bool) -> bool:
+        """Whether `observe` would call this loss a spike (the Guard asks before the update)."""
+        del grad_norm, scaled
+        return math.isfinite(loss) and self._spike(loss) is not None
+
+    def _spike(self, loss: float) -> tuple[float, float, float] | None:
+        """(z, threshold, level) when `loss` spikes above the window; None otherwise."""
+        if len(self._losses) < self.min_history:
+            return None
+        level = _median_sorted(sorted(self._recent))
+        margin = max(self.rel_tol * abs(level), self.abs_tol)
+        # Most steps fail the margin test; the noise scale (a sort) is needed only past it.
+        if loss - level <= margin:
+            return None
+        sigma = self._noise()
+        z = (loss - level) / sigma
+        if z <= self.z_threshold:
+            return None
+        return z, level + max(self.z_threshold * sigma, margin), level
 
     def _noise(self) -> float:
         """The noise scale now: the larger of the window's and the latest `noise_recent` losses'.

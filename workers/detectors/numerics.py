@@ -48,6 +48,13 @@ class NonFiniteDetector:
             ]
         return []
 
+    def flags(self, loss: float, grad_norm: float, *, scaled: bool) -> bool:
+        """Whether `observe` will report this step: a non-finite loss, or norm without a scaler.
+
+        With an enabled GradScaler (`scaled`), inf gradients are its overflow signal.
+        """
+        return not math.isfinite(loss) or (not math.isfinite(grad_norm) and not scaled)
+
     def reset(self) -> None:
         """Stateless."""
 
@@ -135,6 +142,11 @@ class GradNormDetector:
         self._recent.append(norm)
         if len(self._recent) > self.window:
             self._recent.popleft()
+
+    def flags(self, loss: float, grad_norm: float, *, scaled: bool) -> bool:
+        """Whether `observe` will report an explosion for this norm (vanishing needs a streak)."""
+        del loss, scaled
+        return math.isfinite(grad_norm) and self._explosion(grad_norm) is not None
 
     def reset(self) -> None:
         """After a rollback: the baseline is learned again from the restored weights on."""
