@@ -782,6 +782,7 @@ class LocalReporter:
         self._inbox = self.controller.ingest(batch)
         if self.metrics is not None:
             self.metrics.observe(batch)
+            self.metrics.goodput(self.controller.goodput, self._started)
             self.metrics.decisions(self.controller.decisions)
 
     def poll(self) -> list[dict[str, Any]]:
@@ -792,27 +793,36 @@ class LocalReporter:
         """End the run: resolve what is pending, write summary.json (with a run directory)."""
         c = self.controller
         c.finish()
+        if self.metrics is not None:
+            self.metrics.goodput(c.goodput, self._started, force=True)
         if c.run_dir is None:
             return
         if rank_summary is not None:
-            c.run_dir.write_summary(_local_summary(c, rank_summary, time.time() - self._started))
+            c.run_dir.write_summary(_local_summary(c, rank_summary, self._started, time.time()))
         c.run_dir.close()
 
 
-def _local_summary(controller: Any, rank: dict[str, Any], wall_s: float) -> dict[str, Any]:
+def _local_summary(
+    controller: Any, rank: dict[str, Any], started: float, ended: float
+) -> dict[str, Any]:
     """summary.json of a single-process run, in the shape `remedy run` writes (`remedy report`)."""
     c = controller
-    completed, executed = int(rank["steps_completed"]), int(rank["steps_executed"])
-    skipped = int(rank.get("updates_skipped", 0))
+    completed = int(rank["steps_completed"])
+    # Useful work: the steps kept whose update was applied, over every step executed
+    # (a rollback's replays too), and the time they took over the wall time.
+    goodput = c.goodput.summary(
+        started=started,
+        ended=ended,
+        completed=completed,
+        fallback_executed=int(rank["steps_executed"]),
+        fallback_skipped=int(rank.get("updates_skipped", 0)),
+    )
     return {
         "run_id": c.run_dir.run_id,
         "status": "aborted" if c.abort_reason is not None else rank["status"],
         "abort_reason": c.abort_reason or rank.get("stop_reason"),
         "steps_completed": completed,
-        "steps_executed": executed,
-        # Useful work: the steps kept whose update was applied, over the steps executed.
-        "goodput": round((completed - skipped) / executed, 4) if executed else 0.0,
-        "updates_skipped": skipped,
+        **goodput,
         "final_loss": rank["final_loss"],
         "actions": dict(c.action_counts),
         "anomalies": dict(c.anomaly_counts),
@@ -820,7 +830,7 @@ def _local_summary(controller: Any, rank: dict[str, Any], wall_s: float) -> dict
         "decisions": len(c.decisions),
         "skipped_batches": rank["skipped_batches"],
         "workers": 1,
-        "wall_s": round(wall_s, 2),
+        "wall_s": round(ended - started, 2),
         "ranks": [rank],
     }
 
