@@ -39,6 +39,7 @@ ANOMALY_KINDS: Final[tuple[str, ...]] = (
     "pcie_throughput_drop",
     "nvlink_error",
     "checkpoint_corrupt",
+    "checkpoint_write_failed",
 )
 
 

@@ -335,11 +335,13 @@ def _check_gpus(per_rank: float, workers: int, available: float, where: str) -> 
 
 def _load_chaos(path: str, workers: int) -> list[Any]:
     from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
-    from remedy.workers.chaos import load_chaos  # noqa: PLC0415
+    from remedy.workers.chaos import ChaosSetting, load_chaos  # noqa: PLC0415
     from remedy.workers.exceptions import ChaosConfigError  # noqa: PLC0415
 
     try:
-        return list(load_chaos(path, world_size=workers))
+        # Under `remedy run` there is a supervisor; what only the loop knows (its checkpoint
+        # cadence, its scaler) is checked when its Guard is built.
+        return list(load_chaos(path, setting=ChaosSetting(world_size=workers, supervised=True)))
     except ChaosConfigError:
         raise  # its lines are located (FILE:LINE:COL: error: ...), printed as they are
     except OSError as exc:
@@ -717,10 +719,11 @@ def _attach(args: argparse.Namespace) -> int:
 
 
 def _chaos(args: argparse.Namespace) -> int:
-    from remedy.workers.chaos import FAULT_DESCRIPTIONS  # noqa: PLC0415
+    from remedy.workers.chaos import FAULT_DESCRIPTIONS, FAULT_SIGNS  # noqa: PLC0415
 
     for kind, text in FAULT_DESCRIPTIONS.items():
-        print(f"{kind:<24} {text}")
+        signs = ", ".join(FAULT_SIGNS.get(kind, ())) or "the supervisor's restart"
+        print(f"{kind:<24} {text}; shows as: {signs}")
     return EXIT_OK
 
 

@@ -24,6 +24,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,17 +38,18 @@ from remedy.workers import (  # noqa: F401 - memory_actions registers its applie
     actions,
     dcp_store,
     memory_actions,
+    process_faults,
     restore_point,
     shard_mirror,
     sharding,
 )
 from remedy.workers.activation_checkpointing import SavedActivationCap
-from remedy.workers.chaos import FaultInjector
+from remedy.workers.chaos import ChaosSetting, FaultInjector
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.data import BatchCursor, DataExhausted
 from remedy.workers.detectors import Detector, DetectorSuite, default_detectors
-from remedy.workers.exceptions import RunAborted
+from remedy.workers.exceptions import ChaosConfigError, RunAborted
 from remedy.workers.inbox import CommandInbox
 from remedy.workers.lr_scale import LRScale
 from remedy.workers.measure import (
@@ -190,6 +192,9 @@ class Guard:
         self.mirror = shard_mirror.mirror_for(self)
         # Checksum failures found while restoring, reported as `checkpoint_corrupt` events.
         self._corrupt: list[tuple[int, str]] = []
+        # Durable checkpoint writes that failed (after the store's retries), as (step, error),
+        # appended by the writer thread and reported as `checkpoint_write_failed` events.
+        self._write_failures: deque[tuple[int, str]] = deque()
         if self.checkpoints is not None:
             self.checkpoints.on_corrupt = lambda step, error: self._corrupt.append((step, error))
         # A rank started by a full-group restart resumes from this checkpoint before its first step.
@@ -203,6 +208,15 @@ class Guard:
         self._grad_norm = sharding.grad_norm_for(self.params) or GradNorm(self.params)
         if self.sharded:  # overflows must be agreed over the group: `guard.scaler` is sharded
             self.scaler = sharding.sharded_scaler(self.scaler)
+        # A fault that cannot fire here is an error before the first step, never a no-op.
+        self.injector.check(
+            ChaosSetting(
+                world_size=ctx.world_size,
+                supervised=getattr(self.reporter, "kill_supervisor", None) is not None,
+                checkpoint_every=self.config.checkpoint_every if self.checkpoints else 0,
+                scaler=self.scaler is not None and self.scaler.is_enabled(),
+            )
+        )
         self.micro_batches = self.config.micro_batches
         self.max_micro_batches: int | None = None  # the batch size, once a batch has been seen
         self.step_count = 0
@@ -300,6 +314,8 @@ class Guard:
             self.resumed = restore_point.resume(self, step)
             self._report_corrupt()
         self.inbox.take(self.reporter.poll())
+        if self._write_failures:
+            self._report_write_failures()
         if self._group is not None:
             # Every rank applies the same commands at the same boundary, or
             # their step counts and collectives would part ways.
@@ -351,13 +367,46 @@ class Guard:
             self.mirror.push(snap)
         if self.checkpoints is not None and self._checkpoint_due():
             snap.extra = self.checkpoint_extra()
-            write = self.checkpoints.save(snap)
-            write.add_done_callback(_log_failed_write)
+            if self.injector.checkpoint_write_fault(self.step_count) is not None:
+                # Chaos: this write meets a file-size limit of 0 (EFBIG on every retry);
+                # waited for here, so the limit is lifted before training writes anything.
+                with process_faults.file_size_limit(0):
+                    write = self.checkpoints.save(snap)
+                    futures.wait([write])
+            else:
+                write = self.checkpoints.save(snap)
+            step = self.step_count
+            write.add_done_callback(lambda done: self._write_done(done, step))
             self._writes[id(snap)] = write
         if not self.snapshots.full and self._spare is None and self._prepare_spares:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="remedy-snapshot")
             self._spare = self._pool.submit(_blank_snapshot, snap)
+
+    def _write_done(self, write: Future[Any], step: int) -> None:
+        """The checkpoint write of `step` ended (on the writer thread): a failure is reported at
+        the next boundary; training goes on, the previous checkpoint stands."""
+        failed = write.exception()
+        if failed is not None:
+            log.error("checkpoint_write_failed", rank=self.rank, step=step, error=str(failed))
+            self._write_failures.append((step, str(failed)))
+
+    def _report_write_failures(self) -> None:
+        from remedy.policies import AnomalyEvent  # noqa: PLC0415
+
+        while self._write_failures:
+            checkpoint_step, error = self._write_failures.popleft()
+            ev = AnomalyEvent(
+                kind="checkpoint_write_failed",
+                rank=self.rank,
+                step=self.step_count,
+                tick=self.tick,
+                severity="warning",
+                ts=time.time(),
+                details={"checkpoint_step": checkpoint_step, "error": error[:300]},
+            )
+            self.outbox.event(ev.to_dict())
+            self._send(force=True)
 
     def _checkpoint_due(self) -> bool:
         every = self.config.checkpoint_every
@@ -396,6 +445,8 @@ class Guard:
         # page-faults it in again (1-2.5% of a 50M-parameter CPU step).
         self.optimizer.zero_grad(set_to_none=True)
         ooms: list[str] = []  # an OOM relieved on retry is still one of the step's events
+        self.injector.tick(self.tick)
+        storms = self.injector.storm_steps
         for attempt in range(self.config.oom_retries + 1):
             try:
                 self.injector.before_step(step)
@@ -442,6 +493,11 @@ class Guard:
                 sharding.first_nonfinite_param if self.sharded else first_nonfinite_param
             )(self.model)
         skipped = self._optimizer_step(loss_v, norm_v)
+        if self.injector.storm_steps > storms and not skipped:
+            raise ChaosConfigError(
+                f"chaos: scaler_overflow_storm at step {step} did not overflow: this backward "
+                "does not run in float16 (GuardConfig(amp_dtype=torch.float16) runs it so)"
+            )
         return self._finish_step(t0, loss_v, norm_v, skipped=skipped, extra=extra, also=ooms[:1])
 
     def _give_up_after_oom(self, message: str) -> None:
@@ -833,12 +889,6 @@ def _local_summary(
         "wall_s": round(ended - started, 2),
         "ranks": [rank],
     }
-
-
-def _log_failed_write(write: Future[Any]) -> None:
-    failed = write.exception()
-    if failed is not None:
-        log.error("checkpoint_write_failed", error=str(failed))
 
 
 def _blank_snapshot(like: Snapshot) -> Snapshot:

@@ -259,8 +259,10 @@ def test_default_suite_is_complete_and_configurable() -> None:
     raised = {m for f in sources for m in re.findall(r'"([a-z_]+)"', f.read_text())} & set(
         ANOMALY_KINDS
     )
-    # Raised elsewhere: the OOM path and a checksum failure by the Guard, KV fragmentation
+    # Raised elsewhere: the OOM path, a checksum failure and a failed checkpoint write by the
+    # Guard, KV fragmentation
     # by user code, lost ranks by the supervisor.
-    elsewhere = {"oom", "kv_fragmentation", "rank_hang", "rank_dead", "checkpoint_corrupt"}
+    elsewhere = {"oom", "kv_fragmentation", "rank_hang", "rank_dead", "checkpoint_corrupt",
+                 "checkpoint_write_failed"}  # fmt: skip
     expected = set(ANOMALY_KINDS) - elsewhere
     assert raised == expected
