@@ -335,8 +335,9 @@ class GoodputLedger:
                 ledger.outage(r["outage"])
         events = list(anomalies) if anomalies is not None else _jsonl(p / "anomalies.jsonl")
         for ev in events:
-            if ev.get("source") == "supervisor" and isinstance(ev.get("ts"), int | float):
-                ledger.disrupted(float(ev["ts"]), str(ev.get("kind")))
+            at = when(ev.get("ts"))
+            if ev.get("source") == "supervisor" and at is not None:
+                ledger.disrupted(at, str(ev.get("kind")))
         for rec in metrics if metrics is not None else _jsonl(p / "metrics.jsonl"):
             rank = rec.get("rank")
             if type(rank) is int:
@@ -351,6 +352,14 @@ def _seconds(value: Any) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return max(float(value), 0.0)
     return 0.0
+
+
+def when(value: Any) -> float | None:
+    """A record's `ts` in seconds since the epoch: a number as it is, or ISO 8601 as the
+    journals write it (anomalies.jsonl stamps each line with its own)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return _ts(value)
 
 
 def _ts(value: Any) -> float | None:

@@ -137,3 +137,15 @@ def test_replay_from_the_run_directory_matches_the_live_ledger(tmp_path: Path) -
     kw = {"started": 1000.0, "ended": t, "completed": 10}
     assert again.summary(**kw) == live.summary(**kw)
     assert row(live.summary(**kw), "discarded_steps", "loss_spike")["steps"] == 6
+
+
+def test_replay_reads_a_lost_rank_from_anomalies_jsonl_stamped_in_iso(tmp_path: Path) -> None:
+    """anomalies.jsonl stamps each line's `ts` as ISO 8601 (the journal's own clock): a rank
+    the supervisor found lost inside a gap still makes that gap a stall of rank_hang."""
+    records = [rec(0, 0, 1000.1), rec(1, 1, 1000.2), rec(2, 2, 1003.3)]
+    _jsonl(tmp_path / "metrics.jsonl", records)
+    _jsonl(tmp_path / "anomalies.jsonl", [
+        {"kind": "rank_hang", "source": "supervisor", "step": 2, "ts": "1970-01-01T00:16:41.500000Z"},
+    ])  # fmt: skip
+    s = GoodputLedger.replay(tmp_path).summary(started=1000.0, ended=1003.3, completed=3)
+    assert row(s, "stalled", "rank_hang")["seconds"] == pytest.approx(3.0)
