@@ -49,12 +49,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="saved-activation bytes per micro-batch above which a step runs out of memory",
     )
+    p.add_argument(
+        "--amp",
+        choices=["auto", "fp16", "off"],
+        default="auto",
+        help="float16 autocast with a GradScaler: on a GPU (auto), everywhere (fp16: on CPU ~10x "
+        "slower, but its overflows are real, for the scaler's faults), or never (off)",
+    )
     p.add_argument("--fsdp", action="store_true", help="shard with FSDP2 instead of DDP")
     p.add_argument(
         "--hsdp", action="store_true", help="with --fsdp: 2 replicas of the shards (HSDP)"
     )
     p.add_argument("--snapshot-every", type=int, default=10)
+    p.add_argument("--snapshot-ring", type=int, default=12, help="in-memory snapshots kept")
     p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--checkpoint-keep", type=int, default=3, help="durable checkpoints kept")
     p.add_argument(
         "--skip-batches",
         default="",
@@ -97,9 +106,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         optimizer, cosine_with_warmup(args.warmup, args.steps)
     )
 
-    # fp16 autocast with a GradScaler pays on GPU; on CPU it is ~10x slower, so train fp32 there.
-    use_amp = device.type == "cuda"
-    scaler = torch.amp.GradScaler("cuda") if use_amp else None
+    # fp16 autocast with a GradScaler pays on GPU; on CPU it is ~10x slower, so train fp32 there
+    # unless asked (`--amp fp16`: CPU float16 overflows are real, and the GradScaler's too).
+    use_amp = args.amp == "fp16" or (args.amp == "auto" and device.type == "cuda")
+    scaler = torch.amp.GradScaler(device.type) if use_amp else None
     corpus = SyntheticCorpus(block_size=args.block_size, batch_size=args.batch_size, seed=args.seed)
 
     def batch(i: int) -> torch.Tensor:
@@ -118,7 +128,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             amp_dtype=torch.float16 if use_amp else None,
             activation_cap_bytes=args.activation_cap,
             snapshot_every=args.snapshot_every,
+            snapshot_ring=args.snapshot_ring,
             checkpoint_every=args.checkpoint_every,
+            checkpoint_keep=args.checkpoint_keep,
             policy=args.policy,
         ),
         run_dir=args.run_dir,

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from remedy.policies._vocab import ACTION_TABLE
-from remedy.workers.chaos import FaultInjector, refuse_under_frameworks
+from remedy.workers.chaos import ChaosSetting, FaultInjector, refuse_under_frameworks
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.detectors import DetectorSuite, default_detectors
@@ -125,6 +125,13 @@ class LoopGuard:
             self.rank,
             run_dir=self.run_dir,
             kill_supervisor=getattr(self.reporter, "kill_supervisor", None),
+        )
+        # A fault that cannot fire here is refused before the first step, never a no-op.
+        self.injector.check(
+            ChaosSetting(
+                world_size=ctx.world_size if ctx is not None else 1,
+                supervised=getattr(self.reporter, "kill_supervisor", None) is not None,
+            )
         )
         self.steps_asked: int | None = None  # the framework's max_steps, told by the callback
         self.skipped_updates: set[int] = set()  # logical steps whose update was dropped

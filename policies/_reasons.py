@@ -44,6 +44,8 @@ def seen(event: AnomalyEvent, ranks: Sequence[int]) -> str:
     if event.kind == "checkpoint_corrupt" and type(checkpoint) is int:
         # Which checkpoint failed: the step of the event is only when the restore ran.
         measured = f" (the checkpoint of step {checkpoint} failed its checksum)"
+    if event.kind == "checkpoint_write_failed" and type(checkpoint) is int:
+        measured = f" (the checkpoint of step {checkpoint} could not be written)"
     return f"{event.kind}{measured} on {ranks_text(ranks)} at step {event.step}"
 
 

@@ -48,6 +48,7 @@ ANOMALY_KINDS: Final[tuple[str, ...]] = (
     "replay_reproducible",
     "replay_transient",
     "replay_rank_specific",
+    "checkpoint_write_failed",
 )
 
 

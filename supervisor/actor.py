@@ -41,6 +41,7 @@ from remedy.supervisor import liveness
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import Notify, log_notify
+from remedy.supervisor.core.goodput import GoodputLedger, last_written
 from remedy.supervisor.core.run_state import RunState
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
@@ -193,6 +194,19 @@ class SupervisorActor:
             if record.get("type") == "job_state" and isinstance(record.get("to"), dict):
                 self.job.state = JobState.from_dict(record["to"])
         c.restore_decisions(control_state.read_journal(self.run_dir.path / "decisions.jsonl"))
+        # The goodput ledger from the journals; the outage, from when the supervisor that
+        # died last wrote something (a report's metrics, a journal record) until now.
+        c.goodput = GoodputLedger.replay(self.run_dir.path)
+        heard = [last_written(self.run_dir.path / n) for n in ("metrics.jsonl", "journal.wal")]
+        back = time.time()
+        down_since = max((t for t in heard if t is not None), default=back)
+        outage = {
+            "incarnation": self.incarnation,
+            "down_since": round(down_since, 3),
+            "back_at": round(back, 3),
+            "down_s": round(max(back - down_since, 0.0), 3),
+        }
+        c.goodput.outage(outage)
         self.run_dir.wal(
             {
                 "type": "supervisor_restored",
@@ -202,6 +216,7 @@ class SupervisorActor:
                 "abandoned": abandoned,
                 "pending": sorted(c.pending),
                 "job": self.job.state.to_dict(),
+                "outage": outage,
             }
         )
         log.warning(
@@ -375,6 +390,7 @@ class SupervisorActor:
             valid = report.as_batch()
             self.feed.observe(valid)
             self.metrics.observe(valid)
+            self.metrics.goodput(self.controller.goodput, self.started)
             times = [
                 m["step_time_s"]
                 for m in report.metrics
@@ -719,9 +735,17 @@ class SupervisorActor:
         self.notifier.close()  # deliveries still queued get a last chance, then are journaled
         lead = results[0] if results else {}
         completed = int(lead.get("steps_completed", 0))
-        executed = int(lead.get("steps_executed", 0))
-        # An update that was skipped (an unrelieved OOM, a non-finite step) trained nothing.
-        kept = max(0, completed - int(lead.get("updates_skipped", 0) or 0))
+        ended = time.time()
+        # Every execution counts, the ones a rollback or a restart from a checkpoint redid
+        # too; an update that was skipped (an unrelieved OOM, a non-finite step) kept nothing.
+        goodput = c.goodput.summary(
+            started=self.started,
+            ended=ended,
+            completed=completed,
+            fallback_executed=int(lead.get("steps_executed", 0)),
+            fallback_skipped=int(lead.get("updates_skipped", 0) or 0),
+        )
+        self.metrics.goodput(c.goodput, self.started, force=True)
         outages = self.outages()
         summary = {
             "run_id": self.spec.run_id,
@@ -729,9 +753,7 @@ class SupervisorActor:
             "abort_reason": c.abort_reason,
             "stop_reason": c.stop_reason,
             "steps_completed": completed,
-            "steps_executed": executed,
-            "goodput": round(kept / executed, 4) if executed else 0.0,
-            "updates_skipped": completed - kept,
+            **goodput,
             "final_loss": lead.get("final_loss"),
             "actions": dict(c.action_counts),
             "anomalies": dict(c.anomaly_counts),
@@ -751,7 +773,7 @@ class SupervisorActor:
             "supervisor_restarts": self.incarnation - 1,
             "supervisor_outages": outages,
             "supervisor_outage_s": round(sum(o["duration_s"] for o in outages), 3),
-            "wall_s": round(time.time() - self.started, 2),
+            "wall_s": round(ended - self.started, 2),
             "ranks": results,
         }
         if error is not None:

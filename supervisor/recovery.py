@@ -181,6 +181,8 @@ class Recovery:
             "pinged": self._ping_started or self._detected_at[rank],  # the confirming round
         }
         c = self.sup.controller
+        # The group stalls from here until the restart: that time is lost to this loss.
+        c.goodput.disrupted(self._detected_at[rank], kind)
         preempted = c.drop_rank(rank)
         ev = AnomalyEvent(
             kind=kind,
@@ -224,6 +226,7 @@ class Recovery:
         """`rank` was lost while a restart is under way: that restart replaces it too."""
         c = self.sup.controller
         self._detected_at[rank] = time.time()
+        c.goodput.disrupted(self._detected_at[rank], kind)
         c.drop_rank(rank)
         why = f"{reason}; joins the restart under way"
         c.record_anomaly(
@@ -544,7 +547,7 @@ class Recovery:
         sup = self.sup
         sup.write_state()
         try:
-            info = await self._restart_all()
+            info = await self._restart_all(d.anomaly.kind)
         except RestartError as exc:
             self._restarting.clear()
             sup.job.step(RestartFailed(str(exc)))
@@ -560,8 +563,11 @@ class Recovery:
             f"{why}; restarted every rank in generation {info['generation']} {info['resumed']}",
         )  # fmt: skip
 
-    async def _restart_all(self) -> dict[str, Any]:
-        """Kill every rank, start them all in a new generation from the last committed checkpoint."""
+    async def _restart_all(self, cause: str) -> dict[str, Any]:
+        """Kill every rank, start them all in a new generation from the last committed checkpoint.
+
+        `cause`: the anomaly that led here; the steps the group redoes are lost to it.
+        """
         sup = self.sup
         c = sup.controller
         world = list(range(sup.spec.workers))
@@ -581,8 +587,9 @@ class Recovery:
             floor = checkpoint_tick(directory, resume) or 0
         sup.run_dir.wal({
             "type": "full_restart", "resume_step": resume, "committed_steps": steps,
-            "reached_step": reached, "reason": f"restarting every rank {resumed}",
+            "reached_step": reached, "reason": f"restarting every rank {resumed}", "cause": cause,
         })  # fmt: skip
+        c.goodput.expect_rewind(time.time(), cause)
         self._restarting = set(world)
         self._failed.clear()
         for r in world:

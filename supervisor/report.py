@@ -154,7 +154,8 @@ def timeline(run: RunData) -> Figure:
     fig.suptitle(
         f"run {s.get('run_id')}: {status_line(run).split(' (')[0]}, "
         f"{s.get('steps_completed')} steps ({s.get('steps_executed')} executed), "
-        f"goodput {float(s.get('goodput') or 0):.1%}",
+        f"goodput {float(s.get('goodput') or 0):.1%}"
+        + (f", ETTR {float(s['ettr']):.1%}" if s.get("ettr") is not None else ""),
         fontsize=10,
         y=0.995,
     )
@@ -416,7 +417,13 @@ def render_html(run: RunData, png: bytes) -> str:
         ("abort reason", s.get("abort_reason")),
         ("steps completed", s.get("steps_completed")),
         ("steps executed", s.get("steps_executed")),
-        ("goodput", f"{float(s.get('goodput') or 0):.1%}"),
+        ("steps kept", s.get("steps_kept")),
+        ("goodput (steps kept / executed)", f"{float(s.get('goodput') or 0):.1%}"),
+        (
+            "ETTR (kept steps' time / wall time)",
+            f"{float(s['ettr']):.1%}" if s.get("ettr") is not None else None,
+        ),
+        ("time lost, by cause (s)", s.get("time_lost_by_cause")),
         ("final loss (mean of the last 10)", s.get("final_loss")),
         ("ranks", s.get("workers")),
         ("wall time (s)", s.get("wall_s")),
@@ -441,6 +448,7 @@ def render_html(run: RunData, png: bytes) -> str:
 <style>{_CSS}</style></head><body>
 <h1>remedy run {html.escape(str(s.get("run_id")))}</h1>
 <table class="summary">{summary_rows}</table>
+{_lost_table(s)}
 <h2>Timeline</h2>
 <img alt="timeline" src="data:image/png;base64,{img}">
 <h2>Decisions ({len(run.decisions)})</h2>
@@ -449,3 +457,14 @@ def render_html(run: RunData, png: bytes) -> str:
 {_table(run.anomalies, ANOMALY_COLUMNS, "anomalies")}
 </body></html>
 """
+
+
+LOST_COLUMNS = [("what", "what"), ("cause", "cause"), ("steps", "steps"), ("seconds", "seconds")]
+
+
+def _lost_table(s: dict[str, Any]) -> str:
+    """Where the wall time that went to no kept step went (summary `time_lost`)."""
+    rows = s.get("time_lost")
+    if not isinstance(rows, list) or not rows:
+        return ""
+    return f"<h2>Time lost</h2>\n{_table(rows, LOST_COLUMNS, 'lost')}"

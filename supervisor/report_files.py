@@ -125,6 +125,7 @@ def _normal_summary(raw: dict[str, Any], run_dir: Path, out: RunFiles) -> dict[s
         summary[key] = {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
         if value is not None and not isinstance(value, dict):
             wrong.append(key)
+    wrong.extend(_normal_goodput(raw, summary))
     if not isinstance(raw.get("ranks", []), list):
         summary["ranks"] = []
         wrong.append("ranks")
@@ -134,6 +135,43 @@ def _normal_summary(raw: dict[str, Any], run_dir: Path, out: RunFiles) -> dict[s
         )
         out.summary_corrupt = True
     return summary
+
+
+def _normal_goodput(raw: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """The goodput fields (`steps_kept`, `ettr`, `time_kept_s`, `time_lost`,
+    `time_lost_by_cause`) where present, of their documented types; the wrong ones' names."""
+    wrong: list[str] = []
+    for key in ("steps_kept", "time_kept_s", "ettr"):
+        if key in raw and not (key == "ettr" and raw[key] is None):
+            summary[key] = _number(raw[key])
+            if summary[key] != raw[key]:
+                wrong.append(key)
+    if "time_lost" in raw:
+        rows = raw["time_lost"]
+        good = [r for r in rows if _lost_row(r)] if isinstance(rows, list) else []
+        summary["time_lost"] = good
+        if not isinstance(rows, list) or len(good) != len(rows):
+            wrong.append("time_lost")
+    if "time_lost_by_cause" in raw:
+        causes = raw["time_lost_by_cause"]
+        ok = isinstance(causes, dict) and all(
+            _number(v) == v and not isinstance(v, bool) for v in causes.values()
+        )
+        summary["time_lost_by_cause"] = {str(k): v for k, v in causes.items()} if ok else {}
+        if not ok:
+            wrong.append("time_lost_by_cause")
+    return wrong
+
+
+def _lost_row(row: Any) -> bool:
+    return (
+        isinstance(row, dict)
+        and isinstance(row.get("what"), str)
+        and (row.get("cause") is None or isinstance(row.get("cause"), str))
+        and type(row.get("steps")) is int
+        and _number(row.get("seconds")) == row.get("seconds")
+        and not isinstance(row.get("seconds"), bool)
+    )
 
 
 def _number(value: Any) -> Any:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from remedy.supervisor.core.control_state import read_journal
+from remedy.supervisor.core.goodput import GoodputLedger
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.report_files import read_records, read_run_dir
 
@@ -119,8 +120,18 @@ def derive_summary(
     lead = sorted(
         (m for m in metrics if m.get("rank", 0) == 0), key=lambda m: int(m.get("tick", 0))
     )
-    completed = int(lead[-1]["step"]) + 1 if lead else 0
+    # The lead's records in the order they were run (a full-group restart sets ticks back).
+    ledger = GoodputLedger.replay(path, metrics=metrics, anomalies=anomalies)
+    completed = ledger.steps if ledger.executed else int(lead[-1]["step"]) + 1 if lead else 0
     executed = int(lead[-1].get("tick", lead[-1]["step"])) + 1 if lead else 0
+    wall = _wall_s(metrics)
+    started = ledger.first_start or 0.0
+    goodput = ledger.summary(
+        started=started,
+        ended=ledger.last_end or started + wall,
+        completed=completed,
+        fallback_executed=executed,
+    )
     losses = [
         x for m in lead[-10:] if (x := number(m.get("loss"))) is not None and math.isfinite(x)
     ]
@@ -135,15 +146,14 @@ def derive_summary(
         "status": "running" if running else "unfinished",
         "standalone": standalone,
         "steps_completed": completed,
-        "steps_executed": executed,
-        "goodput": round(completed / executed, 4) if executed else 0.0,
+        **goodput,
         "final_loss": sum(losses) / len(losses) if losses else None,
         "actions": dict(Counter(d["action"] for d in decisions if d.get("outcome") == "applied")),
         "anomalies": dict(Counter(str(a.get("kind")) for a in anomalies)),
         "outcomes": dict(Counter(str(d.get("outcome")) for d in decisions)),
         "decisions": len(decisions),
         "workers": len({m.get("rank") for m in metrics}) or 1,
-        "wall_s": _wall_s(metrics),
+        "wall_s": wall,
         "policy": _started_policy(path),
     }
 

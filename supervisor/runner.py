@@ -212,6 +212,7 @@ def format_summary(summary: dict[str, Any], decisions: list[dict[str, Any]]) -> 
             f"goodput {summary['goodput']:.1%}, {summary['wall_s']:.1f}s)"
         ),
     ]
+    lines.extend(goodput_lines(summary))
     if summary.get("final_loss") is not None:
         lines.append(f"final loss {summary['final_loss']:.4f}")
     anomalies = summary.get("anomalies") or {}
@@ -228,3 +229,22 @@ def format_summary(summary: dict[str, Any], decisions: list[dict[str, Any]]) -> 
     if summary.get("abort_reason"):
         lines.append(f"aborted: {summary['abort_reason']}")
     return "\n".join(lines)
+
+
+def goodput_lines(summary: dict[str, Any]) -> list[str]:
+    """Step goodput, ETTR and the time lost by cause, in words (none for an older summary)."""
+    if "steps_kept" not in summary:
+        return []
+    ettr = summary.get("ettr")
+    line = f"goodput: {summary['steps_kept']}/{summary['steps_executed']} steps kept" + (
+        f", ETTR {ettr:.1%} ({summary.get('time_kept_s', 0):.1f}s of kept steps)" if ettr else ""
+    )
+    out = [line]
+    for r in summary.get("time_lost") or []:
+        if r.get("cause") is None:
+            continue
+        steps = f"{r['steps']} step(s), " if r.get("steps") else ""
+        out.append(
+            f"  lost to {r['cause']}: {steps}{r['seconds']:.2f}s {r['what'].replace('_', ' ')}"
+        )
+    return out

@@ -31,11 +31,14 @@ hook, with `FaultInjector.fire_once` for a fault that fires once per run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
+import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -67,6 +70,9 @@ FaultKind = Literal[
     "kill_supervisor",
     "bitflip",
     "bad_rank",
+    "slow_rank",
+    "checkpoint_write_error",
+    "kill_node",
 ]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 
@@ -94,8 +100,57 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "(`target`, `name`) on the rank, once: a transient hardware fault",
     "bad_rank": "the same as bitflip on every step from `at_step`, on the rank's process until it "
     "is replaced (a parameter's bit stays set): a chip that keeps computing wrong results",
+    "scaler_overflow_storm": "for `duration` steps the gradient entering backward is `factor` "
+    "(1e10), past float16's range whatever the loss scale, so the float16 backward overflows and "
+    "the real GradScaler skips step after step (once per run; needs an enabled GradScaler and "
+    "float16 autocast)",
+    "slow_rank": "a persistent straggler: the rank sleeps `seconds` inside every step of its "
+    "`duration` steps, before its collectives",
+    "checkpoint_write_error": "the next `duration` durable checkpoint writes from the step fail "
+    "with a real EFBIG: the rank's file-size limit (RLIMIT_FSIZE) is 0 while it writes, so every "
+    "retry fails and the store raises CheckpointError (once per run)",
 }
 SUPPORTED_FAULTS = frozenset(FAULT_DESCRIPTIONS)
+
+# The anomaly kinds that show each fault, the one expected first: how `remedy chaos run`
+# tells whether a fault was detected (a killed supervisor shows as its restart instead).
+FAULT_SIGNS: dict[str, tuple[str, ...]] = {
+    "nan_loss": ("nonfinite_loss",),
+    "nan_grad": ("nonfinite_grad",),
+    "loss_spike": ("loss_spike", "loss_divergence"),
+    "grad_explosion": ("grad_norm_explosion", "nonfinite_grad"),
+    "scaler_overflow_storm": ("scaler_overflow", "scaler_collapse"),
+    "memory_leak": ("memory_growth", "memory_pressure", "oom"),
+    "oom": ("oom",),
+    "slow_loader": ("data_stall",),
+    "hang_rank": ("rank_hang", "rank_dead"),
+    "kill_rank": ("rank_dead", "rank_hang"),
+    "slow_collective": ("collective_slow", "straggler", "rank_hang"),
+    "corrupt_checkpoint": ("checkpoint_corrupt",),
+    "kill_supervisor": (),
+    "slow_rank": ("straggler", "collective_slow"),
+    "checkpoint_write_error": ("checkpoint_write_failed",),
+    # A flipped bit shows as whatever it does to the numbers, or not at all until the
+    # replica check compares the ranks; a replay then classifies it.
+    "bitflip": (
+        "nonfinite_grad",
+        "nonfinite_loss",
+        "grad_norm_explosion",
+        "loss_spike",
+        "replica_divergence",
+        "replay_transient",
+        "replay_rank_specific",
+    ),
+    "bad_rank": (
+        "nonfinite_grad",
+        "nonfinite_loss",
+        "grad_norm_explosion",
+        "loss_spike",
+        "replica_divergence",
+        "replay_rank_specific",
+        "replay_transient",
+    ),
+}
 
 # Faults the framework callbacks cannot inject, and why (`remedy.integrations`): a chaos
 # file naming one is refused there in one line rather than silently doing nothing.
@@ -105,6 +160,9 @@ NOT_UNDER_FRAMEWORKS: dict[str, str] = {
     "slow_collective": "the framework runs its own collectives",
     "bitflip": "the corruption is injected in the Guard's own step",
     "bad_rank": "the corruption is injected in the Guard's own step",
+    "checkpoint_write_error": "the framework writes its own checkpoints",
+    "scaler_overflow_storm": "the framework steps its own GradScaler, so the storm's overflows "
+    "cannot be checked",
 }
 
 
@@ -135,6 +193,9 @@ FAULT_PARAMS: dict[str, frozenset[str]] = {
     "kill_supervisor": frozenset(),
     "bitflip": frozenset({"target", "name", "index", "bit"}),
     "bad_rank": frozenset({"target", "name", "index", "bit"}),
+    "scaler_overflow_storm": frozenset({"duration", "factor"}),
+    "slow_rank": frozenset({"duration", "seconds"}),
+    "checkpoint_write_error": frozenset({"duration"}),
 }
 
 # A kind not listed above takes any of them.
@@ -156,6 +217,9 @@ MAX_LEAK_BYTES = 1 << 40  # 1 TiB over a whole memory_leak
 MAX_FILE_BYTES = 1 << 20
 MAX_MESSAGES = 20  # located errors shown for one file
 MAX_DEPTH = 16  # a chaos file is two levels deep
+# The gradient a scaler_overflow_storm sends into backward: past float16's range (65504)
+# however far the GradScaler backs its scale off, well inside float32's.
+STORM_FACTOR = 1e10
 
 
 class Fault(BaseModel):
@@ -175,6 +239,9 @@ class Fault(BaseModel):
     name: str | None = Field(default=None, min_length=1, max_length=200)
     index: int = Field(default=0, ge=0, le=MAX_INDEX)
     bit: int = Field(default=30, ge=0, le=MAX_BIT)
+    # Where the fault was declared (`FILE:LINE:COL`), set by the loader, so a fault found
+    # unable to fire later (in a rank) is reported at its line. Not part of its identity.
+    source: str | None = None
 
     @model_validator(mode="after")
     def _bounded_totals(self) -> Fault:
@@ -192,16 +259,116 @@ class Fault(BaseModel):
 
     def key(self, rank: int) -> str:
         """A stable name for this fault hitting `rank`, the same in every process of the run."""
-        canon = json.dumps(self.model_dump(), sort_keys=True)
+        canon = json.dumps(self.model_dump(exclude={"source"}), sort_keys=True)
         digest = hashlib.sha256(canon.encode()).hexdigest()[:12]
         return f"{self.kind}-s{self.at_step}-r{rank}-{digest}"
 
 
-def load_chaos(path: str | os.PathLike[str], *, world_size: int | None = None) -> list[Fault]:
+@dataclass(frozen=True)
+class ChaosSetting:
+    """What the faults will run under, as far as it is known (None: not known here).
+
+    A fault that cannot fire in its setting is an error, never a silent no-op:
+    `kill_supervisor` needs a supervisor, `corrupt_checkpoint` and
+    `checkpoint_write_error` durable checkpoints, `scaler_overflow_storm` an
+    enabled GradScaler, `slow_rank` peers to be slower than, and every
+    rank-specific fault a rank inside the world.
+    """
+
+    world_size: int | None = None
+    supervised: bool | None = None
+    checkpoint_every: int | None = None  # 0: no durable checkpoints (or no run directory)
+    scaler: bool | None = None  # an enabled GradScaler
+
+
+def cannot_fire(fault: Fault, setting: ChaosSetting) -> str | None:
+    """Why `fault` could never fire in `setting`, or None if it can (or it is not known)."""
+    kind, world = fault.kind, setting.world_size
+    if world is not None and fault.rank is not None and fault.rank >= world:
+        ranks = "rank 0" if world == 1 else f"ranks 0-{world - 1}"
+        return f"rank {fault.rank} is outside the world of {world} ({ranks}); the fault would never fire"
+    if kind == "kill_supervisor" and setting.supervised is False:
+        return (
+            "kill_supervisor cannot fire here: there is no supervisor to kill (a Guard alone); "
+            "run the loop under `remedy run`"
+        )
+    if kind in ("corrupt_checkpoint", "checkpoint_write_error") and setting.checkpoint_every == 0:
+        return (
+            f"{kind} cannot fire here: this loop writes no durable checkpoints "
+            "(checkpoint_every is 0, or there is no run directory)"
+        )
+    if kind == "scaler_overflow_storm" and setting.scaler is False:
+        return (
+            "scaler_overflow_storm cannot fire here: the loop has no enabled GradScaler "
+            "(pass scaler=torch.amp.GradScaler(...) and GuardConfig(amp_dtype=torch.float16))"
+        )
+    if kind == "slow_rank" and world == 1:
+        return "slow_rank needs at least 2 ranks: a straggler is slower than its peers, one rank has none"
+    return None
+
+
+def check_setting(faults: Iterable[Fault], setting: ChaosSetting) -> None:
+    """Raise `ChaosConfigError`, one located line per fault that cannot fire in `setting`."""
+    lines = []
+    for f in faults:
+        why = cannot_fire(f, setting)
+        if why is not None:
+            lines.append(f"{f.source or 'chaos'}: error: {f.kind} at step {f.at_step}: {why}")
+    if lines:
+        raise ChaosConfigError("\n".join(lines[:MAX_MESSAGES]))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A chaos file read whole: its faults and, for `remedy chaos run`, the job they hit.
+
+    Keys besides `faults` (all optional): `description`, `target`
+    (`file.py:function`), `workers`, `steps` (passed as `--steps N`), `args`
+    (the target's other arguments), `policy`, `loss_tolerance` (the final loss
+    may differ from the fault-free twin's by this fraction), and `random`, a
+    seeded schedule of faults drawn at load time.
+    """
+
+    path: str
+    faults: list[Fault]
+    description: str = ""
+    target: str | None = None
+    workers: int | None = None
+    steps: int | None = None
+    args: tuple[str, ...] = ()
+    policy: str | None = None
+    loss_tolerance: float | None = None
+
+
+_SCENARIO_KEYS = (
+    "faults", "description", "target", "workers", "steps", "args", "policy",
+    "loss_tolerance", "random",
+)  # fmt: skip
+MAX_WORKERS = 100_000
+MAX_RANDOM_FAULTS = 1000
+
+
+def load_chaos(
+    path: str | os.PathLike[str],
+    *,
+    world_size: int | None = None,
+    setting: ChaosSetting | None = None,
+) -> list[Fault]:
     """Read and validate a chaos file; raise ChaosConfigError with one `FILE:LINE:COL: error:` line per problem.
 
-    With `world_size`, a fault for a rank outside the world is an error too.
+    With `world_size` (or `setting.world_size`), a fault for a rank outside the
+    world is an error too; with a `setting`, so is a fault that cannot fire in it.
     """
+    return load_scenario(path, world_size=world_size, setting=setting).faults
+
+
+def load_scenario(
+    path: str | os.PathLike[str],
+    *,
+    world_size: int | None = None,
+    setting: ChaosSetting | None = None,
+) -> Scenario:
+    """Read and validate a chaos file with the keys `remedy chaos run` reads (see `Scenario`)."""
     path = Path(path)
     name = str(path)
     try:
@@ -229,7 +396,14 @@ def load_chaos(path: str | os.PathLike[str], *, world_size: int | None = None) -
         raise _error([_retitle(d) for d in exc.diagnostics]) from None
     except RecursionError:
         raise _error([Diagnostic(name, 1, 1, "YAML nested too deeply")]) from None
-    return _validate(doc, world_size)
+    return _validate(doc, _with_world(setting, world_size))
+
+
+def _with_world(setting: ChaosSetting | None, world_size: int | None) -> ChaosSetting:
+    setting = setting or ChaosSetting()
+    if world_size is not None:
+        setting = dataclasses.replace(setting, world_size=world_size)
+    return setting
 
 
 def _prescan(text: str, name: str) -> Diagnostic | None:
@@ -260,21 +434,26 @@ def _prescan(text: str, name: str) -> Diagnostic | None:
 
 
 def parse_chaos(
-    data: Any, *, source: str = "<chaos>", world_size: int | None = None
+    data: Any,
+    *,
+    source: str = "<chaos>",
+    world_size: int | None = None,
+    setting: ChaosSetting | None = None,
 ) -> list[Fault]:
     """Validate chaos data already loaded (a dict); errors as in `load_chaos`, at 1:1."""
-    return _validate(Document(source, data), world_size)
+    return _validate(Document(source, data), _with_world(setting, world_size)).faults
 
 
-def _validate(doc: Document, world_size: int | None) -> list[Fault]:
+def _validate(doc: Document, setting: ChaosSetting) -> Scenario:
     errors: list[Diagnostic] = []
     data = {} if doc.data is None else doc.data
     if not isinstance(data, Mapping):
         raise _error([doc.error((), "a chaos file is a mapping with a `faults:` list")])
     for key in data:
-        if key != "faults":
+        if key not in _SCENARIO_KEYS:
+            keys = ", ".join(_SCENARIO_KEYS)
             errors.append(
-                doc.error((key,), f"{key}: unknown key; a chaos file has only `faults`", key=True)
+                doc.error((key,), f"{key}: unknown key; a chaos file has: {keys}", key=True)
             )
     entries = data.get("faults", [])
     if entries is None:
@@ -282,21 +461,188 @@ def _validate(doc: Document, world_size: int | None) -> list[Fault]:
     if not isinstance(entries, list):
         errors.append(doc.error(("faults",), "faults: expected a list of faults"))
         entries = []
+    fields = _scenario_fields(doc, data, errors)
+    world = setting.world_size if setting.world_size is not None else fields.get("workers")
+    setting = dataclasses.replace(setting, world_size=world)
     faults: list[Fault] = []
     for i, entry in enumerate(entries):
-        fault = _fault(doc, i, entry, world_size, errors)
+        fault = _fault(doc, ("faults", i), entry, setting, errors)
         if fault is not None:
             faults.append(fault)
+    if "random" in data:
+        faults.extend(_random_faults(doc, data["random"], setting, errors))
     if errors:
         raise _error(errors)
+    return Scenario(path=doc.file, faults=faults, **fields)
+
+
+def _scenario_fields(
+    doc: Document, data: Mapping[str, Any], errors: list[Diagnostic]
+) -> dict[str, Any]:
+    """The keys `remedy chaos run` reads, checked; the wrong ones are errors."""
+    out: dict[str, Any] = {}
+    for key in ("description", "target", "policy"):
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip() or "\x00" in value:
+            errors.append(doc.error((key,), f"{key}: expected a non-empty string"))
+        else:
+            out[key] = value
+    for key, top in (("workers", MAX_WORKERS), ("steps", MAX_STEP)):
+        value = data.get(key)
+        if value is None:
+            continue
+        if type(value) is not int or not 1 <= value <= top:
+            errors.append(
+                doc.error((key,), f"{key}: expected a whole number from 1 to {top}, got {value!r}")
+            )
+        else:
+            out[key] = value
+    args = data.get("args")
+    if args is not None:
+        if not isinstance(args, list) or not all(
+            isinstance(a, str | int | float) and not isinstance(a, bool) for a in args
+        ):
+            errors.append(
+                doc.error(
+                    ("args",),
+                    "args: expected a list of the target's arguments (strings or numbers)",
+                )
+            )
+        else:
+            out["args"] = tuple(str(a) for a in args)
+    tolerance = data.get("loss_tolerance")
+    if tolerance is not None:
+        if (
+            not isinstance(tolerance, int | float)
+            or isinstance(tolerance, bool)
+            or not 0 <= tolerance <= 10
+        ):
+            errors.append(
+                doc.error(
+                    ("loss_tolerance",),
+                    f"loss_tolerance: expected a fraction from 0 to 10, got {tolerance!r}",
+                )
+            )
+        else:
+            out["loss_tolerance"] = float(tolerance)
+    return out
+
+
+def _random_faults(
+    doc: Document, spec: Any, setting: ChaosSetting, errors: list[Diagnostic]
+) -> list[Fault]:
+    """A seeded random schedule: `{seed, rate, from_step, until_step, mix: {kind: weight}}`.
+
+    Each step of [from_step, until_step) gets a fault with probability `rate`,
+    its kind drawn by weight from `mix` and its rank uniformly from the world
+    (rank 0 when the world is not known); the same seed gives the same faults.
+    """
+    where = ("random",)
+    if not isinstance(spec, Mapping):
+        errors.append(
+            doc.error(where, "random: expected a mapping {seed, rate, from_step, until_step, mix}")
+        )
+        return []
+    allowed = {"seed", "rate", "from_step", "until_step", "mix"}
+    for key in spec:
+        if key not in allowed:
+            errors.append(
+                doc.error(
+                    (*where, key),
+                    f"random.{key}: unknown key; it takes: {', '.join(sorted(allowed))}",
+                    key=True,
+                )
+            )
+    seed, rate = spec.get("seed", 0), spec.get("rate")
+    first, until = spec.get("from_step", 0), spec.get("until_step")
+    mix = spec.get("mix")
+    bad = len(errors)
+    if type(seed) is not int:
+        errors.append(
+            doc.error((*where, "seed"), f"random.seed: expected an integer, got {seed!r}")
+        )
+    if not isinstance(rate, int | float) or isinstance(rate, bool) or not 0 < rate <= 1:
+        errors.append(
+            doc.error(
+                (*where, "rate"), f"random.rate: expected faults per step in (0, 1], got {rate!r}"
+            )
+        )
+    if type(first) is not int or first < 0:
+        errors.append(
+            doc.error(
+                (*where, "from_step"), f"random.from_step: expected a step from 0, got {first!r}"
+            )
+        )
+    if type(until) is not int or (type(first) is int and until <= first) or until > MAX_STEP:
+        errors.append(
+            doc.error(
+                (*where, "until_step"),
+                f"random.until_step: expected a step after from_step, got {until!r}",
+            )
+        )
+    if not isinstance(mix, Mapping) or not mix:
+        errors.append(
+            doc.error((*where, "mix"), "random.mix: expected a mapping of fault kinds to weights")
+        )
+        mix = {}
+    for kind, weight in mix.items():
+        if kind not in SUPPORTED_FAULTS:
+            errors.append(
+                doc.error(
+                    (*where, "mix", kind),
+                    f"random.mix: unknown or not injectable fault {kind!r}; "
+                    f"one of: {', '.join(sorted(SUPPORTED_FAULTS))}",
+                    key=True,
+                )
+            )
+        elif (
+            not isinstance(weight, int | float) or isinstance(weight, bool) or not 0 < weight <= 1e6
+        ):
+            errors.append(
+                doc.error(
+                    (*where, "mix", kind),
+                    f"random.mix.{kind}: expected a weight in (0, 1e6], got {weight!r}",
+                )
+            )
+    if len(errors) > bad or not isinstance(until, int) or not isinstance(rate, int | float):
+        return []
+    rng = random.Random(seed)
+    kinds = sorted(mix)
+    weights = [float(mix[k]) for k in kinds]
+    world = setting.world_size or 1
+    line, col = doc.locate(where, key=True)
+    source = f"{doc.file}:{line}:{col}"
+    faults = []
+    for step in range(first, until):
+        if rng.random() >= rate:
+            continue
+        kind = rng.choices(kinds, weights)[0]
+        fault = Fault(kind=kind, at_step=step, rank=rng.randrange(world), source=source)
+        why = cannot_fire(fault, setting)
+        if why is not None:
+            errors.append(doc.error(where, f"random: {kind} at step {step}: {why}", key=True))
+            return []
+        faults.append(fault)
+        if len(faults) > MAX_RANDOM_FAULTS:
+            errors.append(
+                doc.error(
+                    where, f"random: more than {MAX_RANDOM_FAULTS} faults; lower rate or the span"
+                )
+            )
+            return []
     return faults
 
 
 def _fault(
-    doc: Document, i: int, entry: Any, world_size: int | None, errors: list[Diagnostic]
+    doc: Document,
+    where: tuple[str, int],
+    entry: Any,
+    setting: ChaosSetting,
+    errors: list[Diagnostic],
 ) -> Fault | None:
-    where = ("faults", i)
-    label = f"faults.{i}"
+    label = f"faults.{where[1]}"
     if not isinstance(entry, Mapping):
         errors.append(
             doc.error(where, f"{label}: expected a mapping like {{kind: nan_loss, at_step: 10}}")
@@ -338,23 +684,19 @@ def _fault(
         )
     if bad:
         return None
+    line, col = doc.locate(where)
     try:
-        fault = Fault.model_validate(dict(entry))
+        fault = Fault.model_validate({**entry, "source": f"{doc.file}:{line}:{col}"})
     except ValidationError as exc:
         for detail in exc.errors(include_url=False):
             loc = tuple(detail["loc"])
             field = ".".join(str(p) for p in (label, *loc))
             errors.append(doc.error((*where, *loc), f"{field}: {_text(detail)}"))
         return None
-    if world_size is not None and fault.rank is not None and fault.rank >= world_size:
-        ranks = "rank 0" if world_size == 1 else f"ranks 0-{world_size - 1}"
-        errors.append(
-            doc.error(
-                (*where, "rank"),
-                f"{label}.rank: rank {fault.rank} is outside the world of {world_size} "
-                f"({ranks}); the fault would never fire",
-            )
-        )
+    why = cannot_fire(fault, setting)
+    if why is not None:
+        at = (*where, "rank") if why.startswith("rank ") else (*where, "kind")
+        errors.append(doc.error(at, f"{label}.{at[-1]}: {why}"))
         return None
     return fault
 
@@ -423,6 +765,10 @@ class FaultInjector:
         self.faults = [f for f in faults if f.hits(rank)]
         self._keys = [f.key(rank) for f in self.faults]
         self.record = FiredRecord(fired_dir(run_dir))
+        # A scaler_overflow_storm under way: (the tick it ends before, its gradient factor).
+        self._storm: tuple[int, float] | None = None
+        self.storm_steps = 0  # storm steps run so far, checked against the scaler's skips
+        self._tick = 0
         # Poisoned batches, as (first, end, loss factor): a property of the data,
         # so they are read back from faults that fired in an earlier process.
         self._poisoned: list[tuple[int, int, float]] = []
@@ -553,18 +899,60 @@ class FaultInjector:
         out, self.log = self.log, []
         return out
 
+    def check(self, setting: ChaosSetting) -> None:
+        """Raise `ChaosConfigError` (located) if a fault of this rank cannot fire in `setting`."""
+        check_setting(self.faults, setting)
+
+    def _first_due(self, kind: str, step: int) -> int | None:
+        """The index of the first unfired fault of `kind` whose step has come, or None.
+
+        For faults that fire once per run at the first boundary or write at or
+        after their step where they can act (a checkpoint to corrupt or to fail).
+        """
+        for i, f in enumerate(self.faults):
+            if f.kind == kind and f.at_step <= step and self.record.get(self._keys[i]) is None:
+                return i
+        return None
+
     def at_boundary(self, step: int, checkpoints: Any) -> None:
-        """Boundary faults: flip bytes in the newest durable checkpoint (`CheckpointStore`)."""
-        if checkpoints is None or not self._window("corrupt_checkpoint", step):
+        """Boundary faults: flip bytes in the newest durable checkpoint (`CheckpointStore`),
+        at the first boundary at or after the fault's step where one is on disk."""
+        if checkpoints is None or not self.faults:
+            return
+        i = self._first_due("corrupt_checkpoint", step)
+        if i is None:
             return
         checkpoints.wait()  # the newest one may still be on its way to disk
         steps = checkpoints.steps()
         if not steps:
-            return  # nothing written yet: nothing to corrupt
+            return  # nothing on disk yet (all retired by a rollback): the next boundary
         newest = steps[-1]
-        if self.fire_once("corrupt_checkpoint", step, checkpoint_step=newest) is not None:
-            corrupt_file(checkpoints.directory / f"step-{newest:08d}.rank{self.rank}.pt")
-            self._note("corrupt_checkpoint", step, checkpoint_step=newest)
+        self.record.mark(
+            self._keys[i],
+            {"kind": "corrupt_checkpoint", "rank": self.rank, "step": step,
+             "checkpoint_step": newest},
+        )  # fmt: skip
+        corrupt_file(checkpoints.directory / f"step-{newest:08d}.rank{self.rank}.pt")
+        self._note("corrupt_checkpoint", step, checkpoint_step=newest)
+
+    def checkpoint_write_fault(self, step: int) -> Fault | None:
+        """A `checkpoint_write_error` due for the durable checkpoint written at `step` (marked
+        fired on its last failing write), or None: the Guard writes it under `failing_writes`."""
+        for i, f in enumerate(self.faults):
+            if f.kind != "checkpoint_write_error" or f.at_step > step:
+                continue
+            fired = self.record.get(self._keys[i]) or {}
+            done = int(fired.get("writes", 0)) if isinstance(fired.get("writes"), int) else 0
+            if fired and done >= f.duration:
+                continue
+            self.record.mark(
+                self._keys[i],
+                {"kind": f.kind, "rank": self.rank, "step": fired.get("step", step),
+                 "writes": done + 1},
+            )  # fmt: skip
+            self._note("checkpoint_write_error", step, write=done + 1)
+            return f
+        return None
 
     def before_batch(self, step: int) -> None:
         """Loader-side faults: slow batches."""
@@ -573,7 +961,10 @@ class FaultInjector:
             self._note("slow_loader", step, seconds=f.seconds)
 
     def before_step(self, step: int) -> None:
-        """Process-level faults at the start of a step: leaks, OOM, a killed rank."""
+        """Process-level faults at the start of a step: leaks, OOM, a killed rank, a straggler."""
+        for _, f in self._window("slow_rank", step):
+            process_faults.slow(f.seconds)  # inside the step, before its collectives
+            self._note("slow_rank", step, seconds=f.seconds)
         for _, f in self._window("memory_leak", step):
             self._leak.append(torch.empty(f.bytes, dtype=torch.uint8).fill_(1))
             self._note("memory_leak", step, bytes=f.bytes)
@@ -612,6 +1003,7 @@ class FaultInjector:
         if factor is not None:
             self._note("loss_spike", step, batch_index=batch_index, factor=factor)
             loss = loss * factor
+        self._overflow(step, loss)
         boom = self.fire_once("grad_explosion", step)
         if boom is not None and loss.requires_grad:
             # Scaled where backward starts: the loss reads the same, this rank's gradients
@@ -620,6 +1012,25 @@ class FaultInjector:
             loss.register_hook(lambda g: g * grad_factor)
             self._note("grad_explosion", step, factor=grad_factor)
         return loss
+
+    def _overflow(self, step: int, loss: torch.Tensor) -> None:
+        """A scaler_overflow_storm step: the gradient entering backward is set past float16's
+        range, so the float16 backward overflows for real and the GradScaler finds infs."""
+        storm = self.fire_once("scaler_overflow_storm", step, tick=self._tick)
+        if storm is not None:
+            self._storm = (self._tick + storm.duration, storm.factor or STORM_FACTOR)
+        if self._storm is None or self._tick >= self._storm[0]:
+            self._storm = None
+            return
+        if loss.requires_grad:
+            factor = self._storm[1]
+            loss.register_hook(lambda g: torch.full_like(g, factor))
+            self.storm_steps += 1
+            self._note("scaler_overflow_storm", step, factor=factor)
+
+    def tick(self, tick: int) -> None:
+        """The rank's executed-step count as a step begins (storms last so many executed steps)."""
+        self._tick = tick
 
     def _poison(self, fired: Mapping[str, Any]) -> None:
         span, factor = fired.get("batches"), fired.get("factor", 10.0)

@@ -24,6 +24,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from remedy.workers import (  # noqa: F401 - memory_actions registers its applie
     actions,
     dcp_store,
     memory_actions,
+    process_faults,
     replicas,
     restore_point,
     shard_mirror,
@@ -44,12 +46,12 @@ from remedy.workers import (  # noqa: F401 - memory_actions registers its applie
     waits,
 )
 from remedy.workers.activation_checkpointing import SavedActivationCap
-from remedy.workers.chaos import FaultInjector
+from remedy.workers.chaos import ChaosSetting, FaultInjector
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.data import BatchCursor, DataExhausted
 from remedy.workers.detectors import Detector, DetectorSuite, default_detectors
-from remedy.workers.exceptions import RunAborted
+from remedy.workers.exceptions import ChaosConfigError, RunAborted
 from remedy.workers.inbox import Agreement, CommandInbox
 from remedy.workers.lr_scale import LRScale
 from remedy.workers.measure import (
@@ -210,6 +212,9 @@ class Guard:
         self.mirror = shard_mirror.mirror_for(self)
         # Checksum failures found while restoring, reported as `checkpoint_corrupt` events.
         self._corrupt: list[tuple[int, str]] = []
+        # Durable checkpoint writes that failed (after the store's retries), as (step, error),
+        # appended by the writer thread and reported as `checkpoint_write_failed` events.
+        self._write_failures: deque[tuple[int, str]] = deque()
         if self.checkpoints is not None:
             self.checkpoints.on_corrupt = lambda step, error: self._corrupt.append((step, error))
         # A rank started by a full-group restart resumes from this checkpoint before its first step.
@@ -223,6 +228,15 @@ class Guard:
         self._grad_norm = sharding.grad_norm_for(self.params) or GradNorm(self.params)
         if self.sharded:  # overflows must be agreed over the group: `guard.scaler` is sharded
             self.scaler = sharding.sharded_scaler(self.scaler)
+        # A fault that cannot fire here is an error before the first step, never a no-op.
+        self.injector.check(
+            ChaosSetting(
+                world_size=ctx.world_size,
+                supervised=getattr(self.reporter, "kill_supervisor", None) is not None,
+                checkpoint_every=self.config.checkpoint_every if self.checkpoints else 0,
+                scaler=self.scaler is not None and self.scaler.is_enabled(),
+            )
+        )
         self.micro_batches = self.config.micro_batches
         self.max_micro_batches: int | None = None  # the batch size, once a batch has been seen
         self.step_count = 0
@@ -348,6 +362,8 @@ class Guard:
             self.resumed = restore_point.resume(self, step)
             self._report_corrupt()
         self.inbox.take(self.reporter.poll())
+        if self._write_failures:
+            self._report_write_failures()
         if self.agreement is not None:
             # Every rank applies the same commands at the same boundary, or their step
             # counts and collectives would part ways: those every rank held at the last one.
@@ -458,13 +474,46 @@ class Guard:
             self.mirror.push(snap)
         if self.checkpoints is not None and self._checkpoint_due():
             snap.extra = self.checkpoint_extra()
-            write = self.checkpoints.save(snap)
-            write.add_done_callback(_log_failed_write)
+            if self.injector.checkpoint_write_fault(self.step_count) is not None:
+                # Chaos: this write meets a file-size limit of 0 (EFBIG on every retry);
+                # waited for here, so the limit is lifted before training writes anything.
+                with process_faults.file_size_limit(0):
+                    write = self.checkpoints.save(snap)
+                    futures.wait([write])
+            else:
+                write = self.checkpoints.save(snap)
+            step = self.step_count
+            write.add_done_callback(lambda done: self._write_done(done, step))
             self._writes[id(snap)] = write
         if not self.snapshots.full and self._spare is None and self._prepare_spares:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="remedy-snapshot")
             self._spare = self._pool.submit(_blank_snapshot, snap)
+
+    def _write_done(self, write: Future[Any], step: int) -> None:
+        """The checkpoint write of `step` ended (on the writer thread): a failure is reported at
+        the next boundary; training goes on, the previous checkpoint stands."""
+        failed = write.exception()
+        if failed is not None:
+            log.error("checkpoint_write_failed", rank=self.rank, step=step, error=str(failed))
+            self._write_failures.append((step, str(failed)))
+
+    def _report_write_failures(self) -> None:
+        from remedy.policies import AnomalyEvent  # noqa: PLC0415
+
+        while self._write_failures:
+            checkpoint_step, error = self._write_failures.popleft()
+            ev = AnomalyEvent(
+                kind="checkpoint_write_failed",
+                rank=self.rank,
+                step=self.step_count,
+                tick=self.tick,
+                severity="warning",
+                ts=time.time(),
+                details={"checkpoint_step": checkpoint_step, "error": error[:300]},
+            )
+            self.outbox.event(ev.to_dict())
+            self._send(force=True)
 
     def _checkpoint_due(self) -> bool:
         every = self.config.checkpoint_every
@@ -503,6 +552,8 @@ class Guard:
         # page-faults it in again (1-2.5% of a 50M-parameter CPU step).
         self.optimizer.zero_grad(set_to_none=True)
         ooms: list[str] = []  # an OOM relieved on retry is still one of the step's events
+        self.injector.tick(self.tick)
+        storms = self.injector.storm_steps
         for attempt in range(self.config.oom_retries + 1):
             try:
                 self.injector.before_step(step)
@@ -559,6 +610,11 @@ class Guard:
         if self.replays.window:
             self._keep_if_flagged(loss_v, norm_v)
         skipped = self._optimizer_step(loss_v, norm_v)
+        if self.injector.storm_steps > storms and not skipped:
+            raise ChaosConfigError(
+                f"chaos: scaler_overflow_storm at step {step} did not overflow: this backward "
+                "does not run in float16 (GuardConfig(amp_dtype=torch.float16) runs it so)"
+            )
         self.injector.after_update(step)
         return self._finish_step(t0, loss_v, norm_v, skipped=skipped, extra=extra, also=ooms[:1])
 
@@ -944,6 +1000,7 @@ class LocalReporter:
         self._inbox = self.controller.ingest(batch)
         if self.metrics is not None:
             self.metrics.observe(batch)
+            self.metrics.goodput(self.controller.goodput, self._started)
             self.metrics.decisions(self.controller.decisions)
 
     def poll(self) -> list[dict[str, Any]]:
@@ -954,27 +1011,36 @@ class LocalReporter:
         """End the run: resolve what is pending, write summary.json (with a run directory)."""
         c = self.controller
         c.finish()
+        if self.metrics is not None:
+            self.metrics.goodput(c.goodput, self._started, force=True)
         if c.run_dir is None:
             return
         if rank_summary is not None:
-            c.run_dir.write_summary(_local_summary(c, rank_summary, time.time() - self._started))
+            c.run_dir.write_summary(_local_summary(c, rank_summary, self._started, time.time()))
         c.run_dir.close()
 
 
-def _local_summary(controller: Any, rank: dict[str, Any], wall_s: float) -> dict[str, Any]:
+def _local_summary(
+    controller: Any, rank: dict[str, Any], started: float, ended: float
+) -> dict[str, Any]:
     """summary.json of a single-process run, in the shape `remedy run` writes (`remedy report`)."""
     c = controller
-    completed, executed = int(rank["steps_completed"]), int(rank["steps_executed"])
-    skipped = int(rank.get("updates_skipped", 0))
+    completed = int(rank["steps_completed"])
+    # Useful work: the steps kept whose update was applied, over every step executed
+    # (a rollback's replays too), and the time they took over the wall time.
+    goodput = c.goodput.summary(
+        started=started,
+        ended=ended,
+        completed=completed,
+        fallback_executed=int(rank["steps_executed"]),
+        fallback_skipped=int(rank.get("updates_skipped", 0)),
+    )
     return {
         "run_id": c.run_dir.run_id,
         "status": "aborted" if c.abort_reason is not None else rank["status"],
         "abort_reason": c.abort_reason or rank.get("stop_reason"),
         "steps_completed": completed,
-        "steps_executed": executed,
-        # Useful work: the steps kept whose update was applied, over the steps executed.
-        "goodput": round((completed - skipped) / executed, 4) if executed else 0.0,
-        "updates_skipped": skipped,
+        **goodput,
         "final_loss": rank["final_loss"],
         "actions": dict(c.action_counts),
         "anomalies": dict(c.anomaly_counts),
@@ -982,15 +1048,9 @@ def _local_summary(controller: Any, rank: dict[str, Any], wall_s: float) -> dict
         "decisions": len(c.decisions),
         "skipped_batches": rank["skipped_batches"],
         "workers": 1,
-        "wall_s": round(wall_s, 2),
+        "wall_s": round(ended - started, 2),
         "ranks": [rank],
     }
-
-
-def _log_failed_write(write: Future[Any]) -> None:
-    failed = write.exception()
-    if failed is not None:
-        log.error("checkpoint_write_failed", error=str(failed))
 
 
 def _blank_snapshot(like: Snapshot) -> Snapshot:

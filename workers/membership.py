@@ -231,6 +231,9 @@ class Membership:
             error=str(exc)[:200],
             released=released,
         )
+        # The steps run since the last report reach the supervisor now: this process
+        # may be killed while it waits (a full-group restart), and they were executed.
+        guard.send_report()
         generation, source, store_addr = self._next_order()
         self.timeline["order"] = time.time()
         if in_step and self._mark is not None:

@@ -6,7 +6,9 @@
 | `remedy_decisions_total` | counter | `run_id`, `action`, `outcome` |
 | `remedy_rank_restarts_total` | counter | `run_id` |
 | `remedy_step_time_seconds` | gauge (newest step, set at most once a second per rank) | `run_id`, `rank` |
-| `remedy_goodput_ratio` | gauge (steps kept / steps executed) | `run_id` |
+| `remedy_goodput_ratio` | gauge (steps kept / executed; a rollback's or restart's replays count) | `run_id` |
+| `remedy_ettr_ratio` | gauge (seconds of the kept steps / wall seconds so far) | `run_id` |
+| `remedy_time_lost_seconds` | gauge (seconds lost so far to each cause: an anomaly kind) | `run_id`, `cause` |
 | `remedy_seconds_since_good_checkpoint` | gauge | `run_id` |
 
 Under a supervisor they go through Ray's metrics API (`ray.util.metrics`),
@@ -30,6 +32,7 @@ CHECKPOINT_POLL_S = 1.0
 # A rank's step-time gauge is set at most this often (Ray exports gauges every
 # `metrics_report_interval_ms`, never more often than once a second).
 STEP_TIME_EVERY_S = 1.0
+GOODPUT_EVERY_S = 1.0  # the goodput gauges likewise
 
 _SPECS: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("remedy_anomalies_total", "counter", "Anomaly events reported, by kind", ("run_id", "kind")),
@@ -49,8 +52,20 @@ _SPECS: list[tuple[str, str, str, tuple[str, ...]]] = [
     (
         "remedy_goodput_ratio",
         "gauge",
-        "Steps kept / steps executed (rollbacks redo steps)",
+        "Steps kept / steps executed (rollbacks and restarts from a checkpoint redo steps)",
         ("run_id",),
+    ),
+    (
+        "remedy_ettr_ratio",
+        "gauge",
+        "Effective training time ratio: seconds of the kept steps / wall seconds",
+        ("run_id",),
+    ),
+    (
+        "remedy_time_lost_seconds",
+        "gauge",
+        "Seconds lost to each cause (discarded steps, skipped updates, stalls)",
+        ("run_id", "cause"),
     ),
     (
         "remedy_seconds_since_good_checkpoint",
@@ -136,6 +151,7 @@ class RunMetrics:
         self._newest = 0.0  # mtime of the newest checkpoint manifest seen
         self._dir_mtime = 0  # of the checkpoint folder, while it holds no manifest yet
         self._step_time_set: dict[str, float] = {}  # rank -> when its gauge was last set
+        self._goodput_set = -GOODPUT_EVERY_S
 
     def observe(self, batch: Any) -> None:
         """One report batch: its anomalies, its newest step time, the rank's goodput."""
@@ -156,10 +172,20 @@ class RunMetrics:
                 labels = {**run, "rank": rank}
                 step_time = float(metrics[-1]["step_time_s"])
                 self.backend.set("remedy_step_time_seconds", labels, step_time)
-        step, tick = batch.get("step"), batch.get("tick")
-        if batch.get("rank") == 0 and isinstance(step, int) and isinstance(tick, int) and tick > 0:
-            self.backend.set("remedy_goodput_ratio", run, min(step / tick, 1.0))
         self._checkpoint_age()
+
+    def goodput(self, ledger: Any, started: float, *, force: bool = False) -> None:
+        """The goodput gauges from the controller's ledger (`GoodputLedger`), once a second
+        (`force`: now, as a run ends)."""
+        now = time.monotonic()
+        if (now - self._goodput_set < GOODPUT_EVERY_S and not force) or not ledger.executed:
+            return
+        self._goodput_set = now
+        run = {"run_id": self.run_id}
+        self.backend.set("remedy_goodput_ratio", run, ledger.step_goodput())
+        self.backend.set("remedy_ettr_ratio", run, ledger.ettr(started, time.time()))
+        for cause, seconds in ledger.lost_by_cause().items():
+            self.backend.set("remedy_time_lost_seconds", {**run, "cause": cause}, seconds)
 
     def decisions(self, journaled: list[dict[str, Any]]) -> None:
         """Count the decisions journaled since the last call (the list only grows)."""

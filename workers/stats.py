@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,9 @@ class StepStats:
     mem_capacity_bytes: int | None = None
     optimizer_skipped: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    # Wall time (seconds since the epoch) the step ended: stats are built as it ends. The
+    # supervisor's goodput ledger reads where the time between steps went from it.
+    ended_at: float = field(default_factory=time.time)
 
     def to_metrics(self) -> dict[str, Any]:
         """The `metrics.jsonl` record (non-finite floats as strings: JSON has no NaN)."""
@@ -47,6 +51,7 @@ class StepStats:
             "mem_bytes": self.mem_bytes,
             "batch_index": self.batch_index,
             "optimizer_skipped": self.optimizer_skipped,
+            "t_end": round(self.ended_at, 4),
         }
         out.update(self.extra)
         return out

@@ -37,6 +37,7 @@ from remedy.policies import (
 )
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.effects import Notify, NotifyCarrier, log_notify
+from remedy.supervisor.core.goodput import GoodputLedger
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.detectors.straggler import StragglerWatch
@@ -171,6 +172,8 @@ class Controller:
         # their newest tick does not prove they reported the ticks below it. The shell sets
         # it from its rank slots before each batch.
         self.incomplete: frozenset[int] = frozenset()
+        # Steps executed and kept, and where the time went (rank 0's records; see `goodput`).
+        self.goodput = GoodputLedger()
 
     # ---------------------------------------------------------------- ingest
     def ingest(self, batch: Any) -> list[dict[str, Any]]:
@@ -283,12 +286,14 @@ class Controller:
         """Count and log one valid anomaly, whoever saw it."""
         self.changes += 1
         self.anomaly_counts[ev.kind] += 1
+        self.goodput.event(ev.step, ev.kind)
         if self.run_dir is not None:
             self.run_dir.anomaly(self._stamped(ev).to_dict())
 
     def _metrics(self, rank: int, record: Any) -> None:
         if not isinstance(record, dict):
             return
+        self.goodput.record(rank, record)
         loss = record.get("loss")
         if isinstance(loss, int | float) and not isinstance(loss, bool):
             self.recent_loss.setdefault(rank, deque(maxlen=10)).append(float(loss))
@@ -384,6 +389,8 @@ class Controller:
             seq=self._seq,
         )
         targets = set(range(self.world_size))
+        if d.action == "rollback":  # the ranks' next rewind is this one's: its steps are lost to it
+            self.goodput.expect_rewind(self._clock(), d.anomaly.kind)
         if self.run_dir is not None:
             self.run_dir.wal(
                 {"type": "decided", "decision": d.to_dict(), "command": command.to_dict()}

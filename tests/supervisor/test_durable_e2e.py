@@ -96,6 +96,22 @@ def test_replacement_that_keeps_failing_leads_to_a_full_group_restart(
     record = summary["recoveries"][-1]
     assert record["reached_step"] >= 20
     assert record["steps_lost"] == record["reached_step"] - 20
+    # True goodput: the survivors ran steps 0-24, then every rank redid 20-39 from the
+    # checkpoint: 45 executions, 40 kept. The 5 redone and the stall are lost to rank_dead.
+    assert (summary["steps_executed"], summary["steps_kept"]) == (45, 40), summary
+    assert summary["goodput"] == round(40 / 45, 4)
+    lost = {(r["what"], r["cause"]): r for r in summary["time_lost"]}
+    discarded = lost[("discarded_steps", "rank_dead")]
+    assert discarded["steps"] == 5 and discarded["seconds"] > 0, summary["time_lost"]
+    stalled = lost[("stalled", "rank_dead")]["seconds"]
+    assert stalled > discarded["seconds"], "detection, the failed replacement, the full restart"
+    assert summary["time_lost_by_cause"]["rank_dead"] == pytest.approx(
+        discarded["seconds"] + stalled, abs=0.002
+    )
+    # Every second of the wall time is accounted for: the kept steps' and the lost rows'.
+    accounted = summary["time_kept_s"] + sum(r["seconds"] for r in summary["time_lost"])
+    assert accounted == pytest.approx(summary["wall_s"], abs=0.05)
+    assert 0 < summary["ettr"] < 1
 
 
 @pytest.mark.timeout(240)

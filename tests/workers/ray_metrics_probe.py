@@ -23,6 +23,7 @@ DEADLINE_S = 90.0
 @ray.remote(num_cpus=0)
 class Recorder:
     def record(self) -> None:
+        from remedy.supervisor.core.goodput import GoodputLedger  # noqa: PLC0415
         from remedy.workers.metrics import RayBackend, RunMetrics  # noqa: PLC0415
 
         self.metrics = RunMetrics(RayBackend(), run_id="probe")
@@ -30,6 +31,13 @@ class Recorder:
                  "metrics": [{"step_time_s": 0.25}]}  # fmt: skip
         self.metrics.observe(batch)
         self.metrics.decisions([{"action": "rollback", "outcome": "applied"}])
+        # Steps 0-3 of 0.25 s, then a rewind to step 2 (two discarded) decided for a NaN.
+        ledger, now = GoodputLedger(), time.time()
+        ledger.expect_rewind(now - 1.5, "nonfinite_loss")
+        for i, step in enumerate([0, 1, 2, 3, 2]):
+            rec = {"step": step, "tick": i, "step_time_s": 0.25, "t_end": now - 2 + 0.25 * i}
+            ledger.record(0, rec)
+        self.metrics.goodput(ledger, now - 2.0)
 
 
 def main() -> None:
@@ -57,7 +65,7 @@ def main() -> None:
             except OSError:
                 body = ""
             found = [ln for ln in body.splitlines() if ln.startswith("ray_remedy_")]
-            if len(found) >= 4:
+            if len(found) >= 6:
                 print("\n".join(found))
                 return
             time.sleep(1.0)

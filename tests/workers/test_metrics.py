@@ -77,6 +77,8 @@ def test_standalone_guard_serves_metrics(tmp_path: Path, monkeypatch: pytest.Mon
         == 1.0
     )
     assert 0.0 < samples['remedy_goodput_ratio{run_id="local"}'] < 1.0, "the rollback redid steps"
+    assert 0.0 < samples['remedy_ettr_ratio{run_id="local"}'] < 1.0
+    assert samples['remedy_time_lost_seconds{cause="nonfinite_loss",run_id="local"}'] > 0.0
     assert samples['remedy_step_time_seconds{rank="0",run_id="local"}'] > 0.0
     assert samples['remedy_seconds_since_good_checkpoint{run_id="local"}'] >= 0.0
 
@@ -150,3 +152,10 @@ def test_ray_exporter_serves_remedy_metrics(tmp_path: Path) -> None:
     assert any(
         ln.startswith("ray_remedy_step_time_seconds{") and ln.endswith(" 0.25") for ln in lines
     )
+    # 5 executions, 3 kept; 2 steps of 0.25 s discarded by the NaN's rollback.
+    assert any(ln.startswith("ray_remedy_goodput_ratio{") and ln.endswith(" 0.6") for ln in lines)
+    assert any(ln.startswith("ray_remedy_ettr_ratio{") for ln in lines)
+    assert any(
+        ln.startswith("ray_remedy_time_lost_seconds{") and 'cause="nonfinite_loss"' in ln
+        and ln.endswith(" 0.5") for ln in lines
+    )  # fmt: skip

@@ -1,0 +1,396 @@
+"""True goodput: which executed steps were kept, and where the wall time went.
+
+A rollback, a full-group restart from a checkpoint, a replacement that
+redoes steps: each executes steps whose result is then thrown away. Ticks
+cannot count them (a process resumed from a checkpoint takes the
+checkpoint's tick), so the ledger counts executions itself, from the lead
+rank's metrics records (rank 0, whatever its incarnation), in the order they
+were run:
+
+- a record whose step is below the timeline's end is a rewind: the steps
+  from it to the end were executed and discarded; their time is lost to the
+  rewind's cause (the anomaly of the rollback decided, or of the loss that
+  led to a full-group restart, `expect_rewind`);
+- a record past the end means steps ran whose records never came (the lead's
+  process was killed before reporting them): they count as executed and kept,
+  with the typical step time;
+- the wall time between two records with no step running is idle: a stall
+  when a rank loss was detected in it (`disrupted`) or it precedes a rewound
+  record (detection, restart, restore, regroup), else per-step overhead
+  (snapshots, checkpoints, commands).
+
+Step goodput is steps kept / steps executed; time goodput (ETTR, effective
+training time ratio) is the time of the kept steps' last executions over the
+wall time. `summary` lists the rest of the wall time by what it went to and
+which anomaly caused it. The same ledger is fed live by the Controller and
+rebuilt from the run directory (`replay`) by a restarted supervisor or for a
+run without a summary.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import statistics
+from array import array
+from collections import deque
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from remedy.supervisor.core.control_state import read_journal
+
+# A rewind whose cause the ledger was not told (a rewind by an action it does not know).
+UNATTRIBUTED = "unattributed"
+# Recent (tick, end time) pairs of the lead, to drop a record seen twice (a batch re-sent
+# to a restarted supervisor that had written it already).
+SEEN_KEPT = 1024
+# Step times kept for the typical step time of records that never came.
+RECENT_KEPT = 64
+
+
+class GoodputLedger:
+    """The lead rank's timeline of executed steps, and the time lost around it."""
+
+    def __init__(self, lead: int = 0) -> None:
+        self.lead = lead
+        # Seconds of the latest execution of each step of the timeline (the typical step
+        # time for one whose record never came), and 1 where its update was dropped.
+        self._dur = array("d")
+        self._skipped = bytearray()
+        self._skip_cause: dict[int, str] = {}  # step -> anomaly kind, for skipped updates
+        # Running totals over the timeline, so the live gauges cost no pass over it.
+        self._kept_n = 0
+        self._kept_s = 0.0
+        self._skip_s: dict[str, float] = {}  # seconds of skipped updates, by cause
+        self.executed = 0  # step executions, the discarded ones and unreported ones included
+        self.unreported = 0  # executed steps known only from a later record
+        self.first_start: float | None = None
+        self.last_end: float | None = None
+        self._recent: deque[float] = deque(maxlen=RECENT_KEPT)
+        self._seen: deque[tuple[int, float]] = deque(maxlen=SEEN_KEPT)
+        self._causes: list[tuple[float, str]] = []  # rewinds expected, by time
+        self._disruptions: list[tuple[float, str]] = []  # rank losses and the like, by time
+        # (what, cause) -> [steps, seconds]
+        self._lost: dict[tuple[str, str | None], list[float]] = {}
+        self.outages: list[dict[str, Any]] = []  # supervisor outages (training went on)
+
+    # ------------------------------------------------------------------ input
+    def expect_rewind(self, at: float, cause: str) -> None:
+        """A rollback was decided, or a full-group restart begun, at `at`: the next rewind is its."""
+        bisect.insort(self._causes, (at, cause))
+
+    def disrupted(self, at: float, cause: str) -> None:
+        """Something stopped the group at `at` (a rank found lost): an idle span around it is its."""
+        bisect.insort(self._disruptions, (at, cause))
+
+    def outage(self, record: dict[str, Any]) -> None:
+        """A supervisor restart: `{incarnation, down_since, back_at, down_s}`."""
+        self.outages.append(record)
+        self.disrupted(float(record["back_at"]), "supervisor_restart")
+
+    def event(self, step: int, kind: str) -> None:
+        """An anomaly at `step`: the cause of that step's update being dropped, if it was."""
+        if 0 <= step < len(self._skipped) and self._skipped[step] and step not in self._skip_cause:
+            self._skip_cause[step] = kind
+            self._bump(self._skip_s, UNATTRIBUTED, -self._dur[step])
+            self._bump(self._skip_s, kind, self._dur[step])
+
+    def record(self, rank: int, rec: Mapping[str, Any]) -> None:
+        """One validated metrics record (`metrics.jsonl`); only the lead's count."""
+        if rank != self.lead:
+            return
+        step, tick = rec.get("step"), rec.get("tick", rec.get("step"))
+        if type(step) is not int or type(tick) is not int or step < 0:
+            return
+        dur = _seconds(rec.get("step_time_s")) + _seconds(rec.get("loader_time_s"))
+        end = rec.get("t_end")
+        end = float(end) if isinstance(end, int | float) and math.isfinite(end) else None
+        if end is not None:
+            if (tick, end) in self._seen:
+                return  # a record seen already
+            self._seen.append((tick, end))
+        start = end - dur if end is not None else None
+        n = len(self._dur)
+        cause = None
+        filled = 0.0
+        if step < n:
+            cause = self._take_cause(start)
+            self._add("discarded_steps", cause, n - step, sum(self._dur[step:]))
+            self._truncate(step)
+        elif step > n:
+            missing = step - n
+            typical = self._typical()
+            self._dur.extend([typical] * missing)
+            self._skipped.extend(bytes(missing))
+            self._kept_n += missing
+            self._kept_s += typical * missing
+            self.executed += missing
+            self.unreported += missing
+            filled = missing * typical
+        if start is not None and end is not None:
+            if self.first_start is None:
+                self.first_start = start
+            if self.last_end is not None:
+                self._idle(self.last_end, start, filled, cause)
+            self.last_end = end if self.last_end is None else max(self.last_end, end)
+        skipped = rec.get("optimizer_skipped") is True
+        self._dur.append(dur)
+        self._skipped.append(1 if skipped else 0)
+        if skipped:
+            self._bump(self._skip_s, UNATTRIBUTED, dur)
+        else:
+            self._kept_n += 1
+            self._kept_s += dur
+        self._recent.append(dur)
+        self.executed += 1
+
+    def _truncate(self, step: int) -> None:
+        """Drop the timeline from `step` on, and its share of the running totals."""
+        for i in range(step, len(self._dur)):
+            if self._skipped[i]:
+                self._bump(self._skip_s, self._skip_cause.pop(i, UNATTRIBUTED), -self._dur[i])
+            else:
+                self._kept_n -= 1
+                self._kept_s -= self._dur[i]
+        del self._dur[step:]
+        del self._skipped[step:]
+
+    @staticmethod
+    def _bump(totals: dict[str, float], key: str, seconds: float) -> None:
+        totals[key] = totals.get(key, 0.0) + seconds
+
+    # ---------------------------------------------------------------- helpers
+    def _take_cause(self, start: float | None) -> str:
+        """The earliest expected rewind decided before `start` (FIFO), else `UNATTRIBUTED`."""
+        if self._causes and (start is None or self._causes[0][0] <= start):
+            return self._causes.pop(0)[1]
+        return UNATTRIBUTED
+
+    def _idle(self, since: float, until: float, filled: float, cause: str | None) -> None:
+        idle = until - since - filled
+        if idle <= 0:
+            return
+        if cause is None:
+            i = bisect.bisect_left(self._disruptions, (since, ""))
+            if i < len(self._disruptions) and self._disruptions[i][0] <= until:
+                cause = self._disruptions[i][1]
+        self._add("stalled" if cause is not None else "overhead", cause, 0, idle)
+
+    def _add(self, what: str, cause: str | None, steps: int, seconds: float) -> None:
+        entry = self._lost.setdefault((what, cause), [0, 0.0])
+        entry[0] += steps
+        entry[1] += seconds
+
+    def _typical(self) -> float:
+        """The median of the lead's recent step times (0 before any)."""
+        return statistics.median(self._recent) if self._recent else 0.0
+
+    # ----------------------------------------------------------------- output
+    @property
+    def steps(self) -> int:
+        """The steps of the current timeline (where the lead's next step starts)."""
+        return len(self._dur)
+
+    def kept(self, completed: int | None = None) -> tuple[int, float]:
+        """(steps kept, seconds of their last executions) of the first `completed` steps."""
+        n = len(self._dur)
+        steps, seconds = self._kept_n, self._kept_s
+        if completed is not None and completed < n:
+            for i in range(completed, n):
+                if not self._skipped[i]:
+                    steps -= 1
+                    seconds -= self._dur[i]
+        elif completed is not None and completed > n:
+            steps += completed - n  # the lead's last records never came
+        return steps, max(seconds, 0.0)
+
+    def step_goodput(self) -> float:
+        """Steps kept / steps executed, so far."""
+        return self._kept_n / self.executed if self.executed else 0.0
+
+    def ettr(self, started: float, now: float) -> float:
+        """Seconds of the kept steps / wall seconds since `started`, so far."""
+        return max(self._kept_s, 0.0) / (now - started) if now > started else 0.0
+
+    def lost_by_cause(self) -> dict[str, float]:
+        """Seconds lost so far to each cause (the anomaly kind behind it)."""
+        out = {k: v for k, v in self._skip_s.items() if v > 1e-9}
+        for (_, cause), (_, seconds) in self._lost.items():
+            if cause is not None:
+                out[cause] = out.get(cause, 0.0) + seconds
+        return out
+
+    def summary(
+        self,
+        *,
+        started: float,
+        ended: float,
+        completed: int,
+        fallback_executed: int = 0,
+        fallback_skipped: int = 0,
+    ) -> dict[str, Any]:
+        """The goodput fields of summary.json for a run that completed `completed` steps.
+
+        `fallback_executed`, `fallback_skipped`: the lead's own counts, for a run whose
+        records never reached the ledger (the counts then are its tick's, the times unknown).
+        """
+        if not self.executed:
+            kept = max(completed - fallback_skipped, 0)
+            return {
+                "steps_executed": fallback_executed,
+                "steps_kept": kept,
+                "updates_skipped": completed - kept,
+                "goodput": round(kept / fallback_executed, 4) if fallback_executed else 0.0,
+                "ettr": None,
+                "time_lost": [],
+                "time_lost_by_cause": {},
+                "supervisor_downtime": self.outages,
+            }
+        lost = {k: list(v) for k, v in self._lost.items()}
+
+        def add(what: str, cause: str | None, steps: int, seconds: float) -> None:
+            entry = lost.setdefault((what, cause), [0, 0.0])
+            entry[0] += steps
+            entry[1] += seconds
+
+        n = len(self._dur)
+        if completed < n:  # the run ended past a rewind it never replayed
+            add("discarded_steps", UNATTRIBUTED, n - completed, sum(self._dur[completed:]))
+        for step in range(min(completed, n)):
+            if self._skipped[step]:
+                cause = self._skip_cause.get(step, UNATTRIBUTED)
+                add("skipped_updates", cause, 1, self._dur[step])
+        steps_kept, time_kept = self.kept(completed)
+        executed = self.executed + max(completed - n, 0)
+        wall = max(ended - started, 0.0)
+        if self.first_start is not None:
+            add("startup", None, 0, max(self.first_start - started, 0.0))
+        if self.last_end is not None:
+            add("shutdown", None, 0, max(ended - self.last_end, 0.0))
+        accounted = time_kept + sum(s for _, s in lost.values())
+        add("other", None, 0, wall - accounted)  # clock and estimate residue
+        kept_rows = sorted(
+            ((what, cause, int(steps), round(seconds, 3))
+             for (what, cause), (steps, seconds) in lost.items()
+             if steps or abs(seconds) >= 0.0005),
+            key=lambda r: (r[1] is None, -r[3]),
+        )  # fmt: skip
+        by_cause: dict[str, float] = {}
+        for _, why, _, seconds in kept_rows:
+            if why is not None:
+                by_cause[why] = round(by_cause.get(why, 0.0) + seconds, 3)
+        rows = [
+            {"what": what, "cause": cause, "steps": steps, "seconds": seconds}
+            for what, cause, steps, seconds in kept_rows
+        ]
+        return {
+            "steps_executed": executed,
+            "steps_kept": steps_kept,
+            "updates_skipped": sum(
+                int(v[0]) for (what, _), v in lost.items() if what == "skipped_updates"
+            ),
+            "steps_unreported": self.unreported,
+            "goodput": round(steps_kept / executed, 4) if executed else 0.0,
+            "ettr": round(time_kept / wall, 4) if wall > 0 else None,
+            "time_kept_s": round(time_kept, 3),
+            "time_lost": rows,
+            "time_lost_by_cause": by_cause,
+            "supervisor_downtime": self.outages,
+        }
+
+    # ------------------------------------------------------------------ replay
+    @classmethod
+    def replay(
+        cls,
+        path: str | Path,
+        *,
+        metrics: Iterable[Mapping[str, Any]] | None = None,
+        anomalies: Iterable[Mapping[str, Any]] | None = None,
+        lead: int = 0,
+    ) -> GoodputLedger:
+        """The ledger of the run in `path`, rebuilt from its journals.
+
+        Rewind causes come from journal.wal (rollbacks decided, full-group
+        restarts), disruptions from the supervisor's own anomalies (a rank lost)
+        and its restarts; `metrics`/`anomalies` may be given when already read.
+        """
+        p = Path(path)
+        ledger = cls(lead)
+        for r in read_journal(p / "journal.wal"):
+            at = _ts(r.get("ts"))
+            if at is None:
+                continue
+            kind = r.get("type")
+            decision = r.get("decision")
+            if kind == "decided" and isinstance(decision, dict):
+                if decision.get("action") == "rollback":
+                    anomaly = decision.get("anomaly") or {}
+                    ledger.expect_rewind(at, str(anomaly.get("kind", UNATTRIBUTED)))
+            elif kind == "full_restart":
+                ledger.expect_rewind(at, str(r.get("cause", UNATTRIBUTED)))
+            elif kind == "supervisor_restored" and isinstance(r.get("outage"), dict):
+                ledger.outage(r["outage"])
+        events = list(anomalies) if anomalies is not None else _jsonl(p / "anomalies.jsonl")
+        for ev in events:
+            at = when(ev.get("ts"))
+            if ev.get("source") == "supervisor" and at is not None:
+                ledger.disrupted(at, str(ev.get("kind")))
+        for rec in metrics if metrics is not None else _jsonl(p / "metrics.jsonl"):
+            rank = rec.get("rank")
+            if type(rank) is int:
+                ledger.record(rank, rec)
+        for ev in events:
+            if type(ev.get("step")) is int:
+                ledger.event(int(ev["step"]), str(ev.get("kind")))
+        return ledger
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return max(float(value), 0.0)
+    return 0.0
+
+
+def when(value: Any) -> float | None:
+    """A record's `ts` in seconds since the epoch: a number as it is, or ISO 8601 as the
+    journals write it (anomalies.jsonl stamps each line with its own)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return _ts(value)
+
+
+def _ts(value: Any) -> float | None:
+    """A journal line's `ts` (ISO 8601, as structlog writes it) in seconds since the epoch."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [r for r in read_journal(path) if isinstance(r, dict)]
+
+
+def last_written(path: str | Path) -> float | None:
+    """The `ts` of the last whole line of a journal (when its writer was last heard of)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 65536))
+            tail = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(tail):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and (at := _ts(record.get("ts"))) is not None:
+            return at
+    return None

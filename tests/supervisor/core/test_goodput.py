@@ -1,0 +1,151 @@
+"""The goodput ledger: executions counted across rewinds and restarts, and where the time went."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from remedy.supervisor.core.goodput import UNATTRIBUTED, GoodputLedger
+
+STEP_S = 0.1
+
+
+def rec(step: int, tick: int, end: float, **kw: Any) -> dict[str, Any]:
+    return {"step": step, "tick": tick, "rank": 0, "step_time_s": STEP_S, "loader_time_s": 0.0,
+            "t_end": end, "optimizer_skipped": False, **kw}  # fmt: skip
+
+
+def feed(ledger: GoodputLedger, steps: range, tick0: int, t0: float) -> tuple[int, float]:
+    """Steps back to back from `t0`; returns (next tick, end time)."""
+    t, tick = t0, tick0
+    for s in steps:
+        t += STEP_S
+        ledger.record(0, rec(s, tick, t))
+        tick += 1
+    return tick, t
+
+
+def row(summary: dict[str, Any], what: str, cause: str | None) -> dict[str, Any]:
+    [r] = [r for r in summary["time_lost"] if r["what"] == what and r["cause"] == cause]
+    return r
+
+
+def test_a_full_restart_from_a_checkpoint_counts_the_replayed_steps_and_its_stall() -> None:
+    """Steps 0-24, a rank lost at 25 (3 s stalled), every rank resumes from checkpoint 20:
+    45 executions, 40 kept; the 5 discarded and the stall are lost to rank_dead."""
+    g = GoodputLedger()
+    _, t = feed(g, range(25), 0, 100.0)
+    g.disrupted(t + 0.5, "rank_dead")
+    g.expect_rewind(t + 1.0, "rank_dead")
+    _, end = feed(g, range(20, 40), 20, t + 3.0)  # the new process takes the checkpoint's tick
+    s = g.summary(started=99.0, ended=end + 1.0, completed=40)
+    assert (s["steps_executed"], s["steps_kept"], s["goodput"]) == (45, 40, round(40 / 45, 4))
+    assert row(s, "discarded_steps", "rank_dead") == {
+        "what": "discarded_steps", "cause": "rank_dead", "steps": 5, "seconds": 0.5,
+    }  # fmt: skip
+    assert row(s, "stalled", "rank_dead")["seconds"] == pytest.approx(3.0)
+    assert s["time_lost_by_cause"] == {"rank_dead": pytest.approx(3.5)}
+    assert s["time_kept_s"] == pytest.approx(4.0)
+    # The wall time is accounted for: kept + every row, to the rounding.
+    total = s["time_kept_s"] + sum(r["seconds"] for r in s["time_lost"])
+    assert total == pytest.approx(end + 1.0 - 99.0, abs=0.01)
+    assert s["ettr"] == pytest.approx(4.0 / (end + 1.0 - 99.0), abs=1e-3)
+
+
+def test_a_rollback_in_process_is_lost_to_its_anomaly_and_skipped_updates_to_theirs() -> None:
+    """A NaN at step 12 (update skipped) rolled back to step 5: 8 steps discarded to
+    nonfinite_loss; a later OOM-skipped step stays in the timeline, lost to oom."""
+    g = GoodputLedger()
+    tick, t = feed(g, range(12), 0, 0.0)
+    g.record(0, rec(12, tick, t + STEP_S, optimizer_skipped=True))
+    g.event(12, "nonfinite_loss")
+    g.expect_rewind(t + 0.15, "nonfinite_loss")
+    tick, t = feed(g, range(5, 20), tick + 1, t + 0.3)
+    g.record(0, rec(20, tick, t + STEP_S, optimizer_skipped=True))
+    g.event(20, "oom")
+    s = g.summary(started=0.0, ended=t + STEP_S, completed=21)
+    assert (s["steps_executed"], s["steps_kept"], s["updates_skipped"]) == (29, 20, 1)
+    assert row(s, "discarded_steps", "nonfinite_loss")["steps"] == 8
+    assert row(s, "skipped_updates", "oom") == {
+        "what": "skipped_updates", "cause": "oom", "steps": 1, "seconds": 0.1,
+    }  # fmt: skip
+    assert row(s, "stalled", "nonfinite_loss")["seconds"] == pytest.approx(0.2)
+    assert g.lost_by_cause() == pytest.approx({"nonfinite_loss": 1.0, "oom": 0.1})
+
+
+def test_records_that_never_came_count_as_executed_and_kept() -> None:
+    """The lead's process died before reporting steps 8-9; its replacement reports step 10."""
+    g = GoodputLedger()
+    _, t = feed(g, range(8), 0, 0.0)
+    g.disrupted(t + 1.0, "rank_dead")
+    feed(g, range(10, 12), 10, t + 2.0)
+    s = g.summary(started=0.0, ended=t + 2.2, completed=12)
+    assert (s["steps_executed"], s["steps_kept"], s["steps_unreported"]) == (12, 12, 2)
+    # The two unreported steps' typical time is not counted as stalled.
+    assert row(s, "stalled", "rank_dead")["seconds"] == pytest.approx(1.8)
+
+
+def test_a_record_seen_twice_counts_once_and_a_rewind_without_a_cause_is_unattributed() -> None:
+    g = GoodputLedger()
+    feed(g, range(5), 0, 0.0)
+    g.record(0, rec(4, 4, 0.5))  # the same record again (a batch re-sent after a restart)
+    assert g.executed == 5
+    g.record(0, rec(2, 5, 1.0))
+    s = g.summary(started=0.0, ended=1.0, completed=3)
+    assert row(s, "discarded_steps", UNATTRIBUTED)["steps"] == 3
+    assert s["steps_executed"] == 6
+
+
+def test_other_ranks_records_do_not_count() -> None:
+    g = GoodputLedger()
+    g.record(1, rec(0, 0, 1.0) | {"rank": 1})
+    assert g.executed == 0
+    s = g.summary(started=0.0, ended=2.0, completed=3, fallback_executed=4, fallback_skipped=1)
+    assert (s["steps_executed"], s["steps_kept"], s["goodput"], s["ettr"]) == (4, 2, 0.5, None)
+
+
+def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_replay_from_the_run_directory_matches_the_live_ledger(tmp_path: Path) -> None:
+    """A restarted supervisor rebuilds the same ledger from metrics.jsonl, journal.wal and
+    anomalies.jsonl: the rollback's decision time and the lost rank's detection time."""
+    live = GoodputLedger()
+    records: list[dict[str, Any]] = []
+    t = 1000.0
+    for s in range(10):
+        t += STEP_S
+        records.append(rec(s, s, t))
+    decided = t + 0.05
+    for i, s in enumerate(range(4, 10)):
+        t += STEP_S + (0.5 if i == 0 else 0.0)
+        records.append(rec(s, 10 + i, t))
+    live.expect_rewind(decided, "loss_spike")
+    for r in records:
+        live.record(0, r)
+    _jsonl(tmp_path / "metrics.jsonl", records)
+    _jsonl(tmp_path / "journal.wal", [
+        {"type": "decided", "ts": "1970-01-01T00:16:41.050000Z",  # 1001.05 s
+         "decision": {"action": "rollback", "anomaly": {"kind": "loss_spike"}}},
+    ])  # fmt: skip
+    _jsonl(tmp_path / "anomalies.jsonl", [])
+    again = GoodputLedger.replay(tmp_path)
+    kw = {"started": 1000.0, "ended": t, "completed": 10}
+    assert again.summary(**kw) == live.summary(**kw)
+    assert row(live.summary(**kw), "discarded_steps", "loss_spike")["steps"] == 6
+
+
+def test_replay_reads_a_lost_rank_from_anomalies_jsonl_stamped_in_iso(tmp_path: Path) -> None:
+    """anomalies.jsonl stamps each line's `ts` as ISO 8601 (the journal's own clock): a rank
+    the supervisor found lost inside a gap still makes that gap a stall of rank_hang."""
+    records = [rec(0, 0, 1000.1), rec(1, 1, 1000.2), rec(2, 2, 1003.3)]
+    _jsonl(tmp_path / "metrics.jsonl", records)
+    _jsonl(tmp_path / "anomalies.jsonl", [
+        {"kind": "rank_hang", "source": "supervisor", "step": 2, "ts": "1970-01-01T00:16:41.500000Z"},
+    ])  # fmt: skip
+    s = GoodputLedger.replay(tmp_path).summary(started=1000.0, ended=1003.3, completed=3)
+    assert row(s, "stalled", "rank_hang")["seconds"] == pytest.approx(3.0)
