@@ -115,12 +115,12 @@ def full_restart_row(tmp: Path, *, steps: int, hang_step: int) -> dict[str, floa
     [rec] = summary["recoveries"]
     assert "resumed" in rec, rec  # a full-group restart's record
     fault_at = fault_time(tmp)
-    resume = rec["resume_step"] or 0
     return {
         "detect": rec["detected_at"] - fault_at,
         "recover": rec["stepped_at"] - rec["detected_at"],
         "total": rec["stepped_at"] - fault_at,
-        "lost": float(hang_step - resume),
+        # The steps the group redid from the checkpoint, as the run's goodput ledger counted them.
+        "lost": float(summary["steps_executed"] - summary["steps_kept"]),
         "replaced": float(len(rec["replacements"])),
     }
 

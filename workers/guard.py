@@ -74,6 +74,9 @@ from remedy.workers.stats import StepStats
 
 log = structlog.get_logger("remedy.guard")
 
+# The OOM answers a rank of a process group applies alone, mid-step: they change its memory
+# use, not the numbers its replicas share (see Guard._oom_answer).
+OOM_LOCAL_ACTIONS = frozenset({"enable_activation_checkpointing", "reduce_microbatch"})
 # summary["final_loss"] is the mean of the finite training losses of the last this many steps.
 FINAL_LOSS_STEPS = 10
 # Step boundaries a Guard that may replay remembers at least (see GuardConfig.replay_window).
@@ -800,8 +803,9 @@ class Guard:
         self._send(force=True, wait=True)
         while True:
             self.inbox.take(self.reporter.poll())
-            if self.inbox.queued:
-                self.inbox.apply(self.inbox.all_queued(), self)
+            now = self._oom_answer()
+            if now:
+                self.inbox.apply(now, self)
                 self._send(force=True)
                 return True
             # A reporter whose replies may come before the decision (none does so far)
@@ -810,6 +814,21 @@ class Guard:
                 return False
             time.sleep(0.01)
             self._send(force=True)
+
+    def _oom_answer(self) -> list[Command]:
+        """The queued commands this rank applies now, in the middle of its OOM'd step.
+
+        Alone, every one. In a process group the replicas must change at one agreed
+        boundary, so only the OOM's own answer that changes nothing the replicas share
+        (its memory relief) is applied by this rank now; the rest (a rollback decided
+        for an earlier step, say) waits for that boundary, as on every other rank.
+        """
+        queued = self.inbox.all_queued()
+        if self._group is None:
+            return queued
+        return [
+            c for c in queued if c.anomaly_step == self.step_count and c.action in OOM_LOCAL_ACTIONS
+        ]
 
     # ------------------------------------------------------------- reporting
     def send_report(self) -> None:
