@@ -37,7 +37,7 @@ from remedy.policies import (
 )
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.effects import Notify, NotifyCarrier, log_notify
-from remedy.supervisor.core.goodput import GoodputLedger
+from remedy.supervisor.core.goodput import REWINDING_ACTIONS, GoodputLedger
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.detectors.straggler import StragglerWatch
@@ -389,7 +389,9 @@ class Controller:
             seq=self._seq,
         )
         targets = set(range(self.world_size))
-        if d.action == "rollback":  # the ranks' next rewind is this one's: its steps are lost to it
+        if (
+            d.action in REWINDING_ACTIONS
+        ):  # the ranks' next rewind is this one's: its steps are lost to it
             self.goodput.expect_rewind(self._clock(), d.anomaly.kind)
         if self.run_dir is not None:
             self.run_dir.wal(

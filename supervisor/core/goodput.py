@@ -49,6 +49,14 @@ UNATTRIBUTED = "unattributed"
 SEEN_KEPT = 1024
 # Step times kept for the typical step time of records that never came.
 RECENT_KEPT = 64
+# Actions whose application sends the ranks back to an earlier step: a rollback, and a
+# replay_step (the ranks re-run the step from the state before it and wait at that boundary,
+# so the steps they trained while the replay command was on its way are discarded).
+REWINDING_ACTIONS = frozenset({"rollback", "replay_step"})
+# A record that ended this long before the newest one seen ran before it: it arrives late
+# (re-sent to a restarted supervisor after newer ones), and its step was counted as unreported
+# when the newer record came; it is no rewind.
+LATE_S = 1e-3
 
 
 class GoodputLedger:
@@ -67,6 +75,7 @@ class GoodputLedger:
         self._skip_s: dict[str, float] = {}  # seconds of skipped updates, by cause
         self.executed = 0  # step executions, the discarded ones and unreported ones included
         self.unreported = 0  # executed steps known only from a later record
+        self.late = 0  # records that came after newer ones (counted as unreported already)
         self.first_start: float | None = None
         self.last_end: float | None = None
         self._recent: deque[float] = deque(maxlen=RECENT_KEPT)
@@ -112,6 +121,9 @@ class GoodputLedger:
             if (tick, end) in self._seen:
                 return  # a record seen already
             self._seen.append((tick, end))
+        if end is not None and self.last_end is not None and end < self.last_end - LATE_S:
+            self.late += 1
+            return
         start = end - dur if end is not None else None
         n = len(self._dur)
         cause = None
@@ -326,7 +338,7 @@ class GoodputLedger:
             kind = r.get("type")
             decision = r.get("decision")
             if kind == "decided" and isinstance(decision, dict):
-                if decision.get("action") == "rollback":
+                if decision.get("action") in REWINDING_ACTIONS:
                     anomaly = decision.get("anomaly") or {}
                     ledger.expect_rewind(at, str(anomaly.get("kind", UNATTRIBUTED)))
             elif kind == "full_restart":

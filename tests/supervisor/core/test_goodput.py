@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from remedy.supervisor.core.goodput import UNATTRIBUTED, GoodputLedger
+from remedy.supervisor.core.goodput import REWINDING_ACTIONS, UNATTRIBUTED, GoodputLedger
 
 STEP_S = 0.1
 
@@ -97,6 +97,33 @@ def test_a_record_seen_twice_counts_once_and_a_rewind_without_a_cause_is_unattri
     s = g.summary(started=0.0, ended=1.0, completed=3)
     assert row(s, "discarded_steps", UNATTRIBUTED)["steps"] == 3
     assert s["steps_executed"] == 6
+
+
+def test_records_that_arrive_after_newer_ones_are_no_rewind() -> None:
+    """A restarted supervisor gets steps 5-7 re-sent after step 8 had come: they ran before
+    it, so nothing was discarded (they were counted as unreported when step 8 came)."""
+    g = GoodputLedger()
+    _, t = feed(g, range(5), 0, 0.0)
+    g.record(0, rec(8, 8, t + 0.4))
+    for s_ in range(5, 8):
+        g.record(0, rec(s_, s_, t + 0.1 * (s_ - 4)))
+    feed(g, range(9, 12), 9, t + 0.4)
+    s = g.summary(started=0.0, ended=t + 0.8, completed=12)
+    assert (s["steps_executed"], s["steps_kept"]) == (12, 12)
+    assert not [r for r in s["time_lost"] if r["what"] == "discarded_steps"]
+    assert g.late == 3
+
+
+def test_a_replay_rewinds_the_ranks_and_its_steps_are_lost_to_the_anomaly() -> None:
+    """A replay_step command comes 4 steps after a NaN at step 10: the ranks go back to the
+    boundary before step 10, and the 4 steps trained meanwhile are lost to the NaN."""
+    assert "replay_step" in REWINDING_ACTIONS
+    g = GoodputLedger()
+    _, t = feed(g, range(14), 0, 0.0)
+    g.expect_rewind(t + 0.01, "nonfinite_loss")
+    _, end = feed(g, range(10, 20), 14, t + 0.2)
+    s = g.summary(started=0.0, ended=end, completed=20)
+    assert row(s, "discarded_steps", "nonfinite_loss")["steps"] == 4
 
 
 def test_other_ranks_records_do_not_count() -> None:
