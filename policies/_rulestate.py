@@ -145,14 +145,14 @@ class KeyState:
     def from_dict(cls, rule: Rule, data: dict[str, Any]) -> KeyState:
         """Rebuild from `to_dict` output (raises KeyError/TypeError/ValueError if malformed)."""
         state = cls(rule)
-        state.hits.extend((int(t), float(s)) for t, s in data["hits"])
+        state.hits.extend((_tick(t), float(s)) for t, s in data["hits"])
         state.streak_start = _opt_int(data["streak_start"])
         state.last_true = _opt_int(data["last_true"])
-        state.fires.extend((int(t), float(s)) for t, s in data["fires"])
+        state.fires.extend((_tick(t), float(s)) for t, s in data["fires"])
         lf = data["last_fire"]
-        state.last_fire = (int(lf[0]), float(lf[1]), int(lf[2])) if lf is not None else None
-        state.fire_count = int(data["fire_count"])
-        state.consecutive = int(data["consecutive"])
+        state.last_fire = (_tick(lf[0]), float(lf[1]), _tick(lf[2])) if lf is not None else None
+        state.fire_count = _tick(data["fire_count"])
+        state.consecutive = _tick(data["consecutive"])
         cd = data["cooldown"]
         state.cooldown = None
         if cd is not None:
@@ -254,12 +254,27 @@ def state_fields(rule: Rule) -> tuple[str, ...]:
     return () if "step" in rule.group_by else rule.group_by
 
 
+# Ticks, steps and counts of a saved state are exact in a float (they meet seconds and
+# float spans in the cooldown arithmetic); a larger one is corruption.
+MAX_TICK = 2**53
+
+
+def _tick(value: Any) -> int:
+    """A saved tick, step or count: an integer (an integral float is taken) within MAX_TICK."""
+    if isinstance(value, bool):
+        raise TypeError("expected an integer, got bool")
+    out = int(value)
+    if not -MAX_TICK <= out <= MAX_TICK:
+        raise ValueError(f"a tick of {len(str(abs(out)))} digits is out of range")
+    return out
+
+
 def _opt_int(value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer or null, got {type(value).__name__}")
-    return value
+    return _tick(value)
 
 
 def _opt_str(value: Any) -> str | None:
