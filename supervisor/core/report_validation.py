@@ -43,6 +43,9 @@ BATCH_FIELDS = frozenset(
         # batch's sequence number (stale reports), and the step total and batch size (displays);
         # the run's token, which the supervisor checks before anything else.
         *("incarnation", "seq", "max_steps", "batch_size", "token"),
+        # The rank's loop ended (its last report: the hang watch stops expecting steps), and
+        # its notes of a supervisor that did not answer for a while (supervisor.liveness).
+        *("ending", "outages"),
     }
 )
 

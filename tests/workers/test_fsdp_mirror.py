@@ -73,7 +73,7 @@ def _ring_rank(rank: int, world: int, workdir: str, lose: tuple[int, ...], hsdp:
             loop = iter(guard)
             out["info"] = shard_mirror.restore_group(guard, fresh=True)
         else:
-            guard._group = dist.group.WORLD
+            guard.use_group(dist.group.WORLD)  # agree on commands in the new generation
             shard_mirror.regroup(guard)
             out["info"] = shard_mirror.restore_group(guard, fresh=False)
     for batch in loop:
