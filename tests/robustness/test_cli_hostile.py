@@ -357,10 +357,22 @@ SUBPROCESS_CASES = [c for c in CASES if not c[0].startswith(IN_PROCESS) or c[0] 
 IN_PROCESS_CASES = [c for c in CASES if c[0].startswith(IN_PROCESS)]
 
 
+# Each subprocess case pays a Python start with torch and Ray imported (~4 s here); these,
+# one or two per subcommand and kind of input, run in the default tier, the rest with `-m slow`.
+SUBPROCESS_FAST = frozenset(
+    {"no-args", "help", "unknown-subcommand", "workers-huge", "gpus-nan", "address-refused",
+     "target-missing-file", "target-syntax-error", "run-dir-is-file", "policy-dev-zero",
+     "apply-dead-cluster", "status-dead-cluster", "logs-unknown", "stop-nan-timeout",
+     "attach-ended", "detach-local", "check-binary", "run-chaos-binary"}
+)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "text"),
-    [c[1:] for c in SUBPROCESS_CASES],
-    ids=[c[0] for c in SUBPROCESS_CASES],
+    [
+        pytest.param(*c[1:], id=c[0], marks=() if c[0] in SUBPROCESS_FAST else pytest.mark.slow)
+        for c in SUBPROCESS_CASES
+    ],
 )
 def test_hostile_input_gives_one_clear_answer(
     scratch: Path, argv: list[str], code: int, text: str

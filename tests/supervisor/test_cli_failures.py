@@ -26,6 +26,7 @@ def _run(tmp_path: Path, target: str, *argv: str) -> dict[str, object]:
     return run_supervised(spec)
 
 
+@pytest.mark.slow
 def test_target_raising_at_start_is_printed(ray_cluster: None, tmp_path: Path) -> None:
     """A function raising before its first step fails the run; its type, message and frame are printed."""
     summary = _run(tmp_path, f"{TARGETS / 'raise_at_start.py'}:main")
@@ -36,6 +37,7 @@ def test_target_raising_at_start_is_printed(ray_cluster: None, tmp_path: Path) -
     ]
 
 
+@pytest.mark.slow
 def test_target_raising_later_is_printed(ray_cluster: None, tmp_path: Path) -> None:
     """A function raising at step 5 fails after 5 steps, and the user's innermost frame is named."""
     summary = _run(tmp_path, TINY, "--raise-at", "5")
@@ -45,6 +47,7 @@ def test_target_raising_later_is_printed(ray_cluster: None, tmp_path: Path) -> N
     assert lines[1].startswith(f"  at {TARGETS / 'tiny.py'}:") and lines[1].endswith(" in explode")
 
 
+@pytest.mark.slow
 def test_target_raising_on_import_is_printed(ray_cluster: None, tmp_path: Path) -> None:
     """A module that raises while the rank imports it fails the run with that error and its line."""
     summary = _run(tmp_path, f"{TARGETS / 'raise_on_import.py'}:main")
@@ -54,6 +57,7 @@ def test_target_raising_on_import_is_printed(ray_cluster: None, tmp_path: Path) 
     ]
 
 
+@pytest.mark.slow
 def test_unpicklable_return_value_does_not_kill_the_rank(ray_cluster: None, tmp_path: Path) -> None:
     """A return value that cannot be pickled is replaced by its repr; the run completes."""
     summary = _run(tmp_path, TINY, "--unpicklable")
@@ -65,6 +69,7 @@ def test_unpicklable_return_value_does_not_kill_the_rank(ray_cluster: None, tmp_
 
 
 @pytest.mark.parametrize(("func", "status"), [("clean", "completed"), ("dirty", "failed")])
+@pytest.mark.slow
 def test_sys_exit_in_the_target(ray_cluster: None, tmp_path: Path, func: str, status: str) -> None:
     """`sys.exit(0)` in the training function ends it normally; `sys.exit(3)` fails it."""
     summary = _run(tmp_path, f"{TARGETS / 'sys_exit.py'}:{func}")

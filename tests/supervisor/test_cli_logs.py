@@ -10,7 +10,7 @@ from remedy.supervisor import registry
 from remedy.supervisor.cli import main
 from tests.supervisor.runs import supervised
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def test_logs_of_an_ended_run(

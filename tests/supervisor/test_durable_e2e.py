@@ -15,7 +15,7 @@ from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray]
 
 HERE = Path(__file__).resolve().parent
 TARGET = f"{HERE / 'durable_train.py'}:main"
@@ -70,6 +70,7 @@ def test_corrupt_checkpoint_on_one_rank_both_restore_the_previous_good_step(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_replacement_that_keeps_failing_leads_to_a_full_group_restart(
     ray_cluster: None, tmp_path: Path
 ) -> None:
@@ -115,6 +116,7 @@ def test_replacement_that_keeps_failing_leads_to_a_full_group_restart(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_full_restart_that_fails_too_aborts(ray_cluster: None, tmp_path: Path) -> None:
     """Every replacement raises: the targeted restart, then the full-group restart fail; the run aborts, journaled."""
     faults = [{"kind": "kill_rank", "at_step": 15, "rank": 1}]

@@ -13,7 +13,7 @@ import pytest
 from remedy.workers.rundir import read_jsonl
 from tests.supervisor.test_notify import Sink, deliveries
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = f"{REPO / 'tests' / 'robustness' / 'targets' / 'tiny.py'}:main"

@@ -9,7 +9,7 @@ import pytest
 from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray]
 
 TARGET = f"{Path(__file__).resolve().parent / 'oom_train.py'}:main"
 

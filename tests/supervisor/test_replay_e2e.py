@@ -20,7 +20,7 @@ from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray]
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
@@ -81,6 +81,7 @@ def clean_digest(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.slow
 def test_a_flipped_gradient_bit_replaces_the_rank_without_a_rollback(
     clean_digest: str, tmp_path: Path
 ) -> None:
@@ -101,6 +102,7 @@ def test_a_flipped_gradient_bit_replaces_the_rank_without_a_rollback(
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.slow
 def test_a_bad_chip_is_replaced_and_the_fault_does_not_come_back(
     ray_cluster: None, tmp_path: Path
 ) -> None:
@@ -139,6 +141,7 @@ def test_a_poisoned_batch_is_reproducible_and_rolled_back(
 
 
 @pytest.mark.timeout(480)
+@pytest.mark.slow
 def test_a_silently_flipped_weight_is_found_by_the_replica_check(
     ray_cluster: None, tmp_path: Path
 ) -> None:

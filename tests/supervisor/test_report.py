@@ -88,6 +88,7 @@ def chaos_run(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return run_dir
 
 
+@pytest.mark.slow
 def test_report_of_a_chaos_run_shows_rollback_lr_cut_and_skips(
     chaos_run: Path, tmp_path: Path
 ) -> None:

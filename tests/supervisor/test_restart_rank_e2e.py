@@ -11,7 +11,7 @@ from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray]
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
@@ -71,6 +71,7 @@ def _assert_recovered(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_hung_rank_is_replaced_and_the_run_matches_a_clean_one(
     clean_digest: str, tmp_path: Path
 ) -> None:
@@ -87,6 +88,7 @@ def test_killed_rank_is_replaced(clean_digest: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_rank_zero_can_be_replaced(clean_digest: str, tmp_path: Path) -> None:
     """Rank 0 hangs: the supervisor's store outlives it, rank 1's state is adopted, the run matches."""
     summary = _run(tmp_path, [{"kind": "hang_rank", "at_step": 10, "rank": 0}])
@@ -94,6 +96,7 @@ def test_rank_zero_can_be_replaced(clean_digest: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_hang_before_the_first_step(clean_digest: str, tmp_path: Path) -> None:
     """A rank that hangs before its first step is found after the first-step allowance and replaced."""
     summary = _run(tmp_path, [{"kind": "hang_rank", "at_step": 0, "rank": 2}])
@@ -101,6 +104,7 @@ def test_hang_before_the_first_step(clean_digest: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_two_faults_in_a_row(clean_digest: str, tmp_path: Path) -> None:
     """A hang of rank 3, then a kill of rank 1: two targeted restarts, and the run still matches."""
     faults = [
@@ -120,6 +124,7 @@ def test_two_faults_in_a_row(clean_digest: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_hang_while_a_rollback_is_in_flight(ray_cluster: None, tmp_path: Path) -> None:
     """A NaN's rollback is pending when rank 2 hangs: both are applied and the replicas end identical."""
     faults = [
@@ -140,6 +145,7 @@ def test_hang_while_a_rollback_is_in_flight(ray_cluster: None, tmp_path: Path) -
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_a_slow_rank_is_not_named_hung(clean_digest: str, tmp_path: Path) -> None:
     """Rank 1 is 3 s late in its collectives: every rank stalls past its timeout, all answer, none is replaced."""
     faults = [{"kind": "slow_collective", "at_step": 15, "rank": 1, "seconds": 3.0}]

@@ -20,7 +20,7 @@ from remedy.supervisor.worker_group import run_actor_names
 from remedy.workers.rundir import read_jsonl
 from tests.supervisor.runs import finished
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray]
 
 HERE = Path(__file__).resolve().parent
 TARGET = f"{HERE / 'daemon_train.py'}:main"
@@ -114,6 +114,7 @@ def _assert_survived(tmp: Path, summary: dict[str, Any], baseline: Any, workers:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_killed_supervisor_restarts_and_the_nan_rollback_applies_once(
     one_rank_baseline: Any, tmp_path: Path
 ) -> None:
@@ -123,6 +124,7 @@ def test_killed_supervisor_restarts_and_the_nan_rollback_applies_once(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_killed_supervisor_of_two_ranks_loses_no_decision(
     two_rank_baseline: Any, tmp_path: Path
 ) -> None:
@@ -214,6 +216,7 @@ def _stop_supervisor_at(run_id: str, run_dir: Path, step: int, stopped: list[int
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_stopped_supervisor_is_killed_restarted_and_the_outage_recorded(
     two_rank_baseline: Any, tmp_path: Path
 ) -> None:

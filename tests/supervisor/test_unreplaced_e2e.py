@@ -11,7 +11,7 @@ from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray]
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"

@@ -19,7 +19,7 @@ from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl
 from tests.workers.fsdp_ranks import backends
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 HERE = Path(__file__).resolve().parent
 
@@ -72,6 +72,7 @@ def _gpt(
     ids=["nan", "spike"],
 )
 @pytest.mark.parametrize("backend", backends(4))
+@pytest.mark.slow
 def test_four_sharded_ranks_roll_back_and_skip_bitwise(
     ray_cluster: None, tmp_path: Path, fault: dict[str, Any], rule: str, backend: str
 ) -> None:
@@ -127,6 +128,7 @@ def clean_sharded(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.mark.parametrize(
     ("lost", "source"), [((1,), "buddy"), ((1, 2), "dcp")], ids=["buddy", "adjacent-dcp"]
 )
+@pytest.mark.slow
 def test_stopped_sharded_rank_is_replaced_from_its_buddy_or_dcp(
     clean_sharded: str, tmp_path: Path, lost: tuple[int, ...], source: str
 ) -> None:
@@ -153,6 +155,7 @@ def test_stopped_sharded_rank_is_replaced_from_its_buddy_or_dcp(
 
 
 @pytest.mark.parametrize("backend", backends(4))
+@pytest.mark.slow
 def test_hsdp_rank_is_replaced_from_its_replica(
     ray_cluster: None, tmp_path: Path, backend: str
 ) -> None:
@@ -180,6 +183,7 @@ def _files(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_sharded_run_resumes_on_fewer_ranks_with_resume_from(
     ray_cluster: None, tmp_path: Path
 ) -> None:

@@ -18,7 +18,7 @@ from remedy.workers.commands import Command
 from remedy.workers.measure import GradNorm, module_grad_norms
 from tests.workers.fsdp_ranks import backends, rank_device, spawn_ranks
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timeout(300)]
 
 CFG = GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32)
 GLOBAL_BATCH = 8
@@ -92,6 +92,7 @@ def _norms_rank(rank: int, world: int, hsdp: bool) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("world", "hsdp"), [(2, False), (4, True)], ids=["fsdp", "hsdp-2x2"])
 @pytest.mark.parametrize("backend", backends(4))
+@pytest.mark.slow
 def test_global_grad_norm_and_culprit_equal_the_unsharded_model(
     tmp_path: Path, world: int, hsdp: bool, backend: str
 ) -> None:
@@ -208,6 +209,7 @@ def _remedy_rank(rank: int, world: int, case: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("backend", backends(2))
+@pytest.mark.slow
 def test_remediations_on_a_sharded_model(tmp_path: Path, backend: str) -> None:
     """Micro-batches keep the global batch, checkpointing keeps FSDP's hooks, LR cuts and skips apply."""
     base = spawn_ranks(_remedy_rank, 2, tmp_path / "base", "base", backend=backend)
@@ -282,6 +284,7 @@ def _micro_rank(rank: int, world: int, halve: bool) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("backend", backends(2))
+@pytest.mark.slow
 def test_reduce_microbatch_on_a_sharded_model_keeps_the_global_batch(
     tmp_path: Path, backend: str
 ) -> None:
