@@ -35,7 +35,9 @@ NEEDS_HERE = {
 }
 # replay_step re-runs a step a detector flagged; this loop runs no detector, and the
 # failure says so (it is exercised on real anomalies in tests/workers/test_replay.py).
-NEEDS_AN_ANOMALY = {"replay_step": "no rank kept the state from before step 3"}
+# A single rank keeps no step marks unless told to (GuardConfig.replay_window), so a replay
+# it is asked for fails saying so.
+NEEDS_AN_ANOMALY = {"replay_step": "replay_step needs the step boundaries the Guard remembers"}
 
 
 def test_the_table_is_the_vocabulary_and_every_rank_action_has_an_applier() -> None:
