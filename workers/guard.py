@@ -502,21 +502,11 @@ class Guard:
             self._write_failures.append((step, str(failed)))
 
     def _report_write_failures(self) -> None:
-        from remedy.policies import AnomalyEvent  # noqa: PLC0415
-
-        while self._write_failures:
-            checkpoint_step, error = self._write_failures.popleft()
-            ev = AnomalyEvent(
-                kind="checkpoint_write_failed",
-                rank=self.rank,
-                step=self.step_count,
-                tick=self.tick,
-                severity="warning",
-                ts=time.time(),
-                details={"checkpoint_step": checkpoint_step, "error": error[:300]},
-            )
-            self.outbox.event(ev.to_dict())
-            self._send(force=True)
+        """Checkpoint writes that failed (queued by the writer) become `checkpoint_write_failed`."""
+        found = []
+        while self._write_failures:  # appended from the checkpoint writer's thread
+            found.append(self._write_failures.popleft())
+        self._report_checkpoint_events("checkpoint_write_failed", found)
 
     def _checkpoint_due(self) -> bool:
         every = self.config.checkpoint_every
@@ -529,12 +519,16 @@ class Guard:
 
     def _report_corrupt(self) -> None:
         """Checksum failures met while restoring become `checkpoint_corrupt` events."""
+        found, self._corrupt = self._corrupt, []
+        self._report_checkpoint_events("checkpoint_corrupt", found)
+
+    def _report_checkpoint_events(self, kind: str, found: list[tuple[int, str]]) -> None:
+        """One `kind` event per (checkpoint step, error), sent at once."""
         from remedy.policies import AnomalyEvent  # noqa: PLC0415
 
-        found, self._corrupt = self._corrupt, []
         for checkpoint_step, error in found:
             ev = AnomalyEvent(
-                kind="checkpoint_corrupt",
+                kind=kind,
                 rank=self.rank,
                 step=self.step_count,
                 tick=self.tick,
