@@ -102,6 +102,10 @@ class IncidentMerger:
         """Every held incident, merged: the run is ending."""
         return [self._merge(self._pop(tick)) for tick in sorted(self._held)]
 
+    def holds_through(self, tick: int) -> bool:
+        """Whether an incident of `tick`, or of an earlier one, is still held."""
+        return any(t <= tick for t in self._held)
+
     @property
     def holding(self) -> int:
         return sum(len(v) for v in self._held.values())

@@ -176,6 +176,10 @@ class Policy:
         """The rule called `name`, or None."""
         return self._by_name.get(name)
 
+    def uses(self, action: str) -> bool:
+        """Whether a rule of this policy can take `action`."""
+        return any(step.action == action for rule in self.rules for step in rule.steps)
+
     @property
     def rule_names(self) -> tuple[str, ...]:
         """Rule names in file order."""

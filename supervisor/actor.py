@@ -356,8 +356,11 @@ class SupervisorActor:
         )
         return errors
 
-    async def report(self, batch: Any) -> list[dict[str, Any]]:
+    async def report(self, batch: Any) -> list[dict[str, Any]] | dict[str, Any]:
         """A rank's report batch in; the commands that rank still owes out.
+
+        To a batch `holding` a flagged step's tick (workers.flag_hold) the reply is
+        {"commands": ..., "settled": tick or None}: whether every decision on it is taken.
 
         A batch without the run's token, or from a replaced incarnation (still
         in flight from a killed process), is refused and counted. Displays,
@@ -403,6 +406,12 @@ class SupervisorActor:
         self.feed.decisions(self.controller.decisions)
         self.metrics.decisions(self.controller.decisions)
         self._keep_state()  # before the reply: no rank holds a command the journal lacks
+        holding = batch.get("holding") if isinstance(batch, dict) and report is not None else None
+        if type(holding) is int and 0 <= holding < 2**53:
+            # A rank holding at a flagged step's boundary (workers.flag_hold): say whether
+            # every decision on that step is taken (its commands are in this reply).
+            settled = holding if self.controller.settled(holding) else None
+            return {"commands": commands, "settled": settled}
         return commands
 
     async def where(self) -> tuple[str, int, float]:
@@ -553,6 +562,8 @@ class SupervisorActor:
         group = self.group = WorkerGroup(
             self.spec, supervisor=me, store_addr=self.rendezvous.address, slots=self.slots
         )
+        # A policy that replays: ranks hold at a flagged step's boundary for its decision.
+        group.hold_on_flag = self.controller.engine.policy.uses("replay_step")
         self.recovery = Recovery(self, group)
         self.state = "running"
         try:

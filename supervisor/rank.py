@@ -135,6 +135,7 @@ class RankActor:
         adopt_from: int | None = None,
         faults: list[dict[str, Any]] | None = None,
         resume_step: int | None = None,
+        hold_on_flag: bool = False,
     ) -> dict[str, Any]:
         """Join generation `generation` as `rank` and run the training function; never raises.
 
@@ -164,6 +165,7 @@ class RankActor:
             argv=list(self.argv),
             membership=self.membership,
             resume_step=resume_step,
+            hold_on_flag=hold_on_flag,
         )
         set_context(self.ctx)
         result: Any = None

@@ -76,6 +76,9 @@ class RayReporter:
         self._in_flight: list[tuple[ray.ObjectRef, dict[str, Any], float]] = []
         self._held: dict[str, Any] | None = None
         self._inbox: list[dict[str, Any]] = []
+        # The newest tick the supervisor said it has decided on (a reply to a report that
+        # was `holding` for it: workers.flag_hold).
+        self._settled = -1
         self.lost_replies = 0
         self.dropped_metrics = 0  # metrics records dropped while the supervisor was away
         # Who the supervisor is (node, pid, start time), asked now and after each outage: a
@@ -111,6 +114,11 @@ class RayReporter:
         self._release()
         out, self._inbox = self._inbox, []
         return out
+
+    def settled(self) -> int:
+        """The newest tick the supervisor has said it decided on (-1: none yet)."""
+        self._collect(timeout=0)
+        return self._settled
 
     def close(self) -> None:
         self._drain(CLOSE_TIMEOUT_S)
@@ -213,7 +221,7 @@ class RayReporter:
                 kept.append((ref, batch, sent))
                 continue
             try:
-                self._inbox.extend(ray.get(ref))  # ready: ray.wait returned it
+                self._take_reply(ray.get(ref))  # ready: ray.wait returned it
                 answered = sent if answered is None else min(answered, sent)
             except ray.exceptions.RayError as exc:
                 # Unacknowledged: its events and outcomes go out again with the next batch.
@@ -227,6 +235,16 @@ class RayReporter:
             self.watch.answered(min(answered, self._unanswered_since or answered))
             # It answers: reports still out count their silence from now, not from before.
             self._unanswered_since = time.time() if kept else None
+
+    def _take_reply(self, reply: Any) -> None:
+        """A reply: the commands this rank owes, and to a `holding` report, a dict with them
+        and the tick it settles (None while the supervisor still waits on other ranks)."""
+        if isinstance(reply, dict):
+            settled = reply.get("settled")
+            if isinstance(settled, int):
+                self._settled = max(self._settled, settled)
+            reply = reply.get("commands") or []
+        self._inbox.extend(reply)
 
     def _drain(self, timeout_s: float) -> None:
         """Wait until every report is answered (held ones sent), at most `timeout_s`."""

@@ -105,6 +105,8 @@ class WorkerGroup:
         self._refs: dict[ray.ObjectRef, tuple[int, int]] = {}  # run ref -> (rank, incarnation)
         self._retired: set[ray.ObjectRef] = set()  # runs of processes remedy killed itself
         self._node = ray.util.get_node_ip_address()
+        # The ranks hold at a flagged step's boundary for its decision (workers.flag_hold).
+        self.hold_on_flag = False
         self._refilling: asyncio.Task[None] | None = None
 
     def _new_actor(self, name: str) -> Any:
@@ -122,6 +124,10 @@ class WorkerGroup:
             token=self.spec.token,
             silence_s=self.spec.supervisor_timeout_s,
         )
+
+    def _context_options(self) -> dict[str, Any]:
+        """What every rank's WorkerContext takes from the run, besides who it is."""
+        return {"hold_on_flag": self.hold_on_flag}
 
     def _new_rank(self, rank: int) -> tuple[Any, str]:
         name = rank_name(self.spec.run_id, rank, self.slots.incarnation(rank))
@@ -159,6 +165,7 @@ class WorkerGroup:
             adopt_from=adopt_from,
             faults=self._faults(rank),
             resume_step=resume_step,
+            **self._context_options(),
         )
         self.actors[rank] = actor
         self.names[rank] = name

@@ -45,6 +45,9 @@ class WorkerContext:
     # Set by a rank actor of a multi-rank job: process-group membership across
     # generations (`workers.membership.Membership`); the Guard delegates to it.
     membership: Any = None
+    # The run's policy replays anomalous steps: a flagged step waits at the next
+    # boundary for the supervisor's decision on it (`workers.flag_hold`).
+    hold_on_flag: bool = False
     # Filled by the Guard when its loop ends: this rank's totals for the run summary.
     summary: dict[str, Any] = field(default_factory=dict)
 

@@ -52,6 +52,7 @@ from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.data import BatchCursor, DataExhausted
 from remedy.workers.detectors import Detector, DetectorSuite, default_detectors
 from remedy.workers.exceptions import ChaosConfigError, RunAborted
+from remedy.workers.flag_hold import RESEND_S, WAIT_S, FlagHold, agree_while_holding
 from remedy.workers.inbox import Agreement, CommandInbox
 from remedy.workers.lr_scale import LRScale
 from remedy.workers.measure import (
@@ -125,6 +126,11 @@ class GuardConfig:
     # How long the ranks hold after a replay for the policy's answer to it (a restart
     # of a rank included) before they go on without one.
     replay_wait_s: float = 60.0
+    # A step a detector flagged: the ranks hold at the next boundary until the
+    # supervisor has decided on it (workers.flag_hold), so a replay starts there with
+    # no step trained past it. None: as the supervisor says (its policy replays).
+    flag_hold: bool | None = None
+    flag_wait_s: float = WAIT_S  # the longest such hold
     # Replicas' parameters and optimizer state are compared across data-parallel
     # ranks every this many steps (workers.replicas); 0 turns the check off.
     replica_check_every: int = replicas.DEFAULT_EVERY
@@ -269,6 +275,11 @@ class Guard:
         # Step marks and pre-step states for replay_step; the boundary the current step began at.
         self.replays = Replays(self._replay_window(), self.config.replay_window_s)
         self.step_mark: StepMark | None = None
+        hold = self.config.flag_hold
+        self.flag_hold = FlagHold(
+            on=bool(ctx.hold_on_flag if hold is None else hold) and self.replays.window > 0,
+            wait_s=self.config.flag_wait_s,
+        )
         # Data-parallel replicas compared every so many steps (workers.replicas).
         self.replica_check = replicas.ReplicaCheck(self.config.replica_check_every)
         # Reports out: events, metrics (built from (stats, chaos log) when a report leaves).
@@ -300,10 +311,7 @@ class Guard:
             return REPLAY_WINDOW
         controller = getattr(self.reporter, "controller", None)
         policy = controller.engine.policy if controller is not None else None
-        uses = policy is not None and any(
-            step.action == "replay_step" for rule in policy.rules for step in rule.steps
-        )
-        return REPLAY_WINDOW if uses else 0
+        return REPLAY_WINDOW if policy is not None and policy.uses("replay_step") else 0
 
     # ------------------------------------------------------------- local mode
     def _local_reporter(self, ctx: WorkerContext) -> Reporter:
@@ -386,6 +394,9 @@ class Guard:
         if due:
             self._report_corrupt()
             self._send(force=True)
+        if self.flag_hold.on and self._hold_for_decision():
+            self._boundary()  # the group re-formed while holding: agree again in the new one
+            return
         if self.replays.hold is not None and self._await_answer():
             self._boundary()  # the group re-formed while waiting: agree again in the new one
             return
@@ -406,6 +417,32 @@ class Guard:
         ):
             self._snapshot()
 
+    def _hold_for_decision(self) -> bool:
+        """A step just run was flagged (on any rank): hold here until the supervisor has decided
+        on it (`workers.flag_hold`). True when the group re-formed meanwhile."""
+        if self.agreement is not None:
+            try:
+                tick = self.agreement.flagged()
+            except RuntimeError as exc:
+                if self.membership is None or not self.membership.recover(self, exc, in_step=False):
+                    raise
+                return True
+        else:
+            tick = self.flag_hold.take()
+        if not self.flag_hold.due(tick, self.step_count):
+            return False
+        assert tick is not None
+        reporter_settled = getattr(self.reporter, "settled", None)
+        end, first, last = self._hold_here(
+            wait_s=self.flag_hold.wait_s,
+            holding=tick,
+            ready=lambda: reporter_settled is None or reporter_settled() >= tick,
+        )
+        if end == "late":
+            log.warning("flag_decision_missing", tick=tick, waited_s=self.flag_hold.wait_s)
+        self.flag_hold.after(self.step_count, brought=last != first)
+        return end == "regrouped"
+
     def _await_answer(self) -> bool:
         """After a replay: hold at this boundary until the policy's answer to it is in.
 
@@ -415,40 +452,59 @@ class Guard:
         fails when it is killed, and they re-form the group). Ranks give up together
         after `replay_wait_s`. True when the group re-formed meanwhile.
         """
-        deadline = time.monotonic() + self.config.replay_wait_s
+        hold = self.replays.hold
+        end, _, _ = self._hold_here(
+            wait_s=self.config.replay_wait_s, ready=lambda: self.replays.hold is None
+        )
+        if end == "late" and self.replays.hold is not None:
+            log.warning("replay_answer_missing", waited_s=self.config.replay_wait_s,
+                        decision=hold.decision_id if hold else None)  # fmt: skip
+        if end != "ready":  # late, or the group re-formed (the restart it waited for)
+            self.replays.hold = None
+        return end == "regrouped"
+
+    def _hold_here(
+        self, *, wait_s: float, ready: Callable[[], bool], holding: int | None = None
+    ) -> tuple[str, int, int]:
+        """Wait at this boundary, reporting and taking replies and applying the commands every
+        rank holds, until `ready()` on every rank, or one rank has waited `wait_s`.
+
+        Returns how it ended ("ready", "late", or "regrouped": a peer was lost and the
+        group re-formed) and the command seq agreed in the first and the last round (the
+        same on every rank: whether the wait brought commands).
+        """
+        deadline = time.monotonic() + wait_s
         next_report = 0.0
-        while self.replays.hold is not None:
+        first: int | None = None
+        seq = self.inbox.max_seq
+        while True:
             now = time.monotonic()
-            if now >= next_report:  # the replay's outcome, then heartbeats that fetch replies
-                self._send(force=True)
-                next_report = now + 0.1
+            if now >= next_report:  # reports that fetch replies (a replay's outcome first)
+                self._send(force=True, holding=holding)
+                next_report = now + RESEND_S
             self.inbox.take(self.reporter.poll())
-            late = now > deadline
+            late, done = now > deadline, ready()
             if self._group is not None:
                 try:
-                    seq, late = self.replays.agree(
-                        self._group, self._group_device, self.inbox.max_seq, late
+                    seq, late, done = agree_while_holding(
+                        self._group, self._group_device, self.inbox.max_seq, late=late, ready=done
                     )
                 except RuntimeError as exc:
                     if self.membership is None or not self.membership.recover(
                         self, exc, in_step=False
                     ):
                         raise
-                    self.replays.hold = None
-                    return True
-                due = self.inbox.due_up_to_seq(seq)
+                    return "regrouped", first or seq, seq
             else:  # alone: whatever came is the answer, whatever tick it was meant for
-                due = self.inbox.due_up_to_seq(self.inbox.max_seq)
+                seq = self.inbox.max_seq
+            first = seq if first is None else first
+            due = self.inbox.due_up_to_seq(seq)
             if due:
                 self.inbox.apply(due, self)
                 self._send(force=True)
-            if late and self.replays.hold is not None:
-                log.warning("replay_answer_missing", waited_s=self.config.replay_wait_s,
-                            decision=self.replays.hold.decision_id)  # fmt: skip
-                self.replays.hold = None
-            elif self.replays.hold is not None:
-                time.sleep(0.02)
-        return False
+            if done or late:
+                return ("ready" if done else "late"), first, seq
+            time.sleep(0.005)
 
     def _snapshot(self) -> None:
         """Snapshot this boundary into the cheapest buffers at hand.
@@ -606,6 +662,8 @@ class Guard:
             )(self.model)
         if self.replays.window:
             self._keep_if_flagged(loss_v, norm_v)
+        if self.flag_hold.on and self.agreement is not None:
+            self.agreement.launch_flag(self.flag_hold.take())  # beside the optimizer step
         skipped = self._optimizer_step(loss_v, norm_v)
         if self.injector.storm_steps > storms and not skipped:
             raise ChaosConfigError(
@@ -636,6 +694,7 @@ class Guard:
         if self.detectors.flags(loss_v, norm_v, scaled=scaled):
             by_loss = self.detectors.flags(loss_v, 0.0, scaled=scaled)
             self.replays.keep(self, loss_v, flagged="loss" if by_loss else "grads")
+            self.flag_hold.flag(self.tick)
 
     def _give_up_after_oom(self, message: str) -> None:
         """An OOM the policy did not relieve skipped this step: stop once too many in a row have."""
@@ -726,6 +785,8 @@ class Guard:
         extra: dict[str, Any] | None = None,
         also: list[str] | None = None,
     ) -> StepResult:
+        if self.flag_hold.on and self.agreement is not None and not self.agreement.flag_launched:
+            self.agreement.launch_flag(None)  # a step that ended early: every rank launches one
         allocated, reserved, capacity = self._memory.read()
         stats = StepStats(
             step=self.step_count,
@@ -839,10 +900,20 @@ class Guard:
         self._group = group
         self.agreement = Agreement(group, self._group_device)
 
-    def _send(self, *, force: bool = False, wait: bool = False, ending: bool = False) -> None:
+    def _send(
+        self,
+        *,
+        force: bool = False,
+        wait: bool = False,
+        ending: bool = False,
+        holding: int | None = None,
+    ) -> None:
         # `ending`: the loop is done, this rank takes no more steps (the hang watch stops
-        # expecting progress from it).
-        extra = {"ending": True} if ending else {}
+        # expecting progress from it). `holding`: the tick of a flagged step this rank
+        # holds for (workers.flag_hold): the reply says when it is settled.
+        extra: dict[str, Any] = {"ending": True} if ending else {}
+        if holding is not None:
+            extra["holding"] = holding
         self.outbox.send(
             step=self.step_count,
             tick=self.tick,

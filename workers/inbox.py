@@ -186,6 +186,9 @@ class Agreement:
         self._tensor: Any = None
         self._work: Any = None
         self._agreed: int | None = None
+        # The flag channel (`launch_flag`): whether any rank flagged the step just run.
+        self._flag_tensor: Any = None
+        self._flag_work: Any = None
 
     def launch(self, max_seq: int) -> None:
         """Start the agreement on what this rank holds (every rank, at the same boundary)."""
@@ -226,10 +229,46 @@ class Agreement:
         agreed, self._agreed = self._agreed, None
         return agreed
 
+    def launch_flag(self, tick: int | None) -> None:
+        """Start telling the group whether this rank flagged the step just run (at `tick`).
+
+        Every rank launches it once per step, after its detectors' flags and
+        before the optimizer step, which it overlaps; `flagged` reads it at the
+        next boundary. With a policy that replays, the ranks hold at that
+        boundary for the supervisor's decision on the flagged step
+        (`workers.flag_hold`). A MIN all-reduce of -(tick + 1) is the highest
+        flagged tick, negated.
+        """
+        import torch  # noqa: PLC0415 - only ranks of a process group get here
+        import torch.distributed as dist  # noqa: PLC0415
+
+        value = -(tick + 1) if tick is not None else 0
+        self._flag_tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
+        self._flag_work = dist.all_reduce(
+            self._flag_tensor, op=dist.ReduceOp.MIN, group=self.group, async_op=True
+        )
+
+    @property
+    def flag_launched(self) -> bool:
+        return self._flag_work is not None
+
+    def flagged(self) -> int | None:
+        """The highest tick any rank flagged in the step just run, or None (nothing launched,
+        or nobody flagged). Waits for the collective (a host sync under NCCL); raises what
+        it raised (a lost peer)."""
+        if self._flag_work is None:
+            return None
+        work, self._flag_work = self._flag_work, None
+        work.wait(timeout=AGREEMENT_TIMEOUT)
+        value = int(self._flag_tensor.item())
+        self._flag_tensor = None
+        return -value - 1 if value < 0 else None
+
     def finish(self) -> None:
         """A launched agreement nobody will read (the loop ended): let it complete."""
         with contextlib.suppress(RuntimeError):  # a peer lost at the very end
             self.for_sync()
+            self.flagged()
 
 
 def _ordered(commands: Iterable[Command]) -> list[Command]:

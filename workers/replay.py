@@ -74,6 +74,7 @@ import torch.distributed as dist
 
 from remedy.workers.digests import Digest, digest, fold, odd_ones, same_number
 from remedy.workers.exceptions import ActionError
+from remedy.workers.flag_hold import agree_while_holding
 from remedy.workers.replicas import unwrap_ddp
 from remedy.workers.snapshots import Snapshot, capture_rng, restore_rng
 
@@ -219,10 +220,8 @@ class Replays:
     def agree(self, group: Any, device: torch.device, seq: int, late: bool) -> tuple[int, bool]:
         """One collective of the hold: the command seq every rank holds, and whether any rank
         has waited too long."""
-        t = torch.tensor([seq, -int(late)], dtype=torch.int64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
-        agreed, flag = t.tolist()
-        return int(agreed), flag < 0
+        agreed, any_late, _ = agree_while_holding(group, device, seq, late=late)
+        return agreed, any_late
 
 
 def _shared(rng: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:

@@ -266,6 +266,16 @@ class Controller:
         """Whole batches refused: a bad header (rank, step, tick), or by their rank's slot."""
         return sum(n for reason, n in self.rejected.items() if reason.startswith("batch_"))
 
+    def settled(self, tick: int) -> bool:
+        """Whether every decision on the step executed at `tick` is taken: every rank has
+        reported past it, none with earlier reports still on their way, and no incident of
+        it (or of an earlier tick) is held. Ranks holding at a flagged step's boundary wait
+        for this (`workers.flag_hold`); decisions are taken as reports are ingested, so
+        the commands decided are in the same reply."""
+        if self.incomplete or self.incidents.holds_through(tick):
+            return False
+        return all(self.tick_of.get(r, -1) > tick for r in range(self.world_size))
+
     def last_steps(self) -> dict[int, int]:
         """Each rank's step in its last accepted report (after a rollback, lower than its most)."""
         return {rank: mark.step for rank, mark in self._marks.items()}

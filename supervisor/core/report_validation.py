@@ -46,6 +46,9 @@ BATCH_FIELDS = frozenset(
         # The rank's loop ended (its last report: the hang watch stops expecting steps), and
         # its notes of a supervisor that did not answer for a while (supervisor.liveness).
         *("ending", "outages"),
+        # The tick of a flagged step the rank holds for (workers.flag_hold): the reply
+        # then says whether every decision on it is taken.
+        "holding",
     }
 )
 

@@ -64,6 +64,9 @@ def _replay_and_answer(tmp: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
     replays = [d for d in decisions if d["action"] == "replay_step" and d["outcome"] == "applied"]
     assert replays, [(d["action"], d["outcome"], d["detail"]) for d in decisions]
     replay = replays[0]
+    # The ranks held at the flagged step's boundary for the decision (workers.flag_hold):
+    # the replay ran there, with no step trained past the anomalous one.
+    assert replay["applied_at_step"] == replay["anomaly"]["step"] + 1, replay
     answer = [
         d
         for d in decisions

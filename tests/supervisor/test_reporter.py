@@ -36,6 +36,9 @@ class _Supervisor:
         if batch["seq"] == self.fail_seq:
             raise RuntimeError("the reply is lost")
         self.batches.append(batch)
+        if "holding" in batch:  # as SupervisorActor.report: settled once step 2 is reported
+            held = batch["holding"]
+            return {"commands": [{"echo": batch["seq"]}], "settled": held if held < 2 else None}
         return [{"echo": batch["seq"]}]
 
     async def seen(self) -> list[dict[str, Any]]:
@@ -107,3 +110,20 @@ def test_failed_report_sends_its_events_and_outcomes_again(ray_cluster: None) ->
     assert [o["decision_id"] for b in got for o in b["outcomes"]] == ["d1"]
     assert 2 not in [b["seq"] for b in got]
     ray.kill(sup)
+
+
+@pytest.mark.timeout(60)
+def test_a_holding_report_learns_when_its_tick_is_settled(ray_cluster: None) -> None:
+    sup = _Supervisor.remote()  # type: ignore[attr-defined]
+    rep = RayReporter(sup)
+    assert rep.settled() == -1
+    rep.send({**_batch(2), "holding": 2})
+    assert [r["echo"] for r in _drain(rep)] == [1], "the commands of the reply still come"
+    assert rep.settled() == -1, "not settled yet"
+    rep.send({**_batch(2), "holding": 1})
+    rep.send(_batch(3))
+    assert [r["echo"] for r in _drain(rep)] == [2, 3]
+    assert rep.settled() == 1
+    rep.send({**_batch(3), "holding": 0})
+    _drain(rep)
+    assert rep.settled() == 1, "the newest settled tick is kept"

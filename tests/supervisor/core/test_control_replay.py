@@ -186,3 +186,26 @@ def test_a_rank_lost_while_the_ranks_wait_is_not_waited_for(tmp_path: Path) -> N
         "notify",
     ]
     assert c.rejected == {}
+
+
+def test_a_flagged_tick_is_settled_once_every_rank_reported_it_and_it_is_decided(
+    tmp_path: Path,
+) -> None:
+    """Ranks holding at a flagged step's boundary (workers.flag_hold) wait for `settled`."""
+    c = _controller(tmp_path, [])
+    grad = AnomalyEvent("nonfinite_grad", 1, 7, value=float("inf"), severity="critical")
+    assert not c.settled(7), "no rank has reported"
+    c.ingest({"rank": 1, "step": 8, "tick": 8, "events": [grad.to_dict()]})
+    assert not c.settled(7), "rank 0 has not reported step 7: the incident is held"
+    assert c.settled(6) is False, "an earlier tick waits for rank 0's report too"
+    c.incomplete = frozenset({0})
+    assert c.ingest({"rank": 0, "step": 8, "tick": 8}) == []
+    assert not c.settled(7), "rank 0 has reports still on their way: nothing is decided yet"
+    c.incomplete = frozenset()
+    (command,) = c.ingest({"rank": 0, "step": 8, "tick": 8})
+    assert c.settled(7) and c.settled(6)
+    assert command["action"] == "replay_step", "the decision is in the reply that settles it"
+    assert not c.settled(8), "step 8 is not reported yet"
+    c.ingest({"rank": 0, "step": 9, "tick": 9})
+    c.ingest({"rank": 1, "step": 9, "tick": 9})
+    assert c.settled(8), "a tick with nothing to decide settles as it is reported"
