@@ -19,7 +19,13 @@ Printed: the median replay time (`replay_s`, restore and both re-runs and the
 gathers) and as steps; and the time the flagged step took to keep its state
 (the one full copy a replay needs), against a step.
 
-    python benchmarks/replay_costs.py [--worlds 2,4] [--pairs 30] [--replays 5]
+Flag hold (`workers.flag_hold`, on under a policy that replays): each step
+launches one 1-element all-reduce beside its optimizer step, read at the next
+boundary. Blocks of `--block` steps with it on and off alternate in the same
+ranks; printed: the median iteration (step plus boundary) of each, and the
+ratio.
+
+    python benchmarks/replay_costs.py [--worlds 2,4] [--pairs 30] [--replays 5] [--block 10]
 
 Timings on a shared machine are noisy: the load average is printed with each.
 """
@@ -112,6 +118,23 @@ def _replays(rank: int, world: int, count: int, policy: str) -> dict[str, Any]:
     return {"steps": steps, "keeps": keeps, "replays": replays, "phases": phases}
 
 
+def _flag_cost(rank: int, world: int, blocks: int, block: int, policy: str) -> dict[str, Any]:
+    guard = _guard(rank, world, [], policy, WARMUP + 2 * blocks * block)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    last: tuple[float, bool] | None = None
+    for batch in guard:
+        now = time.perf_counter()
+        if last is not None and guard.step_count > WARMUP + 1:
+            times[last[1]].append(now - last[0])  # the previous step and the boundary after it
+        # The same on every rank (the same step count): launched and read by all, or by none.
+        on = (guard.step_count // block) % 2 == 0
+        guard.flag_hold.on = on
+        last = (now, on)
+        guard.step(batch)
+    guard.close()
+    return {"on": times[True], "off": times[False]}
+
+
 def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -121,6 +144,8 @@ def main() -> None:
     p.add_argument("--worlds", default="2,4", help="world sizes, comma-separated")
     p.add_argument("--pairs", type=int, default=30, help="step/check pairs timed per rank")
     p.add_argument("--replays", type=int, default=5, help="replays timed")
+    p.add_argument("--block", type=int, default=10, help="steps per on/off block (flag hold)")
+    p.add_argument("--blocks", type=int, default=4, help="on/off block pairs (flag hold)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         policy = Path(tmp) / "quiet.yaml"
@@ -157,6 +182,16 @@ def main() -> None:
         print(
             "  of which (median ms): " + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in parts.items())
         )
+        for world in (int(w) for w in args.worlds.split(",")):
+            ranks = spawn_ranks(_flag_cost, world, Path(tmp) / f"f{world}", args.blocks,
+                                args.block, str(policy), timeout_s=1800)  # fmt: skip
+            on = statistics.median(t for r in ranks for t in r["on"])
+            off = statistics.median(t for r in ranks for t in r["off"])
+            n = sum(len(r["on"]) for r in ranks)
+            print(
+                f"flag hold, {world} ranks: iteration {on * 1e3:.1f} ms with it, {off * 1e3:.1f} "
+                f"ms without (medians of {n} each): ratio {on / off:.3f} (load {_load()})"
+            )
 
 
 if __name__ == "__main__":

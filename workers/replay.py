@@ -139,9 +139,10 @@ class Replays:
     """One rank's side of `replay_step`: step marks, pre-step states, the hold.
 
     Marks are kept for the last `window` steps and, beyond that, for the last
-    `window_s` seconds (at most `MAX_MARKS`): a replay command comes after the
-    anomaly's report has reached every rank's supervisor and back, which on
-    fast steps is many steps later.
+    `window_s` seconds (at most `MAX_MARKS`): when the ranks do not hold for
+    the decision (`workers.flag_hold`), a replay command comes after the
+    anomaly's report has reached the supervisor and come back, which on fast
+    steps is many steps later.
     """
 
     window: int  # step marks kept at least (0: replays are off)
