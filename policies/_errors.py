@@ -1,7 +1,7 @@
 """Turn pydantic validation errors into located diagnostics.
 
 Pydantic reports each error with a `loc` path through the data; policy
-models are shaped so that, once the union tags (which start with "~") are
+models are shaped so that, once the union tags (`UNION_TAGS`: "~map"...) are
 dropped, that path is the YAML path, and `Document.locate` gives the line
 and column. Unknown keys point at the key and suggest the closest known
 one; every other error points at the offending value.
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from remedy.policies._diagnostics import Diagnostic
-from remedy.policies._model import Strict
+from remedy.policies._model import UNION_TAGS, Strict
 from remedy.policies._params import ActionParams
 from remedy.policies._types import suggest
 from remedy.policies._yaml import Document, Path
@@ -40,7 +40,12 @@ def diagnostics_from(
     """One diagnostic per pydantic error, located in `doc`."""
     out: list[Diagnostic] = []
     for detail in error.errors(include_url=False):
-        path: Path = tuple(p for p in detail["loc"] if not (isinstance(p, str) and p[:1] == "~"))
+        loc = tuple(detail["loc"])
+        if detail["type"] == "extra_forbidden" and loc:
+            # The last item is the user's key itself, whatever it is spelt like ("~version").
+            path: Path = (*_untagged(loc[:-1]), loc[-1])
+        else:
+            path = _untagged(loc)
         if path and path[-1] == "[key]":
             # A bad mapping key (e.g. an unknown anomaly kind as a stream key): point at the key.
             out.append(doc.error(path[:-1], _message(detail, path[:-1], root), key=True))
@@ -49,6 +54,11 @@ def diagnostics_from(
         else:
             out.append(doc.error(path, _message(detail, path, root)))
     return out
+
+
+def _untagged(loc: tuple[Any, ...]) -> Path:
+    """`loc` without the union tags pydantic puts in it (`_model.UNION_TAGS`)."""
+    return tuple(p for p in loc if not (isinstance(p, str) and p in UNION_TAGS))
 
 
 def _message(detail: ErrorDetails, path: Path, root: type[BaseModel]) -> str:

@@ -70,8 +70,13 @@ CompareT = Annotated[Comparison, PlainValidator(parse_comparison)]
 GROUP_FIELDS = ("kind", "step", "rank", "source", "severity", "node")
 
 
+# The tags of the shape-discriminated unions: pydantic puts them in error locations,
+# which drop them (a user's key spelt like one is still the user's: see _errors).
+UNION_TAGS = frozenset({"~map", "~list", "~str"})
+
+
 def shape_tag(value: Any) -> str | None:
-    """Discriminate unions by YAML shape; tags start with "~" so error paths can drop them."""
+    """Discriminate unions by YAML shape (one of `UNION_TAGS`), so error paths can drop them."""
     if isinstance(value, dict):
         return "~map"
     if isinstance(value, list):
