@@ -35,9 +35,10 @@ from typing import Any
 
 import ray
 import structlog
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.policies import Decision, Engine, Policy, PolicyError
-from remedy.supervisor import liveness
+from remedy.supervisor import liveness, placement
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import Notify, log_notify
@@ -88,13 +89,19 @@ RECENT_DECISIONS = 5
 
 
 def launch_supervisor(spec: RunSpec) -> Any:
-    """Create the supervisor of `spec` (named, detached, restarted by Ray after a crash)."""
+    """Create the supervisor of `spec` (named, detached, restarted by Ray after a crash).
+
+    It runs on the node of the process that calls this (`remedy run`'s), and Ray
+    restarts it there: the ranks go to the other nodes (`supervisor.placement`).
+    """
+    home = ray.get_runtime_context().get_node_id()
     return SupervisorActor.options(  # type: ignore[attr-defined]
         name=supervisor_name(spec.run_id),
         namespace=NAMESPACE,
         lifetime="detached",
         max_restarts=-1,
         max_task_retries=-1,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(home, soft=False),
     ).remote(spec.to_dict())
 
 
@@ -505,6 +512,7 @@ class SupervisorActor:
             "policy": self.controller.engine.policy.name,
             "job": self.job.state.to_dict(),
             "slots": self.slots.records(),
+            "nodes": self.rank_nodes(),
         }
 
     async def start(self) -> None:
@@ -660,9 +668,25 @@ class SupervisorActor:
         return outcome, f"{detail}; {sent}" if sent else detail
 
     def _node_of(self, rank: int) -> str | None:
-        """The node `rank`'s current process runs on, once the group has learnt it."""
+        """The node `rank`'s current process runs on, once the group has learnt it.
+
+        Its Ray node id's first 8 hex digits and its address (`placement.label`),
+        or the address alone where the node id is not known.
+        """
         where = self.group.pids.get(rank) if self.group is not None else None
-        return where[0] if where is not None else None
+        if where is None:
+            return None
+        slot = self.slots.slots.get(rank)
+        return placement.label(slot.node, where[0]) if slot and slot.node else where[0]
+
+    def rank_nodes(self) -> dict[str, str]:
+        """rank -> the node label of its current process (`placement.label`), where known."""
+        out = {}
+        for rank in sorted(self.slots.slots):
+            node = self._node_of(rank)
+            if node is not None:
+                out[str(rank)] = node
+        return out
 
     def _group_action(self, d: Decision) -> tuple[str, str] | None:
         """restart_rank: replace the decision's ranks asynchronously (resolved when done)."""
@@ -774,6 +798,8 @@ class SupervisorActor:
             "supervisor_outages": outages,
             "supervisor_outage_s": round(sum(o["duration_s"] for o in outages), 3),
             "wall_s": round(ended - self.started, 2),
+            # Where each rank's last process ran, and the nodes lost meanwhile.
+            "nodes": self.rank_nodes(),
             "ranks": results,
         }
         if error is not None:

@@ -16,6 +16,12 @@ supervisor `adopt`s the actors again by name. It does not own their `run`
 calls, so it learns that an adopted rank finished from `RankActor.result`
 (`poll_adopted`). The supervisor kills every actor of its run at the end
 (`shutdown`, then `kill_run_actors` for any a crash left unrecorded).
+
+Where each actor runs is planned over the cluster's alive nodes
+(`supervisor.placement`): ranks off the supervisor's node where there is
+another, spread or packed, spares where the fewest actors are, and a
+replacement from a spare on another node than the rank it replaces. Each
+rank's Ray node id is learnt with its pid (`where`) and kept in its slot.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from typing import Any
 
 import ray
 import structlog
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from remedy.supervisor import placement
 from remedy.supervisor.exceptions import WaitTimeout
 from remedy.supervisor.hang_watch import DEAD, NO_ANSWER
 from remedy.supervisor.rank import RankActor
@@ -106,11 +114,30 @@ class WorkerGroup:
         self._retired: set[ray.ObjectRef] = set()  # runs of processes remedy killed itself
         self._node = ray.util.get_node_ip_address()
         self._refilling: asyncio.Task[None] | None = None
+        # Placement: the supervisor's node, the alive nodes as last listed (minus those
+        # found dead since), and the node each spare was placed on.
+        self.home = ray.get_runtime_context().get_node_id()
+        self.cluster: list[placement.Node] = []
+        self.dead_nodes: set[str] = set()
+        self.spare_nodes: dict[str, str | None] = {}
 
-    def _new_actor(self, name: str) -> Any:
+    def refresh_nodes(self) -> list[placement.Node]:
+        """List the cluster's alive nodes again (one call to Ray's GCS)."""
+        listed = placement.nodes_from_ray(ray.nodes())
+        self.cluster = [n for n in listed if n.node_id not in self.dead_nodes]
+        return self.cluster
+
+    def rank_nodes(self) -> dict[int, str]:
+        """rank -> the Ray node id its current process runs on, where known."""
+        return {r: s.node for r, s in self.slots.slots.items() if s.node is not None}
+
+    def _new_actor(self, name: str, node: str | None = None) -> Any:
         options: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "lifetime": "detached"}
         if self.spec.gpus_per_rank:
             options["num_gpus"] = self.spec.gpus_per_rank
+        if node is not None and len(self.cluster) > 1:
+            # Soft: a node that died since the plan was made leaves the choice to Ray.
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
         return RankActor.options(**options).remote(  # type: ignore[attr-defined]
             run_id=self.spec.run_id,
             run_dir=self.spec.run_dir,
@@ -123,18 +150,38 @@ class WorkerGroup:
             silence_s=self.spec.supervisor_timeout_s,
         )
 
-    def _new_rank(self, rank: int) -> tuple[Any, str]:
+    def _new_rank(
+        self, rank: int, node: str | None = None, *, avoid: set[str] | None = None
+    ) -> tuple[Any, str]:
+        """A new actor for `rank`: on `node`, else on the least loaded node not in `avoid`."""
         name = rank_name(self.spec.run_id, rank, self.slots.incarnation(rank))
-        return self._new_actor(name), name
+        if node is None and len(self.cluster) > 1:
+            used = [n for r, n in self.rank_nodes().items() if r != rank]
+            node = placement.least_loaded(
+                self.cluster, used, home=self.home, avoid=(avoid or set()) | self.dead_nodes
+            )
+        return self._new_actor(name, node), name
 
     def _new_spare(self) -> None:
         self.next_spare += 1
         name = spare_name(self.spec.run_id, self.next_spare)
-        self.spares.append(self._new_actor(name))
+        node = None
+        if len(self.cluster) > 1:
+            used = [*self.rank_nodes().values(), *(n for n in self.spare_nodes.values() if n)]
+            node = placement.least_loaded(self.cluster, used, home=self.home, avoid=self.dead_nodes)
+        self.spares.append(self._new_actor(name, node))
         self.spare_names.append(name)
+        self.spare_nodes[name] = node
 
-    def _take_spare(self) -> tuple[Any, str]:
-        return self.spares.pop(0), self.spare_names.pop(0)
+    def _take_spare(self, avoid: set[str] | None = None) -> tuple[Any, str]:
+        """The first spare not on a node of `avoid` (or a dead one), else the first spare."""
+        shun = (avoid or set()) | self.dead_nodes
+        i = next(
+            (i for i, n in enumerate(self.spare_names) if self.spare_nodes.get(n) not in shun), 0
+        )
+        name = self.spare_names.pop(i)
+        self.spare_nodes.pop(name, None)
+        return self.spares.pop(i), name
 
     def _faults(self, rank: int) -> list[dict[str, Any]]:
         return [f for f in self.spec.faults if f.get("rank", 0) in (None, rank)]
@@ -169,10 +216,17 @@ class WorkerGroup:
     async def start(self) -> None:
         """Create every rank (and the warm spares) and start training in generation 0."""
         resume = self.spec.resume.get("step")  # --resume-from: every rank starts from it
+        self.refresh_nodes()
+        where = placement.plan(
+            self.cluster, self.spec.workers, strategy=self.spec.placement, home=self.home
+        )
         for rank in range(self.spec.workers):
+            node = where[rank] if where else None
+            self.slots.slots[rank].node = node  # planned; `_learn_pids` sets where it landed
             self._launch(
-                rank, *self._new_rank(rank), generation=0, adopt_from=None, resume_step=resume
-            )
+                rank, *self._new_rank(rank, node), generation=0, adopt_from=None,
+                resume_step=resume,
+            )  # fmt: skip
         for _ in range(self.spec.spares or 0):
             self._new_spare()
         await self._learn_pids(list(self.actors))
@@ -185,6 +239,8 @@ class WorkerGroup:
             "names": {str(r): n for r, n in self.names.items()},
             "spares": list(self.spare_names),
             "next_spare": self.next_spare,
+            "spare_nodes": dict(self.spare_nodes),
+            "dead_nodes": sorted(self.dead_nodes),
         }
 
     async def adopt(self, record: dict[str, Any], ranks: list[int]) -> list[int]:
@@ -194,6 +250,9 @@ class WorkerGroup:
         """
         self.generation = int(record["generation"])
         self.next_spare = int(record["next_spare"])
+        self.dead_nodes = {str(n) for n in record.get("dead_nodes", [])}
+        placed = record.get("spare_nodes", {})
+        self.refresh_nodes()
         names = {int(r): str(n) for r, n in record["names"].items()}
         missing = []
         for rank in ranks:
@@ -211,6 +270,7 @@ class WorkerGroup:
                 with contextlib.suppress(ValueError):
                     self.spares.append(ray.get_actor(name, namespace=NAMESPACE))
                     self.spare_names.append(name)
+                    self.spare_nodes[name] = placed.get(name)
                     self.next_spare = max(self.next_spare, int(name.rsplit("-", 1)[1]))
         live = [r for r in ranks if r not in missing]
         with contextlib.suppress(ray.exceptions.RayError, asyncio.TimeoutError, WaitTimeout):
@@ -253,9 +313,12 @@ class WorkerGroup:
             raise WaitTimeout(
                 f"ranks {ranks} did not say where they run within {WHERE_TIMEOUT_S:g}s"
             ) from None
-        for rank, (node, pid) in zip(ranks, found, strict=True):
+        for rank, answer in zip(ranks, found, strict=True):
+            node, pid = answer[0], answer[1]
             self.pids[rank] = (node, pid)
             self.slots.slots[rank].pid = pid
+            if len(answer) > 2:  # an actor of an older version says no node id
+                self.slots.slots[rank].node = str(answer[2])
 
     def run_refs(self) -> list[ray.ObjectRef]:
         return list(self._refs)
@@ -326,8 +389,12 @@ class WorkerGroup:
     async def replace(self, ranks: list[int], *, source: int) -> dict[str, Any]:
         """Kill `ranks`, start their replacements in the next generation, order survivors to regroup."""
         t0 = time.perf_counter()
+        # Each replacement goes to another node than the one its rank was lost on.
+        old = {r: self.slots.slots[r].node for r in ranks}
         for rank in ranks:
             self.kill(rank)
+        if len(self.cluster) > 1:
+            self.refresh_nodes()
         self.generation += 1
         generation = self.generation
         how: dict[int, str] = {}
@@ -335,7 +402,8 @@ class WorkerGroup:
         skipped: list[str] = []
         for rank in ranks:
             self.slots.replace(rank)
-            (actor, name), how[rank] = await self._spare_or_new(rank, skipped)
+            avoid = {n for n in [old[rank]] if n is not None}
+            (actor, name), how[rank] = await self._spare_or_new(rank, skipped, avoid)
             self._launch(rank, actor, name, generation=generation, adopt_from=source)
             new.append(rank)
         for rank, actor in self.actors.items():
@@ -355,9 +423,14 @@ class WorkerGroup:
         """Start new actors for replacements that failed, into the same generation."""
         t0 = time.perf_counter()
         for rank in ranks:
+            old = self.slots.slots[rank].node
             self.kill(rank)
             self.slots.replace(rank)
-            self._launch(rank, *self._new_rank(rank), generation=self.generation, adopt_from=source)
+            avoid = {old} if old is not None else set()
+            self._launch(
+                rank, *self._new_rank(rank, avoid=avoid), generation=self.generation,
+                adopt_from=source,
+            )  # fmt: skip
         await self._learn_pids(ranks)
         return {
             "generation": self.generation,
@@ -376,6 +449,8 @@ class WorkerGroup:
         ranks = list(range(self.spec.workers))
         for rank in ranks:
             self.kill(rank)
+        if len(self.cluster) > 1:
+            self.refresh_nodes()
         self.generation += 1
         how: dict[int, str] = {}
         skipped: list[str] = []
@@ -404,8 +479,12 @@ class WorkerGroup:
         for rank in list(self.actors):
             self.kill(rank)
 
-    async def _spare_or_new(self, rank: int, skipped: list[str]) -> tuple[tuple[Any, str], str]:
+    async def _spare_or_new(
+        self, rank: int, skipped: list[str], avoid: set[str] | None = None
+    ) -> tuple[tuple[Any, str], str]:
         """(actor, its name) of a warm spare that answers a ping, else of a new actor; and which.
+
+        Spares on another node than those of `avoid` (the lost rank's) are taken first.
 
         A spare that does not answer within `SPARE_PING_S` is killed and its name
         added to `skipped`; a fresh spare replaces it (off the critical path: it
@@ -413,7 +492,7 @@ class WorkerGroup:
         """
         chosen: tuple[tuple[Any, str], str] | None = None
         while self.spares and chosen is None:
-            actor, name = self._take_spare()
+            actor, name = self._take_spare(avoid)
             if await _answers(actor, SPARE_PING_S):
                 chosen = (actor, name), "warm spare"
                 break
@@ -426,7 +505,7 @@ class WorkerGroup:
         for _ in skipped:
             if len(self.spares) < (self.spec.spares or 0):
                 self._new_spare()
-        return chosen or ((self._new_rank(rank)), "new actor")
+        return chosen or (self._new_rank(rank, avoid=avoid), "new actor")
 
     def refill_spares(self) -> None:
         """Start spares up to the configured count (their start is off the critical path)."""
@@ -439,6 +518,7 @@ class WorkerGroup:
         self.actors.clear()
         self.spares.clear()
         self.spare_names.clear()
+        self.spare_nodes.clear()
         self.adopted.clear()
 
 

@@ -49,6 +49,7 @@ def test_records_rebuild_the_picture() -> None:
     slots.replace(1)
     assert slots.records()[1] == {
         "rank": 1, "incarnation": 2, "state": "starting", "last_seq": 0, "gaps": [], "pid": None,
+        "node": None,
     }  # fmt: skip
     assert slots.live() == [0, 1]
 
