@@ -412,6 +412,33 @@ class SupervisorActor:
         self._keep_state()  # before the reply: no rank holds a command the journal lacks
         return commands
 
+    async def chaos_kill_node(self, token: Any, rank: int, node_id: str) -> dict[str, Any]:
+        """Chaos (`kill_node`): may `rank` kill its node `node_id`? Journaled, either way, first.
+
+        Never the node this supervisor runs on, nor the cluster's head node: the
+        fault takes a worker node away, as a real node loss does.
+        """
+        self._require(token, "chaos_kill_node")
+        home = ray.get_runtime_context().get_node_id()
+        listing = {str(n.get("NodeID")): n for n in ray.nodes()}
+        node = listing.get(node_id, {})
+        name = placement.label(node_id, node.get("NodeManagerAddress"))
+        reason = f"rank {rank} asked to kill its node {name}"
+        if node_id == home:
+            kill, reason = False, f"{reason}: refused, the supervisor runs on that node"
+        elif "node:__internal_head__" in (node.get("Resources") or {}):
+            kill, reason = False, f"{reason}: refused, it is the cluster's head node"
+        else:
+            kill = True
+        record = {
+            "type": "chaos_kill_node", "rank": rank, "node": name, "node_id": node_id,
+            "ranks": self.slots.on_node(node_id), "outcome": "killing" if kill else "refused",
+            "reason": reason, "at": round(time.time(), 4),
+        }  # fmt: skip
+        self.run_dir.wal(record)
+        log.warning("chaos_kill_node", **{k: v for k, v in record.items() if k != "type"})
+        return {"kill": kill, "reason": reason}
+
     async def where(self) -> tuple[str, int, float]:
         """(node address, pid, process start time) of this supervisor's process: what a watcher
         kills when it stops answering (`supervisor.liveness`), and the `kill_supervisor` fault."""
