@@ -55,6 +55,7 @@ from remedy.supervisor.job_state import (
     Started,
     TransitionError,
 )
+from remedy.supervisor.node_watch import NodeWatch
 from remedy.supervisor.notify import NOTIFICATIONS_FILE, Notifier, env_sinks
 from remedy.supervisor.policy_source import (
     is_policy_file,
@@ -147,6 +148,7 @@ class SupervisorActor:
             journal=self.run_dir.wal, max_targeted=self.spec.max_targeted_restarts
         )
         self.watch = HangWatch(HangWatchConfig(**self.spec.hang_watch))  # type: ignore[arg-type]
+        self.node_watch = NodeWatch()
         self.rendezvous = Rendezvous()
         self.group: WorkerGroup | None = None
         self.recovery: Recovery | None = None
@@ -627,6 +629,7 @@ class SupervisorActor:
                     next_poll = time.monotonic() + RESULT_POLL_S
                     for rank, result in (await group.poll_adopted()).items():
                         self._adopted_result(rank, result)
+                await self.check_nodes(group)
                 if self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED):
                     await self.recovery.check_hangs()
                     self.recovery.check_back()
@@ -645,6 +648,14 @@ class SupervisorActor:
             with contextlib.suppress(ray.exceptions.RayError):
                 kill_run_actors(self.spec.run_id)  # any a crash left out of the records
         return self._finish()
+
+    async def check_nodes(self, group: WorkerGroup, *, now: bool = False) -> None:
+        """On a cluster of several nodes: the nodes of the run Ray calls dead lose their ranks."""
+        if len(group.cluster) <= 1 or self.recovery is None:
+            return
+        dead = await self.node_watch.new_dead(group.watched_nodes(), now=now)
+        if dead:
+            self.recovery.nodes_lost(dead)
 
     async def _adopt(self, group: WorkerGroup, record: dict[str, Any]) -> None:
         """Take over the ranks of the supervisor before this one."""
@@ -735,6 +746,9 @@ class SupervisorActor:
                 return  # remedy killed this process itself to replace it
             result = {"rank": rank, "status": "failed", "error": f"rank process died: {exc}"}
             self.rank_results[rank] = result
+            # Its node may be what died: then the node's loss is what is reported (for all its
+            # ranks at once), and this rank's own loss is a part of it.
+            await self.check_nodes(group, now=True)
             assert self.recovery is not None
             self.recovery.lost(rank, "rank_dead", f"rank {rank}'s process died", details={
                 "error": str(exc)[:300], "incarnation": incarnation,

@@ -17,8 +17,8 @@ another node than the ranks it stands in for; a replacement takes a spare
 from another node than the lost rank's first (`WorkerGroup._spare_or_new`).
 
 The plan is remedy's own, carried out with Ray's node-affinity strategy
-(soft: a node that died since the plan was made makes Ray place the actor
-elsewhere rather than fail it), not with a Ray placement group: rank actors
+(hard: Ray 2.60's soft affinity put zero-CPU actors elsewhere than asked),
+not with a Ray placement group: rank actors
 reserve no CPU (`num_cpus=0`, the user's threads are theirs to set), and a
 placement group cannot keep bundles off the supervisor's node.
 """

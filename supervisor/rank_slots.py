@@ -179,13 +179,13 @@ class RankSlots:
     def end(self, rank: int) -> None:
         self.slots[rank].state = SlotState.ENDED
 
-    def on_node(self, node_id: str) -> list[int]:
-        """The ranks whose current process runs on node `node_id` and that are not lost or ended."""
-        return [
-            r
-            for r, s in self.slots.items()
-            if s.node == node_id and s.state in (SlotState.STARTING, SlotState.RUNNING)
-        ]
+    def on_node(self, node_id: str, *, lost_too: bool = False) -> list[int]:
+        """The ranks whose current process runs on node `node_id`, not ended (nor lost, unless
+        `lost_too`: a lost rank keeps its node until its slot is opened for a replacement)."""
+        states = {SlotState.STARTING, SlotState.RUNNING}
+        if lost_too:
+            states.add(SlotState.LOST)
+        return [r for r, s in self.slots.items() if s.node == node_id and s.state in states]
 
     def live(self) -> list[int]:
         return [r for r, s in self.slots.items() if s.state is not SlotState.LOST]

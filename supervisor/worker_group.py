@@ -127,6 +127,25 @@ class WorkerGroup:
         self.cluster = [n for n in listed if n.node_id not in self.dead_nodes]
         return self.cluster
 
+    def node_died(self, node_id: str) -> None:
+        """Ray calls `node_id` dead: nothing is placed there again, and its spares are dropped."""
+        self.dead_nodes.add(node_id)
+        self.cluster = [n for n in self.cluster if n.node_id != node_id]
+        for name in [n for n, at in self.spare_nodes.items() if at == node_id]:
+            i = self.spare_names.index(name)
+            actor = self.spares.pop(i)
+            self.spare_names.pop(i)
+            self.spare_nodes.pop(name, None)
+            with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                ray.kill(actor, no_restart=True)
+        # Refilled on the surviving nodes once the restart is done (`refill_spares`): a spare
+        # started now would be cold when the restart looks for one.
+
+    def watched_nodes(self) -> set[str]:
+        """The nodes the run's ranks and spares run on (those whose loss matters)."""
+        spares = {n for n in self.spare_nodes.values() if n is not None}
+        return (set(self.rank_nodes().values()) | spares) - self.dead_nodes
+
     def rank_nodes(self) -> dict[int, str]:
         """rank -> the Ray node id its current process runs on, where known."""
         return {r: s.node for r, s in self.slots.slots.items() if s.node is not None}
@@ -136,8 +155,10 @@ class WorkerGroup:
         if self.spec.gpus_per_rank:
             options["num_gpus"] = self.spec.gpus_per_rank
         if node is not None and len(self.cluster) > 1:
-            # Soft: a node that died since the plan was made leaves the choice to Ray.
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+            # Hard: Ray's soft affinity placed zero-CPU actors on other nodes than asked
+            # (seen with Ray 2.60). An actor sent to a node that died before Ray knew fails,
+            # and its replacement is placed again among the nodes alive then (`relaunch`).
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
         return RankActor.options(**options).remote(  # type: ignore[attr-defined]
             run_id=self.spec.run_id,
             run_dir=self.spec.run_dir,
@@ -422,6 +443,8 @@ class WorkerGroup:
     async def relaunch(self, ranks: list[int], *, source: int) -> dict[str, Any]:
         """Start new actors for replacements that failed, into the same generation."""
         t0 = time.perf_counter()
+        if len(self.cluster) > 1:
+            self.refresh_nodes()
         for rank in ranks:
             old = self.slots.slots[rank].node
             self.kill(rank)
