@@ -41,10 +41,11 @@ class DeadNode:
 
 def _why(entry: dict[str, Any]) -> str:
     """Ray's own account of a node's death, from whichever of its fields this version fills."""
+    # Ray 2.60 gives `DeathReasonMessage` (words) and `DeathReason` (an enum's number).
     said = [
         str(entry[k])
-        for k in ("DeathReasonMessage", "DeathReason", "StateMessage")
-        if entry.get(k) not in (None, "", 0)
+        for k in ("DeathReasonMessage", "StateMessage")
+        if isinstance(entry.get(k), str) and entry[k]
     ]
     return "; ".join(said) or "its raylet stopped answering the GCS's health checks"
 

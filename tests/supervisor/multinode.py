@@ -55,6 +55,7 @@ class WorkerNode:
     sid: int  # the session of its `worker_raylet.py`: every process of the node is in it
     proc: subprocess.Popen[bytes]
     log: IO[str]
+    cpus: int = 1
     node_id: str = ""
 
     def pids(self) -> set[int]:
@@ -72,6 +73,27 @@ class Cluster:
     head: Head
     workers: list[WorkerNode] = field(default_factory=list)
     head_node_id: str = ""
+
+    def replace_worker(self, node_id: str, root: Path) -> WorkerNode:
+        """Stop what is left of worker node `node_id` (a killed node's launcher) and start a
+        fresh node in its place (a new Ray node id, the same CPUs); return it once alive."""
+        old = next(w for w in self.workers if w.node_id == node_id)
+        stop_head(old.sid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            old.proc.wait(timeout=30)
+        old.log.close()
+        new = _start_worker(self.head, root, f"{old.name}x", old.cpus)
+        self.workers[self.workers.index(old)] = new
+        deadline = time.monotonic() + 90
+        while not new.node_id and time.monotonic() < deadline:
+            if new.proc.poll() is not None:
+                raise RuntimeError(f"worker node {new.name} failed to start")
+            for n in _ask_nodes(self.head, expect=len(self.workers) + 1, timeout_s=10):
+                if n["Alive"] and node_resource(new.name) in n["Resources"]:
+                    new.node_id = n["NodeID"]
+        if not new.node_id:
+            raise RuntimeError(f"worker node {new.name} did not join the cluster")
+        return new
 
     def nodes(self) -> list[dict[str, Any]]:
         """Ray's view of the cluster's nodes (`ray.nodes()`), asked from a process of its own."""
@@ -112,7 +134,7 @@ def _start_worker(head: Head, root: Path, name: str, cpus: int) -> WorkerNode:
     proc = subprocess.Popen(
         argv, env=head.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
-    return WorkerNode(name, proc.pid, proc, log)
+    return WorkerNode(name, proc.pid, proc, log, cpus)
 
 
 @contextlib.contextmanager
