@@ -90,6 +90,9 @@ SILENT_GRACE_S = 5.0
 ABORT_S = 10.0
 # No second ping round for the same stall sooner than this.
 PING_EVERY_S = 0.25
+# A rank found lost this long before Ray calls its node dead is counted among the
+# node's lost ranks (Ray's verdict takes the GCS's health-check time, 15 s by default).
+NODE_LOSS_WINDOW_S = 60.0
 
 
 def _ranks_text(ranks: set[int]) -> str:
@@ -126,6 +129,10 @@ class Recovery:
         # the supervisor's report path (`progress`), which wakes the waiting restart.
         self._ticks: dict[int, int] = {}
         self._moved = asyncio.Event()
+        # rank -> (the node its lost process ran on, when it was found lost): a node found
+        # dead after its ranks were found lost on their own (and perhaps replaced already)
+        # still names them (`nodes_lost`).
+        self._lost_on: dict[int, tuple[str, float]] = {}
 
     # ------------------------------------------------------------- detection
     async def check_hangs(self) -> None:
@@ -174,8 +181,15 @@ class Recovery:
         sup = self.sup
         for node in dead:
             self.group.node_died(node.node_id)
-            # Its ranks not yet replaced: running ones, and any already found lost on their own.
-            ranks = sup.slots.on_node(node.node_id, lost_too=True)
+            # Its ranks not yet replaced, and those found lost on their own in the last
+            # NODE_LOSS_WINDOW_S (before Ray's verdict on the node; replaced already, perhaps).
+            now = time.time()
+            earlier = {
+                r for r, (n, at) in self._lost_on.items()
+                if n == node.node_id and now - at <= NODE_LOSS_WINDOW_S
+            }  # fmt: skip
+            current = sup.slots.on_node(node.node_id, lost_too=True)
+            ranks = sorted({*current, *earlier})
             name = placement.label(node.node_id, node.ip)
             reason = (
                 f"node {name} is lost: Ray's GCS lists it dead ({node.reason}); "
@@ -186,7 +200,7 @@ class Recovery:
                 "reason": reason, "detected_at": round(time.time(), 4),
             })  # fmt: skip
             log.warning("node_lost", node=name, ranks=ranks, reason=node.reason)
-            for rank in ranks:
+            for rank in current:  # a replaced rank's new process is elsewhere, and fine
                 self.lost(rank, "node_lost", reason, details={
                     "node": name, "node_id": node.node_id, "node_ranks": ranks,
                 })  # fmt: skip
@@ -199,6 +213,9 @@ class Recovery:
         if (rank, incarnation) in self._reported:
             return
         self._reported.add((rank, incarnation))
+        node = self.sup.slots.slots[rank].node
+        if node is not None:
+            self._lost_on[rank] = (node, time.time())
         if self._replacing(rank):
             self.replacement_failed(rank, reason)
             return
