@@ -10,7 +10,7 @@ import pytest
 
 from tests.supervisor.multinode import NODE_DEATH_S, local_cluster
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_three_nodes_start_and_one_dies_alone() -> None:

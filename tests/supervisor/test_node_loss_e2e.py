@@ -108,3 +108,25 @@ def test_kill_node_loses_two_ranks_both_replaced_on_the_other_node(
     survivor = next(w.node_id[:8] for w in cluster.workers if w.node_id != kill["node_id"])
     assert {n.split()[0] for n in summary["nodes"].values()} == {survivor}
     print("node loss, warm spares:", node_loss_times(tmp_path, summary))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_kill_node_without_spares_starts_both_ranks_cold_on_the_other_node(
+    cluster: Cluster, clean_digest: str, tmp_path: Path
+) -> None:
+    """The same node loss with no warm spare: both ranks are new actors on the surviving node.
+
+    Runs after the warm test, whose victim node is dead: a fresh node takes its place first."""
+    dead = {n["NodeID"] for n in cluster.nodes() if not n["Alive"]}
+    for node_id in dead & {w.node_id for w in cluster.workers}:
+        cluster.replace_worker(node_id, Path(tempfile.mkdtemp(prefix="nx-", dir="/tmp")))
+    fault = {"kind": "kill_node", "at_step": KILL_STEP, "rank": VICTIM}
+    summary = supervised(cluster, tmp_path, spares=0, faults=[fault])
+    assert summary["status"] == "completed", summary
+    assert {r["result"]["params_digest"] for r in summary["ranks"]} == {clean_digest}
+    [lost] = [r for r in read_jsonl(tmp_path / "journal.wal") if r.get("type") == "node_lost"]
+    assert lost["ranks"] == [1, 3]
+    [record] = summary["recoveries"]
+    assert record["replacements"] == {"1": "new actor", "3": "new actor"}, record
+    print("node loss, cold:", node_loss_times(tmp_path, summary))
