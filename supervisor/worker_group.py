@@ -120,6 +120,7 @@ class WorkerGroup:
         self.cluster: list[placement.Node] = []
         self.dead_nodes: set[str] = set()
         self.spare_nodes: dict[str, str | None] = {}
+        self.used_nodes: set[str] = set()  # every node an actor of this group was placed on
 
     def refresh_nodes(self) -> list[placement.Node]:
         """List the cluster's alive nodes again (one call to Ray's GCS)."""
@@ -142,9 +143,13 @@ class WorkerGroup:
         # started now would be cold when the restart looks for one.
 
     def watched_nodes(self) -> set[str]:
-        """The nodes the run's ranks and spares run on (those whose loss matters)."""
+        """The nodes the run's ranks and spares run or ran on, not yet found dead.
+
+        Ran on too: a rank found lost on its own and replaced before Ray's verdict on
+        its node leaves that node, whose loss is still to be journaled.
+        """
         spares = {n for n in self.spare_nodes.values() if n is not None}
-        return (set(self.rank_nodes().values()) | spares) - self.dead_nodes
+        return (self.used_nodes | set(self.rank_nodes().values()) | spares) - self.dead_nodes
 
     def rank_nodes(self) -> dict[int, str]:
         """rank -> the Ray node id its current process runs on, where known."""
@@ -340,6 +345,7 @@ class WorkerGroup:
             self.slots.slots[rank].pid = pid
             if len(answer) > 2:  # an actor of an older version says no node id
                 self.slots.slots[rank].node = str(answer[2])
+                self.used_nodes.add(str(answer[2]))
 
     def run_refs(self) -> list[ray.ObjectRef]:
         return list(self._refs)
