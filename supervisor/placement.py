@@ -48,9 +48,9 @@ class Node:
 
 
 def label(node_id: str, ip: str | None = None) -> str:
-    """A node as people read it: the first 8 hex digits of its Ray id, and its address."""
+    """A node as people read it: the first 8 hex digits of its Ray id, `@` its address."""
     short = node_id[:8]
-    return f"{short} ({ip})" if ip else short
+    return f"{short}@{ip}" if ip else short
 
 
 def nodes_from_ray(listing: Iterable[dict[str, Any]]) -> list[Node]:

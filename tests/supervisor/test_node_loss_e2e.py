@@ -56,7 +56,7 @@ def clean_digest(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> 
     summary = supervised(cluster, tmp_path_factory.mktemp("clean"), spares=0)
     assert summary["status"] == "completed", summary
     workers = {w.node_id[:8] for w in cluster.workers}
-    on = {r: n.split()[0] for r, n in summary["nodes"].items()}
+    on = {r: n.split("@")[0] for r, n in summary["nodes"].items()}
     # Off the supervisor's (head) node, two ranks on each worker node.
     assert sorted(on.values()) == sorted([*workers, *workers]), (on, workers)
     assert on["1"] == on["3"] != on["0"] == on["2"]
@@ -106,7 +106,7 @@ def test_kill_node_loses_two_ranks_both_replaced_on_the_other_node(
     assert set(record["replacements"].values()) == {"warm spare"}, record
     # Every rank now runs on the surviving worker node: none on the dead one, none on the head.
     survivor = next(w.node_id[:8] for w in cluster.workers if w.node_id != kill["node_id"])
-    assert {n.split()[0] for n in summary["nodes"].values()} == {survivor}
+    assert {n.split("@")[0] for n in summary["nodes"].values()} == {survivor}
     print("node loss, warm spares:", node_loss_times(tmp_path, summary))
 
 

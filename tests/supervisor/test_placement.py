@@ -44,7 +44,7 @@ def test_a_spare_goes_where_fewest_actors_are_and_avoids_the_lost_ranks_node() -
 
 
 def test_ray_listing_keeps_alive_nodes_and_labels_read_short() -> None:
-    """Dead nodes are left out of `ray.nodes()`'s listing; a label is 8 hex digits and the address."""
+    """Dead nodes are left out of `ray.nodes()`'s listing; a label is 8 hex digits @ the address."""
     listing = [
         {"NodeID": W2.node_id, "Alive": True, "NodeManagerAddress": "127.0.0.1",
          "Resources": {"CPU": 2.0}},
@@ -52,5 +52,5 @@ def test_ray_listing_keeps_alive_nodes_and_labels_read_short() -> None:
          "Resources": {}},
     ]  # fmt: skip
     assert nodes_from_ray(listing) == [W2]
-    assert label(W1.node_id, "127.0.0.1") == "aaaaaaaa (127.0.0.1)"
+    assert label(W1.node_id, "127.0.0.1") == "aaaaaaaa@127.0.0.1"
     assert label(W1.node_id) == "aaaaaaaa"
