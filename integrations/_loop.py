@@ -125,6 +125,7 @@ class LoopGuard:
             self.rank,
             run_dir=self.run_dir,
             kill_supervisor=getattr(self.reporter, "kill_supervisor", None),
+            kill_node=getattr(self.reporter, "kill_node", None),
         )
         # A fault that cannot fire here is refused before the first step, never a no-op.
         self.injector.check(

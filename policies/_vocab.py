@@ -31,6 +31,9 @@ ANOMALY_KINDS: Final[tuple[str, ...]] = (
     "collective_slow",
     "rank_hang",
     "rank_dead",
+    # A whole Ray node is gone (Ray's GCS calls it dead): one event for each of its
+    # ranks, found together, with `details["node"]` naming it.
+    "node_lost",
     "straggler",
     "gpu_thermal",
     "gpu_throttle",

@@ -35,9 +35,10 @@ from typing import Any
 
 import ray
 import structlog
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.policies import Decision, Engine, Policy, PolicyError
-from remedy.supervisor import liveness
+from remedy.supervisor import liveness, placement
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import Notify, log_notify
@@ -54,6 +55,7 @@ from remedy.supervisor.job_state import (
     Started,
     TransitionError,
 )
+from remedy.supervisor.node_watch import NodeWatch
 from remedy.supervisor.notify import NOTIFICATIONS_FILE, Notifier, env_sinks
 from remedy.supervisor.policy_source import (
     is_policy_file,
@@ -88,13 +90,19 @@ RECENT_DECISIONS = 5
 
 
 def launch_supervisor(spec: RunSpec) -> Any:
-    """Create the supervisor of `spec` (named, detached, restarted by Ray after a crash)."""
+    """Create the supervisor of `spec` (named, detached, restarted by Ray after a crash).
+
+    It runs on the node of the process that calls this (`remedy run`'s), and Ray
+    restarts it there: the ranks go to the other nodes (`supervisor.placement`).
+    """
+    home = ray.get_runtime_context().get_node_id()
     return SupervisorActor.options(  # type: ignore[attr-defined]
         name=supervisor_name(spec.run_id),
         namespace=NAMESPACE,
         lifetime="detached",
         max_restarts=-1,
         max_task_retries=-1,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(home, soft=False),
     ).remote(spec.to_dict())
 
 
@@ -140,6 +148,7 @@ class SupervisorActor:
             journal=self.run_dir.wal, max_targeted=self.spec.max_targeted_restarts
         )
         self.watch = HangWatch(HangWatchConfig(**self.spec.hang_watch))  # type: ignore[arg-type]
+        self.node_watch = NodeWatch()
         self.rendezvous = Rendezvous()
         self.group: WorkerGroup | None = None
         self.recovery: Recovery | None = None
@@ -414,6 +423,33 @@ class SupervisorActor:
             return {"commands": commands, "settled": settled}
         return commands
 
+    async def chaos_kill_node(self, token: Any, rank: int, node_id: str) -> dict[str, Any]:
+        """Chaos (`kill_node`): may `rank` kill its node `node_id`? Journaled, either way, first.
+
+        Never the node this supervisor runs on, nor the cluster's head node: the
+        fault takes a worker node away, as a real node loss does.
+        """
+        self._require(token, "chaos_kill_node")
+        home = ray.get_runtime_context().get_node_id()
+        listing = {str(n.get("NodeID")): n for n in ray.nodes()}
+        node = listing.get(node_id, {})
+        name = placement.label(node_id, node.get("NodeManagerAddress"))
+        reason = f"rank {rank} asked to kill its node {name}"
+        if node_id == home:
+            kill, reason = False, f"{reason}: refused, the supervisor runs on that node"
+        elif "node:__internal_head__" in (node.get("Resources") or {}):
+            kill, reason = False, f"{reason}: refused, it is the cluster's head node"
+        else:
+            kill = True
+        record = {
+            "type": "chaos_kill_node", "rank": rank, "node": name, "node_id": node_id,
+            "ranks": self.slots.on_node(node_id), "outcome": "killing" if kill else "refused",
+            "reason": reason, "at": round(time.time(), 4),
+        }  # fmt: skip
+        self.run_dir.wal(record)
+        log.warning("chaos_kill_node", **{k: v for k, v in record.items() if k != "type"})
+        return {"kill": kill, "reason": reason}
+
     async def where(self) -> tuple[str, int, float]:
         """(node address, pid, process start time) of this supervisor's process: what a watcher
         kills when it stops answering (`supervisor.liveness`), and the `kill_supervisor` fault."""
@@ -514,6 +550,7 @@ class SupervisorActor:
             "policy": self.controller.engine.policy.name,
             "job": self.job.state.to_dict(),
             "slots": self.slots.records(),
+            "nodes": self.rank_nodes(),
         }
 
     async def start(self) -> None:
@@ -603,6 +640,7 @@ class SupervisorActor:
                     next_poll = time.monotonic() + RESULT_POLL_S
                     for rank, result in (await group.poll_adopted()).items():
                         self._adopted_result(rank, result)
+                await self.check_nodes(group)
                 if self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED):
                     await self.recovery.check_hangs()
                     self.recovery.check_back()
@@ -621,6 +659,14 @@ class SupervisorActor:
             with contextlib.suppress(ray.exceptions.RayError):
                 kill_run_actors(self.spec.run_id)  # any a crash left out of the records
         return self._finish()
+
+    async def check_nodes(self, group: WorkerGroup, *, now: bool = False) -> None:
+        """On a cluster of several nodes: the nodes of the run Ray calls dead lose their ranks."""
+        if len(group.cluster) <= 1 or self.recovery is None:
+            return
+        dead = await self.node_watch.new_dead(group.watched_nodes(), now=now)
+        if dead:
+            self.recovery.nodes_lost(dead)
 
     async def _adopt(self, group: WorkerGroup, record: dict[str, Any]) -> None:
         """Take over the ranks of the supervisor before this one."""
@@ -671,9 +717,25 @@ class SupervisorActor:
         return outcome, f"{detail}; {sent}" if sent else detail
 
     def _node_of(self, rank: int) -> str | None:
-        """The node `rank`'s current process runs on, once the group has learnt it."""
+        """The node `rank`'s current process runs on, once the group has learnt it.
+
+        Its Ray node id's first 8 hex digits and its address (`placement.label`),
+        or the address alone where the node id is not known.
+        """
         where = self.group.pids.get(rank) if self.group is not None else None
-        return where[0] if where is not None else None
+        if where is None:
+            return None
+        slot = self.slots.slots.get(rank)
+        return placement.label(slot.node, where[0]) if slot and slot.node else where[0]
+
+    def rank_nodes(self) -> dict[str, str]:
+        """rank -> the node label of its current process (`placement.label`), where known."""
+        out = {}
+        for rank in sorted(self.slots.slots):
+            node = self._node_of(rank)
+            if node is not None:
+                out[str(rank)] = node
+        return out
 
     def _group_action(self, d: Decision) -> tuple[str, str] | None:
         """restart_rank: replace the decision's ranks asynchronously (resolved when done)."""
@@ -695,6 +757,9 @@ class SupervisorActor:
                 return  # remedy killed this process itself to replace it
             result = {"rank": rank, "status": "failed", "error": f"rank process died: {exc}"}
             self.rank_results[rank] = result
+            # Its node may be what died: then the node's loss is what is reported (for all its
+            # ranks at once), and this rank's own loss is a part of it.
+            await self.check_nodes(group, now=True)
             assert self.recovery is not None
             self.recovery.lost(rank, "rank_dead", f"rank {rank}'s process died", details={
                 "error": str(exc)[:300], "incarnation": incarnation,
@@ -785,6 +850,8 @@ class SupervisorActor:
             "supervisor_outages": outages,
             "supervisor_outage_s": round(sum(o["duration_s"] for o in outages), 3),
             "wall_s": round(ended - self.started, 2),
+            # Where each rank's last process ran, and the nodes lost meanwhile.
+            "nodes": self.rank_nodes(),
             "ranks": results,
         }
         if error is not None:

@@ -139,6 +139,13 @@ def _parser() -> argparse.ArgumentParser:
         help="GPUs per rank (default: 1 if the cluster has one per rank, else 0)",
     )
     run.add_argument(
+        "--placement",
+        choices=("spread", "pack"),
+        default="spread",
+        help="on a cluster of several nodes: spread the ranks round-robin over the nodes other "
+        "than the supervisor's, or pack each node up to its CPUs in turn (default: spread)",
+    )
+    run.add_argument(
         "--supervisor-timeout",
         type=_seconds,
         default=None,
@@ -330,6 +337,7 @@ def _run(args: argparse.Namespace) -> int:
             verbose=args.verbose,
             notify_env=_notify_env(policy_loaded.notify),
             supervisor_timeout_s=args.supervisor_timeout,
+            placement=args.placement,
         )
         claim = claim_run_dir(
             Path(spec.run_dir),

@@ -93,9 +93,9 @@ class RankActor:
         return self.membership.status()
 
     @ray.method(concurrency_group=CONTROL)
-    def where(self) -> tuple[str, int]:
-        """(node address, pid) of this actor's process, for a fast kill."""
-        return ray.util.get_node_ip_address(), os.getpid()
+    def where(self) -> tuple[str, int, str]:
+        """(node address, pid, Ray node id) of this actor's process: a fast kill, and its node."""
+        return ray.util.get_node_ip_address(), os.getpid(), ray.get_runtime_context().get_node_id()
 
     @ray.method(concurrency_group=CONTROL)
     def regroup(

@@ -50,6 +50,7 @@ class Slot:
     state: SlotState = SlotState.STARTING
     last_seq: int = 0  # the highest batch number taken
     pid: int | None = None
+    node: str | None = None  # the Ray node id of the process that fills it now
     last_at: float = 0.0  # when `last_seq` was accepted or the slot opened (this process's clock)
     # Numbers below `last_seq` not taken yet (within SEQ_WINDOW of it): every
     # other number up to `last_seq` was taken. Empty while batches come in order.
@@ -63,6 +64,7 @@ class Slot:
             "last_seq": self.last_seq,
             "gaps": sorted(self.gaps),
             "pid": self.pid,
+            "node": self.node,
         }
 
 
@@ -95,6 +97,7 @@ class RankSlots:
                 SlotState(r["state"]),
                 int(r["last_seq"]),
                 r.get("pid"),
+                r.get("node"),
                 slots._clock(),
                 {int(q) for q in r.get("gaps", [])},
             )
@@ -167,6 +170,7 @@ class RankSlots:
         self._note_gaps(slot)
         slot.last_at = self._clock()
         slot.pid = None
+        slot.node = None
         return slot.incarnation
 
     def incarnation(self, rank: int) -> int:
@@ -174,6 +178,14 @@ class RankSlots:
 
     def end(self, rank: int) -> None:
         self.slots[rank].state = SlotState.ENDED
+
+    def on_node(self, node_id: str, *, lost_too: bool = False) -> list[int]:
+        """The ranks whose current process runs on node `node_id`, not ended (nor lost, unless
+        `lost_too`: a lost rank keeps its node until its slot is opened for a replacement)."""
+        states = {SlotState.STARTING, SlotState.RUNNING}
+        if lost_too:
+            states.add(SlotState.LOST)
+        return [r for r, s in self.slots.items() if s.node == node_id and s.state in states]
 
     def live(self) -> list[int]:
         return [r for r, s in self.slots.items() if s.state is not SlotState.LOST]

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from remedy.policies import AnomalyEvent, Decision
-from remedy.supervisor import waits
+from remedy.supervisor import placement, waits
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.job_state import (
     Phase,
@@ -67,6 +67,7 @@ from remedy.workers.checkpoint_store import checkpoint_tick, committed_steps
 
 if TYPE_CHECKING:
     from remedy.supervisor.actor import SupervisorActor
+    from remedy.supervisor.node_watch import DeadNode
     from remedy.supervisor.worker_group import WorkerGroup
 
 log = structlog.get_logger("remedy.recovery")
@@ -89,6 +90,9 @@ SILENT_GRACE_S = 5.0
 ABORT_S = 10.0
 # No second ping round for the same stall sooner than this.
 PING_EVERY_S = 0.25
+# A rank found lost this long before Ray calls its node dead is counted among the
+# node's lost ranks (Ray's verdict takes the GCS's health-check time, 15 s by default).
+NODE_LOSS_WINDOW_S = 60.0
 
 
 def _ranks_text(ranks: set[int]) -> str:
@@ -125,6 +129,10 @@ class Recovery:
         # the supervisor's report path (`progress`), which wakes the waiting restart.
         self._ticks: dict[int, int] = {}
         self._moved = asyncio.Event()
+        # rank -> (the node its lost process ran on, when it was found lost): a node found
+        # dead after its ranks were found lost on their own (and perhaps replaced already)
+        # still names them (`nodes_lost`).
+        self._lost_on: dict[int, tuple[str, float]] = {}
 
     # ------------------------------------------------------------- detection
     async def check_hangs(self) -> None:
@@ -150,6 +158,10 @@ class Recovery:
                 watch.beat(rank, int(p.get("tick", -1)), answered)
         # Judged against who is still stalled after the ping (reports may have come meanwhile).
         verdict = watch.judge(pings, watch.suspects(answered), now=answered)
+        if verdict.hung or verdict.dead:
+            # Their node may be what died: its loss is then reported first, for all its
+            # ranks at once, and their own losses below are parts of it (reported once).
+            await self.sup.check_nodes(self.group, now=True)
         for rank in verdict.hung:
             age = self.sup.watch.age(rank, now)
             self.lost(rank, "rank_hang", (
@@ -159,6 +171,40 @@ class Recovery:
         for rank in verdict.dead:
             self.lost(rank, "rank_dead", f"rank {rank}'s process is gone")
 
+    def nodes_lost(self, dead: list[DeadNode]) -> None:
+        """Nodes Ray calls dead: every rank on them is lost at once, journaled with the node.
+
+        The first of a node's ranks goes to the policy as `node_lost`; the others,
+        lost in the same instant, join the restart it decides (`_join`), so one
+        restart replaces them all, on the surviving nodes (`WorkerGroup.dead_nodes`).
+        """
+        sup = self.sup
+        for node in dead:
+            self.group.node_died(node.node_id)
+            # Its ranks not yet replaced, and those found lost on their own in the last
+            # NODE_LOSS_WINDOW_S (before Ray's verdict on the node; replaced already, perhaps).
+            now = time.time()
+            earlier = {
+                r for r, (n, at) in self._lost_on.items()
+                if n == node.node_id and now - at <= NODE_LOSS_WINDOW_S
+            }  # fmt: skip
+            current = sup.slots.on_node(node.node_id, lost_too=True)
+            ranks = sorted({*current, *earlier})
+            name = placement.label(node.node_id, node.ip)
+            reason = (
+                f"node {name} is lost: Ray's GCS lists it dead ({node.reason}); "
+                f"{_ranks_text(set(ranks)) if ranks else 'no rank'} ran on it"
+            )
+            sup.run_dir.wal({
+                "type": "node_lost", "node": name, "node_id": node.node_id, "ranks": ranks,
+                "reason": reason, "detected_at": round(time.time(), 4),
+            })  # fmt: skip
+            log.warning("node_lost", node=name, ranks=ranks, reason=node.reason)
+            for rank in current:  # a replaced rank's new process is elsewhere, and fine
+                self.lost(rank, "node_lost", reason, details={
+                    "node": name, "node_id": node.node_id, "node_ranks": ranks,
+                })  # fmt: skip
+
     def lost(
         self, rank: int, kind: str, reason: str, *, details: dict[str, Any] | None = None
     ) -> None:
@@ -167,6 +213,9 @@ class Recovery:
         if (rank, incarnation) in self._reported:
             return
         self._reported.add((rank, incarnation))
+        node = self.sup.slots.slots[rank].node
+        if node is not None:
+            self._lost_on[rank] = (node, time.time())
         if self._replacing(rank):
             self.replacement_failed(rank, reason)
             return
@@ -276,7 +325,7 @@ class Recovery:
         why = f"{reason}; not replaced: {said or 'no rule of the policy answered it'}"
         # Its peers cannot take one more step without a dead rank: waiting for them to
         # time out of their regroup wait ends the same way, minutes later.
-        ending = kind == "rank_dead" and sup.controller.abort_reason is None
+        ending = kind in ("rank_dead", "node_lost") and sup.controller.abort_reason is None
         if ending:
             why += "; the run cannot go on without it: ending it"
         sup.job.step(RanksUnreplaced(frozenset({rank}), why))
@@ -644,6 +693,10 @@ class Recovery:
         grace = max(BLOCKED_GRACE_S, *(3 * sup.watch.p99(r) for r in live))
         deadline = time.monotonic() + grace
         while True:
+            # A survivor that joined the restart meanwhile (its node found lost) is not waited on.
+            live = [r for r in live if r not in self._joining]
+            if not live:
+                return []
             pings = await self.group.ping_all(sup.watch.config.ping_timeout_s, ranks=live)
             still = [
                 r
@@ -702,6 +755,19 @@ class Recovery:
                 )
             blocked = await self._blocked(live)
             self._marks["survivors_checked"] = time.time()
+            joined = [r for r in live if r in self._joining]
+            if joined:
+                # Lost while this attempt waited on the survivors (the rest of a lost node's
+                # ranks, found by Ray's verdict on the node): replaced with the others, now.
+                for r in joined:
+                    self._joined[r] = self._joining.pop(r)
+                    self._ticks[r] = -1
+                    sup.slots.lose(r)
+                    self.group.kill(r)
+                ranks[:] = sorted({*ranks, *joined})
+                live = [r for r in live if r not in joined]
+                if not live:
+                    raise RestartError("no healthy rank is left to take the state from")
             if blocked:
                 # gloo: a survivor waiting on a peer that itself left the collective
                 # (not on the killed rank) stays blocked until that peer's process

@@ -36,6 +36,7 @@ import ray
 import structlog
 
 from remedy.supervisor import liveness
+from remedy.workers import process_faults
 
 log = structlog.get_logger("remedy.reporter")
 
@@ -130,6 +131,24 @@ class RayReporter:
             os.kill(pid, signal.SIGKILL)
         else:
             ray.kill(self.supervisor, no_restart=False)
+
+    def kill_node(self) -> str:
+        """Chaos: SIGKILL this rank's Ray node, raylet and all; returns only to say why not.
+
+        The supervisor is asked first and journals the kill (or the refusal) before
+        it happens: it refuses the node it runs on itself, and the cluster's head.
+        """
+        node = ray.get_runtime_context().get_node_id()
+        answer = ray.get(
+            self.supervisor.chaos_kill_node.remote(self.token, self.rank, node), timeout=30
+        )
+        if not answer.get("kill"):
+            return str(answer.get("reason"))
+        try:
+            process_faults.kill_node()
+        except ProcessLookupError as exc:
+            return str(exc)
+        return "the node was killed, yet this process lives on"  # not reached: SIGKILL
 
     @property
     def supervisor_lost(self) -> str | None:

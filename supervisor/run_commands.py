@@ -128,6 +128,7 @@ def _ended_status(ref: RunRef, summary: dict[str, Any]) -> dict[str, Any]:
         "recent_decisions": [_brief(d) for d in decisions[-RECENT_DECISIONS:]],
         "policy": summary.get("policy"),
         "stop_reason": summary.get("stop_reason"),
+        "nodes": summary.get("nodes", {}),
         "wall_s": summary.get("wall_s"),
         "run_dir": str(ref.run_dir),
         "ended": True,

@@ -61,11 +61,16 @@ class RunSpec:
     # `--resume-from`: the run every rank starts from (`resume.ResumePoint.to_dict`:
     # its run directory, the checkpoint step, how many ranks wrote it); empty for a fresh start.
     resume: dict[str, Any] = field(default_factory=dict)
+    # Where ranks run on a cluster of several nodes (`supervisor.placement`): `spread`
+    # round-robin over the nodes other than the supervisor's, `pack` fills each in turn.
+    placement: str = "spread"
 
     def __post_init__(self) -> None:
         if not self.run_dir:
             self.run_dir = os.path.join("runs", self.run_id)
         self.run_dir = os.path.abspath(os.path.expanduser(self.run_dir))
+        if self.placement not in ("spread", "pack"):
+            raise ValueError(f"placement must be spread or pack, not {self.placement!r}")
         if self.spares is None:
             self.spares = 1 if self.workers > 1 else 0
         if self.threads_per_rank is None:

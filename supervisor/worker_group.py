@@ -16,6 +16,12 @@ supervisor `adopt`s the actors again by name. It does not own their `run`
 calls, so it learns that an adopted rank finished from `RankActor.result`
 (`poll_adopted`). The supervisor kills every actor of its run at the end
 (`shutdown`, then `kill_run_actors` for any a crash left unrecorded).
+
+Where each actor runs is planned over the cluster's alive nodes
+(`supervisor.placement`): ranks off the supervisor's node where there is
+another, spread or packed, spares where the fewest actors are, and a
+replacement from a spare on another node than the rank it replaces. Each
+rank's Ray node id is learnt with its pid (`where`) and kept in its slot.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from typing import Any
 
 import ray
 import structlog
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from remedy.supervisor import placement
 from remedy.supervisor.exceptions import WaitTimeout
 from remedy.supervisor.hang_watch import DEAD, NO_ANSWER
 from remedy.supervisor.rank import RankActor
@@ -108,11 +116,56 @@ class WorkerGroup:
         # The ranks hold at a flagged step's boundary for its decision (workers.flag_hold).
         self.hold_on_flag = False
         self._refilling: asyncio.Task[None] | None = None
+        # Placement: the supervisor's node, the alive nodes as last listed (minus those
+        # found dead since), and the node each spare was placed on.
+        self.home = ray.get_runtime_context().get_node_id()
+        self.cluster: list[placement.Node] = []
+        self.dead_nodes: set[str] = set()
+        self.spare_nodes: dict[str, str | None] = {}
+        self.used_nodes: set[str] = set()  # every node an actor of this group was placed on
 
-    def _new_actor(self, name: str) -> Any:
+    def refresh_nodes(self) -> list[placement.Node]:
+        """List the cluster's alive nodes again (one call to Ray's GCS)."""
+        listed = placement.nodes_from_ray(ray.nodes())
+        self.cluster = [n for n in listed if n.node_id not in self.dead_nodes]
+        return self.cluster
+
+    def node_died(self, node_id: str) -> None:
+        """Ray calls `node_id` dead: nothing is placed there again, and its spares are dropped."""
+        self.dead_nodes.add(node_id)
+        self.cluster = [n for n in self.cluster if n.node_id != node_id]
+        for name in [n for n, at in self.spare_nodes.items() if at == node_id]:
+            i = self.spare_names.index(name)
+            actor = self.spares.pop(i)
+            self.spare_names.pop(i)
+            self.spare_nodes.pop(name, None)
+            with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                ray.kill(actor, no_restart=True)
+        # Refilled on the surviving nodes once the restart is done (`refill_spares`): a spare
+        # started now would be cold when the restart looks for one.
+
+    def watched_nodes(self) -> set[str]:
+        """The nodes the run's ranks and spares run or ran on, not yet found dead.
+
+        Ran on too: a rank found lost on its own and replaced before Ray's verdict on
+        its node leaves that node, whose loss is still to be journaled.
+        """
+        spares = {n for n in self.spare_nodes.values() if n is not None}
+        return (self.used_nodes | set(self.rank_nodes().values()) | spares) - self.dead_nodes
+
+    def rank_nodes(self) -> dict[int, str]:
+        """rank -> the Ray node id its current process runs on, where known."""
+        return {r: s.node for r, s in self.slots.slots.items() if s.node is not None}
+
+    def _new_actor(self, name: str, node: str | None = None) -> Any:
         options: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "lifetime": "detached"}
         if self.spec.gpus_per_rank:
             options["num_gpus"] = self.spec.gpus_per_rank
+        if node is not None and len(self.cluster) > 1:
+            # Hard: Ray's soft affinity placed zero-CPU actors on other nodes than asked
+            # (seen with Ray 2.60). An actor sent to a node that died before Ray knew fails,
+            # and its replacement is placed again among the nodes alive then (`relaunch`).
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
         return RankActor.options(**options).remote(  # type: ignore[attr-defined]
             run_id=self.spec.run_id,
             run_dir=self.spec.run_dir,
@@ -129,18 +182,38 @@ class WorkerGroup:
         """What every rank's WorkerContext takes from the run, besides who it is."""
         return {"hold_on_flag": self.hold_on_flag}
 
-    def _new_rank(self, rank: int) -> tuple[Any, str]:
+    def _new_rank(
+        self, rank: int, node: str | None = None, *, avoid: set[str] | None = None
+    ) -> tuple[Any, str]:
+        """A new actor for `rank`: on `node`, else on the least loaded node not in `avoid`."""
         name = rank_name(self.spec.run_id, rank, self.slots.incarnation(rank))
-        return self._new_actor(name), name
+        if node is None and len(self.cluster) > 1:
+            used = [n for r, n in self.rank_nodes().items() if r != rank]
+            node = placement.least_loaded(
+                self.cluster, used, home=self.home, avoid=(avoid or set()) | self.dead_nodes
+            )
+        return self._new_actor(name, node), name
 
     def _new_spare(self) -> None:
         self.next_spare += 1
         name = spare_name(self.spec.run_id, self.next_spare)
-        self.spares.append(self._new_actor(name))
+        node = None
+        if len(self.cluster) > 1:
+            used = [*self.rank_nodes().values(), *(n for n in self.spare_nodes.values() if n)]
+            node = placement.least_loaded(self.cluster, used, home=self.home, avoid=self.dead_nodes)
+        self.spares.append(self._new_actor(name, node))
         self.spare_names.append(name)
+        self.spare_nodes[name] = node
 
-    def _take_spare(self) -> tuple[Any, str]:
-        return self.spares.pop(0), self.spare_names.pop(0)
+    def _take_spare(self, avoid: set[str] | None = None) -> tuple[Any, str]:
+        """The first spare not on a node of `avoid` (or a dead one), else the first spare."""
+        shun = (avoid or set()) | self.dead_nodes
+        i = next(
+            (i for i, n in enumerate(self.spare_names) if self.spare_nodes.get(n) not in shun), 0
+        )
+        name = self.spare_names.pop(i)
+        self.spare_nodes.pop(name, None)
+        return self.spares.pop(i), name
 
     def _faults(self, rank: int) -> list[dict[str, Any]]:
         return [f for f in self.spec.faults if f.get("rank", 0) in (None, rank)]
@@ -176,10 +249,17 @@ class WorkerGroup:
     async def start(self) -> None:
         """Create every rank (and the warm spares) and start training in generation 0."""
         resume = self.spec.resume.get("step")  # --resume-from: every rank starts from it
+        self.refresh_nodes()
+        where = placement.plan(
+            self.cluster, self.spec.workers, strategy=self.spec.placement, home=self.home
+        )
         for rank in range(self.spec.workers):
+            node = where[rank] if where else None
+            self.slots.slots[rank].node = node  # planned; `_learn_pids` sets where it landed
             self._launch(
-                rank, *self._new_rank(rank), generation=0, adopt_from=None, resume_step=resume
-            )
+                rank, *self._new_rank(rank, node), generation=0, adopt_from=None,
+                resume_step=resume,
+            )  # fmt: skip
         for _ in range(self.spec.spares or 0):
             self._new_spare()
         await self._learn_pids(list(self.actors))
@@ -192,6 +272,8 @@ class WorkerGroup:
             "names": {str(r): n for r, n in self.names.items()},
             "spares": list(self.spare_names),
             "next_spare": self.next_spare,
+            "spare_nodes": dict(self.spare_nodes),
+            "dead_nodes": sorted(self.dead_nodes),
         }
 
     async def adopt(self, record: dict[str, Any], ranks: list[int]) -> list[int]:
@@ -201,6 +283,9 @@ class WorkerGroup:
         """
         self.generation = int(record["generation"])
         self.next_spare = int(record["next_spare"])
+        self.dead_nodes = {str(n) for n in record.get("dead_nodes", [])}
+        placed = record.get("spare_nodes", {})
+        self.refresh_nodes()
         names = {int(r): str(n) for r, n in record["names"].items()}
         missing = []
         for rank in ranks:
@@ -218,6 +303,7 @@ class WorkerGroup:
                 with contextlib.suppress(ValueError):
                     self.spares.append(ray.get_actor(name, namespace=NAMESPACE))
                     self.spare_names.append(name)
+                    self.spare_nodes[name] = placed.get(name)
                     self.next_spare = max(self.next_spare, int(name.rsplit("-", 1)[1]))
         live = [r for r in ranks if r not in missing]
         with contextlib.suppress(ray.exceptions.RayError, asyncio.TimeoutError, WaitTimeout):
@@ -260,9 +346,13 @@ class WorkerGroup:
             raise WaitTimeout(
                 f"ranks {ranks} did not say where they run within {WHERE_TIMEOUT_S:g}s"
             ) from None
-        for rank, (node, pid) in zip(ranks, found, strict=True):
+        for rank, answer in zip(ranks, found, strict=True):
+            node, pid = answer[0], answer[1]
             self.pids[rank] = (node, pid)
             self.slots.slots[rank].pid = pid
+            if len(answer) > 2:  # an actor of an older version says no node id
+                self.slots.slots[rank].node = str(answer[2])
+                self.used_nodes.add(str(answer[2]))
 
     def run_refs(self) -> list[ray.ObjectRef]:
         return list(self._refs)
@@ -333,8 +423,12 @@ class WorkerGroup:
     async def replace(self, ranks: list[int], *, source: int) -> dict[str, Any]:
         """Kill `ranks`, start their replacements in the next generation, order survivors to regroup."""
         t0 = time.perf_counter()
+        # Each replacement goes to another node than the one its rank was lost on.
+        old = {r: self.slots.slots[r].node for r in ranks}
         for rank in ranks:
             self.kill(rank)
+        if len(self.cluster) > 1:
+            self.refresh_nodes()
         self.generation += 1
         generation = self.generation
         how: dict[int, str] = {}
@@ -342,7 +436,8 @@ class WorkerGroup:
         skipped: list[str] = []
         for rank in ranks:
             self.slots.replace(rank)
-            (actor, name), how[rank] = await self._spare_or_new(rank, skipped)
+            avoid = {n for n in [old[rank]] if n is not None}
+            (actor, name), how[rank] = await self._spare_or_new(rank, skipped, avoid)
             self._launch(rank, actor, name, generation=generation, adopt_from=source)
             new.append(rank)
         for rank, actor in self.actors.items():
@@ -361,10 +456,17 @@ class WorkerGroup:
     async def relaunch(self, ranks: list[int], *, source: int) -> dict[str, Any]:
         """Start new actors for replacements that failed, into the same generation."""
         t0 = time.perf_counter()
+        if len(self.cluster) > 1:
+            self.refresh_nodes()
         for rank in ranks:
+            old = self.slots.slots[rank].node
             self.kill(rank)
             self.slots.replace(rank)
-            self._launch(rank, *self._new_rank(rank), generation=self.generation, adopt_from=source)
+            avoid = {old} if old is not None else set()
+            self._launch(
+                rank, *self._new_rank(rank, avoid=avoid), generation=self.generation,
+                adopt_from=source,
+            )  # fmt: skip
         await self._learn_pids(ranks)
         return {
             "generation": self.generation,
@@ -383,6 +485,8 @@ class WorkerGroup:
         ranks = list(range(self.spec.workers))
         for rank in ranks:
             self.kill(rank)
+        if len(self.cluster) > 1:
+            self.refresh_nodes()
         self.generation += 1
         how: dict[int, str] = {}
         skipped: list[str] = []
@@ -411,8 +515,12 @@ class WorkerGroup:
         for rank in list(self.actors):
             self.kill(rank)
 
-    async def _spare_or_new(self, rank: int, skipped: list[str]) -> tuple[tuple[Any, str], str]:
+    async def _spare_or_new(
+        self, rank: int, skipped: list[str], avoid: set[str] | None = None
+    ) -> tuple[tuple[Any, str], str]:
         """(actor, its name) of a warm spare that answers a ping, else of a new actor; and which.
+
+        Spares on another node than those of `avoid` (the lost rank's) are taken first.
 
         A spare that does not answer within `SPARE_PING_S` is killed and its name
         added to `skipped`; a fresh spare replaces it (off the critical path: it
@@ -420,7 +528,7 @@ class WorkerGroup:
         """
         chosen: tuple[tuple[Any, str], str] | None = None
         while self.spares and chosen is None:
-            actor, name = self._take_spare()
+            actor, name = self._take_spare(avoid)
             if await _answers(actor, SPARE_PING_S):
                 chosen = (actor, name), "warm spare"
                 break
@@ -433,7 +541,7 @@ class WorkerGroup:
         for _ in skipped:
             if len(self.spares) < (self.spec.spares or 0):
                 self._new_spare()
-        return chosen or ((self._new_rank(rank)), "new actor")
+        return chosen or (self._new_rank(rank, avoid=avoid), "new actor")
 
     def refill_spares(self) -> None:
         """Start spares up to the configured count (their start is off the critical path)."""
@@ -446,6 +554,7 @@ class WorkerGroup:
         self.actors.clear()
         self.spares.clear()
         self.spare_names.clear()
+        self.spare_nodes.clear()
         self.adopted.clear()
 
 

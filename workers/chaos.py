@@ -8,7 +8,7 @@ as one located line, `FILE:LINE:COL: error: ...`, before anything runs.
 
 Two kinds of fault model two kinds of real trouble:
 - transient faults (`nan_loss`, `nan_grad`, `grad_explosion`, `oom`,
-  `kill_rank`, `kill_supervisor`) fire once per run, the first time their step executes: a
+  `kill_rank`, `kill_supervisor`, `kill_node`) fire once per run, the first time their step executes: a
   replay after a rollback, or in a replacement rank, is clean, as it is
   after a flipped bit or a one-off kernel error;
 - data faults (`loss_spike`) poison batches: when the fault first fires it
@@ -109,6 +109,9 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "checkpoint_write_error": "the next `duration` durable checkpoint writes from the step fail "
     "with a real EFBIG: the rank's file-size limit (RLIMIT_FSIZE) is 0 while it writes, so every "
     "retry fails and the store raises CheckpointError (once per run)",
+    "kill_node": "the Ray node the rank runs on is killed (SIGKILL to its raylet and every process "
+    "below it) at the start of the step (once per run); refused, and journaled, when the "
+    "supervisor runs on that node",
 }
 SUPPORTED_FAULTS = frozenset(FAULT_DESCRIPTIONS)
 
@@ -128,6 +131,7 @@ FAULT_SIGNS: dict[str, tuple[str, ...]] = {
     "slow_collective": ("collective_slow", "straggler", "rank_hang"),
     "corrupt_checkpoint": ("checkpoint_corrupt",),
     "kill_supervisor": (),
+    "kill_node": ("node_lost", "rank_dead", "rank_hang"),
     "slow_rank": ("straggler", "collective_slow"),
     "checkpoint_write_error": ("checkpoint_write_failed",),
     # A flipped bit shows as whatever it does to the numbers, or not at all until the
@@ -196,6 +200,7 @@ FAULT_PARAMS: dict[str, frozenset[str]] = {
     "scaler_overflow_storm": frozenset({"duration", "factor"}),
     "slow_rank": frozenset({"duration", "seconds"}),
     "checkpoint_write_error": frozenset({"duration"}),
+    "kill_node": frozenset(),
 }
 
 # A kind not listed above takes any of them.
@@ -291,6 +296,11 @@ def cannot_fire(fault: Fault, setting: ChaosSetting) -> str | None:
         return (
             "kill_supervisor cannot fire here: there is no supervisor to kill (a Guard alone); "
             "run the loop under `remedy run`"
+        )
+    if kind == "kill_node" and setting.supervised is False:
+        return (
+            "kill_node cannot fire here: a Guard alone runs on no Ray node remedy watches; "
+            "run the loop under `remedy run` on a cluster of several nodes"
         )
     if kind in ("corrupt_checkpoint", "checkpoint_write_error") and setting.checkpoint_every == 0:
         return (
@@ -758,10 +768,13 @@ class FaultInjector:
         *,
         run_dir: str | os.PathLike[str] | None = None,
         kill_supervisor: Callable[[], None] | None = None,
+        kill_node: Callable[[], str] | None = None,
     ) -> None:
         self.rank = rank
         # How this rank kills its supervisor (`RayReporter.kill_supervisor`); None alone.
         self._kill_supervisor = kill_supervisor
+        # How it kills its node (`RayReporter.kill_node`: returns only when it refuses, saying why).
+        self._kill_node = kill_node
         self.faults = [f for f in faults if f.hits(rank)]
         self._keys = [f.key(rank) for f in self.faults]
         self.record = FiredRecord(fired_dir(run_dir))
@@ -978,6 +991,9 @@ class FaultInjector:
         if self._kill_supervisor is not None and self.fire_once("kill_supervisor", step):
             self._note("kill_supervisor", step)
             self._kill_supervisor()
+        if self._kill_node is not None and self.fire_once("kill_node", step):
+            why = self._kill_node()  # returns only when the node is not killed
+            self._note("kill_node", step, refused=why)
 
     def on_loss(self, step: int, batch_index: int, loss: torch.Tensor) -> torch.Tensor:
         """Loss-side faults: NaN and poisoned (spiking) batches."""

@@ -192,6 +192,7 @@ class Guard:
             ctx.rank,
             run_dir=ctx.run_dir,
             kill_supervisor=getattr(self.reporter, "kill_supervisor", None),
+            kill_node=getattr(self.reporter, "kill_node", None),
         )
         self.injector.attach(model)
         self.cursor = BatchCursor(data, epochs=epochs)

@@ -16,6 +16,7 @@ agree on one auth mode.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -83,8 +84,18 @@ def env_for(root: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def head_node(root: Path, *, cpus: int = 2) -> Iterator[Head]:
-    """Start a head node under `root` (short: Ray's socket paths are bounded); stop only it."""
+def head_node(
+    root: Path,
+    *,
+    cpus: int = 2,
+    resources: dict[str, float] | None = None,
+    system_config: dict[str, object] | None = None,
+) -> Iterator[Head]:
+    """Start a head node under `root` (short: Ray's socket paths are bounded); stop only it.
+
+    `resources`: custom resources of the head (`--resources`); `system_config`:
+    Ray's internal settings for the whole cluster (only the head takes them).
+    """
     (root / "home").mkdir(parents=True)
     env = env_for(root)
     gcs, dash, client, agent, metrics, rt_agent, grpc_agent = _free_ports(7)
@@ -97,6 +108,10 @@ def head_node(root: Path, *, cpus: int = 2) -> Iterator[Head]:
         f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={rt_agent}",
         f"--dashboard-agent-grpc-port={grpc_agent}", "--disable-usage-stats",
     ]  # fmt: skip
+    if resources:
+        argv.append(f"--resources={json.dumps(resources)}")
+    if system_config:
+        argv.append(f"--system-config={json.dumps(system_config)}")
     log = open(root / "ray-start.log", "w")  # noqa: SIM115 - closed in the finally below
     # --block keeps `ray start` as the session leader; every Ray process it starts is in its session.
     proc = subprocess.Popen(

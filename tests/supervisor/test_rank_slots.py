@@ -49,6 +49,7 @@ def test_records_rebuild_the_picture() -> None:
     slots.replace(1)
     assert slots.records()[1] == {
         "rank": 1, "incarnation": 2, "state": "starting", "last_seq": 0, "gaps": [], "pid": None,
+        "node": None,
     }  # fmt: skip
     assert slots.live() == [0, 1]
 
@@ -136,3 +137,17 @@ def test_a_slot_rebuilt_from_its_record_takes_nothing_twice() -> None:
     assert not again.accept(0, 1, 2) and not again.accept(0, 1, 5)
     assert again.accept(0, 1, 4) and again.accept(0, 1, 3) and again.accept(0, 1, 6)
     assert not again.accept(0, 1, 3)
+
+
+def test_on_node_lists_the_ranks_a_node_holds_now() -> None:
+    """A node's ranks: running ones, lost ones only when asked, never a replaced or ended one."""
+    slots = RankSlots(4)
+    for rank, node in enumerate(["a", "b", "a", "b"]):
+        slots.slots[rank].node = node
+    slots.lose(3)
+    slots.end(2)
+    assert slots.on_node("b") == [1]
+    assert slots.on_node("b", lost_too=True) == [1, 3]
+    slots.replace(3)  # its new process has not said where it runs yet
+    assert slots.on_node("b", lost_too=True) == [1]
+    assert slots.on_node("a") == [0]

@@ -16,6 +16,7 @@ from remedy.workers import Guard, GuardConfig, WorkerContext
 from remedy.workers.chaos import (
     ChaosSetting,
     FaultInjector,
+    check_setting,
     load_chaos,
     load_scenario,
     parse_chaos,
@@ -99,10 +100,13 @@ def test_slow_rank_needs_peers(tmp_path: Path) -> None:
     assert [f.kind for f in load_chaos(path, world_size=2)] == ["slow_rank"]
 
 
-def test_kill_node_is_named_but_not_injectable(tmp_path: Path) -> None:
-    path = chaos_file(tmp_path, "faults:\n  - {kind: kill_node, at_step: 4}\n")
-    with pytest.raises(ChaosConfigError, match="'kill_node' cannot be injected by this version"):
-        load_chaos(path)
+def test_kill_node_needs_a_supervisor(tmp_path: Path) -> None:
+    """kill_node is injectable under `remedy run`; a Guard alone (no supervisor) refuses it in one line."""
+    path = chaos_file(tmp_path, "faults:\n  - {kind: kill_node, at_step: 4, rank: 1}\n")
+    [fault] = load_chaos(path, world_size=2)
+    assert (fault.kind, fault.rank) == ("kill_node", 1)
+    with pytest.raises(ChaosConfigError, match="kill_node cannot fire here: a Guard alone"):
+        check_setting([fault], ChaosSetting(supervised=False))
 
 
 # ------------------------------------------------------------------ overflow storm

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
+
+from remedy.workers import process_faults
 from remedy.workers.chaos import FaultInjector, parse_chaos
 
 FAULTS = parse_chaos({"faults": [
@@ -35,3 +43,24 @@ def test_slow_collective_delays_once_and_is_noted(tmp_path: Path) -> None:
     inj.on_grads(5, [])
     assert [e["fault"] for e in inj.drain_log()] == ["slow_collective"]
     assert FaultInjector(FAULTS, 0, run_dir=tmp_path).fire_once("slow_collective", 5) is None
+
+
+def test_node_tree_is_found_from_proc_and_no_raylet_means_no_kill() -> None:
+    """`tree` lists a process and everything below it; outside Ray no raylet is an ancestor,
+    so `kill_node` refuses (kills nothing) rather than kill some other tree."""
+    code = "import subprocess, time; subprocess.Popen(['sleep', '30']); time.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 20
+        while len(process_faults.tree(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        below = process_faults.tree(parent.pid)
+        assert below[0] == parent.pid and len(below) == 2
+        assert process_faults.raylet_of(parent.pid) is None
+        assert process_faults.node_pids() == []
+        with pytest.raises(ProcessLookupError, match="no raylet"):
+            process_faults.kill_node()
+    finally:
+        for pid in reversed(process_faults.tree(parent.pid)):
+            os.kill(pid, signal.SIGKILL)
+        parent.wait()

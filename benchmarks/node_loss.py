@@ -1,0 +1,116 @@
+"""Time from a node's loss to the next step on every rank, on a real 3-node Ray cluster here.
+
+A head (the driver's and the supervisor's node) and two worker nodes
+(raylets on 127.0.0.1, `tests/supervisor/multinode.py`, whose GCS calls a
+node dead after three missed health checks 0.5 s apart); a 4-rank gloo job
+of examples/pretrain_gpt.py spread two ranks per worker node. `kill_node` at
+step KILL_STEP on rank 1 SIGKILLs its node's raylet and every process below
+it (ranks 1 and 3, and any spares there). Two rows:
+
+- warm: `spares=4`, two warm spares on each worker node, so the surviving
+  node has two to take the lost ranks;
+- cold: `spares=0`, the lost ranks are started as new actors on the
+  surviving node.
+
+For each run it prints the seconds from the kill (the supervisor's journal
+record, written just before the rank kills its node) to the node's loss
+being found (the `node_lost` record) and to the step every rank completed in
+the new generation (the restart's `stepped_at`), and whether every rank's
+parameters equal a fault-free run's; then the medians of `--repeat` runs.
+
+    python benchmarks/node_loss.py [--repeat 3] [--steps 30] [--rows warm,cold]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from remedy.workers.rundir import read_jsonl  # noqa: E402
+from tests.supervisor.multinode import Cluster, local_cluster  # noqa: E402
+
+TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
+KILL_STEP = 15
+ROWS = {"warm": 4, "cold": 0}  # row -> warm spares
+
+
+def run(cluster: Cluster, run_dir: Path, steps: int, **spec: Any) -> dict[str, Any]:
+    """One 4-rank supervised run on `cluster`, driven from a process of its own; its summary."""
+    args = ["--steps", str(steps), "--layers", "1", "--width", "32", "--batch-size", "4",
+            "--block-size", "32", "--sample-every", "0"]  # fmt: skip
+    fields = {"target": TARGET, "workers": 4, "run_dir": str(run_dir), "argv": args,
+              "threads_per_rank": 1, **spec}  # fmt: skip
+    out = cluster.head.run(
+        sys.executable, "-m", "tests.supervisor.cluster_run", cluster.head.address,
+        json.dumps(fields), timeout=900, cwd=REPO,
+    )  # fmt: skip
+    line = next((x for x in out.stdout.splitlines() if x.startswith("SUMMARY ")), None)
+    if line is None:
+        raise RuntimeError(f"the run printed no summary: {out.stderr[-3000:]}")
+    summary: dict[str, Any] = json.loads(line.removeprefix("SUMMARY "))
+    return summary
+
+
+def measure(run_dir: Path, summary: dict[str, Any], digest: str) -> dict[str, Any]:
+    wal = read_jsonl(run_dir / "journal.wal")
+    kill = next(r for r in wal if r.get("type") == "chaos_kill_node")
+    lost = next((r for r in wal if r.get("type") == "node_lost"), None)
+    record = summary["recoveries"][0] if summary.get("recoveries") else {}
+    return {
+        "status": summary["status"],
+        "ranks_lost": lost["ranks"] if lost else None,
+        "replacements": record.get("replacements"),
+        "detect_s": round(lost["detected_at"] - kill["at"], 3) if lost else None,
+        "kill_to_step_s": round(record["stepped_at"] - kill["at"], 3) if record else None,
+        "bitwise_equal": {r.get("result", {}).get("params_digest") for r in summary["ranks"]}
+        == {digest},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rows", default="warm,cold")
+    args = p.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="nlb-", dir="/tmp"))  # short: socket paths are bounded
+    rows: dict[str, list[dict[str, Any]]] = {}
+    with local_cluster(root, workers=2, head_cpus=2, worker_cpus=2) as cluster:
+        clean = run(cluster, root / "clean", args.steps, spares=0)
+        digest = clean["ranks"][0]["result"]["params_digest"]
+        fault = {"kind": "kill_node", "at_step": KILL_STEP, "rank": 1}
+        for row in args.rows.split(","):
+            for i in range(args.repeat):
+                run_dir = root / f"{row}-{i}"
+                summary = run(cluster, run_dir, args.steps, spares=ROWS[row], faults=[fault])
+                got = measure(run_dir, summary, digest)
+                rows.setdefault(row, []).append(got)
+                print(json.dumps({"row": row, "run": i, **got}), flush=True)
+                # The next run gets three nodes again: a fresh node for the killed one.
+                killed = next(
+                    r["node_id"]
+                    for r in read_jsonl(run_dir / "journal.wal")
+                    if r.get("type") == "chaos_kill_node"
+                )
+                cluster.replace_worker(killed, root)
+    print("\nrow   runs  detect_s (median)  kill_to_step_s (median)  all bitwise equal")
+    for row, got in rows.items():
+        detect = [g["detect_s"] for g in got if g["detect_s"] is not None]
+        step = [g["kill_to_step_s"] for g in got if g["kill_to_step_s"] is not None]
+        print(
+            f"{row:5} {len(got):4}  {statistics.median(detect) if detect else float('nan'):17.3f}"
+            f"  {statistics.median(step) if step else float('nan'):23.3f}"
+            f"  {all(g['bitwise_equal'] and g['status'] == 'completed' for g in got)}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""A whole node lost: on a real 3-node Ray cluster, `kill_node` takes the node holding two of
+four ranks away; both are replaced on the other node and every rank ends as in a clean run."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from remedy.workers.rundir import read_jsonl
+from tests.supervisor.multinode import Cluster, local_cluster
+
+pytestmark = [pytest.mark.ray]
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
+STEPS = 30
+ARGS = ["--steps", str(STEPS), "--layers", "1", "--width", "32", "--batch-size", "4",
+        "--block-size", "32", "--sample-every", "0"]  # fmt: skip
+KILL_STEP = 15
+VICTIM = 1  # spread over two worker nodes: ranks 1 and 3 share a node
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """A head (the driver's and the supervisor's node) and two worker nodes, 2 CPUs each."""
+    root = Path(tempfile.mkdtemp(prefix="nl-", dir="/tmp"))  # short: Ray's socket paths are bounded
+    with local_cluster(root, workers=2, head_cpus=2, worker_cpus=2) as c:
+        yield c
+
+
+def supervised(cluster: Cluster, run_dir: Path, **spec: Any) -> dict[str, Any]:
+    """A 4-rank run of the example on `cluster`, driven from a process of its own."""
+    fields = {
+        "target": TARGET, "workers": 4, "run_dir": str(run_dir), "argv": ARGS,
+        "threads_per_rank": 1, "hang_watch": {"first_step_s": 20.0}, **spec,
+    }  # fmt: skip
+    out = cluster.head.run(
+        sys.executable, "-m", "tests.supervisor.cluster_run", cluster.head.address,
+        json.dumps(fields), timeout=400, cwd=REPO,
+    )  # fmt: skip
+    line = next((x for x in out.stdout.splitlines() if x.startswith("SUMMARY ")), None)
+    assert line is not None, (out.stdout[-3000:], out.stderr[-5000:])
+    summary: dict[str, Any] = json.loads(line.removeprefix("SUMMARY "))
+    return summary
+
+
+@pytest.fixture(scope="module")
+def clean_digest(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The parameters' digest of the same run without faults; ranks spread over the worker nodes."""
+    summary = supervised(cluster, tmp_path_factory.mktemp("clean"), spares=0)
+    assert summary["status"] == "completed", summary
+    workers = {w.node_id[:8] for w in cluster.workers}
+    on = {r: n.split("@")[0] for r, n in summary["nodes"].items()}
+    # Off the supervisor's (head) node, two ranks on each worker node.
+    assert sorted(on.values()) == sorted([*workers, *workers]), (on, workers)
+    assert on["1"] == on["3"] != on["0"] == on["2"]
+    digests = {r["result"]["params_digest"] for r in summary["ranks"]}
+    assert len(digests) == 1
+    return digests.pop()
+
+
+def node_loss_times(run_dir: Path, summary: dict[str, Any]) -> dict[str, float]:
+    """Seconds from the kill to the node's loss being found, and to every rank's next step."""
+    wal = read_jsonl(run_dir / "journal.wal")
+    [kill] = [r for r in wal if r.get("type") == "chaos_kill_node"]
+    [lost] = [r for r in wal if r.get("type") == "node_lost"]
+    [record] = summary["recoveries"]
+    return {
+        "detect_s": round(lost["detected_at"] - kill["at"], 3),
+        "kill_to_step_s": round(record["stepped_at"] - kill["at"], 3),
+    }
+
+
+@pytest.mark.timeout(900)
+def test_kill_node_loses_two_ranks_both_replaced_on_the_other_node(
+    cluster: Cluster, clean_digest: str, tmp_path: Path
+) -> None:
+    """kill_node on rank 1's node -> node_lost for ranks 1 and 3 -> one restart_rank replaces
+    both from warm spares on the surviving node; parameters equal the clean run's, bit for bit."""
+    fault = {"kind": "kill_node", "at_step": KILL_STEP, "rank": VICTIM}
+    summary = supervised(cluster, tmp_path, spares=4, faults=[fault])
+    assert summary["status"] == "completed", summary
+    ranks = summary["ranks"]
+    assert [r["steps_completed"] for r in ranks] == [STEPS] * 4
+    assert {r["result"]["params_digest"] for r in ranks} == {clean_digest}
+    wal = read_jsonl(tmp_path / "journal.wal")
+    [kill] = [r for r in wal if r.get("type") == "chaos_kill_node"]
+    assert kill["outcome"] == "killing" and kill["ranks"] == [1, 3]
+    [lost] = [r for r in wal if r.get("type") == "node_lost"]
+    assert lost["node_id"] == kill["node_id"] and lost["ranks"] == [1, 3]
+    assert "Ray's GCS lists it dead" in lost["reason"]
+    decisions = read_jsonl(tmp_path / "decisions.jsonl")
+    # One restart for both: the first sign may be a rank's own silence, found before Ray's
+    # verdict on its node; the node's other rank then joins the same restart.
+    [restart] = [d for d in decisions if d["action"] == "restart_rank"]
+    assert restart["anomaly"]["kind"] in ("node_lost", "rank_hang", "rank_dead"), restart
+    assert restart["outcome"] == "applied", restart
+    [record] = summary["recoveries"]
+    assert sorted(record["ranks"]) == [1, 3]
+    assert set(record["replacements"].values()) == {"warm spare"}, record
+    # Every rank now runs on the surviving worker node: none on the dead one, none on the head.
+    survivor = next(w.node_id[:8] for w in cluster.workers if w.node_id != kill["node_id"])
+    assert {n.split("@")[0] for n in summary["nodes"].values()} == {survivor}
+    print("node loss, warm spares:", node_loss_times(tmp_path, summary))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_kill_node_without_spares_starts_both_ranks_cold_on_the_other_node(
+    cluster: Cluster, clean_digest: str, tmp_path: Path
+) -> None:
+    """The same node loss with no warm spare: both ranks are new actors on the surviving node.
+
+    Runs after the warm test, whose victim node is dead: a fresh node takes its place first."""
+    dead = {n["NodeID"] for n in cluster.nodes() if not n["Alive"]}
+    for node_id in dead & {w.node_id for w in cluster.workers}:
+        cluster.replace_worker(node_id, Path(tempfile.mkdtemp(prefix="nx-", dir="/tmp")))
+    fault = {"kind": "kill_node", "at_step": KILL_STEP, "rank": VICTIM}
+    summary = supervised(cluster, tmp_path, spares=0, faults=[fault])
+    assert summary["status"] == "completed", summary
+    assert {r["result"]["params_digest"] for r in summary["ranks"]} == {clean_digest}
+    [lost] = [r for r in read_jsonl(tmp_path / "journal.wal") if r.get("type") == "node_lost"]
+    assert lost["ranks"] == [1, 3]
+    [record] = summary["recoveries"]
+    assert record["replacements"] == {"1": "new actor", "3": "new actor"}, record
+    print("node loss, cold:", node_loss_times(tmp_path, summary))
