@@ -38,6 +38,7 @@ import structlog
 
 from remedy.policies import Decision, Engine, Policy, PolicyError
 from remedy.supervisor import liveness
+from remedy.supervisor.agent import alive_nodes, kill_agents, launch_agents
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import Notify, log_notify
@@ -83,6 +84,10 @@ MAX_REFUSAL_LINES = 50
 # How long an ended run's supervisor stays for late callers (`wait`, `status`,
 # `attach`) before it removes itself; a driver that waited kills it at once.
 LINGER_S = 60.0
+# Batch numbers one agent item may stand for (a digest of a few seconds of one rank).
+MAX_ITEM_SEQS = 4096
+# How long the node agents may take to start.
+AGENT_START_S = 120.0
 # Decisions `status` shows, newest last.
 RECENT_DECISIONS = 5
 
@@ -157,6 +162,7 @@ class SupervisorActor:
         self._group_record: dict[str, Any] | None = None  # set when restoring
         self._recovery_record: dict[str, Any] | None = None  # the restart in progress, if any
         self._ranks_ended = False  # restored after every rank had ended
+        self.agent_nodes: list[str] = []  # nodes with an agent of this run
         # Crash points (chaos) already passed in an earlier life: each fires once per run.
         self._crashed: set[str] = set()
         if lives:
@@ -376,13 +382,56 @@ class SupervisorActor:
                 # so answer again with what the rank still owes.
                 return self.controller.commands_for(batch["rank"])
             return []
+        commands = self._ingest(batch, write_metrics=True)
+        self._keep_state()  # before the reply: no rank holds a command the journal lacks
+        return commands
+
+    async def report_many(self, token: Any, node: Any, items: Any) -> dict[int, list[Any]]:
+        """A node agent's call: many ranks' reports in one (`supervisor.agent`).
+
+        Each item is one rank's: its newest header, its events and outcomes,
+        its digested step records, and `seqs`, the batch numbers it stands for,
+        each taken once by the rank's slot (an item all of whose numbers were
+        seen is a duplicate: answered, not ingested again). Returns each item's
+        rank -> the commands that rank owes. The step records are in the
+        agent's own metrics file already.
+        """
+        if not self._authorized(token, "report_many") or not isinstance(items, list):
+            return {}
+        out: dict[int, list[Any]] = {}
+        for item in items[: self.spec.workers]:
+            if not isinstance(item, dict):
+                self.controller.rejected["batch_item"] += 1
+                continue
+            rank, incarnation, seqs = (
+                item.get("rank"),
+                item.get("incarnation"),
+                item.pop("seqs", []),
+            )
+            if type(rank) is not int or rank not in self.slots.slots or not isinstance(seqs, list):
+                self.controller.rejected["batch_item"] += 1
+                continue
+            duplicates = self.slots.refused_duplicate
+            fresh = [s for s in seqs[:MAX_ITEM_SEQS] if self.slots.accept(rank, incarnation, s)]
+            if seqs and not fresh:
+                if self.slots.refused_duplicate > duplicates:
+                    out[rank] = self.controller.commands_for(rank)
+                continue
+            if not seqs and not self.slots.accept(rank, incarnation, None):
+                continue
+            out[rank] = self._ingest(item, write_metrics=False)
+        self._keep_state()  # before the reply: no rank holds a command the journal lacks
+        return out
+
+    def _ingest(self, batch: Any, *, write_metrics: bool) -> list[dict[str, Any]]:
+        """One rank's accepted report: to the controller, the displays, gauges and hang watch."""
         if isinstance(batch, dict) and "outages" in batch:
             self._outage_notes(batch.pop("outages"))
         # The rank's loop is done: it takes no more steps, so no progress is to be waited for.
         ending = isinstance(batch, dict) and batch.pop("ending", None) is True
         # Ranks whose earlier reports are still on their way: an incident of theirs may be too.
         self.controller.incomplete = self.slots.incomplete()
-        commands = self.controller.ingest(batch)
+        commands = self.controller.ingest(batch, write_metrics=write_metrics)
         report = self.controller.last_report
         if report is not None and ending:
             self.watch.forget(report.rank)
@@ -402,7 +451,6 @@ class SupervisorActor:
                 self.recovery.progress(report.rank, report.tick)
         self.feed.decisions(self.controller.decisions)
         self.metrics.decisions(self.controller.decisions)
-        self._keep_state()  # before the reply: no rank holds a command the journal lacks
         return commands
 
     async def where(self) -> tuple[str, int, float]:
@@ -550,6 +598,7 @@ class SupervisorActor:
             # Restarted after every rank had ended (their actors are gone): just finish.
             return self._finish()
         me = ray.get_runtime_context().current_actor
+        await self._start_agents()
         group = self.group = WorkerGroup(
             self.spec, supervisor=me, store_addr=self.rendezvous.address, slots=self.slots
         )
@@ -609,7 +658,27 @@ class SupervisorActor:
             group.shutdown()
             with contextlib.suppress(ray.exceptions.RayError):
                 kill_run_actors(self.spec.run_id)  # any a crash left out of the records
+            kill_agents(self.spec.run_id, self.agent_nodes)
         return self._finish()
+
+    async def _start_agents(self) -> None:
+        """Resolve `node_agents` (auto: on with more than one node) and start them if on.
+
+        One agent on every live node: placement is Ray's, so any node may get
+        ranks. The ranks' actors read the resolved mode from the spec.
+        """
+        nodes = alive_nodes()
+        mode = self.spec.node_agents
+        on = mode == "on" or (mode == "auto" and len(nodes) > 1)
+        self.spec.node_agents = "on" if on else "off"
+        if not on:
+            return
+        self.agent_nodes = nodes
+        handles = launch_agents(self.spec.to_dict(), nodes)
+        await asyncio.wait_for(
+            asyncio.gather(*(h.where.remote() for h in handles.values())), AGENT_START_S
+        )
+        self.run_dir.wal({"type": "agents_started", "nodes": nodes})
 
     async def _adopt(self, group: WorkerGroup, record: dict[str, Any]) -> None:
         """Take over the ranks of the supervisor before this one."""

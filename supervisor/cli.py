@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from remedy.supervisor.cluster import LOOPBACK_ENV
+from remedy.supervisor.spec import NODE_AGENT_MODES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED, EXIT_STOPPED = 0, 1, 2, 3, 4
 STATUS_EXIT = {
@@ -137,6 +138,13 @@ def _parser() -> argparse.ArgumentParser:
         type=_gpus,
         default=None,
         help="GPUs per rank (default: 1 if the cluster has one per rank, else 0)",
+    )
+    run.add_argument(
+        "--node-agents",
+        choices=NODE_AGENT_MODES,
+        default="auto",
+        help="one agent per node that takes its ranks' reports (auto: on when the Ray "
+        "cluster has more than one node)",
     )
     run.add_argument(
         "--supervisor-timeout",
@@ -330,6 +338,7 @@ def _run(args: argparse.Namespace) -> int:
             verbose=args.verbose,
             notify_env=_notify_env(policy_loaded.notify),
             supervisor_timeout_s=args.supervisor_timeout,
+            node_agents=args.node_agents,
         )
         claim = claim_run_dir(
             Path(spec.run_dir),

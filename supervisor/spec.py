@@ -10,6 +10,8 @@ from typing import Any
 
 # The Ray namespace of every remedy actor.
 NAMESPACE = "remedy"
+# `RunSpec.node_agents` values (`remedy run --node-agents`).
+NODE_AGENT_MODES = ("on", "off", "auto")
 
 
 def supervisor_name(run_id: str) -> str:
@@ -61,11 +63,17 @@ class RunSpec:
     # `--resume-from`: the run every rank starts from (`resume.ResumePoint.to_dict`:
     # its run directory, the checkpoint step, how many ranks wrote it); empty for a fresh start.
     resume: dict[str, Any] = field(default_factory=dict)
+    # Node agents (`supervisor.agent`): "on" starts one per node and the ranks report to
+    # their node's; "off" keeps every rank reporting to the supervisor; "auto" is on when
+    # the Ray cluster has more than one node. The supervisor resolves it as it starts.
+    node_agents: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.run_dir:
             self.run_dir = os.path.join("runs", self.run_id)
         self.run_dir = os.path.abspath(os.path.expanduser(self.run_dir))
+        if self.node_agents not in NODE_AGENT_MODES:
+            raise ValueError(f"node_agents must be one of {', '.join(NODE_AGENT_MODES)}")
         if self.spares is None:
             self.spares = 1 if self.workers > 1 else 0
         if self.threads_per_rank is None:

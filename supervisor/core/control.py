@@ -176,12 +176,13 @@ class Controller:
         self.goodput = GoodputLedger()
 
     # ---------------------------------------------------------------- ingest
-    def ingest(self, batch: Any) -> list[dict[str, Any]]:
+    def ingest(self, batch: Any, *, write_metrics: bool = True) -> list[dict[str, Any]]:
         """Take one report batch from a rank; return the commands that rank still owes.
 
         Each item is validated on its own (`report_validation`): invalid ones
         are counted in `rejected` by reason and change nothing; the rest are
-        decided as if they had come alone.
+        decided as if they had come alone. `write_metrics=False`: the step
+        records are in a node agent's metrics file already (`supervisor.agent`).
         """
         now = self._clock()
         rank = batch.get("rank") if isinstance(batch, dict) else None
@@ -212,7 +213,7 @@ class Controller:
         self.tick_of[rank] = report.tick
         for record in report.metrics:
             self._metrics(rank, record)
-        if self.run_dir is not None:
+        if self.run_dir is not None and write_metrics:
             self.run_dir.metrics_many(report.metrics)
         for outcome in report.outcomes:
             self._outcome(outcome)
