@@ -163,6 +163,7 @@ class SupervisorActor:
         self._recovery_record: dict[str, Any] | None = None  # the restart in progress, if any
         self._ranks_ended = False  # restored after every rank had ended
         self.agent_nodes: list[str] = []  # nodes with an agent of this run
+        self._agent_ranks: dict[str, set[int]] = {}  # agent (node) -> the ranks it sent
         # Crash points (chaos) already passed in an earlier life: each fires once per run.
         self._crashed: set[str] = set()
         if lives:
@@ -393,12 +394,15 @@ class SupervisorActor:
         its digested step records, and `seqs`, the batch numbers it stands for,
         each taken once by the rank's slot (an item all of whose numbers were
         seen is a duplicate: answered, not ingested again). Returns each item's
-        rank -> the commands that rank owes. The step records are in the
-        agent's own metrics file already.
+        rank -> the commands that rank owes, after every item was taken (a later
+        item's event may decide a command for an earlier item's rank), for every
+        rank this node's agent has sent: a command decided on another node's
+        report reaches this node's ranks with this answer. The step records are
+        in the agent's own metrics file already.
         """
         if not self._authorized(token, "report_many") or not isinstance(items, list):
             return {}
-        out: dict[int, list[Any]] = {}
+        answer = self._agent_ranks.setdefault(str(node)[:64], set())
         for item in items[: self.spec.workers]:
             if not isinstance(item, dict):
                 self.controller.rejected["batch_item"] += 1
@@ -415,13 +419,14 @@ class SupervisorActor:
             fresh = [s for s in seqs[:MAX_ITEM_SEQS] if self.slots.accept(rank, incarnation, s)]
             if seqs and not fresh:
                 if self.slots.refused_duplicate > duplicates:
-                    out[rank] = self.controller.commands_for(rank)
+                    answer.add(rank)  # a retried call: answered again, not taken again
                 continue
             if not seqs and not self.slots.accept(rank, incarnation, None):
                 continue
-            out[rank] = self._ingest(item, write_metrics=False)
+            self._ingest(item, write_metrics=False)
+            answer.add(rank)
         self._keep_state()  # before the reply: no rank holds a command the journal lacks
-        return out
+        return {rank: self.controller.commands_for(rank) for rank in sorted(answer)}
 
     def _ingest(self, batch: Any, *, write_metrics: bool) -> list[dict[str, Any]]:
         """One rank's accepted report: to the controller, the displays, gauges and hang watch."""

@@ -8,11 +8,12 @@ validation), writes the step records to its own metrics file
 (`metrics-agent-<node>.jsonl`, merged with `metrics.jsonl` by every reader:
 `supervisor.rundata.metrics_files`), and sends upward:
 
-- a batch with anomaly events or outcomes at once, in one `report_many`
-  call, answering the rank only once the supervisor has it;
+- a batch with anomaly events at once, in one `report_many` call,
+  answering the rank only once the supervisor has it;
 - one digest of every rank that reported, each `DIGEST_S`, in one
   `report_many` call: one Ray call per node per interval instead of one per
-  rank report.
+  rank report. It carries the ranks' outcomes too; a batch with outcomes is
+  answered once the digest that carried them is acknowledged.
 
 The supervisor answers each call with the commands of every rank in it;
 the agent keeps them and hands each rank its own with the answer to its next
@@ -128,6 +129,8 @@ class NodeAgent:
         self.supervisor: Any = ray.get_actor(supervisor_name(self.run_id), NAMESPACE)
         self._token = str(spec["token"])
         self._loop: asyncio.Task[None] | None = None
+        # Answers held for the next digest's acknowledgement (batches with outcomes).
+        self._waiting: list[asyncio.Future[None]] = []
         self.calls = 0  # report_many calls made (digests and immediate items)
 
     def _ensure_loop(self) -> None:
@@ -152,6 +155,10 @@ class NodeAgent:
             # a rank whose call fails here sends them again.
             replies = await self._up([taken.item])
             self.core.answered(replies)
+        elif taken.held:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append(done)
+            await done  # raises if the run's supervisor is gone for good: the rank sends again
         if not (taken.ok or taken.duplicate) or type(rank) is not int:
             return []
         return self.core.commands(rank)
@@ -177,6 +184,7 @@ class NodeAgent:
         """Every `DIGEST_S`: the digest upward, the replies kept, the state record written."""
         while True:
             await asyncio.sleep(DIGEST_S)
+            waiting, self._waiting = self._waiting, []
             items = self.core.digest()
             if items:
                 try:
@@ -184,6 +192,11 @@ class NodeAgent:
                 except ray.exceptions.RayError as exc:
                     log.warning("digest_failed", error=str(exc)[:300])
                     self.core.put_back(items)
+                    self._waiting = waiting + self._waiting
+                    continue
+            for done in waiting:
+                if not done.done():
+                    done.set_result(None)
             if self.core.changed:
                 self._write_record()
 

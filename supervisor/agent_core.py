@@ -6,14 +6,21 @@ every rank before: the run's token, the rank's slot (incarnation and batch
 number, deduplicated by (rank, incarnation, seq)), validation of every item
 (`report_validation`), and the metrics file. What goes upward is much less:
 
-- an *immediate item* for a batch that carries anomaly events or outcomes,
-  sent at once and awaited before the rank gets its answer, so the rank's
-  reporter keeps the batch (and sends it again) until the supervisor has it;
+- an *immediate item* for a batch that carries anomaly events, sent at once
+  and awaited before the rank gets its answer, so the rank's reporter keeps
+  the batch (and sends it again) until the supervisor has it;
 - one *digest* per interval, one item per rank that reported meanwhile: its
   newest step and tick, its median compute time over the interval (the
-  straggler watch's input), its newest loss, and every batch number it
-  covers. The lead rank's step records (rank 0, whose records the goodput
-  ledger counts) go up in full.
+  straggler watch's input), its newest loss, its outcomes, and every batch
+  number it covers. The lead rank's step records (rank 0, whose records the
+  goodput ledger counts) go up in full.
+
+Outcomes ride the digest rather than a call of their own: every command goes
+to every rank, so one decision brings an outcome from each rank, and sent at
+once they would cost the supervisor one call per rank per decision again. A
+batch with outcomes is answered only once the digest that carries them is
+acknowledged (`Taken.held`), so they are never acknowledged to the rank
+before the supervisor has them.
 
 Every item carries the batch numbers (`seqs`) it stands for, so the
 supervisor's own rank slots still see every number exactly once: a call that
@@ -55,6 +62,7 @@ class _Pending:
     header: dict[str, Any]
     seqs: list[int] = field(default_factory=list)
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
     outages: list[Any] = field(default_factory=list)
     ending: bool = False
 
@@ -65,12 +73,15 @@ class Taken:
 
     `ok`: the batch counts (False: refused, or a duplicate); `item`: the
     immediate item to send upward before answering, if the batch carried
-    events or outcomes; `duplicate`: seen already (answer with the kept commands).
+    events; `duplicate`: seen already (answer with the kept commands); `held`:
+    the batch carried outcomes, which go up with the next digest: answer it once
+    that digest is acknowledged.
     """
 
     ok: bool
     item: dict[str, Any] | None = None
     duplicate: bool = False
+    held: bool = False
     metrics: tuple[dict[str, Any], ...] = ()
 
 
@@ -138,12 +149,11 @@ class AgentCore:
         self._tick_counts[rank] = report.tick_counts
         self._marks[rank] = RankMark(report.step, report.tick, now)
         self._merge(report, incarnation, seq, batch)
-        if report.events or report.outcomes:
+        if report.events:
             item = self._item(self._pending.pop(rank))
             item["events"] = [ev.to_dict() for ev in report.events]
-            item["outcomes"] = [o.to_dict() for o in report.outcomes]
             return Taken(True, item, metrics=tuple(report.metrics))
-        return Taken(True, metrics=tuple(report.metrics))
+        return Taken(True, metrics=tuple(report.metrics), held=bool(report.outcomes))
 
     def _authorized(self, token: Any) -> bool:
         if isinstance(token, str) and secrets.compare_digest(
@@ -190,6 +200,7 @@ class AgentCore:
         if type(seq) is int:
             pending.seqs.append(seq)
         pending.metrics.extend(report.metrics)
+        pending.outcomes.extend(o.to_dict() for o in report.outcomes)
         if isinstance(batch.get("outages"), list):
             pending.outages.extend(batch["outages"])
         pending.ending = pending.ending or batch.get("ending") is True
@@ -201,7 +212,7 @@ class AgentCore:
             **pending.header,
             "seqs": list(pending.seqs),
             "events": [],
-            "outcomes": [],
+            "outcomes": list(pending.outcomes),
             "metrics": digest_metrics(pending.header["rank"], pending.metrics),
         }
         if pending.outages:
@@ -229,10 +240,12 @@ class AgentCore:
             back = _Pending(header, list(item["seqs"]), [], list(item.get("outages", [])))
             back.ending = bool(item.get("ending"))
             back.metrics = list(item["metrics"])
+            back.outcomes = list(item["outcomes"])
             if newer is not None:
                 back.header = newer.header
                 back.seqs += newer.seqs
                 back.metrics += newer.metrics
+                back.outcomes += newer.outcomes
                 back.outages += newer.outages
                 back.ending = back.ending or newer.ending
             self._pending[rank] = back

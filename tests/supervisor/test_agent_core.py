@@ -82,6 +82,20 @@ def test_an_event_goes_up_at_once_with_the_ranks_pending_batches() -> None:
     assert agent.digest() == []  # nothing of rank 2 is left for the digest
 
 
+def test_outcomes_ride_the_next_digest_and_hold_the_answer() -> None:
+    """A batch with an outcome is held: the outcome goes up with the rank's digest item."""
+    agent = core()
+    outcome = {"decision_id": "d1", "rank": 5, "outcome": "applied", "step": 1, "tick": 1,
+               "detail": "", "result": {}, "attempts": 1}  # fmt: skip
+    taken = agent.take(batch(5, 1, outcomes=[outcome]))
+    assert taken.ok and taken.held and taken.item is None
+    (item,) = agent.digest()
+    assert [o["decision_id"] for o in item["outcomes"]] == ["d1"]
+    agent.put_back([item])
+    (again,) = agent.digest()
+    assert [o["decision_id"] for o in again["outcomes"]] == ["d1"]
+
+
 def test_a_batch_taken_twice_is_a_duplicate() -> None:
     """The same (rank, incarnation, seq) again (a call Ray retried) is not taken again."""
     agent = core()
