@@ -552,12 +552,20 @@ class Controller:
         # command is still owed by that rank, which re-sends a done command's
         # outcome. Closing the command does (`_close`).
         pending.outcomes[outcome.rank] = outcome
+        # Outcomes come only from targets (checked above), so every target has answered
+        # when there are as many: no pass over every rank per outcome (at 4,096 ranks a
+        # command's outcomes cost O(ranks^2) that way).
+        complete = len(pending.outcomes) >= len(pending.targets)
         if _internal(pending.command.decision_id):
-            if set(pending.outcomes) >= pending.targets:
+            if complete:
                 self._close(outcome.decision_id)
             return
-        failed = [o for o in pending.outcomes.values() if o.outcome != "applied"]
-        if failed or set(pending.outcomes) >= pending.targets:
+        failed = (
+            [o for o in pending.outcomes.values() if o.outcome != "applied"]
+            if complete or outcome.outcome != "applied"
+            else []
+        )
+        if failed or complete:
             self._resolve(pending, failed)
 
     def _resolve(self, pending: _Pending, failed: list[Outcome]) -> None:
