@@ -383,7 +383,7 @@ class SupervisorActor:
                 # so answer again with what the rank still owes.
                 return self.controller.commands_for(batch["rank"])
             return []
-        commands = self._ingest(batch, write_metrics=True)
+        commands = self._ingest(batch, write_metrics=True, gauges=True)
         self._keep_state()  # before the reply: no rank holds a command the journal lacks
         return commands
 
@@ -423,13 +423,17 @@ class SupervisorActor:
                 continue
             if not seqs and not self.slots.accept(rank, incarnation, None):
                 continue
-            self._ingest(item, write_metrics=False)
+            self._ingest(item, write_metrics=False, gauges=False)
             answer.add(rank)
         self._keep_state()  # before the reply: no rank holds a command the journal lacks
         return {rank: self.controller.commands_for(rank) for rank in sorted(answer)}
 
-    def _ingest(self, batch: Any, *, write_metrics: bool) -> list[dict[str, Any]]:
-        """One rank's accepted report: to the controller, the displays, gauges and hang watch."""
+    def _ingest(self, batch: Any, *, write_metrics: bool, gauges: bool) -> list[dict[str, Any]]:
+        """One rank's accepted report: to the controller, the displays, gauges and hang watch.
+
+        `write_metrics=False, gauges=False`: an agent's item, whose step records and
+        per-rank gauges the agent wrote and set already.
+        """
         if isinstance(batch, dict) and "outages" in batch:
             self._outage_notes(batch.pop("outages"))
         # The rank's loop is done: it takes no more steps, so no progress is to be waited for.
@@ -443,7 +447,8 @@ class SupervisorActor:
         if report is not None:
             valid = report.as_batch()
             self.feed.observe(valid)
-            self.metrics.observe(valid)
+            if gauges:
+                self.metrics.observe(valid)
             self.metrics.goodput(self.controller.goodput, self.started)
             times = [
                 m["step_time_s"]

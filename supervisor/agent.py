@@ -4,7 +4,8 @@ The ranks of a node send their reports to its agent instead of the
 supervisor (the agent answers `report` and `where` as the supervisor does,
 so a rank's `RayReporter` works unchanged). The agent does the per-report
 work (`supervisor.agent_core.AgentCore`: token, slot and batch number,
-validation), writes the step records to its own metrics file
+validation), sets its ranks' gauges (`remedy.workers.metrics`), writes the
+step records to its own metrics file
 (`metrics-agent-<node>.jsonl`, merged with `metrics.jsonl` by every reader:
 `supervisor.rundata.metrics_files`), and sends upward:
 
@@ -43,6 +44,7 @@ from remedy.supervisor import liveness
 from remedy.supervisor.agent_core import AgentCore
 from remedy.supervisor.spec import NAMESPACE, supervisor_name
 from remedy.workers.logs import configure_logging
+from remedy.workers.metrics import RayBackend, RunMetrics
 from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.agent")
@@ -118,6 +120,8 @@ class NodeAgent:
             node=node_id[:NODE_ID_CHARS], token=str(spec["token"]), world_size=int(spec["workers"])
         )
         self.run_dir = RunDir(spec["run_dir"], self.run_id)
+        # Its ranks' gauges (anomalies, step time), which the supervisor no longer sets.
+        self.gauges = RunMetrics(RayBackend(), run_id=self.run_id)
         self._record_path, self._metrics_name = agent_files(self.run_dir.path, node_id)
         self.restored = False
         with contextlib.suppress(OSError, ValueError):
@@ -147,9 +151,12 @@ class NodeAgent:
         """A rank's report batch in; the commands that rank owes out (as the supervisor's)."""
         self._ensure_loop()
         taken = self.core.take(batch)
+        rank = batch.get("rank") if isinstance(batch, dict) else None
         if taken.metrics:
             self.run_dir.metrics_many(list(taken.metrics), name=self._metrics_name)
-        rank = batch.get("rank") if isinstance(batch, dict) else None
+        if taken.ok:
+            events = taken.item["events"] if taken.item is not None else []
+            self.gauges.observe({"rank": rank, "events": events, "metrics": list(taken.metrics)})
         if taken.item is not None:
             # Events and outcomes: the supervisor has them before the rank is answered, so
             # a rank whose call fails here sends them again.
