@@ -423,6 +423,15 @@ class SupervisorActor:
                 continue
             if not seqs and not self.slots.accept(rank, incarnation, None):
                 continue
+            if item.pop("resync", None) is True and fresh:
+                # The agent's first digest after Ray restarted it: every batch it took again
+                # is in, so the numbers still missing below its newest died with the old one
+                # (step records only: it wrote them to its file, and held back the answer
+                # to any batch with events or outcomes until they were sent on).
+                lost = self.slots.give_up_gaps(rank, max(fresh))
+                if lost:
+                    self.run_dir.wal({"type": "agent_resync", "node": str(node)[:64],
+                                      "rank": rank, "digests_lost": lost})  # fmt: skip
             self._ingest(item, write_metrics=False, gauges=False)
             answer.add(rank)
         self._keep_state()  # before the reply: no rank holds a command the journal lacks

@@ -107,6 +107,9 @@ class AgentCore:
         self._pending: dict[int, _Pending] = {}
         self._commands: dict[int, list[dict[str, Any]]] = {}
         self.taken = 0  # batches counted
+        # Restored after a restart: the next digest marks each item `resync` (the supervisor
+        # stops awaiting batches that died with the old agent).
+        self.resync = False
         self.changed = False  # slots moved since the last `record()`
 
     # ------------------------------------------------------------- reports
@@ -195,7 +198,9 @@ class AgentCore:
         pending = self._pending.get(report.rank)
         if pending is None:
             pending = self._pending[report.rank] = _Pending(header)
-        else:
+        elif report.tick >= pending.header["tick"]:
+            # The newest by tick, not by arrival: calls Ray retries after a restart come in
+            # any order, and an item's records may not be ahead of its header.
             pending.header = header
         if type(seq) is int:
             pending.seqs.append(seq)
@@ -225,6 +230,10 @@ class AgentCore:
         """One item per rank that reported since the last digest; empties the pending set."""
         items = [self._item(p) for p in self._pending.values()]
         self._pending.clear()
+        if self.resync and items:
+            self.resync = False
+            for item in items:
+                item["resync"] = True
         return items
 
     def put_back(self, items: list[dict[str, Any]]) -> None:
@@ -237,6 +246,7 @@ class AgentCore:
             rank = item["rank"]
             newer = self._pending.get(rank)
             header = {k: v for k, v in item.items() if k not in _BODY}
+            self.resync = self.resync or bool(item.get("resync"))
             back = _Pending(header, list(item["seqs"]), [], list(item.get("outages", [])))
             back.ending = bool(item.get("ending"))
             back.metrics = list(item["metrics"])
@@ -287,6 +297,7 @@ class AgentCore:
             self.slots.slots[rank] = slot
         for rank, (step, tick) in record.get("marks", {}).items():
             self._marks[int(rank)] = RankMark(int(step), int(tick), now)
+        self.resync = True
 
 
 def _first_mark(batch: dict[str, Any], now: float) -> RankMark:
@@ -295,7 +306,7 @@ def _first_mark(batch: dict[str, Any], now: float) -> RankMark:
     return RankMark(step if type(step) is int else 0, tick if type(tick) is int else 0, now)
 
 
-_BODY = frozenset({"seqs", "events", "outcomes", "metrics", "outages", "ending"})
+_BODY = frozenset({"seqs", "events", "outcomes", "metrics", "outages", "ending", "resync"})
 
 
 def digest_metrics(rank: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -46,6 +46,8 @@ BATCH_FIELDS = frozenset(
         # The rank's loop ended (its last report: the hang watch stops expecting steps), and
         # its notes of a supervisor that did not answer for a while (supervisor.liveness).
         *("ending", "outages"),
+        # A node agent's first digest after a restart (`supervisor.agent`): read by the supervisor.
+        "resync",
     }
 )
 

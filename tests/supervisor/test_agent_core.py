@@ -96,6 +96,15 @@ def test_outcomes_ride_the_next_digest_and_hold_the_answer() -> None:
     assert [o["decision_id"] for o in again["outcomes"]] == ["d1"]
 
 
+def test_batches_arriving_out_of_order_keep_the_newest_header() -> None:
+    """A digest item's header is its rank's newest tick, whatever order the batches came in."""
+    agent = core()
+    agent.take(batch(2, 5))
+    agent.take(batch(2, 3))
+    (item,) = agent.digest()
+    assert item["tick"] == 5 and sorted(item["seqs"]) == [3, 5]
+
+
 def test_a_batch_taken_twice_is_a_duplicate() -> None:
     """The same (rank, incarnation, seq) again (a call Ray retried) is not taken again."""
     agent = core()
@@ -152,6 +161,10 @@ def test_a_restarted_agent_rebuilds_from_its_record() -> None:
     # It measures the next report from rank 4's last step: a jump of a million is refused.
     assert not reborn.take(batch(4, 4, step=1_050_002)).ok
     assert reborn.rejected["batch_step_too_far_ahead"] == 1
+    # Its first digest says it was restarted: the supervisor stops awaiting lost batches.
+    assert all(item["resync"] for item in reborn.digest())
+    reborn.take(batch(4, 5, step=50_003))
+    assert "resync" not in reborn.digest()[0]
     # Without the record the same batch is a first report, and seq 2 is new again.
     fresh = core()
     assert fresh.take(batch(4, 2, step=50_001)).ok

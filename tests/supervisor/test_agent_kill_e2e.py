@@ -22,8 +22,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
-ARGS = ["--steps", "150", "--layers", "2", "--width", "64", "--sample-every", "0"]
-FAULTS = [{"kind": "nan_loss", "at_step": 90, "rank": 1}]
+# Long enough for Ray to bring the agent back (a new process: seconds on 2 busy cores)
+# before the fault; an anomaly sent while it is away reaches the supervisor when it is back.
+STEPS = 400
+ARGS = ["--steps", str(STEPS), "--layers", "2", "--width", "64", "--sample-every", "0"]
+FAULTS = [{"kind": "nan_loss", "at_step": 300, "rank": 1}]
 KILL_AT_STEP = 40
 
 
@@ -79,7 +82,7 @@ def _decisions(run_dir: Path) -> list[tuple[Any, ...]]:
 def test_a_killed_agent_comes_back_and_the_run_matches_one_without_the_kill(
     ray_cluster: None, tmp_path: Path
 ) -> None:
-    """The agent is SIGKILLed at step 40; the NaN at step 90 is still remediated once, and
+    """The agent is SIGKILLed at step 40; the NaN at step 300 is still remediated once, and
     decisions, outcomes and final parameters equal those of the same run without the kill."""
     killed_spec = _spec(tmp_path / "killed")
     seen: dict[str, Any] = {}
@@ -91,15 +94,16 @@ def test_a_killed_agent_comes_back_and_the_run_matches_one_without_the_kill(
     assert seen.get("after") is not None, seen
     assert seen["after"]["restored"], "the restarted agent did not find its state record"
     assert sorted(seen["after"]["ranks"]) == [0, 1]
-    assert seen["killed_at_step"] < 90  # the kill came before the fault
+    assert seen["killed_at_step"] < 300  # the kill came before the fault
     assert killed["status"] == plain["status"] == "completed"
     assert _decisions(tmp_path / "killed") == _decisions(tmp_path / "plain")
     assert killed["outcomes"] == plain["outcomes"] == {"applied": 2}
     assert killed["actions"] == plain["actions"]
     for a, b in zip(killed["ranks"], plain["ranks"], strict=True):
-        assert a["steps_completed"] == b["steps_completed"] == 150
+        assert a["steps_completed"] == b["steps_completed"] == STEPS
         assert a["result"]["params_digest"] == b["result"]["params_digest"]
     # Every step of rank 0 reached the run directory (none lost with the agent).
     steps = {m["step"] for p in (tmp_path / "killed").glob("metrics-agent-*.jsonl")
              for m in read_jsonl(p) if m["rank"] == 0}  # fmt: skip
-    assert set(range(150)) <= steps
+    assert set(range(STEPS)) <= steps
+    assert killed["rejected"] == plain["rejected"] == {}
