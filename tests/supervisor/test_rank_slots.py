@@ -136,3 +136,17 @@ def test_a_slot_rebuilt_from_its_record_takes_nothing_twice() -> None:
     assert not again.accept(0, 1, 2) and not again.accept(0, 1, 5)
     assert again.accept(0, 1, 4) and again.accept(0, 1, 3) and again.accept(0, 1, 6)
     assert not again.accept(0, 1, 3)
+
+
+def test_gaps_given_up_are_no_longer_awaited() -> None:
+    """Numbers that died with a restarted agent stop making the rank incomplete."""
+    slots = RankSlots(2)
+    for seq in (1, 4, 6):
+        assert slots.accept(1, 1, seq)
+    assert slots.incomplete() == {1}
+    assert slots.give_up_gaps(1, 5) == 2  # 2 and 3
+    assert slots.slots[1].gaps == {5}
+    assert slots.give_up_gaps(1, 6) == 1
+    assert slots.incomplete() == frozenset()
+    assert not slots.accept(1, 1, 3)  # a given-up number is not taken later
+    assert slots.give_up_gaps(7, 10) == 0  # no such rank
