@@ -322,3 +322,59 @@ def agent_level(ranks: int, args: Any, spec: Any, display_poll_s: float) -> dict
           f"average {figures['load_average']:.1f}; lag growing: {growing}; refused: supervisor "
           f"{figures['rejected'] or 'none'}, agents {figures['agent_rejected']}")  # fmt: skip
     return figures
+
+
+def replay_through_agents(ranks: int, seconds: int, args: Any, spec: Any) -> None:
+    """`--agents --profile N`: `seconds` of N ranks' traffic through agents into the supervisor's
+    class in this process (no Ray transport): remedy's CPU per agent call, and its state records'
+    share. Each simulated second: every rank's report, each immediate item, every agent's digest.
+    """
+    from remedy.supervisor.actor import SupervisorActor  # noqa: PLC0415 - after ray.init
+
+    cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s,
+           "event_p": args.events_per_s / (ranks * args.step_hz)}  # fmt: skip
+    sup = SupervisorActor.__ray_actor_class__(spec.to_dict())  # type: ignore[attr-defined]
+    write_state = sup.write_state
+    spent = {"calls": 0, "report_many": 0.0, "write_state": 0.0, "writes": 0}
+
+    def timed_write() -> None:
+        t = time.perf_counter()
+        write_state()
+        spent["write_state"] += time.perf_counter() - t
+        spent["writes"] += 1
+
+    sup.write_state = timed_write
+    rpn = args.ranks_per_node
+    agents = [AgentCore(node=f"sim-{i:04d}", token=spec.token, world_size=ranks)
+              for i in range(-(-ranks // rpn))]  # fmt: skip
+    sims = [[Rank(r, spec.token, random.Random(r), cfg)
+             for r in range(i * rpn, min((i + 1) * rpn, ranks))] for i in range(len(agents))]  # fmt: skip
+
+    async def call(agent: AgentCore, items: list[dict[str, Any]]) -> None:
+        t = time.perf_counter()
+        reply = await sup.report_many(spec.token, agent.node, items)
+        spent["report_many"] += time.perf_counter() - t
+        spent["calls"] += 1
+        agent.answered(reply)
+
+    async def run() -> None:
+        for _ in range(seconds):
+            for agent, rs in zip(agents, sims, strict=True):
+                for rank in rs:
+                    taken = agent.take(rank.report(time.time())[0])
+                    if taken.item is not None:
+                        await call(agent, [taken.item])
+                    rank.take(agent.commands(rank.rank))
+            for agent in agents:
+                items = agent.digest()
+                if items:
+                    await call(agent, items)
+
+    asyncio.run(run())
+    per_call = spent["report_many"] / spent["calls"]
+    print(f"\nin-process through agents, {ranks} ranks on {len(agents)} agents, {seconds} simulated "
+          f"s: {spent['calls']} agent calls, {per_call * 1e6:.0f} us of remedy's CPU per call "
+          f"({spent['report_many'] / seconds:.3f} s per simulated second); state records "
+          f"{spent['writes']} ({spent['write_state'] / max(spent['writes'], 1) * 1e3:.1f} ms "
+          f"each, {spent['write_state'] / spent['report_many']:.0%} of it); Ray's per-call "
+          f"handling comes on top")  # fmt: skip

@@ -38,6 +38,7 @@ the CPU the supervisor spent per agent call.
     python benchmarks/supervisor_load.py [--ranks 64,256,1024] [--seconds 30] [--search]
     python benchmarks/supervisor_load.py --profile 1024
     python benchmarks/supervisor_load.py --agents --ranks 512,4096 --heartbeat-s 1 --step-hz 2
+    python benchmarks/supervisor_load.py --agents --profile 4096 --seconds 10 --heartbeat-s 1 --step-hz 2
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
-from benchmarks.agent_hosts import agent_level
+from benchmarks.agent_hosts import agent_level, replay_through_agents
 from remedy.supervisor.actor import SupervisorActor
 from remedy.supervisor.spec import RunSpec
 
@@ -488,6 +489,11 @@ def main() -> None:
            "event_every_s": args.event_every, "match_share": args.match_share}  # fmt: skip
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, logging_level="ERROR")  # fmt: skip
+    if args.profile and args.agents:
+        with tempfile.TemporaryDirectory() as tmp_s:
+            spec = make_spec(Path(tmp_s), args.profile)
+            replay_through_agents(args.profile, int(args.seconds), args, spec)
+        return
     if args.profile:
         profile(args.profile, args.seconds, cfg)
         return
