@@ -39,6 +39,8 @@ FORMAT = 1
 STATE = "state"
 # Closed decision ids a state record keeps (the newest): 1,000 ids are ~20 kB.
 MAX_CLOSED_KEPT = 1000
+# A pending command's targets when they are every rank of the world.
+ALL = "all"
 # The rank whose recent losses a state record keeps (`Controller.final_loss`'s default).
 LOSS_RANK = 0
 
@@ -53,7 +55,8 @@ def dump(c: Controller) -> dict[str, Any]:
             {
                 "decision": p.decision.to_dict(),
                 "command": p.command.to_dict(),
-                "targets": sorted(p.targets),
+                # Every rank, for almost every command: one word instead of world_size numbers.
+                "targets": ALL if p.targets == set(range(c.world_size)) else sorted(p.targets),
                 "outcomes": _grouped(p.outcomes.values()),
                 "dropped": sorted(p.dropped),
                 "dispatched_at": p.dispatched_at,
@@ -92,7 +95,7 @@ def load(c: Controller, data: dict[str, Any]) -> None:
         pending = _Pending(
             decision,
             Command.from_dict(raw["command"]),
-            {int(r) for r in raw["targets"]},
+            set(range(c.world_size)) if raw["targets"] == ALL else {int(r) for r in raw["targets"]},
             float(raw["dispatched_at"]),
             outcomes={o.rank: o for o in _ungrouped(raw["outcomes"])},
             dropped={int(r) for r in raw["dropped"]},
