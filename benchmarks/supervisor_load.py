@@ -29,8 +29,16 @@ answered, the lag does not grow over the run and the decision p99 is below
 class in this process (no Ray transport) under cProfile and prints the cost
 per batch of each stage of `report`.
 
+`--agents` sends the ranks' reports through node agents instead (one per
+`--ranks-per-node` ranks, a digest per agent every `--digest-s`; see
+`agent_hosts.py`, which says how many processes stand in for the agents),
+prints the same figures for the supervisor, and projects 16,384 ranks from
+the CPU the supervisor spent per agent call.
+
     python benchmarks/supervisor_load.py [--ranks 64,256,1024] [--seconds 30] [--search]
     python benchmarks/supervisor_load.py --profile 1024
+    python benchmarks/supervisor_load.py --agents --ranks 512,4096 --heartbeat-s 1 --step-hz 2
+    python benchmarks/supervisor_load.py --agents --profile 4096 --seconds 10 --heartbeat-s 1 --step-hz 2
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
+from benchmarks.agent_hosts import agent_level, replay_through_agents
 from remedy.supervisor.actor import SupervisorActor
 from remedy.supervisor.spec import RunSpec
 
@@ -469,13 +478,27 @@ def main() -> None:
     p.add_argument("--search", action="store_true", help="then find the largest count kept up with")
     p.add_argument("--actor-profile", action="store_true", help="cProfile the actor's loop")
     p.add_argument("--profile", type=int, default=0, help="profile N ranks in-process instead")
+    p.add_argument("--agents", action="store_true", help="report through node agents")
+    p.add_argument("--ranks-per-node", type=int, default=8)
+    p.add_argument("--agent-hosts", type=int, default=2, help="processes running the agents")
+    p.add_argument("--digest-s", type=float, default=1.0, help="an agent's digest period")
+    p.add_argument("--events-per-s", type=float, default=4.0, help="anomalies/s in all (--agents)")
+    p.add_argument("--project", type=int, default=16384, help="ranks to project (--agents)")
     args = p.parse_args()
     cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s,
            "event_every_s": args.event_every, "match_share": args.match_share}  # fmt: skip
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, logging_level="ERROR")  # fmt: skip
+    if args.profile and args.agents:
+        with tempfile.TemporaryDirectory() as tmp_s:
+            spec = make_spec(Path(tmp_s), args.profile)
+            replay_through_agents(args.profile, int(args.seconds), args, spec)
+        return
     if args.profile:
         profile(args.profile, args.seconds, cfg)
+        return
+    if args.agents:
+        agents_main(args)
         return
     rows = [level(int(r), args, cfg) for r in args.ranks.split(",")]
     if args.search:
@@ -507,6 +530,34 @@ def main() -> None:
               f"(Ray's call handling plus remedy's ingest; --profile N gives remedy's part): one "
               f"core answers ~{1 / per_batch:.0f} batches/s, ~{1 / per_batch / per_rank:.0f} ranks "
               f"at {per_rank:.2f} batches per rank per second")  # fmt: skip
+
+
+def agents_main(args: argparse.Namespace) -> None:
+    """`--agents`: each rank count through node agents, then the summary and the projection."""
+    rows = []
+    for ranks in (int(r) for r in args.ranks.split(",")):
+        with tempfile.TemporaryDirectory() as tmp_s:
+            rows.append(agent_level(ranks, args, make_spec(Path(tmp_s), ranks), DISPLAY_POLL_S))
+    # Every percentile with its sample count (n).
+    print(f"\n{'ranks':>6}{'nodes':>7}{'sup CPU/s':>11}{'us/call':>9}{'calls/s':>9}"
+          f"{'decision p50':>14}{'p99 ms':>8}{'(n)':>6}{'rtt p99 ms':>12}{'(n)':>7}"
+          f"{'all ranks p99':>15}{'(n)':>5}{'growing':>9}")  # fmt: skip
+    for r in rows:
+        print(f"{r['ranks']:>6}{r['nodes']:>7}{r['sup_cpu']:>11.3f}{r['sup_cpu_per_call'] * 1e6:>9.0f}"
+              f"{r['calls_s']:>9.0f}{r['decision_p50'] * 1e3:>14.1f}{r['decision_p99'] * 1e3:>8.1f}"
+              f"{r['decisions']:>6}{r['rtt_p99'] * 1e3:>12.1f}{r['rtts']:>7}"
+              f"{r['fanout_p99'] * 1e3:>15.0f}{r['fanouts']:>5}{r['growing']!s:>9}")  # fmt: skip
+    big = max(rows, key=lambda r: r["ranks"])
+    nodes = -(-args.project // args.ranks_per_node)
+    calls = nodes / args.digest_s + big["event_calls_s"]
+    print(f"\nPROJECTION (not measured) for {args.project} ranks on {nodes} nodes, from the "
+          f"{big['ranks']}-rank run: {calls:.0f} agent calls/s ({nodes} digests per "
+          f"{args.digest_s:g} s plus {big['event_calls_s']:.1f}/s with events) x "
+          f"{big['sup_cpu_per_call'] * 1e6:.0f} us of supervisor CPU per call = "
+          f"{calls * big['sup_cpu_per_call']:.2f} cores of the supervisor; each agent "
+          f"{args.ranks_per_node / args.heartbeat_s * big['take_us'] * 1e-6:.4f} cores "
+          f"({big['take_us']:.0f} us per report x {args.ranks_per_node / args.heartbeat_s:g} "
+          f"reports/s), unchanged by the rank count")  # fmt: skip
 
 
 if __name__ == "__main__":

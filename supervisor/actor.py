@@ -31,7 +31,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import ray
 import structlog
@@ -39,6 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.policies import Decision, Engine, Policy, PolicyError
 from remedy.supervisor import liveness, placement
+from remedy.supervisor.agent import alive_nodes, kill_agents, launch_agents
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import Notify, log_notify
@@ -85,6 +86,10 @@ MAX_REFUSAL_LINES = 50
 # How long an ended run's supervisor stays for late callers (`wait`, `status`,
 # `attach`) before it removes itself; a driver that waited kills it at once.
 LINGER_S = 60.0
+# Batch numbers one agent item may stand for (a digest of a few seconds of one rank).
+MAX_ITEM_SEQS = 4096
+# How long the node agents may take to start.
+AGENT_START_S = 120.0
 # Decisions `status` shows, newest last.
 RECENT_DECISIONS = 5
 
@@ -166,6 +171,9 @@ class SupervisorActor:
         self._group_record: dict[str, Any] | None = None  # set when restoring
         self._recovery_record: dict[str, Any] | None = None  # the restart in progress, if any
         self._ranks_ended = False  # restored after every rank had ended
+        self.agent_nodes: list[str] = []  # nodes with an agent of this run
+        self._agent_ranks: dict[str, set[int]] = {}  # agent (node) -> the ranks it sent
+        self._committing: asyncio.Future[None] | None = None  # the state record calls await
         # Crash points (chaos) already passed in an earlier life: each fires once per run.
         self._crashed: set[str] = set()
         if lives:
@@ -388,20 +396,125 @@ class SupervisorActor:
                 # so answer again with what the rank still owes.
                 return self.controller.commands_for(batch["rank"])
             return []
+        commands = self._ingest(batch, write_metrics=True, gauges=True)
+        self._keep_state()  # before the reply: no rank holds a command the journal lacks
+        holding = batch.get("holding") if isinstance(batch, dict) else None
+        if self.controller.last_report is not None and _a_tick(holding):
+            # A rank holding at a flagged step's boundary (workers.flag_hold): say whether
+            # every decision on that step is taken (its commands are in this reply).
+            return {"commands": commands, "settled": holding if self.settled_now(holding) else None}
+        return commands
+
+    def settled_now(self, tick: int) -> bool:
+        """Whether every decision on the step executed at `tick` is taken (`Controller.settled`)."""
+        return self.controller.settled(tick)
+
+    async def settled(self, token: Any, tick: Any, rank: Any) -> dict[str, Any]:
+        """A node agent asks for `rank`, holding at a flagged step's boundary (workers.flag_hold):
+        whether `tick` is settled, and the commands `rank` owes, read at the same moment (a
+        decision taken on another node's report is in them once it is settled)."""
+        if not self._authorized(token, "settled") or not _a_tick(tick) or type(rank) is not int:
+            return {"settled": False, "commands": []}
+        return {"settled": self.settled_now(tick), "commands": self.controller.commands_for(rank)}
+
+    async def report_many(self, token: Any, node: Any, items: Any) -> dict[int, list[Any]]:
+        """A node agent's call: many ranks' reports in one (`supervisor.agent`).
+
+        Each item is one rank's: its newest header, its events and outcomes,
+        its digested step records, and `seqs`, the batch numbers it stands for,
+        each taken once by the rank's slot (an item all of whose numbers were
+        seen is a duplicate: answered, not ingested again). Returns each item's
+        rank -> the commands that rank owes, after every item was taken (a later
+        item's event may decide a command for an earlier item's rank), for every
+        rank this node's agent has sent: a command decided on another node's
+        report reaches this node's ranks with this answer. The step records are
+        in the agent's own metrics file already.
+        """
+        if not self._authorized(token, "report_many") or not isinstance(items, list):
+            return {}
+        answer = self._agent_ranks.setdefault(str(node)[:64], set())
+        for item in items[: self.spec.workers]:
+            if not isinstance(item, dict):
+                self.controller.rejected["batch_item"] += 1
+                continue
+            rank, incarnation, seqs = (
+                item.get("rank"),
+                item.get("incarnation"),
+                item.pop("seqs", []),
+            )
+            if type(rank) is not int or rank not in self.slots.slots or not isinstance(seqs, list):
+                self.controller.rejected["batch_item"] += 1
+                continue
+            duplicates = self.slots.refused_duplicate
+            fresh = [s for s in seqs[:MAX_ITEM_SEQS] if self.slots.accept(rank, incarnation, s)]
+            if seqs and not fresh:
+                if self.slots.refused_duplicate > duplicates:
+                    answer.add(rank)  # a retried call: answered again, not taken again
+                continue
+            if not seqs and not self.slots.accept(rank, incarnation, None):
+                continue
+            if item.pop("resync", None) is True and fresh:
+                # The agent's first digest after Ray restarted it: every batch it took again
+                # is in, so the numbers still missing below its newest died with the old one
+                # (step records only: it wrote them to its file, and held back the answer
+                # to any batch with events or outcomes until they were sent on).
+                lost = self.slots.give_up_gaps(rank, max(fresh))
+                if lost:
+                    self.run_dir.wal({"type": "agent_resync", "node": str(node)[:64],
+                                      "rank": rank, "digests_lost": lost})  # fmt: skip
+            self._ingest(item, write_metrics=False, gauges=False)
+            answer.add(rank)
+        await self._commit()  # before the reply: no rank holds a command the journal lacks
+        return {rank: self.controller.commands_for(rank) for rank in sorted(answer)}
+
+    async def _commit(self) -> None:
+        """A state record covering every change so far, shared by the calls waiting together.
+
+        Each agent call that moved the controller waits for one record written
+        after it; the calls Ray has queued meanwhile are taken first, so under
+        load one record answers many calls instead of one each (at 4,096 ranks
+        a record takes tens of milliseconds).
+        """
+        if self.controller.changes == self._state_changes:
+            return
+        if self._committing is None:
+            loop = asyncio.get_running_loop()
+            done: asyncio.Future[None] = loop.create_future()
+            self._committing = done
+
+            def flush() -> None:
+                self._committing = None
+                try:
+                    self._keep_state()
+                except Exception as exc:  # the waiting calls fail; their senders send again
+                    done.set_exception(exc)
+                else:
+                    done.set_result(None)
+
+            loop.call_soon(flush)
+        await asyncio.shield(self._committing)
+
+    def _ingest(self, batch: Any, *, write_metrics: bool, gauges: bool) -> list[dict[str, Any]]:
+        """One rank's accepted report: to the controller, the displays, gauges and hang watch.
+
+        `write_metrics=False, gauges=False`: an agent's item, whose step records and
+        per-rank gauges the agent wrote and set already.
+        """
         if isinstance(batch, dict) and "outages" in batch:
             self._outage_notes(batch.pop("outages"))
         # The rank's loop is done: it takes no more steps, so no progress is to be waited for.
         ending = isinstance(batch, dict) and batch.pop("ending", None) is True
         # Ranks whose earlier reports are still on their way: an incident of theirs may be too.
         self.controller.incomplete = self.slots.incomplete()
-        commands = self.controller.ingest(batch)
+        commands = self.controller.ingest(batch, write_metrics=write_metrics)
         report = self.controller.last_report
         if report is not None and ending:
             self.watch.forget(report.rank)
         if report is not None:
             valid = report.as_batch()
             self.feed.observe(valid)
-            self.metrics.observe(valid)
+            if gauges:
+                self.metrics.observe(valid)
             self.metrics.goodput(self.controller.goodput, self.started)
             times = [
                 m["step_time_s"]
@@ -414,13 +527,6 @@ class SupervisorActor:
                 self.recovery.progress(report.rank, report.tick)
         self.feed.decisions(self.controller.decisions)
         self.metrics.decisions(self.controller.decisions)
-        self._keep_state()  # before the reply: no rank holds a command the journal lacks
-        holding = batch.get("holding") if isinstance(batch, dict) and report is not None else None
-        if type(holding) is int and 0 <= holding < 2**53:
-            # A rank holding at a flagged step's boundary (workers.flag_hold): say whether
-            # every decision on that step is taken (its commands are in this reply).
-            settled = holding if self.controller.settled(holding) else None
-            return {"commands": commands, "settled": settled}
         return commands
 
     async def chaos_kill_node(self, token: Any, rank: int, node_id: str) -> dict[str, Any]:
@@ -596,6 +702,7 @@ class SupervisorActor:
             # Restarted after every rank had ended (their actors are gone): just finish.
             return self._finish()
         me = ray.get_runtime_context().current_actor
+        await self._start_agents()
         group = self.group = WorkerGroup(
             self.spec, supervisor=me, store_addr=self.rendezvous.address, slots=self.slots
         )
@@ -658,6 +765,7 @@ class SupervisorActor:
             group.shutdown()
             with contextlib.suppress(ray.exceptions.RayError):
                 kill_run_actors(self.spec.run_id)  # any a crash left out of the records
+            kill_agents(self.spec.run_id, self.agent_nodes)
         return self._finish()
 
     async def check_nodes(self, group: WorkerGroup, *, now: bool = False) -> None:
@@ -667,6 +775,25 @@ class SupervisorActor:
         dead = await self.node_watch.new_dead(group.watched_nodes(), now=now)
         if dead:
             self.recovery.nodes_lost(dead)
+
+    async def _start_agents(self) -> None:
+        """Resolve `node_agents` (auto: on with more than one node) and start them if on.
+
+        One agent on every live node: placement is Ray's, so any node may get
+        ranks. The ranks' actors read the resolved mode from the spec.
+        """
+        nodes = alive_nodes()
+        mode = self.spec.node_agents
+        on = mode == "on" or (mode == "auto" and len(nodes) > 1)
+        self.spec.node_agents = "on" if on else "off"
+        if not on:
+            return
+        self.agent_nodes = nodes
+        handles = launch_agents(self.spec.to_dict(), nodes)
+        await asyncio.wait_for(
+            asyncio.gather(*(h.where.remote() for h in handles.values())), AGENT_START_S
+        )
+        self.run_dir.wal({"type": "agents_started", "nodes": nodes})
 
     async def _adopt(self, group: WorkerGroup, record: dict[str, Any]) -> None:
         """Take over the ranks of the supervisor before this one."""
@@ -867,3 +994,8 @@ def _brief(d: dict[str, Any]) -> dict[str, Any]:
     """A journaled decision as `status` shows it."""
     keys = ("decision_id", "step", "rule", "action", "outcome", "reason")
     return {k: d.get(k) for k in keys}
+
+
+def _a_tick(value: Any) -> TypeGuard[int]:
+    """A tick a rank may name (an int, not a bool, within what JSON carries exactly)."""
+    return type(value) is int and 0 <= value < 2**53

@@ -36,7 +36,7 @@ from typing import Any
 
 from remedy.supervisor.core.goodput import when
 from remedy.workers.chaos import FAULT_SIGNS, ChaosSetting, Fault, Scenario, load_scenario
-from remedy.workers.rundir import read_jsonl
+from remedy.workers.rundir import metrics_paths, read_jsonl
 
 # The final loss may differ from the twin's by this fraction unless a scenario says otherwise.
 DEFAULT_LOSS_TOLERANCE = 0.05
@@ -205,7 +205,7 @@ def analyze(
     """What the run directory says of each fault (see the module docstring)."""
     anomalies = sorted(read_jsonl(run_dir / "anomalies.jsonl"), key=lambda a: _at(a.get("ts")))
     decisions = read_jsonl(run_dir / "decisions.jsonl")
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = [m for path in metrics_paths(run_dir) for m in read_jsonl(path)]
     wal = read_jsonl(run_dir / "journal.wal")
     fired = _fired(run_dir)
     restarts = [r["outage"] for r in wal

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from remedy.supervisor.cluster import LOOPBACK_ENV
+from remedy.supervisor.spec import NODE_AGENT_MODES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED, EXIT_STOPPED = 0, 1, 2, 3, 4
 STATUS_EXIT = {
@@ -144,6 +145,13 @@ def _parser() -> argparse.ArgumentParser:
         default="spread",
         help="on a cluster of several nodes: spread the ranks round-robin over the nodes other "
         "than the supervisor's, or pack each node up to its CPUs in turn (default: spread)",
+    )
+    run.add_argument(
+        "--node-agents",
+        choices=NODE_AGENT_MODES,
+        default="auto",
+        help="one agent per node that takes its ranks' reports (auto: on when the Ray "
+        "cluster has more than one node)",
     )
     run.add_argument(
         "--supervisor-timeout",
@@ -338,6 +346,7 @@ def _run(args: argparse.Namespace) -> int:
             notify_env=_notify_env(policy_loaded.notify),
             supervisor_timeout_s=args.supervisor_timeout,
             placement=args.placement,
+            node_agents=args.node_agents,
         )
         claim = claim_run_dir(
             Path(spec.run_dir),

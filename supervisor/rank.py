@@ -27,6 +27,7 @@ import ray
 import torch
 import torch.distributed as dist
 
+from remedy.supervisor.agent import this_nodes_agent
 from remedy.supervisor.output import forward_output, supervisor_sink
 from remedy.supervisor.reporter import RayReporter
 from remedy.supervisor.rundata import write_fallback_summary
@@ -62,6 +63,7 @@ class RankActor:
         verbose: bool = False,
         token: str = "",
         silence_s: float | None = None,
+        node_agents: bool = False,
     ) -> None:
         configure_logging(verbose=verbose)
         os.environ.setdefault(NCCL_ERROR_HANDLING_ENV, "2")
@@ -74,6 +76,7 @@ class RankActor:
         self.argv = list(argv)
         self.token = token  # stamped on every report (the supervisor refuses batches without it)
         self.silence_s = silence_s  # a report unanswered this long: the supervisor is hung
+        self.node_agents = node_agents  # report to this node's agent (`supervisor.agent`)
         self.membership: Membership | None = None
         self.ctx: WorkerContext | None = None
         self._result: dict[str, Any] | None = None
@@ -83,6 +86,11 @@ class RankActor:
         except Exception:  # reported by `run`, where it fails the rank
             self._fn = None
         warm_up()
+
+    def _reports_to(self) -> Any:
+        """This node's agent where the run has agents, else the supervisor."""
+        agent = this_nodes_agent(self.run_id) if self.node_agents else None
+        return agent if agent is not None else self.supervisor
 
     # ------------------------------------------------------------- control
     @ray.method(concurrency_group=CONTROL)
@@ -155,7 +163,7 @@ class RankActor:
             run_id=self.run_id,
             run_dir=Path(self.run_dir),
             reporter=RayReporter(
-                self.supervisor,
+                self._reports_to(),
                 rank=rank,
                 incarnation=incarnation,
                 token=self.token,

@@ -152,6 +152,20 @@ class RankSlots:
         else:
             self._incomplete.discard(slot.rank)
 
+    def give_up_gaps(self, rank: int, below: int) -> int:
+        """Numbers of `rank` below `below` not taken yet will never come: stop awaiting them.
+
+        A node agent that Ray restarted had acknowledged some batches to the
+        rank without sending them on; they died with it. Returns how many.
+        """
+        slot = self.slots.get(rank)
+        if slot is None:
+            return 0
+        lost = {q for q in slot.gaps if q < below}
+        slot.gaps -= lost
+        self._note_gaps(slot)
+        return len(lost)
+
     def incomplete(self) -> frozenset[int]:
         """Ranks with batch numbers below their newest still missing (not yet arrived)."""
         return frozenset(self._incomplete)

@@ -20,6 +20,7 @@ from remedy.supervisor.core.control_state import read_journal
 from remedy.supervisor.core.goodput import GoodputLedger
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.report_files import read_records, read_run_dir
+from remedy.workers.rundir import metrics_paths
 
 # A run directory whose journals changed this recently is taken to be running.
 RUNNING_WITHIN_S = 60.0
@@ -86,7 +87,7 @@ def load_run(path: str | Path) -> RunData:
         raise RunDirError(files.missing)
     decisions = sorted(files.decisions, key=lambda d: str(d.get("decision_id", "")))
     anomalies = read_records(p / "anomalies.jsonl", files)
-    metrics = read_records(p / "metrics.jsonl", files)
+    metrics = [m for path in metrics_paths(p) for m in read_records(path, files)]
     notifications = read_records(p / "notifications.jsonl", files)
     if (p / "summary.json").is_file():
         summary, source = files.summary, "summary.json"

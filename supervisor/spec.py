@@ -10,6 +10,8 @@ from typing import Any
 
 # The Ray namespace of every remedy actor.
 NAMESPACE = "remedy"
+# `RunSpec.node_agents` values (`remedy run --node-agents`).
+NODE_AGENT_MODES = ("on", "off", "auto")
 
 
 def supervisor_name(run_id: str) -> str:
@@ -64,6 +66,10 @@ class RunSpec:
     # Where ranks run on a cluster of several nodes (`supervisor.placement`): `spread`
     # round-robin over the nodes other than the supervisor's, `pack` fills each in turn.
     placement: str = "spread"
+    # Node agents (`supervisor.agent`): "on" starts one per node and the ranks report to
+    # their node's; "off" keeps every rank reporting to the supervisor; "auto" is on when
+    # the Ray cluster has more than one node. The supervisor resolves it as it starts.
+    node_agents: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.run_dir:
@@ -71,6 +77,8 @@ class RunSpec:
         self.run_dir = os.path.abspath(os.path.expanduser(self.run_dir))
         if self.placement not in ("spread", "pack"):
             raise ValueError(f"placement must be spread or pack, not {self.placement!r}")
+        if self.node_agents not in NODE_AGENT_MODES:
+            raise ValueError(f"node_agents must be one of {', '.join(NODE_AGENT_MODES)}")
         if self.spares is None:
             self.spares = 1 if self.workers > 1 else 0
         if self.threads_per_rank is None:

@@ -176,6 +176,7 @@ class WorkerGroup:
             verbose=self.spec.verbose,
             token=self.spec.token,
             silence_s=self.spec.supervisor_timeout_s,
+            node_agents=self.spec.node_agents == "on",
         )
 
     def _context_options(self) -> dict[str, Any]:

@@ -39,6 +39,17 @@ def _jsonl_logger(fh: TextIO) -> Any:
     )
 
 
+# Step records of ranks that report through a node agent: one file per agent
+# (`remedy.supervisor.agent`), read together with `metrics.jsonl`.
+AGENT_METRICS_GLOB = "metrics-agent-*.jsonl"
+
+
+def metrics_paths(path: str | os.PathLike[str]) -> list[Path]:
+    """Every file of step records in run directory `path`: `metrics.jsonl`, then the agents'."""
+    p = Path(path)
+    return [p / "metrics.jsonl", *sorted(p.glob(AGENT_METRICS_GLOB))]
+
+
 class RunDir:
     """Append-only writers for one run's files."""
 
@@ -71,19 +82,20 @@ class RunDir:
     def metrics(self, record: dict[str, Any]) -> None:
         self.metrics_many([record])
 
-    def metrics_many(self, records: list[dict[str, Any]]) -> None:
+    def metrics_many(self, records: list[dict[str, Any]], name: str = "metrics.jsonl") -> None:
         """Lines of `metrics.jsonl` in one write: the supervisor writes one per rank and step.
 
         Each line is what the structlog writer gives (the record, `event`, then
-        `ts`), without its per-line processor chain and flush.
+        `ts`), without its per-line processor chain and flush. `name`: another
+        file of step records (a node agent's, `metrics-agent-<node>.jsonl`).
         """
         if not records:
             return
-        self._logger("metrics.jsonl")  # opens the file
+        self._logger(name)  # opens the file
         ts = datetime.datetime.now(tz=datetime.UTC).isoformat().replace("+00:00", "Z")
         encode = _ENCODER.encode
         lines = [encode({**r, "event": "metrics", "ts": ts}) for r in records]
-        self._files["metrics.jsonl"].write("\n".join(lines) + "\n")
+        self._files[name].write("\n".join(lines) + "\n")
 
     def output(self, lines: list[dict[str, Any]]) -> None:
         """Lines the ranks printed, in `output.jsonl` (`rank`, `stream`, `line`, `ts` in

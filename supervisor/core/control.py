@@ -176,12 +176,13 @@ class Controller:
         self.goodput = GoodputLedger()
 
     # ---------------------------------------------------------------- ingest
-    def ingest(self, batch: Any) -> list[dict[str, Any]]:
+    def ingest(self, batch: Any, *, write_metrics: bool = True) -> list[dict[str, Any]]:
         """Take one report batch from a rank; return the commands that rank still owes.
 
         Each item is validated on its own (`report_validation`): invalid ones
         are counted in `rejected` by reason and change nothing; the rest are
-        decided as if they had come alone.
+        decided as if they had come alone. `write_metrics=False`: the step
+        records are in a node agent's metrics file already (`supervisor.agent`).
         """
         now = self._clock()
         rank = batch.get("rank") if isinstance(batch, dict) else None
@@ -212,7 +213,7 @@ class Controller:
         self.tick_of[rank] = report.tick
         for record in report.metrics:
             self._metrics(rank, record)
-        if self.run_dir is not None:
+        if self.run_dir is not None and write_metrics:
             self.run_dir.metrics_many(report.metrics)
         for outcome in report.outcomes:
             self._outcome(outcome)
@@ -561,12 +562,20 @@ class Controller:
         # command is still owed by that rank, which re-sends a done command's
         # outcome. Closing the command does (`_close`).
         pending.outcomes[outcome.rank] = outcome
+        # Outcomes come only from targets (checked above), so every target has answered
+        # when there are as many: no pass over every rank per outcome (at 4,096 ranks a
+        # command's outcomes cost O(ranks^2) that way).
+        complete = len(pending.outcomes) >= len(pending.targets)
         if _internal(pending.command.decision_id):
-            if set(pending.outcomes) >= pending.targets:
+            if complete:
                 self._close(outcome.decision_id)
             return
-        failed = [o for o in pending.outcomes.values() if o.outcome != "applied"]
-        if failed or set(pending.outcomes) >= pending.targets:
+        failed = (
+            [o for o in pending.outcomes.values() if o.outcome != "applied"]
+            if complete or outcome.outcome != "applied"
+            else []
+        )
+        if failed or complete:
             self._resolve(pending, failed)
 
     def _resolve(self, pending: _Pending, failed: list[Outcome]) -> None:

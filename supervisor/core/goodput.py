@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from remedy.supervisor.core.control_state import read_journal
+from remedy.workers.rundir import metrics_paths
 
 # A rewind whose cause the ledger was not told (a rewind by an action it does not know).
 UNATTRIBUTED = "unattributed"
@@ -350,7 +351,9 @@ class GoodputLedger:
             at = when(ev.get("ts"))
             if ev.get("source") == "supervisor" and at is not None:
                 ledger.disrupted(at, str(ev.get("kind")))
-        for rec in metrics if metrics is not None else _jsonl(p / "metrics.jsonl"):
+        if metrics is None:
+            metrics = [m for path in metrics_paths(p) for m in _jsonl(path)]
+        for rec in metrics:
             rank = rec.get("rank")
             if type(rank) is int:
                 ledger.record(rank, rec)

@@ -49,6 +49,8 @@ BATCH_FIELDS = frozenset(
         # The tick of a flagged step the rank holds for (workers.flag_hold): the reply
         # then says whether every decision on it is taken.
         "holding",
+        # A node agent's first digest after a restart (`supervisor.agent`): read by the supervisor.
+        "resync",
     }
 )
 

@@ -151,3 +151,17 @@ def test_on_node_lists_the_ranks_a_node_holds_now() -> None:
     slots.replace(3)  # its new process has not said where it runs yet
     assert slots.on_node("b", lost_too=True) == [1]
     assert slots.on_node("a") == [0]
+
+
+def test_gaps_given_up_are_no_longer_awaited() -> None:
+    """Numbers that died with a restarted agent stop making the rank incomplete."""
+    slots = RankSlots(2)
+    for seq in (1, 4, 6):
+        assert slots.accept(1, 1, seq)
+    assert slots.incomplete() == {1}
+    assert slots.give_up_gaps(1, 5) == 2  # 2 and 3
+    assert slots.slots[1].gaps == {5}
+    assert slots.give_up_gaps(1, 6) == 1
+    assert slots.incomplete() == frozenset()
+    assert not slots.accept(1, 1, 3)  # a given-up number is not taken later
+    assert slots.give_up_gaps(7, 10) == 0  # no such rank

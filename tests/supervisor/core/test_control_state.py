@@ -9,6 +9,7 @@ from typing import Any
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
+from remedy.workers.commands import Outcome
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """
@@ -173,3 +174,18 @@ def test_torn_last_journal_line_is_skipped(tmp_path: Path) -> None:
         control_state.read_journal(tmp_path / "journal.wal")
     )
     assert state is not None and tail == []
+
+
+def test_outcomes_differing_only_in_rank_are_kept_as_one_entry() -> None:
+    """A state record groups a command's like outcomes, and loading gives every one back."""
+
+    def outcome(rank: int, detail: str = "") -> Outcome:
+        return Outcome(decision_id="d1", rank=rank, outcome="applied", step=3, tick=3,
+                       detail=detail)  # fmt: skip
+
+    outcomes = [outcome(r) for r in range(6)] + [outcome(6, "late"), outcome(7, "late")]
+    entries = control_state._grouped(outcomes)
+    assert sorted(len(e["ranks"]) for e in entries) == [2, 6]
+    assert sorted(control_state._ungrouped(entries), key=lambda o: o.rank) == outcomes
+    # A record written one outcome per entry still loads.
+    assert control_state._ungrouped([o.to_dict() for o in outcomes]) == outcomes

@@ -1,0 +1,380 @@
+"""`supervisor_load.py --agents`: simulated ranks report through node agents to one real supervisor.
+
+Each simulated node has 8 ranks (`--ranks-per-node`) and one agent: an
+`AgentCore`, the per-report logic of `remedy.supervisor.agent.NodeAgent`,
+doing the token, slot, dedupe and validation work, keeping commands per
+rank, and sending upward exactly what a node agent sends: each batch with an
+anomaly at once (one `report_many` call), and one digest every `--digest-s`
+seconds (one `report_many` call per agent per interval, carrying every rank
+that reported, its outcomes too). The agents' digests are spread evenly over
+the interval, as independent agents' timers would be.
+
+512 agent processes do not fit on a 2-core machine: `--agent-hosts`
+processes (Ray actors) stand in for them, each running its share of the
+agents and of their ranks on one event loop. The supervisor, a real
+`SupervisorActor`, cannot tell: each agent makes its own Ray calls with its
+own node name. A rank's report reaches its agent as a function call in the
+host's process rather than a Ray call on its node: that hop's cost falls on
+the node, never on the supervisor, and is left out of the latencies.
+
+A simulated rank reports as the Guard does at `--heartbeat-s` (1 s here: one
+report per rank per second) and applies each command at its tick; its
+outcome goes with its next report (the agent sends it up with the next
+digest either way). Anomalies come at `--events-per-s` in all, spread over
+the ranks; half are `data_stall`, answered by `dump_diagnostics`, a command
+to every rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from remedy.supervisor.agent_core import AgentCore
+
+WINDOW_S = 5.0
+
+
+def cpu_s(pid: int | None = None) -> float:
+    """CPU seconds of process `pid` (user + system), or of this process when None."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stat = Path(f"/proc/{pid or os.getpid()}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+class Rank:
+    """One simulated rank: step records, Poisson anomalies, commands applied at their tick."""
+
+    def __init__(self, rank: int, token: str, rng: random.Random, cfg: dict[str, float]) -> None:
+        self.rank, self.token, self.rng = rank, token, rng
+        self.step = self.seq = 0
+        self.event_p = cfg["event_p"]
+        self.steps_per_report = max(1, round(cfg["step_hz"] * cfg["heartbeat_s"]))
+        self.queued: dict[str, dict[str, Any]] = {}
+        self.done: set[str] = set()
+        self.outcomes: list[dict[str, Any]] = []
+
+    def report(self, wall: float) -> tuple[dict[str, Any], int | None]:
+        """The steps since the last report; the batch, and the step of a matching anomaly."""
+        metrics, events, matched = [], [], None
+        for _ in range(self.steps_per_report):
+            for cid, cmd in list(self.queued.items()):
+                if cmd["apply_at_tick"] <= self.step:
+                    del self.queued[cid]
+                    self.done.add(cid)
+                    self.outcomes.append({"decision_id": cid, "rank": self.rank,
+                                          "outcome": "applied", "step": self.step,
+                                          "tick": self.step, "detail": "", "result": {},
+                                          "attempts": 1})  # fmt: skip
+            metrics.append({"step": self.step, "tick": self.step, "rank": self.rank,
+                            "loss": 2.5 + self.rng.random() * 0.01, "grad_norm": 1.0, "lr": 3e-4,
+                            "step_time_s": round(0.09 + self.rng.random() * 0.01, 6),
+                            "loader_time_s": 0.001, "mem_bytes": 123_456_789,
+                            "batch_index": self.step, "optimizer_skipped": False})  # fmt: skip
+            if self.rng.random() < self.event_p:
+                match = self.rng.random() < 0.5
+                events.append({"kind": "data_stall" if match else "memory_growth",
+                               "rank": self.rank, "step": self.step, "tick": self.step,
+                               "value": 2.0, "threshold": 1.0, "severity": "warning",
+                               "source": "detector", "ts": wall,
+                               "details": {"window": 20}})  # fmt: skip
+                matched = self.step if match else matched
+            self.step += 1
+        self.seq += 1
+        batch = {"rank": self.rank, "step": self.step, "tick": self.step, "ts": wall,
+                 "events": events, "metrics": metrics, "outcomes": self.outcomes,
+                 "max_steps": 10**6, "batch_size": 8, "incarnation": 1, "seq": self.seq,
+                 "token": self.token}  # fmt: skip
+        self.outcomes = []
+        return batch, matched
+
+    def take(self, commands: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The commands in an answer; returns those this rank had not seen."""
+        new = []
+        for cmd in commands:
+            cid = cmd["decision_id"]
+            if cid not in self.done and cid not in self.queued:
+                self.queued[cid] = cmd
+                new.append(cmd)
+        return new
+
+
+@ray.remote(num_cpus=0)
+class AgentHost:
+    """Runs many node agents and their ranks in one process (see the module docstring)."""
+
+    async def run(self, supervisor: Any, nodes: list[list[int]], first_node: int,
+                  seconds: float, cfg: dict[str, float], token: str, world: int,
+                  pids: list[int]) -> dict[str, Any]:  # fmt: skip
+        """Simulate `nodes` (each a list of ranks) for `seconds`; the figures of this host."""
+        self.sup, self.token, self.t0 = supervisor, token, time.monotonic()
+        self.windows: dict[int, dict[str, Any]] = {}
+        self.decision_s: list[float] = []
+        self.no_command = 0
+        self.receipts: dict[str, list[float]] = {}
+        self.calls = {"digest": 0, "event": 0}
+        self.items = 0
+        self.take_s = 0.0
+        self.events: set[asyncio.Future[None]] = set()  # immediate calls in flight
+        self.taken = 0
+        interval = cfg["digest_s"]
+        agents = [AgentCore(node=f"sim-{first_node + i:04d}", token=token, world_size=world)
+                  for i in range(len(nodes))]  # fmt: skip
+        ranks = [[Rank(r, token, random.Random(r), cfg) for r in node] for node in nodes]
+        cpu0 = [cpu_s(p) for p in pids] + [cpu_s()]
+        tasks = [asyncio.ensure_future(self._ranks(a, rs, seconds, cfg["heartbeat_s"], i / len(nodes)))
+                 for i, (a, rs) in enumerate(zip(agents, ranks, strict=True))]  # fmt: skip
+        tasks += [asyncio.ensure_future(self._digests(a, rs, seconds, interval, i / len(nodes)))
+                  for i, (a, rs) in enumerate(zip(agents, ranks, strict=True))]  # fmt: skip
+        await asyncio.gather(*tasks)
+        if self.events:
+            await asyncio.wait(self.events, timeout=30)
+        span = time.monotonic() - self.t0
+        cpu = [(cpu_s(p) - c) / span for p, c in zip(pids, cpu0, strict=False)]
+        cpu.append((cpu_s() - cpu0[-1]) / span)
+        return {"seconds": span, "windows": self.windows, "decision_s": self.decision_s,
+                "no_command": self.no_command, "receipts": self.receipts, "calls": self.calls,
+                "items": self.items, "cpu": cpu, "take_s": self.take_s, "taken": self.taken,
+                "rejected": sum(sum(a.rejected.values()) for a in agents)}  # fmt: skip
+
+    def _window(self, at: float) -> dict[str, Any]:
+        w = int((at - self.t0) // WINDOW_S)
+        return self.windows.setdefault(w, {"calls": 0, "rtt": [], "in_flight": 0})
+
+    async def _call(
+        self, agent: AgentCore, items: list[dict[str, Any]], kind: str
+    ) -> dict[Any, Any]:
+        sent = time.monotonic()
+        self.calls[kind] += 1
+        self.items += len(items)
+        w = self._window(sent)
+        w["calls"] += 1
+        w["in_flight"] += 1
+        reply = await self.sup.report_many.remote(self.token, agent.node, items)
+        w["in_flight"] -= 1
+        w["rtt"].append(time.monotonic() - sent)
+        return reply if isinstance(reply, dict) else {}
+
+    def _deliver(self, agent: AgentCore, rank: Rank) -> list[dict[str, Any]]:
+        new = rank.take(agent.commands(rank.rank))
+        wall = time.time()
+        for cmd in new:
+            r = self.receipts.setdefault(cmd["decision_id"], [wall, wall, 0])
+            r[0], r[1], r[2] = min(r[0], wall), max(r[1], wall), r[2] + 1
+        return new
+
+    async def _ranks(self, agent: AgentCore, ranks: list[Rank], seconds: float,
+                     heartbeat: float, phase: float) -> None:  # fmt: skip
+        """Each rank reports every `heartbeat` seconds, the node's ranks spread over it."""
+        k = 0
+        start = self.t0 + phase * heartbeat
+        while True:
+            due = start + k * heartbeat / len(ranks)
+            if due - self.t0 >= seconds:
+                return
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            rank = ranks[k % len(ranks)]
+            batch, matched = rank.report(time.time())
+            t = time.perf_counter()
+            taken = agent.take(batch)
+            self.take_s += time.perf_counter() - t
+            self.taken += 1
+            if taken.item is not None:
+                task = asyncio.ensure_future(self._event(agent, rank, taken.item, matched))
+                self.events.add(task)
+                task.add_done_callback(self.events.discard)
+            else:
+                self._deliver(agent, rank)
+            k += 1
+
+    async def _event(self, agent: AgentCore, rank: Rank, item: dict[str, Any],
+                     matched: int | None) -> None:  # fmt: skip
+        sent = time.monotonic()
+        agent.answered(await self._call(agent, [item], "event"))
+        new = self._deliver(agent, rank)
+        if matched is not None:
+            if any(c["anomaly_step"] == matched for c in new):
+                self.decision_s.append(time.monotonic() - sent)
+            else:
+                self.no_command += 1
+
+    async def _digests(self, agent: AgentCore, ranks: list[Rank], seconds: float,
+                       interval: float, phase: float) -> None:  # fmt: skip
+        k = 1
+        while (due := self.t0 + (phase + k) * interval) - self.t0 < seconds + interval:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            items = agent.digest()
+            if items:
+                agent.answered(await self._call(agent, items, "digest"))
+            k += 1
+
+
+def _pid(actor: Any) -> int:
+    return int(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid())))
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def agent_level(ranks: int, args: Any, spec: Any, display_poll_s: float) -> dict[str, Any]:
+    """One run of `ranks` ranks on `ranks / --ranks-per-node` simulated nodes; prints its table."""
+    from remedy.supervisor.actor import SupervisorActor  # noqa: PLC0415 - after ray.init
+
+    rpn = args.ranks_per_node
+    nodes = [list(range(i, min(i + rpn, ranks))) for i in range(0, ranks, rpn)]
+    hosts = max(1, min(args.agent_hosts, len(nodes)))
+    cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s, "digest_s": args.digest_s,
+           "event_p": args.events_per_s / (ranks * args.step_hz)}  # fmt: skip
+    token = spec.token
+    sup = SupervisorActor.remote(spec.to_dict())  # type: ignore[attr-defined]
+    ray.get(sup.status.remote(token))
+    actors = [AgentHost.remote() for _ in range(hosts)]  # type: ignore[attr-defined]
+    ray.get([a.__ray_ready__.remote() for a in actors])
+    pids = [_pid(a) for a in (sup, *actors)]
+    per = -(-len(nodes) // hosts)
+    refs = [a.run.remote(sup, nodes[i * per : (i + 1) * per], i * per, args.seconds, cfg, token,
+                         ranks, pids if i == 0 else [])
+            for i, a in enumerate(actors)]  # fmt: skip
+    cursor = 0
+    while len(ray.wait(refs, num_returns=len(refs), timeout=display_poll_s)[0]) < len(refs):
+        _, cursor = ray.get(sup.events.remote(cursor, token))  # as `remote run`'s display polls
+    results = ray.get(refs)
+    status = ray.get(sup.status.remote(token))
+    for actor in (sup, *actors):
+        ray.kill(actor)
+    seconds = max(r["seconds"] for r in results)
+    cpu = results[0]["cpu"]  # supervisor, then each host (host 0 measured them all)
+    windows: dict[int, dict[str, Any]] = {}
+    for res in results:
+        for w, d in res["windows"].items():
+            agg = windows.setdefault(int(w), {"calls": 0, "rtt": [], "in_flight": 0})
+            agg["calls"] += d["calls"]
+            agg["in_flight"] += d["in_flight"]
+            agg["rtt"] += d["rtt"]
+    receipts: dict[str, list[float]] = {}
+    for res in results:
+        for cid, (first, last, count) in res["receipts"].items():
+            r = receipts.setdefault(cid, [first, last, 0])
+            r[0], r[1], r[2] = min(r[0], first), max(r[1], last), r[2] + count
+    fanout = [last - first for first, last, count in receipts.values() if count == ranks]
+    decision = [s for res in results for s in res["decision_s"]]
+    calls = {k: sum(r["calls"][k] for r in results) for k in ("digest", "event")}
+    taken = sum(r["taken"] for r in results)
+    full = [w for w in sorted(windows) if (w + 1) * WINDOW_S <= args.seconds + 1e-6]
+    body = full[1:] if len(full) > 2 else full
+    half = len(body) // 2 or 1
+    early = [x for w in body[:half] for x in windows[w]["rtt"]]
+    later = [x for w in body[half:] for x in windows[w]["rtt"]] or early
+    growing = bool(pct(later, 0.5) > 2 * pct(early, 0.5) + 0.010)
+    print(f"\n{ranks} ranks on {len(nodes)} simulated nodes ({rpn} ranks each) through "
+          f"{len(nodes)} agents, run by {hosts} host processes standing in for the {len(nodes)} "
+          f"agents; {seconds:.0f} s, 1 report per rank every {args.heartbeat_s:g} s, a digest per "
+          f"agent every {args.digest_s:g} s")  # fmt: skip
+    print(f"  {'window':>8}{'calls/s':>9}{'rtt p50 ms':>12}{'p99 ms':>9}{'(n)':>7}"
+          f"{'in flight':>11}")  # fmt: skip
+    for w in full:
+        d = windows[w]
+        print(f"  {w * WINDOW_S:>6.0f} s{d['calls'] / WINDOW_S:>9.0f}{pct(d['rtt'], 0.5) * 1e3:>12.1f}"
+              f"{pct(d['rtt'], 0.99) * 1e3:>9.1f}{len(d['rtt']):>7}{d['in_flight']:>11}")  # fmt: skip
+    sup_calls = (calls["digest"] + calls["event"]) / seconds
+    sup_cpu = cpu[0]
+    host_cpu = sum(cpu[1:-1]) if len(cpu) > 2 else cpu[-1]
+    figures = {
+        "ranks": ranks, "nodes": len(nodes), "hosts": hosts, "seconds": seconds,
+        "reports_s": taken / seconds, "calls_s": sup_calls,
+        "digest_calls_s": calls["digest"] / seconds, "event_calls_s": calls["event"] / seconds,
+        "items_s": sum(r["items"] for r in results) / seconds,
+        "sup_cpu": sup_cpu, "sup_cpu_per_call": sup_cpu / max(sup_calls, 1e-9),
+        "host_cpu": host_cpu, "agent_cpu_per_report": host_cpu / max(taken / seconds, 1e-9),
+        "take_us": sum(r["take_s"] for r in results) / max(taken, 1) * 1e6,
+        "decision_p50": pct(decision, 0.5), "decision_p99": pct(decision, 0.99),
+        "decisions": len(decision), "no_command": sum(r["no_command"] for r in results),
+        "fanout_p99": pct(fanout, 0.99), "fanouts": len(fanout),
+        "rtt_p99": pct([x for w in body for x in windows[w]["rtt"]], 0.99),
+        "rtts": sum(len(windows[w]["rtt"]) for w in body), "growing": growing,
+        "rejected": dict(status["rejected"]),
+        "agent_rejected": sum(r["rejected"] for r in results),
+        "outcomes": sum(status["actions"].values()), "load_average": os.getloadavg()[0],
+    }  # fmt: skip
+    print(f"  agents took {figures['reports_s']:.0f} reports/s; the supervisor answered "
+          f"{sup_calls:.0f} calls/s ({figures['digest_calls_s']:.0f} digests, "
+          f"{figures['event_calls_s']:.1f} with events) carrying {figures['items_s']:.0f} rank "
+          f"items/s; decision latency p50 {figures['decision_p50'] * 1e3:.1f} ms, p99 "
+          f"{figures['decision_p99'] * 1e3:.1f} ms (n={len(decision)}, {figures['no_command']} "
+          f"events answered without their command); every rank holds a command after p99 "
+          f"{figures['fanout_p99'] * 1e3:.0f} ms (n={len(fanout)}); agent call round trip p99 "
+          f"{figures['rtt_p99'] * 1e3:.1f} ms (n={figures['rtts']})")  # fmt: skip
+    print(f"  CPU (cores busy): supervisor {sup_cpu:.3f} ({figures['sup_cpu_per_call'] * 1e6:.0f} us "
+          f"per agent call), the {hosts} agent hosts {host_cpu:.2f} "
+          f"({figures['agent_cpu_per_report'] * 1e6:.0f} us per rank report, simulation included; "
+          f"{figures['take_us']:.0f} us of it in the agent's own work); whole machine load "
+          f"average {figures['load_average']:.1f}; lag growing: {growing}; refused: supervisor "
+          f"{figures['rejected'] or 'none'}, agents {figures['agent_rejected']}")  # fmt: skip
+    return figures
+
+
+def replay_through_agents(ranks: int, seconds: int, args: Any, spec: Any) -> None:
+    """`--agents --profile N`: `seconds` of N ranks' traffic through agents into the supervisor's
+    class in this process (no Ray transport): remedy's CPU per agent call, and its state records'
+    share. Each simulated second: every rank's report, each immediate item, every agent's digest.
+    """
+    from remedy.supervisor.actor import SupervisorActor  # noqa: PLC0415 - after ray.init
+
+    cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s,
+           "event_p": args.events_per_s / (ranks * args.step_hz)}  # fmt: skip
+    sup = SupervisorActor.__ray_actor_class__(spec.to_dict())  # type: ignore[attr-defined]
+    write_state = sup.write_state
+    spent = {"calls": 0, "report_many": 0.0, "write_state": 0.0, "writes": 0}
+
+    def timed_write() -> None:
+        t = time.perf_counter()
+        write_state()
+        spent["write_state"] += time.perf_counter() - t
+        spent["writes"] += 1
+
+    sup.write_state = timed_write
+    rpn = args.ranks_per_node
+    agents = [AgentCore(node=f"sim-{i:04d}", token=spec.token, world_size=ranks)
+              for i in range(-(-ranks // rpn))]  # fmt: skip
+    sims = [[Rank(r, spec.token, random.Random(r), cfg)
+             for r in range(i * rpn, min((i + 1) * rpn, ranks))] for i in range(len(agents))]  # fmt: skip
+
+    async def call(agent: AgentCore, items: list[dict[str, Any]]) -> None:
+        t = time.perf_counter()
+        reply = await sup.report_many(spec.token, agent.node, items)
+        spent["report_many"] += time.perf_counter() - t
+        spent["calls"] += 1
+        agent.answered(reply)
+
+    async def run() -> None:
+        for _ in range(seconds):
+            for agent, rs in zip(agents, sims, strict=True):
+                for rank in rs:
+                    taken = agent.take(rank.report(time.time())[0])
+                    if taken.item is not None:
+                        await call(agent, [taken.item])
+                    rank.take(agent.commands(rank.rank))
+            for agent in agents:
+                items = agent.digest()
+                if items:
+                    await call(agent, items)
+
+    asyncio.run(run())
+    per_call = spent["report_many"] / spent["calls"]
+    print(f"\nin-process through agents, {ranks} ranks on {len(agents)} agents, {seconds} simulated "
+          f"s: {spent['calls']} agent calls, {per_call * 1e6:.0f} us of remedy's CPU per call "
+          f"({spent['report_many'] / seconds:.3f} s per simulated second); state records "
+          f"{spent['writes']} ({spent['write_state'] / max(spent['writes'], 1) * 1e3:.1f} ms "
+          f"each, {spent['write_state'] / spent['report_many']:.0%} of it); Ray's per-call "
+          f"handling comes on top")  # fmt: skip

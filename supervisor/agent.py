@@ -1,0 +1,230 @@
+"""The node agent: one detached Ray actor per node, between that node's ranks and the supervisor.
+
+The ranks of a node send their reports to its agent instead of the
+supervisor (the agent answers `report` and `where` as the supervisor does,
+so a rank's `RayReporter` works unchanged). The agent does the per-report
+work (`supervisor.agent_core.AgentCore`: token, slot and batch number,
+validation), sets its ranks' gauges (`remedy.workers.metrics`), writes the
+step records to its own metrics file
+(`metrics-agent-<node>.jsonl`, merged with `metrics.jsonl` by every reader:
+`supervisor.rundata.metrics_files`), and sends upward:
+
+- a batch with anomaly events at once, in one `report_many` call,
+  answering the rank only once the supervisor has it;
+- one digest of every rank that reported, each `DIGEST_S`, in one
+  `report_many` call: one Ray call per node per interval instead of one per
+  rank report. It carries the ranks' outcomes too; a batch with outcomes is
+  answered once the digest that carried them is acknowledged.
+
+The supervisor answers each call with the commands of every rank in it;
+the agent keeps them and hands each rank its own with the answer to its next
+report. The agent is named per run and node (`agent_name`), pinned to its
+node (node affinity) and restarted by Ray after a crash (`max_restarts=-1`,
+with the ranks' calls retried against the new instance). Its state record
+(`agent-<node>.json` in the run directory, replaced atomically after every
+digest) holds its ranks' slots and last steps; a restarted agent rebuilds
+itself from it, and whatever it takes twice is a duplicate by batch number
+at the supervisor, whose slots decide exactly-once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import ray
+import structlog
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from remedy.supervisor import liveness
+from remedy.supervisor.agent_core import AgentCore
+from remedy.supervisor.spec import NAMESPACE, supervisor_name
+from remedy.workers.logs import configure_logging
+from remedy.workers.metrics import RayBackend, RunMetrics
+from remedy.workers.rundir import RunDir
+
+log = structlog.get_logger("remedy.agent")
+
+# How often an agent sends its digest (the newest step and tick of each rank, and
+# what it owes). Commands reach a rank within about this plus its heartbeat.
+DIGEST_S = 0.5
+# Characters of a node id in an agent's name and files: unique among a cluster's nodes.
+NODE_ID_CHARS = 12
+
+
+def agent_name(run_id: str, node_id: str) -> str:
+    """The Ray actor name of run `run_id`'s agent on node `node_id` (namespace `NAMESPACE`)."""
+    return f"remedy-agent-{run_id}-{node_id[:NODE_ID_CHARS]}"
+
+
+def agent_files(run_dir: Path, node_id: str) -> tuple[Path, str]:
+    """(the agent's state record, the name of its metrics file in the run directory)."""
+    short = node_id[:NODE_ID_CHARS]
+    return run_dir / f"agent-{short}.json", f"metrics-agent-{short}.jsonl"
+
+
+def launch_agents(spec: dict[str, Any], node_ids: list[str]) -> dict[str, Any]:
+    """Start (or find) the agent of each node in `node_ids`; returns node id -> handle.
+
+    Returns at once; a handle's `where` answers once its agent has started.
+    """
+    handles: dict[str, Any] = {}
+    for node_id in node_ids:
+        name = agent_name(spec["run_id"], node_id)
+        handles[node_id] = NodeAgent.options(  # type: ignore[attr-defined]
+            name=name,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            max_restarts=-1,
+            max_task_retries=-1,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(spec, node_id)
+    return handles
+
+
+def alive_nodes() -> list[str]:
+    """The ids of the Ray cluster's live nodes."""
+    return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+
+
+def kill_agents(run_id: str, node_ids: list[str]) -> None:
+    """Remove a run's agents for good (the run has ended)."""
+    for node_id in node_ids:
+        with contextlib.suppress(ValueError, ray.exceptions.RayError):
+            ray.kill(ray.get_actor(agent_name(run_id, node_id), NAMESPACE), no_restart=True)
+
+
+def this_nodes_agent(run_id: str) -> Any | None:
+    """The agent of the node this process runs on, or None where the run has none."""
+    node_id = ray.get_runtime_context().get_node_id()
+    try:
+        return ray.get_actor(agent_name(run_id, node_id), NAMESPACE)
+    except ValueError:
+        return None
+
+
+@ray.remote(num_cpus=0)
+class NodeAgent:
+    """One node's agent (see the module docstring)."""
+
+    def __init__(self, spec: dict[str, Any], node_id: str) -> None:
+        configure_logging(verbose=bool(spec.get("verbose")))
+        self.run_id = str(spec["run_id"])
+        self.node_id = node_id
+        self.core = AgentCore(
+            node=node_id[:NODE_ID_CHARS], token=str(spec["token"]), world_size=int(spec["workers"])
+        )
+        self.run_dir = RunDir(spec["run_dir"], self.run_id)
+        # Its ranks' gauges (anomalies, step time), which the supervisor no longer sets.
+        self.gauges = RunMetrics(RayBackend(), run_id=self.run_id)
+        self._record_path, self._metrics_name = agent_files(self.run_dir.path, node_id)
+        self.restored = False
+        with contextlib.suppress(OSError, ValueError):
+            record = json.loads(self._record_path.read_text())
+            if isinstance(record, dict):
+                self.core.restore(record)
+                self.restored = True
+                log.warning("agent_restored", node=self.core.node, ranks=self.core.ranks)
+        self.supervisor: Any = ray.get_actor(supervisor_name(self.run_id), NAMESPACE)
+        self._token = str(spec["token"])
+        self._loop: asyncio.Task[None] | None = None
+        # Answers held for the next digest's acknowledgement (batches with outcomes).
+        self._waiting: list[asyncio.Future[None]] = []
+        self.calls = 0  # report_many calls made (digests and immediate items)
+
+    def _ensure_loop(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop().create_task(self._digests())
+
+    async def where(self) -> tuple[str, int, float]:
+        """(node address, pid, process start time): what a rank's silence watch kills."""
+        self._ensure_loop()
+        ident = liveness.Identity.of_this_process(ray.util.get_node_ip_address())
+        return ident.node, ident.pid, ident.created
+
+    async def report(self, batch: Any) -> list[dict[str, Any]] | dict[str, Any]:
+        """A rank's report batch in; the commands that rank owes out (as the supervisor's).
+
+        A rank holding at a flagged step's boundary (`workers.flag_hold`) is answered
+        as the supervisor answers it: {"commands": ..., "settled": tick or None}.
+        """
+        self._ensure_loop()
+        taken = self.core.take(batch)
+        rank = batch.get("rank") if isinstance(batch, dict) else None
+        if taken.metrics:
+            self.run_dir.metrics_many(list(taken.metrics), name=self._metrics_name)
+        if taken.ok:
+            events = taken.item["events"] if taken.item is not None else []
+            self.gauges.observe({"rank": rank, "events": events, "metrics": list(taken.metrics)})
+        if taken.item is not None:
+            # Events and outcomes: the supervisor has them before the rank is answered, so
+            # a rank whose call fails here sends them again.
+            replies = await self._up([taken.item])
+            self.core.answered(replies)
+        elif taken.held:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append(done)
+            await done  # raises if the run's supervisor is gone for good: the rank sends again
+        if not (taken.ok or taken.duplicate) or type(rank) is not int:
+            return []
+        if taken.holding is not None:
+            answer = await self.supervisor.settled.remote(self._token, taken.holding, rank)
+            if isinstance(answer, dict) and isinstance(answer.get("commands"), list):
+                self.core.answered({rank: answer["commands"]})
+            settled = isinstance(answer, dict) and answer.get("settled") is True
+            return {
+                "commands": self.core.commands(rank),
+                "settled": taken.holding if settled else None,
+            }
+        return self.core.commands(rank)
+
+    async def stats(self) -> dict[str, Any]:
+        """What this agent did: batches taken, calls made, refusals by reason."""
+        return {
+            "node": self.core.node,
+            "taken": self.core.taken,
+            "calls": self.calls,
+            "rejected": dict(self.core.rejected),
+            "ranks": self.core.ranks,
+            "restored": self.restored,
+            "pid": os.getpid(),
+        }
+
+    async def _up(self, items: list[dict[str, Any]]) -> dict[Any, Any]:
+        self.calls += 1
+        reply = await self.supervisor.report_many.remote(self._token, self.core.node, items)
+        return reply if isinstance(reply, dict) else {}
+
+    async def _digests(self) -> None:
+        """Every `DIGEST_S`: the digest upward, the replies kept, the state record written."""
+        while True:
+            await asyncio.sleep(DIGEST_S)
+            waiting, self._waiting = self._waiting, []
+            items = self.core.digest()
+            if items:
+                try:
+                    self.core.answered(await self._up(items))
+                except ray.exceptions.RayError as exc:
+                    log.warning("digest_failed", error=str(exc)[:300])
+                    self.core.put_back(items)
+                    self._waiting = waiting + self._waiting
+                    continue
+            for done in waiting:
+                if not done.done():
+                    done.set_result(None)
+            if self.core.changed:
+                self._write_record()
+
+    def _write_record(self) -> None:
+        """The state record, replaced atomically (a crash leaves the old one or the new)."""
+        tmp = self._record_path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(self.core.record()))
+            os.replace(tmp, self._record_path)
+        except OSError as exc:
+            log.warning("agent_record_not_written", error=str(exc))

@@ -1,0 +1,170 @@
+"""The node agent's per-report work, as a plain object: checks, dedupe, digests, its state record."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from remedy.supervisor.agent_core import AgentCore, digest_metrics
+
+TOKEN = "t" * 32
+
+
+def batch(rank: int, seq: int, *, step: int | None = None, incarnation: int = 1,
+          events: int = 0, token: str = TOKEN, **extra: Any) -> dict[str, Any]:  # fmt: skip
+    """A Guard's report: one step record, `events` anomalies, stamped as RayReporter does."""
+    step = seq if step is None else step
+    now = time.time()
+    return {
+        "rank": rank, "step": step, "tick": step, "ts": now, "incarnation": incarnation,
+        "seq": seq, "token": token, "outcomes": [],
+        "metrics": [{"step": step - 1, "tick": step - 1, "rank": rank, "loss": 2.0 + seq,
+                     "step_time_s": 0.1 * seq, "collective_s": 0.01, "mem_bytes": 5}],
+        "events": [{"kind": "data_stall", "rank": rank, "step": step - 1, "tick": step - 1,
+                    "value": 2.0, "threshold": 1.0, "severity": "warning", "source": "detector",
+                    "ts": now, "details": {}} for _ in range(events)],
+        **extra,
+    }  # fmt: skip
+
+
+def core() -> AgentCore:
+    return AgentCore(node="n1", token=TOKEN, world_size=16)
+
+
+def test_foreign_token_and_rank_outside_the_world_are_refused() -> None:
+    """A batch without the run's token, or naming a rank the world lacks, counts for nothing."""
+    agent = core()
+    assert not agent.take(batch(1, 1, token="x" * 32)).ok
+    assert not agent.take(batch(16, 1)).ok
+    assert not agent.take("not a batch").ok
+    assert agent.rejected["token"] == 1
+    assert agent.rejected["batch_rank"] == 1
+    assert agent.rejected["batch_not_a_mapping"] == 1
+    assert agent.digest() == []
+
+
+def test_metrics_only_batches_become_one_digest_item_per_rank_with_every_seq() -> None:
+    """Three quiet batches of rank 3: one item, the newest header, all three batch numbers."""
+    agent = core()
+    for seq in (1, 2, 3):
+        taken = agent.take(batch(3, seq))
+        assert taken.ok and taken.item is None and len(taken.metrics) == 1
+    (item,) = agent.digest()
+    assert item["rank"] == 3 and item["step"] == 3 and item["tick"] == 3
+    assert item["seqs"] == [1, 2, 3] and item["incarnation"] == 1
+    # Not the lead rank: one record, the median compute time (step less collective time).
+    (record,) = item["metrics"]
+    assert record["step"] == 2 and record["loss"] == 5.0
+    assert record["step_time_s"] == pytest.approx(0.2 - 0.01)
+    assert "mem_bytes" not in record and "collective_s" not in record
+    assert agent.digest() == []
+
+
+def test_lead_rank_step_records_go_up_in_full() -> None:
+    """Rank 0's records are the goodput ledger's: each one goes up, trimmed."""
+    records = [{"step": s, "tick": s, "rank": 0, "loss": 1.0, "step_time_s": 0.1, "x": 1}
+               for s in range(4)]  # fmt: skip
+    up = digest_metrics(0, records)
+    assert [r["step"] for r in up] == [0, 1, 2, 3]
+    assert all("x" not in r for r in up)
+
+
+def test_an_event_goes_up_at_once_with_the_ranks_pending_batches() -> None:
+    """A batch with an anomaly is an immediate item carrying what the rank had pending too."""
+    agent = core()
+    agent.take(batch(2, 1))
+    taken = agent.take(batch(2, 2, events=1))
+    assert taken.item is not None
+    assert taken.item["seqs"] == [1, 2]
+    assert [e["kind"] for e in taken.item["events"]] == ["data_stall"]
+    assert agent.digest() == []  # nothing of rank 2 is left for the digest
+
+
+def test_outcomes_ride_the_next_digest_and_hold_the_answer() -> None:
+    """A batch with an outcome is held: the outcome goes up with the rank's digest item."""
+    agent = core()
+    outcome = {"decision_id": "d1", "rank": 5, "outcome": "applied", "step": 1, "tick": 1,
+               "detail": "", "result": {}, "attempts": 1}  # fmt: skip
+    taken = agent.take(batch(5, 1, outcomes=[outcome]))
+    assert taken.ok and taken.held and taken.item is None
+    (item,) = agent.digest()
+    assert [o["decision_id"] for o in item["outcomes"]] == ["d1"]
+    agent.put_back([item])
+    (again,) = agent.digest()
+    assert [o["decision_id"] for o in again["outcomes"]] == ["d1"]
+
+
+def test_batches_arriving_out_of_order_keep_the_newest_header() -> None:
+    """A digest item's header is its rank's newest tick, whatever order the batches came in."""
+    agent = core()
+    agent.take(batch(2, 5))
+    agent.take(batch(2, 3))
+    (item,) = agent.digest()
+    assert item["tick"] == 5 and sorted(item["seqs"]) == [3, 5]
+
+
+def test_a_batch_taken_twice_is_a_duplicate() -> None:
+    """The same (rank, incarnation, seq) again (a call Ray retried) is not taken again."""
+    agent = core()
+    assert agent.take(batch(1, 1)).ok
+    again = agent.take(batch(1, 1))
+    assert not again.ok and again.duplicate
+    assert [i["seqs"] for i in agent.digest()] == [[1]]
+
+
+def test_a_newer_incarnation_opens_a_fresh_slot_and_the_old_one_is_refused() -> None:
+    """A replaced rank's process starts again from seq 1; its predecessor's late batch is stale."""
+    agent = core()
+    agent.take(batch(1, 5))
+    agent.digest()
+    assert agent.take(batch(1, 1, incarnation=2)).ok
+    late = agent.take(batch(1, 6, incarnation=1))
+    assert not late.ok and not late.duplicate
+    assert agent.rejected["batch_stale_incarnation"] == 1
+
+
+def test_commands_are_kept_per_rank_from_the_supervisors_reply() -> None:
+    """Each rank is answered with its own commands from the last reply that named it."""
+    agent = core()
+    agent.answered({1: [{"decision_id": "d1"}], 2: []})
+    assert agent.commands(1) == [{"decision_id": "d1"}]
+    assert agent.commands(2) == [] and agent.commands(3) == []
+    agent.answered({1: []})
+    assert agent.commands(1) == []
+
+
+def test_a_failed_digest_goes_out_again_merged_with_newer_batches() -> None:
+    """put_back: the failed digest's seqs and records come first, the newest header wins."""
+    agent = core()
+    agent.take(batch(0, 1))
+    items = agent.digest()
+    agent.take(batch(0, 2))
+    agent.put_back(items)
+    (item,) = agent.digest()
+    assert item["seqs"] == [1, 2]
+    assert [m["step"] for m in item["metrics"]] == [0, 1]
+    assert item["step"] == 2
+
+
+def test_a_restarted_agent_rebuilds_from_its_record() -> None:
+    """From its record a new agent knows its ranks' seqs and steps; without it, it does not."""
+    agent = core()
+    agent.take(batch(4, 1, step=50_000))
+    assert agent.take(batch(4, 2, step=50_001)).ok
+    record = agent.record()
+    reborn = core()
+    reborn.restore(record)
+    assert reborn.take(batch(4, 2, step=50_001)).duplicate
+    assert reborn.take(batch(4, 3, step=50_002)).ok
+    # It measures the next report from rank 4's last step: a jump of a million is refused.
+    assert not reborn.take(batch(4, 4, step=1_050_002)).ok
+    assert reborn.rejected["batch_step_too_far_ahead"] == 1
+    # Its first digest says it was restarted: the supervisor stops awaiting lost batches.
+    assert all(item["resync"] for item in reborn.digest())
+    reborn.take(batch(4, 5, step=50_003))
+    assert "resync" not in reborn.digest()[0]
+    # Without the record the same batch is a first report, and seq 2 is new again.
+    fresh = core()
+    assert fresh.take(batch(4, 2, step=50_001)).ok
