@@ -147,6 +147,9 @@ class Recovery:
         self._next_ping = now + PING_EVERY_S
         watch = self.sup.watch
         self._ping_started = time.time()
+        # Which process each answer is about: a rank replaced while the round was out (its
+        # node found dead meanwhile, say) must not be judged on its old process's silence.
+        pinged = {r: self.sup.slots.incarnation(r) for r in self.group.actors}
         pings = await self.group.ping_all(
             watch.config.ping_timeout_s, patience=watch.config.ping_patience
         )
@@ -167,9 +170,12 @@ class Recovery:
             self.lost(rank, "rank_hang", (
                 f"rank {rank} made no progress for {age:.2f}s "
                 f"(timeout {self.sup.watch.timeout(rank):.2f}s) and {verdict.reason}"
-            ), details={"age_s": round(age, 3), "timeout_s": round(self.sup.watch.timeout(rank), 3)})  # fmt: skip
+            ), details={"age_s": round(age, 3), "timeout_s": round(self.sup.watch.timeout(rank), 3)},
+                incarnation=pinged.get(rank))  # fmt: skip
         for rank in verdict.dead:
-            self.lost(rank, "rank_dead", f"rank {rank}'s process is gone")
+            self.lost(
+                rank, "rank_dead", f"rank {rank}'s process is gone", incarnation=pinged.get(rank)
+            )
 
     def nodes_lost(self, dead: list[DeadNode]) -> None:
         """Nodes Ray calls dead: every rank on them is lost at once, journaled with the node.
@@ -206,10 +212,26 @@ class Recovery:
                 })  # fmt: skip
 
     def lost(
-        self, rank: int, kind: str, reason: str, *, details: dict[str, Any] | None = None
+        self,
+        rank: int,
+        kind: str,
+        reason: str,
+        *,
+        details: dict[str, Any] | None = None,
+        incarnation: int | None = None,
     ) -> None:
-        """Report `rank` (its current incarnation) lost to the policy, once."""
-        incarnation = self.sup.slots.incarnation(rank)
+        """Report `rank` (its current incarnation) lost to the policy, once.
+
+        `incarnation`: the one the evidence is about; evidence about a process
+        already replaced (a ping round that was out while a node's loss replaced
+        its ranks) is about nothing running now, and is dropped.
+        """
+        current = self.sup.slots.incarnation(rank)
+        if incarnation is not None and incarnation != current:
+            log.info("loss_of_a_replaced_process", rank=rank, kind=kind, incarnation=incarnation,
+                     current=current)  # fmt: skip
+            return
+        incarnation = current
         if (rank, incarnation) in self._reported:
             return
         self._reported.add((rank, incarnation))
