@@ -149,9 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--node-agents",
         choices=NODE_AGENT_MODES,
-        default="auto",
+        default="off",
         help="one agent per node that takes its ranks' reports (auto: on when the Ray "
-        "cluster has more than one node)",
+        "cluster has more than one node; default: off)",
     )
     run.add_argument(
         "--supervisor-timeout",

@@ -69,7 +69,8 @@ class RunSpec:
     # Node agents (`supervisor.agent`): "on" starts one per node and the ranks report to
     # their node's; "off" keeps every rank reporting to the supervisor; "auto" is on when
     # the Ray cluster has more than one node. The supervisor resolves it as it starts.
-    node_agents: str = "auto"
+    # Off by default: a node's loss with its agent is not handled yet (docs/node-agents.md).
+    node_agents: str = "off"
 
     def __post_init__(self) -> None:
         if not self.run_dir:
