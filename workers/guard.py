@@ -269,6 +269,8 @@ class Guard:
         self._group: Any = None
         self._group_device = torch.device("cpu")
         self.agreement: Agreement | None = None
+        # A flagged step waits for its decision (workers.flag_hold); switched on below.
+        self.flag_hold = FlagHold(wait_s=self.config.flag_wait_s)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             if dist.get_backend() == "nccl":
                 self._group_device = torch.device("cuda", torch.cuda.current_device())
@@ -277,10 +279,8 @@ class Guard:
         self.replays = Replays(self._replay_window(), self.config.replay_window_s)
         self.step_mark: StepMark | None = None
         hold = self.config.flag_hold
-        self.flag_hold = FlagHold(
-            on=bool(ctx.hold_on_flag if hold is None else hold) and self.replays.window > 0,
-            wait_s=self.config.flag_wait_s,
-        )
+        self.flag_hold.on = bool(ctx.hold_on_flag if hold is None else hold)
+        self.flag_hold.on = self.flag_hold.on and self.replays.window > 0
         # Data-parallel replicas compared every so many steps (workers.replicas).
         self.replica_check = replicas.ReplicaCheck(self.config.replica_check_every)
         # Reports out: events, metrics (built from (stats, chaos log) when a report leaves).
@@ -900,6 +900,9 @@ class Guard:
         an agreement launched in the old one is dropped."""
         self._group = group
         self.agreement = Agreement(group, self._group_device)
+        # Whether to hold is decided alike on every rank: a replacement joins with no
+        # quiet period, so every rank of the new group starts without one.
+        self.flag_hold.quiet_until = 0
 
     def _send(
         self,
