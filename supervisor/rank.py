@@ -168,6 +168,7 @@ class RankActor:
                 incarnation=incarnation,
                 token=self.token,
                 silence_s=self.silence_s,
+                control=self.supervisor,
             ),
             faults=[Fault.model_validate(f) for f in faults or []],
             argv=list(self.argv),

@@ -67,8 +67,12 @@ class RayReporter:
         incarnation: int = 1,
         token: str = "",
         silence_s: float | None = None,
+        control: Any = None,
     ) -> None:
         self.supervisor = supervisor
+        # Who the chaos faults that act on the run ask or kill (`kill_supervisor`, `kill_node`):
+        # the supervisor itself, also when the reports go to this node's agent.
+        self.control = supervisor if control is None else control
         self.token = token  # the run's token: a batch without it is refused
         self.rank = rank
         self.incarnation = incarnation
@@ -126,11 +130,11 @@ class RayReporter:
 
     def kill_supervisor(self) -> None:
         """Chaos: SIGKILL the supervisor's process (Ray restarts it); by Ray if on another node."""
-        node, pid = ray.get(self.supervisor.where.remote(), timeout=30)[:2]
+        node, pid = ray.get(self.control.where.remote(), timeout=30)[:2]
         if node == ray.util.get_node_ip_address():
             os.kill(pid, signal.SIGKILL)
         else:
-            ray.kill(self.supervisor, no_restart=False)
+            ray.kill(self.control, no_restart=False)
 
     def kill_node(self) -> str:
         """Chaos: SIGKILL this rank's Ray node, raylet and all; returns only to say why not.
@@ -140,7 +144,7 @@ class RayReporter:
         """
         node = ray.get_runtime_context().get_node_id()
         answer = ray.get(
-            self.supervisor.chaos_kill_node.remote(self.token, self.rank, node), timeout=30
+            self.control.chaos_kill_node.remote(self.token, self.rank, node), timeout=30
         )
         if not answer.get("kill"):
             return str(answer.get("reason"))

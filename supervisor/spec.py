@@ -69,7 +69,7 @@ class RunSpec:
     # Node agents (`supervisor.agent`): "on" starts one per node and the ranks report to
     # their node's; "off" keeps every rank reporting to the supervisor; "auto" is on when
     # the Ray cluster has more than one node. The supervisor resolves it as it starts.
-    # Off by default: a node's loss with its agent is not handled yet (docs/node-agents.md).
+    # Off by default: node loss is measured without agents (docs/node-agents.md).
     node_agents: str = "off"
 
     def __post_init__(self) -> None:

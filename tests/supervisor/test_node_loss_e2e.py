@@ -130,3 +130,25 @@ def test_kill_node_without_spares_starts_both_ranks_cold_on_the_other_node(
     [record] = summary["recoveries"]
     assert record["replacements"] == {"1": "new actor", "3": "new actor"}, record
     print("node loss, cold:", node_loss_times(tmp_path, summary))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_kill_node_with_node_agents_on(cluster: Cluster, clean_digest: str, tmp_path: Path) -> None:
+    """The same node loss with the ranks reporting through node agents: the kill is asked of the
+    supervisor itself (not of the agent), the node's agent dies with it, and both ranks are
+    replaced on the other node; parameters equal the clean run's, bit for bit."""
+    dead = {n["NodeID"] for n in cluster.nodes() if not n["Alive"]}
+    for node_id in dead & {w.node_id for w in cluster.workers}:
+        cluster.replace_worker(node_id, Path(tempfile.mkdtemp(prefix="nx-", dir="/tmp")))
+    fault = {"kind": "kill_node", "at_step": KILL_STEP, "rank": VICTIM}
+    summary = supervised(cluster, tmp_path, spares=4, faults=[fault], node_agents="on")
+    assert summary["status"] == "completed", summary
+    assert {r["result"]["params_digest"] for r in summary["ranks"]} == {clean_digest}
+    wal = read_jsonl(tmp_path / "journal.wal")
+    assert [r["type"] for r in wal].count("agents_started") == 1
+    [kill] = [r for r in wal if r.get("type") == "chaos_kill_node"]
+    assert kill["outcome"] == "killing" and kill["ranks"] == [1, 3]
+    [record] = summary["recoveries"]
+    assert sorted(record["ranks"]) == [1, 3]
+    print("node loss, warm spares, node agents:", node_loss_times(tmp_path, summary))
