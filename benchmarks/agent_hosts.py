@@ -49,6 +49,12 @@ def cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def machine_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (every state but idle and iowait)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return sum(int(f) for i, f in enumerate(fields) if i not in (3, 4)) / os.sysconf("SC_CLK_TCK")
+
+
 class Rank:
     """One simulated rank: step records, Poisson anomalies, commands applied at their tick."""
 

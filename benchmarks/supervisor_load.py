@@ -65,7 +65,7 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
-from benchmarks.agent_hosts import agent_level, replay_through_agents
+from benchmarks.agent_hosts import agent_level, cpu_s, machine_cpu_s, replay_through_agents
 from remedy.supervisor.actor import SupervisorActor
 from remedy.supervisor.spec import RunSpec
 
@@ -170,7 +170,7 @@ class Sender:
         self.receipts: dict[str, list[float]] = {}  # command id -> [first, last, ranks]
         self.pending = 0
         self.t0 = t0 = time.monotonic()
-        cpu0 = [cpu_s(pid) for pid in pids] + [cpu_s()]
+        cpu0 = [cpu_s(pid) for pid in pids] + [machine_cpu_s()]
         steps = late = 0
         k = 0
         tasks = set()
@@ -193,7 +193,7 @@ class Sender:
                     task.add_done_callback(tasks.discard)
             k += 1
         cpu = [cpu_s(pid) - c for pid, c in zip(pids, cpu0, strict=False)]
-        cpu = [c / (time.monotonic() - t0) for c in [*cpu, cpu_s() - cpu0[-1]]]
+        cpu = [c / (time.monotonic() - t0) for c in [*cpu, machine_cpu_s() - cpu0[-1]]]
         if tasks:
             await asyncio.wait(tasks, timeout=30)
         return {
@@ -226,17 +226,6 @@ class Sender:
                 self.decision_s.append(now - sent)
             else:
                 self.unanswered += 1
-
-
-def cpu_s(pid: int | None = None) -> float:
-    """CPU seconds used by process `pid` (user + system), or by the whole machine when None."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    if pid is None:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        return sum(int(f) for i, f in enumerate(fields) if i not in (3, 4)) / ticks  # not idle
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / ticks
 
 
 def _pid(actor: Any) -> int:
