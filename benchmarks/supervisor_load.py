@@ -349,7 +349,7 @@ def level(ranks: int, args: argparse.Namespace, cfg: dict[str, float]) -> dict[s
     figures = {
         "ranks": ranks,
         "batches_s": answered / seconds,
-        "events_s": status["anomalies"] and sum(status["anomalies"].values()) / seconds,
+        "events_s": sum(status["anomalies"].values()) / seconds,
         "offered_share": steps / offered,
         "unanswered_batches": sent - answered,
         "growing": growing,
