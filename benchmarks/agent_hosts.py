@@ -233,8 +233,13 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def agent_level(ranks: int, args: Any, spec: Any, display_poll_s: float) -> dict[str, Any]:
-    """One run of `ranks` ranks on `ranks / --ranks-per-node` simulated nodes; prints its table."""
+def agent_level(
+    ranks: int, args: Any, spec: Any, display_poll_s: float, profile: Any = None
+) -> dict[str, Any]:
+    """One run of `ranks` ranks on `ranks / --ranks-per-node` simulated nodes; prints its table.
+
+    `profile`: (on, off), called in the supervisor actor around the run (`--actor-profile`);
+    what `off` returns is printed."""
     from remedy.supervisor.actor import SupervisorActor  # noqa: PLC0415 - after ray.init
 
     rpn = args.ranks_per_node
@@ -248,6 +253,8 @@ def agent_level(ranks: int, args: Any, spec: Any, display_poll_s: float) -> dict
     actors = [AgentHost.remote() for _ in range(hosts)]  # type: ignore[attr-defined]
     ray.get([a.__ray_ready__.remote() for a in actors])
     pids = [_pid(a) for a in (sup, *actors)]
+    if profile is not None:
+        ray.get(sup.__ray_call__.remote(profile[0]))
     per = -(-len(nodes) // hosts)
     refs = [a.run.remote(sup, nodes[i * per : (i + 1) * per], i * per, args.seconds, cfg, token,
                          ranks, pids if i == 0 else [])
@@ -257,6 +264,8 @@ def agent_level(ranks: int, args: Any, spec: Any, display_poll_s: float) -> dict
         _, cursor = ray.get(sup.events.remote(cursor, token))  # as `remote run`'s display polls
     results = ray.get(refs)
     status = ray.get(sup.status.remote(token))
+    if profile is not None:
+        print(ray.get(sup.__ray_call__.remote(profile[1])))
     for actor in (sup, *actors):
         ray.kill(actor)
     seconds = max(r["seconds"] for r in results)

@@ -234,7 +234,11 @@ def _pid(actor: Any) -> int:
 
 def _actor_loop() -> Any:
     """The running event loop of this (async) actor's process: where `report` runs."""
+    # The supervisor froze the objects it was built with (`actor._quiet_gc`), the loop among
+    # them, and `gc.get_objects` lists no frozen object: thaw, look, freeze again.
+    gc.unfreeze()
     loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]
+    gc.freeze()
     return next(loop for loop in loops if loop.is_running())
 
 
@@ -253,7 +257,7 @@ def _profile_off(self: Any) -> str:
     out = io.StringIO()
     stats = pstats.Stats(self._bench_profile, stream=out)
     stats.sort_stats("tottime").print_stats(18)
-    stats.print_callers("recv|_record|write")
+    stats.print_callers("recv|_record|write|wal")
     return out.getvalue()
 
 
@@ -526,7 +530,9 @@ def agents_main(args: argparse.Namespace) -> None:
     rows = []
     for ranks in (int(r) for r in args.ranks.split(",")):
         with tempfile.TemporaryDirectory() as tmp_s:
-            rows.append(agent_level(ranks, args, make_spec(Path(tmp_s), ranks), DISPLAY_POLL_S))
+            profile = (_profile_on, _profile_off) if args.actor_profile else None
+            spec = make_spec(Path(tmp_s), ranks)
+            rows.append(agent_level(ranks, args, spec, DISPLAY_POLL_S, profile))
     # Every percentile with its sample count (n).
     print(f"\n{'ranks':>6}{'nodes':>7}{'sup CPU/s':>11}{'us/call':>9}{'calls/s':>9}"
           f"{'decision p50':>14}{'p99 ms':>8}{'(n)':>6}{'rtt p99 ms':>12}{'(n)':>7}"

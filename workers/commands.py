@@ -8,6 +8,7 @@ together. Commands and their outcomes travel as plain dicts.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -74,7 +75,18 @@ class Outcome:
     attempts: int = 1
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Written out field by field: `asdict` deep-copies through its generic walk, and a state
+        # record at thousands of ranks turns every pending command's outcomes into dicts.
+        return {
+            "decision_id": self.decision_id,
+            "rank": self.rank,
+            "outcome": self.outcome,
+            "step": self.step,
+            "tick": self.tick,
+            "detail": self.detail,
+            "result": copy.deepcopy(self.result) if self.result else {},
+            "attempts": self.attempts,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Outcome:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from remedy.policies import AnomalyEvent, Decision
+from remedy.supervisor.core import run_state
 from remedy.supervisor.core.report_validation import RankMark
 from remedy.workers.commands import Command, Outcome
 
@@ -132,13 +133,21 @@ def _grouped(outcomes: Iterable[Outcome]) -> list[dict[str, Any]]:
     A command goes to every rank, and its outcomes mostly say the same: at
     4,096 ranks a few pending commands' outcomes one by one were most of a
     state record, written before each reply with a new promise.
+
+    Grouping is by a tuple of the fields (the result as JSON only when there is
+    one): each record walks every pending outcome, and one JSON text per
+    outcome was most of the supervisor's time at 4,096 ranks.
     """
-    groups: dict[str, dict[str, Any]] = {}
-    for outcome in outcomes:
-        fields = outcome.to_dict()
-        rank = fields.pop("rank")
-        key = json.dumps(fields, sort_keys=True, default=str)
-        groups.setdefault(key, {**fields, "ranks": []})["ranks"].append(rank)
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for o in outcomes:
+        result = json.dumps(o.result, sort_keys=True, default=str) if o.result else ""
+        key = (o.decision_id, o.outcome, o.step, o.tick, o.detail, o.attempts, result)
+        entry = groups.get(key)
+        if entry is None:
+            entry = groups[key] = o.to_dict()
+            del entry["rank"]
+            entry["ranks"] = []
+        entry["ranks"].append(o.rank)
     return list(groups.values())
 
 
@@ -215,11 +224,9 @@ def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def split_at_last_state(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[Any]]:
-    """(the last `state` record or None, the records after it)."""
-    for i in range(len(records) - 1, -1, -1):
-        if records[i].get("type") == STATE:
-            return records[i], records[i + 1 :]
-    return None, records
+    """(the newest state, or None: the last `state` record with the `state_delta` records after
+    it applied (`run_state.fold`); the records after the last of them)."""
+    return run_state.fold(records)
 
 
 def _number(decision_id: str) -> int | None:

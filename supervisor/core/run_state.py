@@ -11,20 +11,48 @@ migrates the older ones:
 
 - schema 1: the records of remedy up to 0.1.0 (no `schema` key, no `recovery`);
 - schema 2: `schema`, `recovery` (a restart in progress continues after a
-  crash) and `crashed` (chaos crash points passed, each fires once per run).
+  crash) and `crashed` (chaos crash points passed, each fires once per run);
+- schema 3: the same full record, which `state_delta` records may follow
+  (`StateLog`); a remedy that reads only up to schema 2 would miss them, so
+  it refuses the journal instead of resuming from a stale state.
 
 A record of a newer schema is refused with a sentence that says so.
+
+Most of a state record at thousands of ranks is per-rank (each rank's slot,
+step, tick, progress mark and actor name: ~0.7 MB at 4,096 ranks), and
+little of it changes between two records, which are written before every
+reply that carries a new promise. `StateLog` therefore writes a full record
+now and then and, in between, a `state_delta`: the sections that changed,
+and of the per-rank maps (`PER_RANK`) only the ranks whose entry changed.
+`fold` rebuilds the newest state from the last full record and the deltas
+after it; what it returns equals the full record `StateLog` was given last.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from remedy.supervisor.job_state import JobState
 
 STATE = "state"
-SCHEMA = 2
+DELTA = "state_delta"
+SCHEMA = 3
+# The maps of a state record keyed by rank, as (section, key) paths; key None: the section is
+# the list of slot records (`RankSlots.records`), keyed by each record's "rank".
+PER_RANK: tuple[tuple[str, str | None], ...] = (
+    ("slots", None),
+    ("group", "names"),
+    ("controller", "step_of"),
+    ("controller", "tick_of"),
+    ("controller", "marks"),
+)
+# Sections whose keys are diffed one by one (the rest of a record is replaced whole when it changed).
+NESTED = ("controller", "group")
+# A full record after this many deltas, so that a restore reads a bounded tail.
+FULL_EVERY = 100
 
 
 class StateSchemaError(ValueError):
@@ -94,4 +122,169 @@ def migrate(record: dict[str, Any]) -> dict[str, Any]:
         out["recovery"] = None
         out["crashed"] = []
         out["schema"] = schema = 2
+    if schema == 2:
+        # The same record; schema 3 says deltas may follow it.
+        out["schema"] = schema = 3
     return out
+
+
+def _path(section: str, key: str | None) -> str:
+    return section if key is None else f"{section}.{key}"
+
+
+def _entries(record: dict[str, Any], section: str, key: str | None) -> dict[str, Any] | None:
+    """The per-rank map at (section, key) of `record`, keyed by rank as a string, or None."""
+    value = record.get(section)
+    if key is None:
+        if not isinstance(value, list):
+            return None
+        return {str(item["rank"]): item for item in value if isinstance(item, dict)}
+    if not isinstance(value, dict):
+        return None
+    inner = value.get(key)
+    return inner if isinstance(inner, dict) else None
+
+
+def _encoded(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+class StateLog:
+    """Turns each full state record into what journal.wal gets: itself, or a `state_delta`.
+
+    A delta holds `set` (dotted paths of the sections, or keys of `NESTED`
+    sections, that changed, with their new value), `unset` (paths no longer
+    there, if any) and `ranks` (for each
+    `PER_RANK` path, the entries that changed, None for one removed). A full
+    record is written first, after `FULL_EVERY` deltas, and when the per-rank
+    entries written since the last full record outnumber those it holds.
+
+    Per-rank entries are compared with `!=` against the previous record's,
+    which needs them to be fresh values in each record given (as
+    `RankSlots.records` and `control_state.dump` build them); every other
+    section is compared by its JSON text, so a live object shared between
+    records cannot hide a change.
+    """
+
+    def __init__(self) -> None:
+        self._last_ranks: dict[str, dict[str, Any]] | None = None
+        self._last_text: dict[str, str] = {}
+        self._deltas = 0
+        self._written = 0  # per-rank entries written in deltas since the full record
+        self._full_size = 0  # per-rank entries in the full record
+
+    def entry(self, record: dict[str, Any]) -> dict[str, Any]:
+        """What to write for `record` (a `RunState.to_record()`)."""
+        ranks = {}
+        for section, key in PER_RANK:
+            entries = _entries(record, section, key)
+            if entries is not None:
+                ranks[_path(section, key)] = entries
+        text = {path: _encoded(value) for path, value in self._sections(record)}
+        if (
+            self._last_ranks is None
+            or self._deltas >= FULL_EVERY
+            or set(ranks) != set(self._last_ranks)
+        ):
+            return self._full(record, ranks, text)
+        changed: dict[str, dict[str, Any]] = {}
+        count = 0
+        for path, entries in ranks.items():
+            last = self._last_ranks[path]
+            diff: dict[str, Any] = {r: v for r, v in entries.items() if last.get(r) != v}
+            for r in last.keys() - entries.keys():
+                diff[r] = None
+            if diff:
+                changed[path] = diff
+                count += len(diff)
+        if self._written + count > self._full_size:
+            return self._full(record, ranks, text)
+        sets = {}
+        for path, value in self._sections(record):
+            if self._last_text.get(path) != text[path]:
+                sets[path] = value
+        unset = sorted(self._last_text.keys() - text.keys())
+        self._last_ranks, self._last_text = ranks, text
+        self._deltas += 1
+        self._written += count
+        delta = {"type": DELTA, "schema": SCHEMA, "n": self._deltas, "set": sets, "ranks": changed}
+        if unset:
+            delta["unset"] = unset
+        return delta
+
+    def _full(
+        self, record: dict[str, Any], ranks: dict[str, dict[str, Any]], text: dict[str, str]
+    ) -> dict[str, Any]:
+        self._last_ranks, self._last_text = ranks, text
+        self._deltas = self._written = 0
+        self._full_size = sum(len(e) for e in ranks.values())
+        return record
+
+    @staticmethod
+    def _sections(record: dict[str, Any]) -> list[tuple[str, Any]]:
+        """(path, value) of everything outside the per-rank maps and the record's type."""
+        per_rank = {_path(s, k) for s, k in PER_RANK}
+        out: list[tuple[str, Any]] = []
+        for name, value in record.items():
+            if name == "type" or name in per_rank:
+                continue
+            if name in NESTED and isinstance(value, dict):
+                out.extend(
+                    (f"{name}.{k}", v) for k, v in value.items() if f"{name}.{k}" not in per_rank
+                )
+            else:
+                out.append((name, value))
+        return out
+
+
+def fold(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """(the newest state: the last full record with the deltas after it applied, or None;
+    the records after the last of them). The records given are left as they are."""
+    base = None
+    for i in range(len(records) - 1, -1, -1):
+        if records[i].get("type") == STATE:
+            base = i
+            break
+    if base is None:
+        return None, records
+    state = copy.deepcopy(records[base])
+    last = base
+    for i in range(base + 1, len(records)):
+        if records[i].get("type") == DELTA:
+            _apply(state, records[i])
+            last = i
+    return state, records[last + 1 :]
+
+
+def _apply(state: dict[str, Any], delta: dict[str, Any]) -> None:
+    for path in delta.get("unset", []):
+        section, _, key = path.partition(".")
+        if not key:
+            state.pop(section, None)
+        elif isinstance(state.get(section), dict):
+            state[section].pop(key, None)
+    for path, value in delta.get("set", {}).items():
+        section, _, key = path.partition(".")
+        if not key:
+            state[section] = value
+            continue
+        if not isinstance(state.get(section), dict):
+            state[section] = {}
+        state[section][key] = value
+    for path, entries in delta.get("ranks", {}).items():
+        section, _, key = path.partition(".")
+        if not key:  # the slot records: a list kept in rank order
+            by_rank = {str(s["rank"]): s for s in state.get(section, [])}
+            by_rank.update(entries)
+            state[section] = [
+                s for _, s in sorted(by_rank.items(), key=lambda kv: int(kv[0])) if s is not None
+            ]
+            continue
+        if not isinstance(state.get(section), dict):
+            state[section] = {}
+        target = state[section].setdefault(key, {})
+        for rank, value in entries.items():
+            if value is None:
+                target.pop(rank, None)
+            else:
+                target[rank] = value

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from remedy.supervisor.core.run_state import fold
 from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl
@@ -63,9 +64,9 @@ def test_supervisor_killed_during_restart_rank(
     summary = _run(tmp_path, [HANG], crash_points=[point], **options)
     journal = read_jsonl(tmp_path / "journal.wal")
     # The crash landed inside the restart: the supervisor came back in the middle of it.
-    states = [r for r in journal if r["type"] == "state"]
-    assert states[-1]["crashed"] == [point]
     [restored] = [r for r in journal if r["type"] == "supervisor_restored"]
+    state, _ = fold(journal[: journal.index(restored)])
+    assert state is not None and state["crashed"] == [point]
     assert restored["job"]["phase"] == phase, restored
     assert summary["status"] == "completed", summary
     assert summary["supervisor_restarts"] == 1

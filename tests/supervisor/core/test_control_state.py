@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,13 @@ def test_outcomes_differing_only_in_rank_are_kept_as_one_entry() -> None:
     assert sorted(control_state._ungrouped(entries), key=lambda o: o.rank) == outcomes
     # A record written one outcome per entry still loads.
     assert control_state._ungrouped([o.to_dict() for o in outcomes]) == outcomes
+
+
+def test_an_outcome_as_a_dict_has_every_field_and_copies_its_result() -> None:
+    """`Outcome.to_dict`, written out by hand, says what `dataclasses.asdict` would."""
+    result = {"files": ["a", "b"], "bytes": 3}
+    outcome = Outcome("r-d00001", 2, "applied", 5, 6, "ok", result, attempts=2)
+    assert outcome.to_dict() == dataclasses.asdict(outcome)
+    outcome.to_dict()["result"]["files"].append("c")
+    assert result == {"files": ["a", "b"], "bytes": 3}
+    assert Outcome.from_dict(outcome.to_dict()) == outcome

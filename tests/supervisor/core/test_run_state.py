@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from remedy.policies import Engine, load_policy
 from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.run_state import SCHEMA, RunState, StateSchemaError, migrate
+from remedy.supervisor.core.run_state import (
+    DELTA,
+    FULL_EVERY,
+    SCHEMA,
+    STATE,
+    RunState,
+    StateLog,
+    StateSchemaError,
+    fold,
+    migrate,
+)
 from remedy.supervisor.job_state import JobState, Phase
 
 # A `state` line of journal.wal written by remedy at 08a4111 (schema 1): a 2-rank run of
@@ -72,3 +84,94 @@ def test_records_it_cannot_read_are_refused_with_a_sentence(
     """A newer schema, a malformed one or another record type: StateSchemaError that says which."""
     with pytest.raises(StateSchemaError, match=words):
         migrate(record)
+
+
+def _record(world: int, rng: random.Random, prev: dict[str, Any] | None) -> dict[str, Any]:
+    """A state record like the supervisor's: each call moves a few ranks and sometimes the rest."""
+    if prev is None:
+        slots = [{"rank": r, "incarnation": 1, "state": "running", "last_seq": 0, "gaps": [],
+                  "pid": 100 + r, "node": f"n{r % 3}"} for r in range(world)]  # fmt: skip
+        controller: dict[str, Any] = {
+            "format": 1, "seq": 0, "pending": [], "abort_reason": None,
+            "step_of": {str(r): 0 for r in range(world)},
+            "tick_of": {str(r): 0 for r in range(world)},
+            "marks": {str(r): [0, 0, 0.0] for r in range(world)},
+        }  # fmt: skip
+        record = RunState(
+            incarnation=1, started=1.0, job=JobState(Phase.RUNNING, 0), slots=slots,
+            group=None, controller=controller,
+        ).to_record()  # fmt: skip
+        return json.loads(json.dumps(record))
+    record = json.loads(json.dumps(prev))  # fresh objects, as each write builds them
+    for r in rng.sample(range(world), k=rng.randint(0, 3)):
+        record["slots"][r]["last_seq"] += 1
+        record["controller"]["step_of"][str(r)] += 1
+        record["controller"]["marks"][str(r)] = [rng.randint(0, 9), 1, rng.random()]
+    roll = rng.random()
+    if roll < 0.1:
+        record["controller"]["seq"] += 1
+        record["controller"]["pending"].append({"decision": f"d{record['controller']['seq']}"})
+    elif roll < 0.15:
+        record["group"] = None if record["group"] else {"generation": 1, "names": {"0": "a"}}
+    elif roll < 0.2 and record["group"]:
+        record["group"]["names"][str(rng.randrange(world))] = f"x{rng.random()}"
+    elif roll < 0.25:
+        record["recovery"] = None if record["recovery"] else {"front": 3, "marks": {}}
+    elif roll < 0.3:  # a key of the controller comes and goes
+        if record["controller"].pop("abort_reason", "gone") == "gone":
+            record["controller"]["abort_reason"] = "x"
+    elif roll < 0.32:
+        for s in record["slots"]:  # every rank moves: a full record is cheaper than the delta
+            s["last_seq"] += 1
+    return record
+
+
+@pytest.mark.timeout(60)
+def test_deltas_fold_back_to_every_record_written() -> None:
+    """After each record, the journal so far folds back to it exactly; what follows is the tail."""
+    rng = random.Random(7)
+    log, journal, record = StateLog(), [], None
+    kinds = []
+    for i in range(400):
+        record = _record(16, rng, record)
+        entry = json.loads(json.dumps(log.entry(record)))
+        kinds.append(entry["type"])
+        journal.append(entry)
+        journal.append({"type": "decided", "i": i})
+        state, tail = fold(journal)
+        assert state == record, i
+        assert tail == [{"type": "decided", "i": i}]
+    assert kinds[0] == STATE and kinds.count(DELTA) > 300
+    # No more than FULL_EVERY deltas follow a full record.
+    runs = "".join("f" if k == STATE else "d" for k in kinds).split("f")
+    assert max(len(r) for r in runs) <= FULL_EVERY
+
+
+@pytest.mark.timeout(60)
+def test_a_delta_holds_only_what_changed() -> None:
+    """4,096 ranks, ten of them moved: the delta is a small fraction of the full record."""
+    rng = random.Random(1)
+    first = _record(4096, rng, None)
+    log = StateLog()
+    assert log.entry(first) is first
+    second = json.loads(json.dumps(first))
+    for r in range(10):
+        second["controller"]["tick_of"][str(r)] = 5
+        second["slots"][r]["last_seq"] = 3
+    delta = log.entry(second)
+    assert delta["type"] == DELTA and delta["set"] == {}
+    assert sorted(delta["ranks"]) == ["controller.tick_of", "slots"]
+    assert sorted(delta["ranks"]["slots"], key=int) == [str(r) for r in range(10)]
+    assert len(json.dumps(delta)) * 100 < len(json.dumps(first))
+
+
+@pytest.mark.timeout(30)
+def test_a_record_of_schema_2_is_read_as_schema_3() -> None:
+    """Schema 2's full record is schema 3's: only the number changes."""
+    run = RunState(
+        incarnation=1, started=1.0, job=JobState(Phase.RUNNING, 0), slots=[], group=None,
+        controller={"format": 1},
+    )  # fmt: skip
+    old = {**run.to_record(), "schema": 2}
+    assert migrate(old)["schema"] == SCHEMA == 3
+    assert RunState.from_record(old) == run
