@@ -84,6 +84,7 @@ class RankSlots:
         self.rejected: Counter[str] = Counter() if rejected is None else rejected
         self.refused_stale = 0  # reports from a replaced incarnation
         self.refused_duplicate = 0  # a batch sequence number seen already
+        self._records: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}  # see `records`
 
     @classmethod
     def from_records(cls, records: list[dict[str, Any]]) -> RankSlots:
@@ -205,4 +206,16 @@ class RankSlots:
         return [r for r, s in self.slots.items() if s.state is not SlotState.LOST]
 
     def records(self) -> list[dict[str, Any]]:
-        return [self.slots[r].to_dict() for r in sorted(self.slots)]
+        """Each slot's record, in rank order. A slot unchanged since the last call gives the
+        same dict again (`run_state.StateLog` then skips it by identity); none is changed
+        after it is given out."""
+        out = []
+        cache = self._records
+        for rank in sorted(self.slots):
+            s = self.slots[rank]
+            key = (s.incarnation, s.state, s.last_seq, s.pid, s.node, frozenset(s.gaps))
+            hit = cache.get(rank)
+            if hit is None or hit[0] != key:
+                hit = cache[rank] = (key, s.to_dict())
+            out.append(hit[1])
+        return out

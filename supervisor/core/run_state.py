@@ -159,9 +159,10 @@ class StateLog:
     record is written first, after `FULL_EVERY` deltas, and when the per-rank
     entries written since the last full record outnumber those it holds.
 
-    Per-rank entries are compared with `!=` against the previous record's,
-    which needs them to be fresh values in each record given (as
-    `RankSlots.records` and `control_state.dump` build them); every other
+    Per-rank entries are compared with `is` and `!=` against the previous
+    record's, which needs an entry never to be changed once given (each record
+    builds fresh ones, or gives an unchanged one again, as `RankSlots.records`
+    does); every other
     section is compared by its JSON text, so a live object shared between
     records cannot hide a change.
     """
@@ -191,7 +192,9 @@ class StateLog:
         count = 0
         for path, entries in ranks.items():
             last = self._last_ranks[path]
-            diff: dict[str, Any] = {r: v for r, v in entries.items() if last.get(r) != v}
+            diff: dict[str, Any] = {
+                r: v for r, v in entries.items() if (was := last.get(r)) is not v and was != v
+            }
             for r in last.keys() - entries.keys():
                 diff[r] = None
             if diff:

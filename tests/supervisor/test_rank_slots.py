@@ -54,6 +54,21 @@ def test_records_rebuild_the_picture() -> None:
     assert slots.live() == [0, 1]
 
 
+def test_records_change_with_their_slot_and_only_then() -> None:
+    """A slot that moved gets a new record (its gaps too); one that did not gives the same dict."""
+    slots = RankSlots(2)
+    first = slots.records()
+    assert slots.accept(0, 1, 1) and slots.accept(0, 1, 4)
+    second = slots.records()
+    assert second[1] is first[1]
+    assert second[0] is not first[0] and (second[0]["last_seq"], second[0]["gaps"]) == (4, [2, 3])
+    assert slots.accept(0, 1, 2)
+    assert slots.records()[0]["gaps"] == [3]
+    assert first[0]["last_seq"] == 0  # a record given out is never changed
+    slots.lose(1)
+    assert slots.records()[1]["state"] == "lost"
+
+
 def test_batches_retried_out_of_order_are_accepted_once() -> None:
     """After a supervisor restart Ray retries calls out of order: each seq counts once, in any order."""
     slots = RankSlots(1)
