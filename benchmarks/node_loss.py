@@ -18,7 +18,10 @@ being found (the `node_lost` record) and to the step every rank completed in
 the new generation (the restart's `stepped_at`), and whether every rank's
 parameters equal a fault-free run's; then the medians of `--repeat` runs.
 
-    python benchmarks/node_loss.py [--repeat 3] [--steps 30] [--rows warm,cold]
+    python benchmarks/node_loss.py [--repeat 3] [--steps 30] [--rows warm,cold] [--timeline]
+
+`--timeline` adds, for each run, the restart's marks (supervisor side) and
+each rank's own, in seconds after the kill.
 """
 
 from __future__ import annotations
@@ -59,6 +62,12 @@ def run(cluster: Cluster, run_dir: Path, steps: int, **spec: Any) -> dict[str, A
     return summary
 
 
+def _since(at: float, marks: dict[str, Any]) -> dict[str, float]:
+    """`marks` (wall times) as seconds after `at`, in time order."""
+    times = {k: v - at for k, v in marks.items() if isinstance(v, int | float) and v > 1e9}
+    return {k: round(v, 3) for k, v in sorted(times.items(), key=lambda kv: kv[1])}
+
+
 def measure(run_dir: Path, summary: dict[str, Any], digest: str) -> dict[str, Any]:
     wal = read_jsonl(run_dir / "journal.wal")
     kill = next(r for r in wal if r.get("type") == "chaos_kill_node")
@@ -72,6 +81,11 @@ def measure(run_dir: Path, summary: dict[str, Any], digest: str) -> dict[str, An
         "kill_to_step_s": round(record["stepped_at"] - kill["at"], 3) if record else None,
         "bitwise_equal": {r.get("result", {}).get("params_digest") for r in summary["ranks"]}
         == {digest},
+        # Where the time went, in seconds after the kill: the supervisor's marks, each rank's.
+        "timeline": _since(kill["at"], record.get("timeline", {})),
+        "rank_timelines": {
+            r: _since(kill["at"], t) for r, t in record.get("rank_timelines", {}).items()
+        },
     }
 
 
@@ -80,6 +94,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rows", default="warm,cold")
+    p.add_argument("--timeline", action="store_true", help="print where each run's time went")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="nlb-", dir="/tmp"))  # short: socket paths are bounded
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -93,7 +108,10 @@ def main() -> None:
                 summary = run(cluster, run_dir, args.steps, spares=ROWS[row], faults=[fault])
                 got = measure(run_dir, summary, digest)
                 rows.setdefault(row, []).append(got)
-                print(json.dumps({"row": row, "run": i, **got}), flush=True)
+                shown = (
+                    got if args.timeline else {k: v for k, v in got.items() if "timeline" not in k}
+                )
+                print(json.dumps({"row": row, "run": i, **shown}), flush=True)
                 # The next run gets three nodes again: a fresh node for the killed one.
                 killed = next(
                     r["node_id"]
