@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
 import torch
 from torch import nn
 
@@ -91,3 +92,29 @@ def test_done_command_sent_again_gets_its_outcome_again_under_a_callback(
     sent = [o for b in sup.batches for o in b["outcomes"] if o["decision_id"] == "d1"]
     assert {o["outcome"] for o in sent} == {"applied"}
     assert (len(sent) > 1) if resend_s == 0.0 else (len(sent) == 1)
+
+
+def test_a_local_policy_names_the_steps_the_callbacks_refuse_before_training(
+    tmp_path: Path,
+) -> None:
+    """The bundled default under a callback: its three refused steps are logged at the start
+    (what `remedy policy check --loop callbacks default` reports), none for a policy without."""
+    model = nn.Linear(4, 1)
+    with structlog.testing.capture_logs() as logs:
+        LoopGuard(model, run_dir=tmp_path / "a", detectors=[]).close()
+    (record,) = [r for r in logs if r["event"] == "policy_steps_refused_under_callbacks"]
+    assert record["policy"] == "default" and record["log_level"] == "warning"
+    assert [s.split(":")[0] for s in record["steps"]] == [
+        "rule 'oom-relief', step 2",
+        "rule 'memory-pressure-checkpoint', step 1",
+        "rule 'hardware-fault', step 1",
+    ]
+    with structlog.testing.capture_logs() as logs:
+        LoopGuard(model, policy="conservative", run_dir=tmp_path / "b", detectors=[]).close()
+    conservative = [r for r in logs if r["event"] == "policy_steps_refused_under_callbacks"]
+    step = (
+        "rule 'hardware-fault', step 1: checkpoint_now is not applied under the Hugging Face "
+        "and Lightning callbacks: the framework writes its own checkpoints: remedy keeps no "
+        "durable checkpoint under a callback"
+    )
+    assert [r["steps"] for r in conservative] == [[step]]
