@@ -121,12 +121,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("paths", nargs="+", metavar="FILE")
     run = sub.add_parser("test", help="run policy test files")
     run.add_argument("paths", nargs="+", metavar="FILE")
-    sub.add_parser("reference", help="print the policy reference page (docs/reference.md)")
+    ref = sub.add_parser("reference", help="print the policy reference page (docs/reference.md)")
+    ref.add_argument(
+        "--callbacks",
+        action="store_true",
+        help="print the table of actions under the framework callbacks (docs/frameworks.md)",
+    )
     args = parser.parse_args(argv)
     if args.command == "reference":
-        from remedy.policies._reference import reference_markdown  # noqa: PLC0415 - rarely used
+        from remedy.policies._reference import (  # noqa: PLC0415 - rarely used
+            callbacks_markdown,
+            reference_markdown,
+        )
 
-        sys.stdout.write(reference_markdown())
+        sys.stdout.write(callbacks_markdown() if args.callbacks else reference_markdown())
         return 0
     if args.command == "check":
         return check_main(args.paths, strict=args.strict, loop=args.loop)
