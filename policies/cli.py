@@ -18,11 +18,11 @@ from remedy.policies._loops import LOOPS, Loop
 from remedy.policies._runner import FileResult, run_test_file
 
 _POLICY_GLOBS = ("*.yaml", "*.yml")
+_TEST_GLOBS = ("*.test.yaml", "*.test.yml")
 LOOP_HELP = (
     "the loop the policy runs under: guard (default; every action) or callbacks (the Hugging "
     "Face and Lightning callbacks: an action they cannot carry out is an error)"
 )
-_TEST_GLOBS = ("*.test.yaml", "*.test.yml")
 
 
 def check_main(paths: list[str], *, strict: bool, loop: Loop = "guard") -> int:
