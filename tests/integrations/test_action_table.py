@@ -1,8 +1,9 @@
 """Every action of the table: policy check -> decide -> apply -> outcome, on a Guard and under the callbacks.
 
-Two walks: one submits each decision's command by hand and reads the rank's own outcome; the
-other starts from a detector's event and ends at the decision's line in decisions.jsonl, the
-command and its outcome going through the controller and the shared inbox."""
+Two walks: one submits each decision's command by hand (to a Guard, and to the callbacks'
+LoopGuard driven hook by hook) and reads the rank's own outcome; the other starts from a
+detector's event and ends at the decision's line in decisions.jsonl, the command and its outcome
+going through the controller and the shared inbox, on a Guard and under a `lightning.Trainer`."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ from remedy.workers.commands import Command
 from remedy.workers.detectors.base import event
 from remedy.workers.rundir import read_jsonl
 from remedy.workers.stats import StepStats
+
+lightning = pytest.importorskip("lightning")
+from lightning.pytorch.plugins.precision import MixedPrecision  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 
@@ -215,7 +219,7 @@ def _policy_file(action: str, tmp_path: Path) -> Path:
     return path
 
 
-def _scaler(on: bool) -> torch.amp.GradScaler | None:
+def _scaler(on: bool) -> Any:
     """An enabled GradScaler (on the CPU as torch allows) for the action that rescales one."""
     return torch.amp.GradScaler("cpu", init_scale=1024.0) if on else None
 
@@ -240,35 +244,46 @@ def _run_guard(policy: Path, run_dir: Path, *, scaler: bool) -> dict[str, Any]:
     return guard.summary
 
 
+class _Regression(lightning.LightningModule):  # type: ignore[misc]
+    """The same tiny model and data as the Guard's, as a LightningModule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        return nn.functional.mse_loss(self.net(x), x.sum(1, keepdim=True))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
 def _run_callbacks(policy: Path, run_dir: Path, *, scaler: bool) -> dict[str, Any]:
-    """The hooks in the order a framework calls them; with a GradScaler, as Lightning's
-    precision plugin uses it (gradients unscaled before the hook that measures them)."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
-    loop = LoopGuard(model, detectors=[_SpikeAt(SPIKE_TICK)], policy=str(policy), run_dir=run_dir)
-    amp = _scaler(scaler)
-    loop.attach(torch.optim.SGD(model.parameters(), lr=0.1), None, amp)
-    g = torch.Generator().manual_seed(0)
-    while loop.step_count < STEPS and loop.stop_reason is None:  # as a framework's loop asks
-        loop.begin_step()
-        if loop.stop_reason is not None:
-            break
-        x = torch.randn(8, 4, generator=g)
-        loss = nn.functional.mse_loss(loop.model(x), x.sum(1, keepdim=True))
-        loop.record_loss(loss)
-        if amp is None:
-            loss.backward()
-            loop.before_optimizer_step()
-            loop.optimizer.step()
-        else:
-            amp.scale(loss).backward()
-            amp.unscale_(loop.optimizer)
-            loop.before_optimizer_step()
-            amp.step(loop.optimizer)
-            amp.update()
-        loop.optimizer.zero_grad(set_to_none=True)
-        loop.end_step()
-    return loop.close()
+    """A real `lightning.Trainer` under the callback; with a GradScaler, Lightning's fp16
+    precision plugin holding one (on the CPU, given to it)."""
+    from remedy.integrations.lightning import RemedyCallback  # noqa: PLC0415 - Lightning's
+
+    module = _Regression()
+    x = torch.randn(8 * 4 * STEPS, 4, generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
+    callback = RemedyCallback(policy=str(policy), run_dir=run_dir, detectors=[_SpikeAt(SPIKE_TICK)])
+    plugins = [MixedPrecision("16-mixed", "cpu", scaler=_scaler(True))] if scaler else []
+    trainer = lightning.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        plugins=plugins,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        default_root_dir=str(run_dir.parent),
+    )
+    trainer.fit(module, data)
+    assert callback.guard is not None
+    return callback.guard.close()  # what on_train_end returned: close is idempotent
 
 
 @pytest.mark.parametrize("loop", ["guard", "callbacks"])
@@ -278,7 +293,7 @@ def test_every_action_walks_check_decide_apply_outcome_through_the_journal(
 ) -> None:
     """A detector's event, the policy's decision, the command through the shared inbox, the
     applier, the outcome back to the controller and its line in decisions.jsonl: on a Guard
-    and under the callbacks' LoopGuard. `policy check --loop` refuses beforehand exactly the
+    and under the Lightning callback in a real `lightning.Trainer`. `policy check --loop` refuses beforehand exactly the
     actions that fail under the callbacks, with the sentence the journal then gives."""
     policy = _policy_file(spec.name, tmp_path)
     refused = loop == "callbacks" and spec.under_callbacks is not None
