@@ -151,11 +151,22 @@ class LoopGuard:
 
     def _local(self, policy: str | None) -> Reporter:
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - standalone only
+        from remedy.policies._loops import refused_steps  # noqa: PLC0415
         from remedy.supervisor.core.control import Controller  # noqa: PLC0415
         from remedy.workers.rundir import RunDir  # noqa: PLC0415
 
         run_id = "local"
-        engine = Engine(load_policy(policy or "default"), run_id=run_id)
+        rules = load_policy(policy or "default")
+        # What `remedy policy check --loop callbacks` refuses: said once, before training,
+        # rather than only as a failed outcome when such a rule fires.
+        refused = refused_steps(rules, "callbacks")
+        if refused:
+            log.warning(
+                "policy_steps_refused_under_callbacks",
+                policy=rules.name,
+                steps=[x.describe() for x in refused],
+            )
+        engine = Engine(rules, run_id=run_id)
         run_dir = RunDir(self.run_dir, run_id) if self.run_dir is not None else None
         return LocalReporter(Controller(engine, world_size=1, run_dir=run_dir))
 

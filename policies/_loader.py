@@ -18,6 +18,7 @@ from remedy.policies._diagnostics import Diagnostic, sort_key
 from remedy.policies._errors import diagnostics_from
 from remedy.policies._limits import cap, decode, read_bounded
 from remedy.policies._lint import lint
+from remedy.policies._loops import Loop, loop_diagnostics
 from remedy.policies._model import PolicyModel
 from remedy.policies._rules import Policy
 from remedy.policies._yaml import load_yaml
@@ -71,17 +72,22 @@ def load_policy_text(text: str | bytes, filename: str = "<string>") -> Policy:
     return policy
 
 
-def diagnose_text(text: str | bytes, filename: str) -> list[Diagnostic]:
+def diagnose_text(text: str | bytes, filename: str, *, loop: Loop = "guard") -> list[Diagnostic]:
     """Every error and lint warning for a policy text, in file order, at most
-    `MAX_DIAGNOSTICS` lines (never raises)."""
-    policy, errors = _load(text, filename)
+    `MAX_DIAGNOSTICS` lines (never raises). `loop`: the loop it is meant for; a step
+    that loop cannot carry out is an error (`_loops`)."""
+    policy, errors = _load(text, filename, loop)
     found = list(errors)
     if policy is not None:
         found.extend(policy.warnings)
     return cap(sorted(found, key=sort_key))
 
 
-def _load(text: str | bytes, filename: str) -> tuple[Policy | None, list[Diagnostic]]:
+def _load(
+    text: str | bytes, filename: str, loop: Loop = "guard"
+) -> tuple[Policy | None, list[Diagnostic]]:
+    """The compiled policy and the errors found; None for the policy when it did not
+    compile. Steps that `loop` cannot carry out are errors beside a compiled policy."""
     try:
         if isinstance(text, bytes | bytearray | memoryview):
             text = decode(bytes(text), filename)
@@ -107,6 +113,7 @@ def _load(text: str | bytes, filename: str) -> tuple[Policy | None, list[Diagnos
     if errors:
         return None, cap(sorted(errors, key=sort_key))
     warnings = cap(lint(policy, doc))
+    refused = cap(loop_diagnostics(policy, doc, loop))
     return Policy(
         name=policy.name,
         rules=policy.rules,
@@ -116,4 +123,4 @@ def _load(text: str | bytes, filename: str) -> tuple[Policy | None, list[Diagnos
         description=policy.description,
         warnings=tuple(warnings),
         notify=policy.notify,
-    ), []
+    ), refused

@@ -14,15 +14,23 @@ from pathlib import Path
 
 from remedy.policies._check import check_policy
 from remedy.policies._diagnostics import Diagnostic
+from remedy.policies._loops import LOOPS, Loop
 from remedy.policies._runner import FileResult, run_test_file
 
 _POLICY_GLOBS = ("*.yaml", "*.yml")
 _TEST_GLOBS = ("*.test.yaml", "*.test.yml")
+LOOP_HELP = (
+    "the loop the policy runs under: guard (default; every action) or callbacks (the Hugging "
+    "Face and Lightning callbacks: an action they cannot carry out is an error)"
+)
 
 
-def check_main(paths: list[str], *, strict: bool) -> int:
+def check_main(paths: list[str], *, strict: bool, loop: Loop = "guard") -> int:
     """Check policy files (a folder means its *.yaml and *.yml files, test files aside);
     print diagnostics; return 0 if every file is clean, 1 otherwise.
+
+    `loop`: the loop the files are meant for; under `callbacks` a step of an action
+    the framework callbacks cannot carry out is an error saying why.
 
     Every file is checked whatever the others hold; a folder with nothing to
     check is an error.
@@ -34,7 +42,7 @@ def check_main(paths: list[str], *, strict: bool) -> int:
             status = 1
             continue
         try:
-            found = check_policy(path, strict=strict)
+            found = check_policy(path, strict=strict, loop=loop)
         except Exception as exc:  # a bug of ours must not stop the other files
             found = [Diagnostic(path, 1, 1, f"internal error: {type(exc).__name__}: {exc}")]
         for diag in found:
@@ -109,18 +117,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate and lint policy files")
     check.add_argument("--strict", action="store_true", help="treat warnings as errors")
+    check.add_argument("--loop", choices=LOOPS, default="guard", help=LOOP_HELP)
     check.add_argument("paths", nargs="+", metavar="FILE")
     run = sub.add_parser("test", help="run policy test files")
     run.add_argument("paths", nargs="+", metavar="FILE")
-    sub.add_parser("reference", help="print the policy reference page (docs/reference.md)")
+    ref = sub.add_parser("reference", help="print the policy reference page (docs/reference.md)")
+    ref.add_argument(
+        "--callbacks",
+        action="store_true",
+        help="print the table of actions under the framework callbacks (docs/frameworks.md)",
+    )
     args = parser.parse_args(argv)
     if args.command == "reference":
-        from remedy.policies._reference import reference_markdown  # noqa: PLC0415 - rarely used
+        from remedy.policies._reference import (  # noqa: PLC0415 - rarely used
+            callbacks_markdown,
+            reference_markdown,
+        )
 
-        sys.stdout.write(reference_markdown())
+        sys.stdout.write(callbacks_markdown() if args.callbacks else reference_markdown())
         return 0
     if args.command == "check":
-        return check_main(args.paths, strict=args.strict)
+        return check_main(args.paths, strict=args.strict, loop=args.loop)
     return test_main(args.paths)
 
 

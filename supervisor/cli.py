@@ -166,6 +166,15 @@ def _parser() -> argparse.ArgumentParser:
     chk = pol_sub.add_parser("check", help="validate policy files")
     chk.add_argument("files", nargs="+")
     chk.add_argument("--strict", action="store_true", help="treat lint warnings as errors")
+    # The loops of remedy.policies._loops.LOOPS (not imported here: `remedy --help` loads no
+    # policy code); tests/policies/test_policies_loops.py checks they agree.
+    chk.add_argument(
+        "--loop",
+        choices=("guard", "callbacks"),
+        default="guard",
+        help="the loop the policy runs under: guard (default) or callbacks (the Hugging Face "
+        "and Lightning callbacks: an action they cannot carry out is an error)",
+    )
     tst = pol_sub.add_parser("test", help="run policy test files")
     tst.add_argument("files", nargs="+")
     app = pol_sub.add_parser("apply", help="hot-reload a policy into a running job")
@@ -666,7 +675,7 @@ def _policy(args: argparse.Namespace) -> int:
     from remedy.policies.cli import check_main, test_main  # noqa: PLC0415
 
     if args.policy_command == "check":
-        return check_main(args.files, strict=args.strict)
+        return check_main(args.files, strict=args.strict, loop=args.loop)
     if args.policy_command == "apply":
         return _policy_apply(args.file, args.run, args.address)
     return test_main(args.files)

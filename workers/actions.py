@@ -362,10 +362,14 @@ def abort(guard: ActionTarget, params: dict[str, Any], command: Command) -> dict
 @applier("replay_step")
 def replay_step(guard: ActionTarget, params: dict[str, Any], command: Command) -> dict[str, Any]:
     """Re-run the anomalous step and classify its fault (`workers.replay`); or, as the
-    `<decision>-answer` command, take the policy's answer to a replay this rank holds for."""
-    replays = getattr(guard, "replays", None)
-    if replays is None:
+    `<decision>-answer` command, take the policy's answer to a replay this rank holds for.
+
+    The one applier that needs more than `ActionTarget`: re-running a step takes the loop
+    that ran it, the Guard's (a framework's loop refuses it before this, `refusal`)."""
+    from remedy.workers.guard import Guard  # noqa: PLC0415 - the Guard imports the appliers
+
+    if not isinstance(guard, Guard):
         raise ActionError("replay_step needs the Guard's own loop; this one cannot re-run a step")
     if "answer" in params:
-        return {"detail": replays.answered(dict(params["answer"]))}
-    return replay.replay_step(guard, params, command)  # type: ignore[arg-type]
+        return {"detail": guard.replays.answered(dict(params["answer"]))}
+    return replay.replay_step(guard, params, command)

@@ -1,4 +1,9 @@
-"""Every action of the table: policy check -> decide -> apply -> outcome, on a Guard and under the callbacks."""
+"""Every action of the table: policy check -> decide -> apply -> outcome, on a Guard and under the callbacks.
+
+Two walks: one submits each decision's command by hand (to a Guard, and to the callbacks'
+LoopGuard driven hook by hook) and reads the rank's own outcome; the other starts from a
+detector's event and ends at the decision's line in decisions.jsonl, the command and its outcome
+going through the controller and the shared inbox, on a Guard and under a `lightning.Trainer`."""
 
 from __future__ import annotations
 
@@ -12,12 +17,19 @@ from torch import nn
 
 from remedy.integrations._loop import REFUSED_UNDER_FRAMEWORKS, LoopGuard
 from remedy.policies import AnomalyEvent, Engine, check_policy, load_policy
+from remedy.policies._loops import Loop
 from remedy.policies._params import ACTION_PARAMS
 from remedy.policies._vocab import ACTION_TABLE, ACTIONS, SUPERVISOR_ACTIONS
 from remedy.supervisor.core.control import Controller
 from remedy.workers import Guard, GuardConfig
 from remedy.workers.actions import APPLIERS
 from remedy.workers.commands import Command
+from remedy.workers.detectors.base import event
+from remedy.workers.rundir import read_jsonl
+from remedy.workers.stats import StepStats
+
+lightning = pytest.importorskip("lightning")
+from lightning.pytorch.plugins.precision import MixedPrecision  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 
@@ -25,6 +37,7 @@ pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(1
 EXAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "configure_cuda_allocator": {"expandable_segments": True},
     "enable_activation_checkpointing": {"modules": ["Linear"]},
+    "rescale_grad_scaler": {"factor": 0.5},
     "skip_batches": {"count": 2},
     "switch_kv_allocator": {"to": "paged"},
 }
@@ -143,3 +156,167 @@ def test_every_action_is_checked_decided_applied_and_has_an_outcome(
         else:
             assert outcome.outcome == "applied", (target, outcome.detail)
         assert "Error" not in outcome.detail
+
+
+class _SpikeAt:
+    """A detector that reports one loss spike, at the step of tick `tick` (a rollback's
+    steps run again at later ticks: it fires once), and says so before that step's update
+    (`flags`: the Guard then keeps the state from before it, which `replay_step` re-runs)."""
+
+    name = "spike_at"
+
+    def __init__(self, tick: int) -> None:
+        self.tick = tick
+        self._next_tick = 0
+
+    def flags(self, loss: float, grad_norm: float, *, scaled: bool) -> bool:
+        return self._next_tick == self.tick
+
+    def observe(self, stats: StepStats) -> list[AnomalyEvent]:
+        self._next_tick = stats.tick + 1
+        if stats.tick != self.tick:
+            return []
+        return [event(stats, "loss_spike", value=stats.loss, threshold=0.0)]
+
+    def reset(self) -> None:
+        pass
+
+
+SPIKE_TICK = 2
+STEPS = 10
+# A single process has no worker group: the supervisor's restart of a rank fails there, saying so
+# (tests/supervisor covers it under `remedy run`).
+NEEDS_A_GROUP = {"restart_rank": "restart_rank needs a worker group; none is attached"}
+# What each applied action did, read from its journaled result: a real outcome, not a name.
+DID: dict[str, Any] = {
+    "rollback": lambda r, run: r["restored_step"] <= SPIKE_TICK,
+    "shrink_lr": lambda r, run: r["lr_scale"] == 0.5 and r["lr_after"][0] < r["lr_before"][0],
+    "enable_activation_checkpointing": lambda r, run: r["wrapped"] != [],
+    "switch_kv_allocator": lambda r, run: r["allocator_after"] == "paged",
+    "skip_batches": lambda r, run: r["skipped_count"] == 2,
+    "reduce_microbatch": lambda r, run: r["micro_batches_after"] == 2,
+    "checkpoint_now": lambda r, run: Path(r["path"]).exists(),
+    "dump_diagnostics": lambda r, run: Path(r["path"]).exists(),
+    "notify": lambda r, run: True,  # journaled as applied: the supervisor told the log
+    "abort": lambda r, run: run["status"] == "aborted" and run["steps_completed"] < STEPS,
+    "rescale_grad_scaler": lambda r, run: r["scale_after"] == r["scale_before"] * 0.5,
+    "configure_cuda_allocator": lambda r, run: r["settings"] == "expandable_segments:True",
+    "replay_step": lambda r, run: (
+        (r["verdict"]["kind"], r["verdict"]["step"]) == ("replay_reproducible", SPIKE_TICK)
+    ),
+}
+
+
+def _policy_file(action: str, tmp_path: Path) -> Path:
+    params = EXAMPLE_PARAMS.get(action, {})
+    policy = {
+        "version": 1,
+        "name": "one-action",
+        "rules": [{"name": "r", "when": {"anomaly": "loss_spike"}, "do": [{action: params}]}],
+    }
+    path = tmp_path / f"{action}.yaml"
+    path.write_text(json.dumps(policy))  # JSON is YAML
+    return path
+
+
+def _scaler(on: bool) -> Any:
+    """An enabled GradScaler (on the CPU as torch allows) for the action that rescales one."""
+    return torch.amp.GradScaler("cpu", init_scale=1024.0) if on else None
+
+
+def _run_guard(policy: Path, run_dir: Path, *, scaler: bool) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+    guard = Guard(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        scaler=_scaler(scaler),
+        loss_fn=lambda m, b: nn.functional.mse_loss(m(b), b.sum(1, keepdim=True)),
+        data=lambda i: torch.randn(8, 4, generator=torch.Generator().manual_seed(i)),
+        max_steps=STEPS,
+        config=GuardConfig(
+            checkpoint_every=100, detectors=[_SpikeAt(SPIKE_TICK)], policy=str(policy)
+        ),
+        run_dir=run_dir,
+    )
+    for batch in guard:
+        guard.step(batch)
+    return guard.summary
+
+
+class _Regression(lightning.LightningModule):  # type: ignore[misc]
+    """The same tiny model and data as the Guard's, as a LightningModule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        return nn.functional.mse_loss(self.net(x), x.sum(1, keepdim=True))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _run_callbacks(policy: Path, run_dir: Path, *, scaler: bool) -> dict[str, Any]:
+    """A real `lightning.Trainer` under the callback; with a GradScaler, Lightning's fp16
+    precision plugin holding one (on the CPU, given to it)."""
+    from remedy.integrations.lightning import RemedyCallback  # noqa: PLC0415 - Lightning's
+
+    module = _Regression()
+    x = torch.randn(8 * 4 * STEPS, 4, generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
+    callback = RemedyCallback(policy=str(policy), run_dir=run_dir, detectors=[_SpikeAt(SPIKE_TICK)])
+    plugins = [MixedPrecision("16-mixed", "cpu", scaler=_scaler(True))] if scaler else []
+    trainer = lightning.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        plugins=plugins,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        default_root_dir=str(run_dir.parent),
+    )
+    trainer.fit(module, data)
+    assert callback.guard is not None
+    return callback.guard.close()  # what on_train_end returned: close is idempotent
+
+
+@pytest.mark.parametrize("loop", ["guard", "callbacks"])
+@pytest.mark.parametrize("spec", ACTION_TABLE, ids=lambda a: a.name)
+def test_every_action_walks_check_decide_apply_outcome_through_the_journal(
+    spec: Any, loop: Loop, tmp_path: Path
+) -> None:
+    """A detector's event, the policy's decision, the command through the shared inbox, the
+    applier, the outcome back to the controller and its line in decisions.jsonl: on a Guard
+    and under the Lightning callback in a real `lightning.Trainer`. `policy check --loop` refuses beforehand exactly the
+    actions that fail under the callbacks, with the sentence the journal then gives."""
+    policy = _policy_file(spec.name, tmp_path)
+    refused = loop == "callbacks" and spec.under_callbacks is not None
+    errors = [d for d in check_policy(policy, loop=loop) if d.severity == "error"]
+    assert [spec.under_callbacks in d.message for d in errors] == ([True] if refused else [])
+    run_dir = tmp_path / "run"
+    run = _run_guard if loop == "guard" else _run_callbacks
+    summary = run(policy, run_dir, scaler=spec.name == "rescale_grad_scaler")
+    decisions = read_jsonl(run_dir / "decisions.jsonl")
+    first = decisions[0]
+    assert (first["action"], first["anomaly"]["kind"], first["rule"]) == (
+        spec.name,
+        "loss_spike",
+        "r",
+    )
+    detail, result = first["detail"], first.get("result", {})
+    if refused:
+        assert (first["outcome"], detail) == ("failed", spec.under_callbacks)
+    elif spec.name in NEEDS_A_GROUP:
+        assert (first["outcome"], detail) == ("failed", NEEDS_A_GROUP[spec.name])
+    elif spec.name == "configure_cuda_allocator" and not torch.cuda.is_available():
+        assert first["outcome"] == "failed" and NEEDS_HERE[spec.name] in detail
+    else:
+        assert first["outcome"] == "applied", (loop, detail)
+        assert DID[spec.name](result, summary), (loop, result, summary)
+    assert "Error" not in detail

@@ -1,14 +1,19 @@
-"""The callbacks' LoopGuard shares the Guard's command inbox: failed chains, resent outcomes.
+"""The callbacks' LoopGuard shares the Guard's command inbox: failed chains, resent outcomes,
+the seq agreement of a process group's ranks.
 
 Every action under the callbacks: tests/integrations/test_action_table.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import nn
 
 from remedy.integrations._loop import LoopGuard
@@ -91,3 +96,70 @@ def test_done_command_sent_again_gets_its_outcome_again_under_a_callback(
     sent = [o for b in sup.batches for o in b["outcomes"] if o["decision_id"] == "d1"]
     assert {o["outcome"] for o in sent} == {"applied"}
     assert (len(sent) > 1) if resend_s == 0.0 else (len(sent) == 1)
+
+
+def test_a_local_policy_names_the_steps_the_callbacks_refuse_before_training(
+    tmp_path: Path,
+) -> None:
+    """The bundled default under a callback: its three refused steps are logged at the start
+    (what `remedy policy check --loop callbacks default` reports), none for a policy without."""
+    model = nn.Linear(4, 1)
+    with structlog.testing.capture_logs() as logs:
+        LoopGuard(model, run_dir=tmp_path / "a", detectors=[]).close()
+    (record,) = [r for r in logs if r["event"] == "policy_steps_refused_under_callbacks"]
+    assert record["policy"] == "default" and record["log_level"] == "warning"
+    assert [s.split(":")[0] for s in record["steps"]] == [
+        "rule 'oom-relief', step 2",
+        "rule 'memory-pressure-checkpoint', step 1",
+        "rule 'hardware-fault', step 1",
+    ]
+    with structlog.testing.capture_logs() as logs:
+        LoopGuard(model, policy="conservative", run_dir=tmp_path / "b", detectors=[]).close()
+    conservative = [r for r in logs if r["event"] == "policy_steps_refused_under_callbacks"]
+    step = (
+        "rule 'hardware-fault', step 1: checkpoint_now is not applied under the Hugging Face "
+        "and Lightning callbacks: the framework writes its own checkpoints: remedy keeps no "
+        "durable checkpoint under a callback"
+    )
+    assert [r["steps"] for r in conservative] == [[step]]
+
+
+class _LateSupervisor(_Supervisor):
+    """Sends the commands from its `first`-th reply on: replies reach ranks at different times."""
+
+    def __init__(self, commands: list[dict[str, Any]], first: int) -> None:
+        super().__init__(commands)
+        self.first, self.polls = first, 0
+
+    def poll(self) -> list[dict[str, Any]]:
+        self.polls += 1
+        return super().poll() if self.polls >= self.first else []
+
+
+# Rank 0 gets the command at its first boundary, rank 1 at its fourth (step 3).
+FIRST_REPLY_WITH_IT = (1, 4)
+
+
+def _rank_main(rank: int, tmp: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=2)
+    try:
+        sup = _LateSupervisor(
+            [_cmd("d1", "shrink_lr", {"factor": 0.5}).to_dict()], FIRST_REPLY_WITH_IT[rank]
+        )
+        guard = _loop_guard(context=WorkerContext(rank=rank, world_size=2, reporter=sup))
+        _train(guard, 6)
+        guard.close()
+        (outcome,) = guard.history
+        record = {"step": outcome.step, "outcome": outcome.outcome, "lr_scale": guard.lr_scale}
+        Path(tmp, f"rank{rank}.json").write_text(json.dumps(record))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_under_a_callback_apply_a_command_at_the_same_boundary(tmp_path: Path) -> None:
+    """Two ranks of a gloo group, the command reaching them three steps apart: both apply it at
+    the boundary where the later one has it (the inbox's seq agreement), not each on arrival."""
+    mp.start_processes(_rank_main, args=(str(tmp_path),), nprocs=2, start_method="fork")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks == [{"step": 3, "outcome": "applied", "lr_scale": 0.5}] * 2
