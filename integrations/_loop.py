@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-import weakref
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -36,9 +35,9 @@ from remedy.workers.context import Reporter, WorkerContext, get_context
 from remedy.workers.detectors import DetectorSuite, default_detectors
 from remedy.workers.guard import LocalReporter
 from remedy.workers.inbox import CommandInbox
-from remedy.workers.lr_scale import LRScale
 from remedy.workers.measure import GradNorm, MemoryProbe, module_grad_norms
 from remedy.workers.outbox import Outbox
+from remedy.workers.remediation import Remediation
 from remedy.workers.snapshots import (
     Snapshot,
     SnapshotRing,
@@ -97,15 +96,12 @@ class LoopGuard:
         self._memory = MemoryProbe(self._params[0].device if self._params else torch.device("cpu"))
         self.step_count = 0
         self.tick = 0
-        self.lr_cut = LRScale()  # shrink_lr's cuts, in force only during the optimizer step
+        # What actions changed (LR cuts, in force only during the optimizer step; the rest is read
+        # by the appliers: a framework's batches and caches are its own).
+        self.remediation = Remediation()
         self._lr_in_force = contextlib.ExitStack()
         self.inbox = CommandInbox()  # the Guard's inbox and outbox: one implementation
         self.outbox = Outbox(self.reporter, self.inbox, rank=self.rank, heartbeat_s=HEARTBEAT_S)
-        # Remediation state the appliers read; a framework's batches are its own.
-        self.micro_batches = 1
-        self.max_micro_batches: int | None = None
-        self.kv_caches: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.kv_allocator = "fixed"
         self._group = (
             dist.group.WORLD
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -238,7 +234,7 @@ class LoopGuard:
                 torch._foreach_mul_([p.grad for p in self._params if p.grad is not None], coef)
             # The framework steps the optimizer next: the cut LR holds for that step only, and
             # end_step puts the scheduled LR back, as the Guard does around its own step.
-            self._lr_in_force.enter_context(self.lr_cut.applied(self.optimizer))
+            self._lr_in_force.enter_context(self.remediation.lr_cut.applied(self.optimizer))
         return self._skipped
 
     def chaos_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -259,7 +255,7 @@ class LoopGuard:
             rank=self.rank,
             loss=self.loss,
             grad_norm=self._grad_norm,
-            lr=self.lr_cut.effective(float(self.optimizer.param_groups[0]["lr"]))
+            lr=self.remediation.lr_cut.effective(float(self.optimizer.param_groups[0]["lr"]))
             if self.optimizer
             else math.nan,
             step_time_s=time.perf_counter() - self._t0,
@@ -352,7 +348,7 @@ class LoopGuard:
             scheduler=clone_to_host(self.scheduler.state_dict()) if self.scheduler else None,
             scaler=self.scaler.state_dict() if self.scaler is not None else None,
             rng=capture_rng(),
-            lr_scale=self.lr_cut.scale,
+            lr_scale=self.remediation.lr_scale,
         )
 
     def restore(self, snap: Snapshot) -> None:
@@ -375,14 +371,14 @@ class LoopGuard:
         self.optimizer.zero_grad(set_to_none=True)
 
     def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None:
-        self.lr_cut.cut(factor, min_lr=min_lr)
+        self.remediation.lr_cut.cut(factor, min_lr=min_lr)
 
     @property
     def lr_scale(self) -> float:
-        return self.lr_cut.scale
+        return self.remediation.lr_scale
 
     def effective_lrs(self) -> list[float]:
-        return self.lr_cut.effective_lrs(self.optimizer)
+        return self.remediation.lr_cut.effective_lrs(self.optimizer)
 
     @property
     def history(self) -> deque[Outcome]:

@@ -28,6 +28,7 @@ from remedy.workers.exceptions import ActionError, CheckpointError, TransientAct
 
 if TYPE_CHECKING:
     from remedy.workers.checkpoint_store import CheckpointStore
+    from remedy.workers.remediation import Remediation
     from remedy.workers.snapshots import Snapshot, SnapshotRing
     from remedy.workers.stats import StepStats
 
@@ -40,8 +41,8 @@ class ActionTarget(Protocol):
     model: torch.nn.Module
     scaler: Any
     snapshots: SnapshotRing
-    micro_batches: int
-    kv_allocator: str
+    # The remediations in force (LR cuts, micro-batch split, KV allocator and its live caches).
+    remediation: Remediation
 
     @property
     def rank(self) -> int: ...
@@ -63,10 +64,6 @@ class ActionTarget(Protocol):
     def data_rewindable(self) -> bool:
         """Whether a rollback can take the data back too."""
 
-    @property
-    def max_micro_batches(self) -> int | None: ...
-    @property
-    def kv_caches(self) -> Any: ...
     @property
     def lr_scale(self) -> float: ...
     @property

@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import math
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -54,7 +53,6 @@ from remedy.workers.detectors import Detector, DetectorSuite, default_detectors
 from remedy.workers.exceptions import ChaosConfigError, RunAborted
 from remedy.workers.flag_hold import RESEND_S, WAIT_S, FlagHold, agree_while_holding
 from remedy.workers.inbox import Agreement, CommandInbox
-from remedy.workers.lr_scale import LRScale
 from remedy.workers.measure import (
     GradNorm,
     MemoryProbe,
@@ -62,6 +60,7 @@ from remedy.workers.measure import (
     module_grad_norms,
 )
 from remedy.workers.outbox import Outbox
+from remedy.workers.remediation import Remediation
 from remedy.workers.replay import Replays, StepMark
 from remedy.workers.snapshots import (
     Snapshot,
@@ -247,16 +246,13 @@ class Guard:
                 scaler=self.scaler is not None and self.scaler.is_enabled(),
             )
         )
-        self.micro_batches = self.config.micro_batches
-        self.max_micro_batches: int | None = None  # the batch size, once a batch has been seen
         self.step_count = 0
         self.tick = 0
-        self.lr_cut = LRScale()  # shrink_lr's cuts, applied around each optimizer step
+        # What actions changed in how this rank trains (LR cuts, micro-batch split, KV allocator).
+        self.remediation = Remediation(
+            micro_batches=self.config.micro_batches, kv_allocator=self.config.kv_allocator
+        )
         self.recent_stats: deque[StepStats] = deque(maxlen=50)
-        self.kv_caches: weakref.WeakSet[Any] = (
-            weakref.WeakSet()
-        )  # live caches switch_kv_allocator migrates
-        self.kv_allocator = self.config.kv_allocator
         self.inbox = CommandInbox()  # the supervisor's commands, each applied once
         # Checkpoint writes in flight, by id of the snapshot they read; such a
         # snapshot's buffers are not recycled until its write is done.
@@ -719,8 +715,8 @@ class Guard:
         """
         model = self.model if model is None else model
         self.injector.stepping(self.step_count)
-        self.max_micro_batches = _batch_size(batch)
-        chunks = _split(batch, self.micro_batches)
+        self.remediation.max_micro_batches = _batch_size(batch)
+        chunks = _split(batch, self.remediation.micro_batches)
         total: torch.Tensor | None = None
         # DDP, FSDP2: reduce gradients once, on the last chunk
         no_sync = getattr(model, "no_sync", None) or sharding.no_sync_of(model)
@@ -757,14 +753,14 @@ class Guard:
                 self.optimizer.zero_grad(set_to_none=True)
                 return True
             scale_before = self.scaler.get_scale()
-            with self.lr_cut.applied(self.optimizer):
+            with self.remediation.lr_cut.applied(self.optimizer):
                 self.scaler.step(self.optimizer)
             self.scaler.update()
             skipped = self.scaler.get_scale() < scale_before
         elif not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             skipped = True
         else:
-            with self.lr_cut.applied(self.optimizer):
+            with self.remediation.lr_cut.applied(self.optimizer):
                 self.optimizer.step()
             skipped = False
         if not skipped and self.scheduler is not None:
@@ -795,7 +791,7 @@ class Guard:
             rank=self.rank,
             loss=loss_v,
             grad_norm=norm_v,
-            lr=self.lr_cut.effective(float(self.optimizer.param_groups[0]["lr"])),
+            lr=self.remediation.lr_cut.effective(float(self.optimizer.param_groups[0]["lr"])),
             step_time_s=time.perf_counter() - t0,
             loader_time_s=self._loader_time,
             batch_index=self._batch_index,
@@ -841,7 +837,7 @@ class Guard:
             details={
                 "message": message[:300],
                 "attempt": attempt,
-                "micro_batches": self.micro_batches,
+                "micro_batches": self.remediation.micro_batches,
             },
         )
         self.outbox.event(ev.to_dict())
@@ -926,7 +922,7 @@ class Guard:
             **extra,
             # For progress displays: the step total and the batch size last seen.
             max_steps=self.max_steps,
-            batch_size=self.max_micro_batches,
+            batch_size=self.remediation.max_micro_batches,
         )
 
     # ------------------------------------------------------- state handling
@@ -943,7 +939,7 @@ class Guard:
             else None,
             scaler=self.scaler.state_dict() if self.scaler is not None else None,
             rng=capture_rng(),
-            lr_scale=self.lr_cut.scale,
+            lr_scale=self.remediation.lr_scale,
         )
 
     def restore(self, snap: Snapshot) -> None:
@@ -968,15 +964,25 @@ class Guard:
 
     def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None:
         """Cut every LR by `factor` (not below `min_lr`) from now on, whatever the schedule does."""
-        self.lr_cut.cut(factor, min_lr=min_lr)
+        self.remediation.lr_cut.cut(factor, min_lr=min_lr)
 
     @property
     def lr_scale(self) -> float:
-        return self.lr_cut.scale
+        return self.remediation.lr_scale
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches each batch is split into (`reduce_microbatch` raises it)."""
+        return self.remediation.micro_batches
+
+    @property
+    def kv_allocator(self) -> str:
+        """The allocator for KV caches made now (`switch_kv_allocator` changes it)."""
+        return self.remediation.kv_allocator
 
     def effective_lrs(self) -> list[float]:
         """The LR of each param group as the optimizer applies it (schedule times the cuts)."""
-        return self.lr_cut.effective_lrs(self.optimizer)
+        return self.remediation.lr_cut.effective_lrs(self.optimizer)
 
     def report_event(self, event: Any) -> None:
         """Send an anomaly the user's code found (e.g. a KV-cache measure) with the next report."""
@@ -986,7 +992,7 @@ class Guard:
 
     def track_kv_cache(self, cache: Any) -> None:
         """Register a live KV cache so `switch_kv_allocator` migrates it."""
-        self.kv_caches.add(cache)
+        self.remediation.kv_caches.add(cache)
 
     def submit(self, command: Command) -> None:
         """Queue a command by hand (an operator's intervention, a test); applied like any other."""

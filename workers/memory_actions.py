@@ -67,16 +67,17 @@ def reduce_microbatch(
     factor = int(params.get("factor", 2))
     if factor < 2:
         raise ActionError(f"reduce_microbatch factor must be at least 2, got {factor}")
-    before = guard.micro_batches
+    state = guard.remediation
+    before = state.micro_batches
     after = before * factor
-    limit = guard.max_micro_batches
+    limit = state.max_micro_batches
     if limit is not None and after > limit:
         if before >= limit:
             raise ActionError(
                 f"micro-batches already at the batch size ({before}); cannot split further"
             )
         after = limit
-    guard.micro_batches = after
+    state.micro_batches = after
     return {
         "micro_batches_before": before,
         "micro_batches_after": after,
@@ -89,9 +90,10 @@ def switch_kv_allocator(
     guard: ActionTarget, params: dict[str, Any], command: Command
 ) -> dict[str, Any]:
     to = str(params.get("to", "paged"))
-    before = guard.kv_allocator
+    state = guard.remediation
+    before = state.kv_allocator
     migrated, deferred = 0, 0
-    for cache in list(guard.kv_caches):
+    for cache in list(state.kv_caches):
         if cache.allocator == to or cache.length == 0:
             continue
         if not cache.at_safe_point():
@@ -102,7 +104,7 @@ def switch_kv_allocator(
         except (RuntimeError, ValueError) as exc:
             raise ActionError(f"cannot move a live KV cache to {to!r}: {exc}") from exc
         migrated += 1
-    guard.kv_allocator = to
+    state.kv_allocator = to
     return {
         "allocator_before": before,
         "allocator_after": to,

@@ -22,7 +22,6 @@ import structlog
 import torch.distributed as dist
 
 from remedy.workers import train_state
-from remedy.workers.activation_checkpointing import checkpointed_modules
 from remedy.workers.checkpoint_store import CheckpointStore
 from remedy.workers.exceptions import CheckpointError
 
@@ -107,10 +106,7 @@ def remediations(guard: Guard) -> dict[str, Any]:
     """
     return {
         "skipped": sorted(guard.cursor.skipped),
-        "micro_batches": guard.micro_batches,
-        "kv_allocator": guard.kv_allocator,
-        "lr_cut": (guard.lr_cut.scale, guard.lr_cut.floor),
-        "checkpointed": checkpointed_modules(getattr(guard.model, "module", guard.model)),
+        **guard.remediation.state(guard.model),
         **guard.inbox.state(with_queued=False),
     }
 

@@ -17,11 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from remedy.workers.activation_checkpointing import (
-    checkpointed_modules,
-    enable_activation_checkpointing,
-)
-from remedy.workers.lr_scale import LRScale
 from remedy.workers.snapshots import SnapshotRing
 
 if TYPE_CHECKING:
@@ -38,10 +33,7 @@ def capture(guard: Guard) -> dict[str, Any]:
     return {
         "snapshot": snap,
         "skipped": sorted(guard.cursor.skipped),
-        "micro_batches": guard.micro_batches,
-        "kv_allocator": guard.kv_allocator,
-        "lr_cut": (guard.lr_cut.scale, guard.lr_cut.floor),
-        "checkpointed": checkpointed_modules(_plain(guard.model)),
+        **guard.remediation.state(guard.model),
         **guard.inbox.state(),
     }
 
@@ -56,12 +48,7 @@ def adopt(guard: Guard, state: dict[str, Any]) -> None:
     guard.cursor.skipped = set(state["skipped"])
     # The param groups hold the scheduled LR; the cuts decided so far are applied around
     # each optimizer step (lr_scale.py), so a replacement must adopt them to step alike.
-    scale, floor = state["lr_cut"]
-    guard.lr_cut = LRScale(scale=scale, floor=floor)
-    guard.micro_batches = state["micro_batches"]
-    guard.kv_allocator = state["kv_allocator"]
-    if state["checkpointed"]:
-        enable_activation_checkpointing(_plain(guard.model), modules=state["checkpointed"])
+    guard.remediation.adopt(state, guard.model)
     guard.inbox.adopt(state)
     # Rings differ between survivors and the replacement; all restart from this boundary.
     guard.snapshots = SnapshotRing(guard.config.snapshot_ring)
