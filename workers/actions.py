@@ -40,9 +40,12 @@ class ActionTarget(Protocol):
 
     model: torch.nn.Module
     scaler: Any
-    snapshots: SnapshotRing
     # The remediations in force (LR cuts, micro-batch split, KV allocator and its live caches).
     remediation: Remediation
+
+    @property
+    def snapshots(self) -> SnapshotRing:
+        """The in-memory snapshots a rollback restores."""
 
     @property
     def rank(self) -> int: ...

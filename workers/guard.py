@@ -23,11 +23,9 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent import futures
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
@@ -62,15 +60,19 @@ from remedy.workers.measure import (
 from remedy.workers.outbox import Outbox
 from remedy.workers.remediation import Remediation
 from remedy.workers.replay import Replays, StepMark
+from remedy.workers.saver import Saver
 from remedy.workers.snapshots import (
     Snapshot,
     SnapshotRing,
-    blank_like,
     capture_rng,
     clone_to_host,
     restore_rng,
 )
 from remedy.workers.stats import StepStats
+
+if TYPE_CHECKING:
+    from remedy.workers.checkpoint_store import CheckpointStore
+    from remedy.workers.shard_mirror import ShardMirror
 
 log = structlog.get_logger("remedy.guard")
 
@@ -82,8 +84,6 @@ FINAL_LOSS_STEPS = 10
 # Step boundaries a Guard that may replay remembers at least (see GuardConfig.replay_window).
 REPLAY_WINDOW = 8
 
-_DONE: Future[Any] = Future()
-_DONE.set_result(None)
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -208,24 +208,19 @@ class Guard:
         self._batch_inspectors: list[Any] = [
             d for d in self.detectors.detectors if callable(getattr(d, "inspect_batch", None))
         ]
-        self.snapshots = SnapshotRing(self.config.snapshot_ring)
-        self.checkpoints = (
+        # Snapshots (the ring a rollback restores) and durable checkpoints (workers.saver).
+        self.saver = Saver(
+            self.config.snapshot_ring,
             # A sharded model in a process group checkpoints through DCP (workers.dcp_store).
             dcp_store.store_for(
                 self, self.run_dir / "checkpoints", keep=self.config.checkpoint_keep
             )
             if self.run_dir is not None and self.config.checkpoint_every > 0
-            else None
+            else None,
+            # A sharded rank's newest snapshot is mirrored to its buddy rank (workers.shard_mirror).
+            shard_mirror.mirror_for(self),
+            rank=self.rank,
         )
-        # A sharded rank's newest snapshot is mirrored to its buddy rank (workers.shard_mirror).
-        self.mirror = shard_mirror.mirror_for(self)
-        # Checksum failures found while restoring, reported as `checkpoint_corrupt` events.
-        self._corrupt: list[tuple[int, str]] = []
-        # Durable checkpoint writes that failed (after the store's retries), as (step, error),
-        # appended by the writer thread and reported as `checkpoint_write_failed` events.
-        self._write_failures: deque[tuple[int, str]] = deque()
-        if self.checkpoints is not None:
-            self.checkpoints.on_corrupt = lambda step, error: self._corrupt.append((step, error))
         # A rank started by a full-group restart resumes from this checkpoint before its first step.
         self._resume_step = ctx.resume_step
         self.resumed: dict[str, Any] | None = None
@@ -256,11 +251,7 @@ class Guard:
         self.inbox = CommandInbox()  # the supervisor's commands, each applied once
         # Checkpoint writes in flight, by id of the snapshot they read; such a
         # snapshot's buffers are not recycled until its write is done.
-        self._writes: dict[int, Future[Any]] = {}
         # Buffers for the next snapshot while the ring fills (see _snapshot).
-        self._spare: Future[Snapshot] | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._prepare_spares = True
         # With a process group of several ranks, commands are applied by agreement (see _boundary).
         self._group: Any = None
         self._group_device = torch.device("cpu")
@@ -370,8 +361,7 @@ class Guard:
             self.resumed = restore_point.resume(self, step)
             self._report_corrupt()
         self.inbox.take(self.reporter.poll())
-        if self._write_failures:
-            self._report_write_failures()
+        self._report_checkpoint_events("checkpoint_write_failed", self.saver.write_failures())
         if self.agreement is not None:
             # Every rank applies the same commands at the same boundary, or their step
             # counts and collectives would part ways: those every rank held at the last one.
@@ -504,62 +494,15 @@ class Guard:
             time.sleep(0.005)
 
     def _snapshot(self) -> None:
-        """Snapshot this boundary into the cheapest buffers at hand.
-
-        A full ring hands over the snapshot it is about to evict. While the
-        ring fills there is none, and a fresh multi-GB host copy spends most
-        of its time in page faults (1.6 s of a 50M-parameter model's 1.8 s
-        step on CPU): a helper thread fills buffers shaped like the newest
-        snapshot in the meantime (torch releases the GIL while filling), and
-        the next snapshot copies into them if they are ready.
-        """
-        reuse = self.snapshots.recyclable(self.step_count)
-        if reuse is not None and not self._writes.pop(id(reuse), _DONE).done():
-            reuse = None  # the checkpoint writer still reads it
-        if reuse is None and self._spare is not None and self._spare.done():
-            spare, self._spare = self._spare, None
-            failed = spare.exception()
-            if failed is None:
-                reuse = spare.result()  # done
-            else:  # out of host memory, say: snapshots go to fresh memory as before
-                log.warning("snapshot buffers not prepared; not trying again", error=repr(failed))
-                self._prepare_spares = False
-        snap = self.take_snapshot(into=reuse)
-        self.snapshots.push(snap)
-        if self.mirror is not None:
-            self.mirror.push(snap)
-        if self.checkpoints is not None and self._checkpoint_due():
-            snap.extra = self.checkpoint_extra()
-            if self.injector.checkpoint_write_fault(self.step_count) is not None:
-                # Chaos: this write meets a file-size limit of 0 (EFBIG on every retry);
-                # waited for here, so the limit is lifted before training writes anything.
-                with process_faults.file_size_limit(0):
-                    write = self.checkpoints.save(snap)
-                    futures.wait([write])
-            else:
-                write = self.checkpoints.save(snap)
-            step = self.step_count
-            write.add_done_callback(lambda done: self._write_done(done, step))
-            self._writes[id(snap)] = write
-        if not self.snapshots.full and self._spare is None and self._prepare_spares:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="remedy-snapshot")
-            self._spare = self._pool.submit(_blank_snapshot, snap)
-
-    def _write_done(self, write: Future[Any], step: int) -> None:
-        """The checkpoint write of `step` ended (on the writer thread): a failure is reported at
-        the next boundary; training goes on, the previous checkpoint stands."""
-        failed = write.exception()
-        if failed is not None:
-            log.error("checkpoint_write_failed", rank=self.rank, step=step, error=str(failed))
-            self._write_failures.append((step, str(failed)))
-
-    def _report_write_failures(self) -> None:
-        """Checkpoint writes that failed (queued by the writer) become `checkpoint_write_failed`."""
-        found = []
-        while self._write_failures:  # appended from the checkpoint writer's thread
-            found.append(self._write_failures.popleft())
-        self._report_checkpoint_events("checkpoint_write_failed", found)
+        """Snapshot this boundary, and checkpoint it when one is due (`workers.saver`)."""
+        due = self._checkpoint_due()
+        self.saver.save(
+            self.step_count,
+            lambda into: self.take_snapshot(into=into),
+            extra=self.checkpoint_extra if due else None,
+            # Chaos: this write meets a file-size limit of 0 (EFBIG on every retry).
+            write_fault=due and self.injector.checkpoint_write_fault(self.step_count) is not None,
+        )
 
     def _checkpoint_due(self) -> bool:
         every = self.config.checkpoint_every
@@ -572,8 +515,7 @@ class Guard:
 
     def _report_corrupt(self) -> None:
         """Checksum failures met while restoring become `checkpoint_corrupt` events."""
-        found, self._corrupt = self._corrupt, []
-        self._report_checkpoint_events("checkpoint_corrupt", found)
+        self._report_checkpoint_events("checkpoint_corrupt", self.saver.corrupt())
 
     def _report_checkpoint_events(self, kind: str, found: list[tuple[int, str]]) -> None:
         """One `kind` event per (checkpoint step, error), sent at once."""
@@ -962,6 +904,21 @@ class Guard:
         self.detectors.reset()
         self.optimizer.zero_grad(set_to_none=True)
 
+    @property
+    def snapshots(self) -> SnapshotRing:
+        """The in-memory ring of snapshots a rollback restores (`saver`)."""
+        return self.saver.snapshots
+
+    @property
+    def checkpoints(self) -> CheckpointStore | None:
+        """The durable checkpoint store, or None without a run directory or checkpoints."""
+        return self.saver.checkpoints
+
+    @property
+    def mirror(self) -> ShardMirror | None:
+        """A sharded rank's snapshot mirror to its buddy, or None."""
+        return self.saver.mirror
+
     def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None:
         """Cut every LR by `factor` (not below `min_lr`) from now on, whatever the schedule does."""
         self.remediation.lr_cut.cut(factor, min_lr=min_lr)
@@ -1039,15 +996,7 @@ class Guard:
         if self.agreement is not None:
             self.agreement.finish()
         self._send(wait=True, ending=True)
-        if self.checkpoints is not None:
-            self.checkpoints.close()
-        if self.mirror is not None:
-            self.mirror.close()
-        if self._pool is not None:
-            if self._spare is not None:
-                self._spare.cancel()  # buffers no snapshot will use
-            waits.drain(self._pool, waits.POOL_S, "the snapshot-buffer pool")
-            self._spare = None
+        self.saver.close()
         recent = list(self.recent_stats)[-FINAL_LOSS_STEPS:]
         losses = [s.loss for s in recent if math.isfinite(s.loss)]
         self.summary = {
@@ -1145,13 +1094,6 @@ def _local_summary(
         "wall_s": round(ended - started, 2),
         "ranks": [rank],
     }
-
-
-def _blank_snapshot(like: Snapshot) -> Snapshot:
-    """Zero-filled (page-faulted) host buffers shaped like `like`'s model and optimizer state."""
-    return dataclasses.replace(
-        like, model=blank_like(like.model), optimizer=blank_like(like.optimizer)
-    )
 
 
 def _metrics_record(stats: StepStats, chaos: list[dict[str, Any]]) -> dict[str, Any]:

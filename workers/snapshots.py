@@ -153,6 +153,10 @@ class SnapshotRing:
     def full(self) -> bool:
         return len(self._ring) == self._ring.maxlen
 
+    @property
+    def capacity(self) -> int:
+        return self._ring.maxlen or 0
+
     def newest_at_or_before(self, step: int) -> Snapshot | None:
         """The newest snapshot whose step is at most `step`."""
         for snap in reversed(self._ring):

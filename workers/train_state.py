@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from remedy.workers.snapshots import SnapshotRing
-
 if TYPE_CHECKING:
     from remedy.workers.guard import Guard
 
@@ -51,8 +49,7 @@ def adopt(guard: Guard, state: dict[str, Any]) -> None:
     guard.remediation.adopt(state, guard.model)
     guard.inbox.adopt(state)
     # Rings differ between survivors and the replacement; all restart from this boundary.
-    guard.snapshots = SnapshotRing(guard.config.snapshot_ring)
-    guard.snapshots.push(snap)
+    guard.saver.start_over(snap)
 
 
 def broadcast(
@@ -75,6 +72,5 @@ def broadcast(
         adopt(guard, adopted)
     else:
         # The source too drops its ring, so every rank keeps the same snapshots.
-        guard.snapshots = SnapshotRing(guard.config.snapshot_ring)
-        guard.snapshots.push(adopted["snapshot"])
+        guard.saver.start_over(adopted["snapshot"])
     return adopted

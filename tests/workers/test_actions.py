@@ -16,7 +16,7 @@ from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
 from remedy.supervisor.core.report_validation import Limits, RankMark, validate_batch
 from remedy.workers import Command, Guard, GuardConfig
 from remedy.workers import actions as actions_mod
-from remedy.workers import guard as guard_mod
+from remedy.workers import saver as saver_mod
 from remedy.workers.exceptions import TransientActionError
 
 CFG = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -355,28 +355,30 @@ def test_snapshots_fill_the_ring_into_prefaulted_buffers() -> None:
     ref = plain_train(12)
     guard, it = guarded(40, snapshot_ring=6)  # snapshots every 5 steps
     train(guard, it, 6)  # snapshots at 0 and 5; buffers shaped like step 5's are on the way
-    assert guard._spare is not None
-    spare = guard._spare.result(timeout=30)
+    assert guard.saver.spare is not None
+    spare = guard.saver.spare.result(timeout=30)
     assert all(not t.any() for t in spare.model.values())
     prepared = {t.data_ptr() for t in spare.model.values()}
     train(guard, it, 5)  # the boundary before step 10 snapshots into them
     at10 = list(guard.snapshots)[-1]
     assert at10.step == 10
     assert {t.data_ptr() for t in at10.model.values()} == prepared
-    assert guard._spare is not None and guard._spare is not spare  # the next one is prepared
+    assert (
+        guard.saver.spare is not None and guard.saver.spare is not spare
+    )  # the next one is prepared
     guard.submit(command("rollback", anomaly_step=11, steps_back=1))
     next(it)
     assert last_outcome(guard).result["restored_step"] == 10
     assert_same_state(snapshot_state(guard.model, guard.optimizer, guard.scheduler), ref[10])
     guard.close()
-    assert guard._spare is None
+    assert guard.saver.spare is None
 
 
 def test_a_full_ring_prepares_no_buffers() -> None:
     """Once full, the ring recycles its evicted snapshot: no helper-thread buffers are made."""
     guard, it = guarded(40, snapshot_ring=2)
     train(guard, it, 16)  # snapshots at 0, 5, 10, 15: full since 5
-    assert guard.snapshots.full and guard._spare is None
+    assert guard.snapshots.full and guard.saver.spare is None
     guard.close()
 
 
@@ -389,7 +391,7 @@ def test_snapshots_survive_failing_buffer_preparation(monkeypatch: pytest.Monkey
         calls.append(like.step)
         raise MemoryError("no host memory for the next snapshot")
 
-    monkeypatch.setattr(guard_mod, "_blank_snapshot", fail)
+    monkeypatch.setattr(saver_mod, "blank_snapshot", fail)
     ref = plain_train(12)
     guard, it = guarded(40, snapshot_ring=6)
     train(guard, it, 12)
