@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.supervisor import liveness
 from remedy.supervisor.agent_core import AgentCore
+from remedy.supervisor.hang_watch import DEAD, HangWatchConfig
+from remedy.supervisor.pings import ping_actors
 from remedy.supervisor.spec import NAMESPACE, supervisor_name
 from remedy.workers.logs import configure_logging
 from remedy.workers.metrics import RayBackend, RunMetrics
@@ -52,6 +55,8 @@ log = structlog.get_logger("remedy.agent")
 # How often an agent sends its digest (the newest step and tick of each rank, and
 # what it owes). Commands reach a rank within about this plus its heartbeat.
 DIGEST_S = 0.5
+# How often an agent looks at its hang watch (the supervisor's loop polls as often).
+HANG_CHECK_S = 0.05
 # Characters of a node id in an agent's name and files: unique among a cluster's nodes.
 NODE_ID_CHARS = 12
 
@@ -116,8 +121,12 @@ class NodeAgent:
         configure_logging(verbose=bool(spec.get("verbose")))
         self.run_id = str(spec["run_id"])
         self.node_id = node_id
+        self.hang_config = HangWatchConfig(**spec.get("hang_watch", {}))
         self.core = AgentCore(
-            node=node_id[:NODE_ID_CHARS], token=str(spec["token"]), world_size=int(spec["workers"])
+            node=node_id[:NODE_ID_CHARS],
+            token=str(spec["token"]),
+            world_size=int(spec["workers"]),
+            hang_watch=self.hang_config,
         )
         self.run_dir = RunDir(spec["run_dir"], self.run_id)
         # Its ranks' gauges (anomalies, step time), which the supervisor no longer sets.
@@ -136,10 +145,16 @@ class NodeAgent:
         # Answers held for the next digest's acknowledgement (batches with outcomes).
         self._waiting: list[asyncio.Future[None]] = []
         self.calls = 0  # report_many calls made (digests and immediate items)
+        self._checks: asyncio.Task[None] | None = None
+        self._actors: dict[int, tuple[int, Any]] = {}  # rank -> (incarnation, its actor)
+        self.pings_sent = 0  # rank pings this agent sent
+        self.sightings_sent = 0  # `hang_seen` calls made
 
     def _ensure_loop(self) -> None:
         if self._loop is None:
             self._loop = asyncio.get_running_loop().create_task(self._digests())
+        if self._checks is None:
+            self._checks = asyncio.get_running_loop().create_task(self._hang_checks())
 
     async def where(self) -> tuple[str, int, float]:
         """(node address, pid, process start time): what a rank's silence watch kills."""
@@ -193,6 +208,67 @@ class NodeAgent:
             "ranks": self.core.ranks,
             "restored": self.restored,
             "pid": os.getpid(),
+            "pings_sent": self.pings_sent,
+            "sightings_sent": self.sightings_sent,
+        }
+
+    # ---------------------------------------------------------------- hangs
+    async def ping_ranks(self, token: Any) -> list[dict[str, Any]]:
+        """The supervisor's ask, judging a stall another node's agent saw: ping this node's
+        ranks now and answer with the sightings (`supervisor.agent_hang`)."""
+        if token != self._token:
+            return []
+        self._ensure_loop()
+        return await self._ping_round()
+
+    async def _hang_checks(self) -> None:
+        """Every `HANG_CHECK_S`: when the watch suspects a rank, ping this node's ranks and
+        send the sightings upward at once."""
+        while True:
+            await asyncio.sleep(HANG_CHECK_S)
+            if not self.core.ping_due():
+                continue
+            try:
+                items = await self._ping_round()
+                if items:
+                    self.sightings_sent += 1
+                    await self.supervisor.hang_seen.remote(self._token, self.core.node, items)
+            except ray.exceptions.RayError as exc:
+                log.warning("sightings_not_sent", error=str(exc)[:300])
+
+    async def _ping_round(self) -> list[dict[str, Any]]:
+        """One ping of every rank this agent watches; their sightings."""
+        actors = await self._rank_actors(self.core.watched())
+        pinged_at = time.time()
+        pings: dict[int, Any] = {r: DEAD for r, a in actors.items() if a is None}
+        live = {r: a for r, a in actors.items() if a is not None}
+        self.pings_sent += len(live)
+        cfg = self.hang_config
+        pings.update(await ping_actors(live, cfg.ping_timeout_s, patience=cfg.ping_patience))
+        return self.core.sightings(pings, pinged_at)
+
+    async def _rank_actors(self, ranks: list[int]) -> dict[int, Any]:
+        """Each rank's actor handle (None: its actor is gone), asking the supervisor for the
+        names of incarnations not seen before (a warm spare's name is not the rank's)."""
+        unknown = [
+            r for r in ranks if self._actors.get(r, (-1, None))[0] != self.core.incarnation(r)
+        ]
+        if unknown:
+            names = await self.supervisor.rank_names.remote(self._token, unknown)
+            for rank in unknown:
+                incarnation, name = (names or {}).get(rank, (0, None))
+                if incarnation > self.core.incarnation(rank):
+                    self.core.replaced(rank)  # a newer process reports wherever it runs
+                    continue
+                try:
+                    actor = ray.get_actor(str(name), NAMESPACE) if name else None
+                except ValueError:
+                    actor = None
+                self._actors[rank] = (self.core.incarnation(rank), actor)
+        return {
+            r: self._actors[r][1]
+            for r in ranks
+            if r in self._actors and self._actors[r][0] == self.core.incarnation(r)
         }
 
     async def _up(self, items: list[dict[str, Any]]) -> dict[Any, Any]:

@@ -50,10 +50,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import ray
 import structlog
 
 from remedy.policies import AnomalyEvent, Decision
 from remedy.supervisor import placement, waits
+from remedy.supervisor.agent import agent_name
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.job_state import (
     Phase,
@@ -63,6 +65,7 @@ from remedy.supervisor.job_state import (
     Regrouped,
     RestartFailed,
 )
+from remedy.supervisor.spec import NAMESPACE
 from remedy.workers.checkpoint_store import checkpoint_tick, committed_steps
 
 if TYPE_CHECKING:
@@ -90,6 +93,11 @@ SILENT_GRACE_S = 5.0
 ABORT_S = 10.0
 # No second ping round for the same stall sooner than this.
 PING_EVERY_S = 0.25
+# Under node agents: how long past its timeout a rank the supervisor's watch holds
+# stalled, and no agent has said anything of, waits before the supervisor pings itself.
+AGENT_QUIET_S = 5.0
+# How long an agent asked to ping its ranks may take beyond the ping's own timeout.
+AGENT_ASK_S = 2.0
 # A rank found lost this long before Ray calls its node dead is counted among the
 # node's lost ranks (Ray's verdict takes the GCS's health-check time, 15 s by default).
 NODE_LOSS_WINDOW_S = 60.0
@@ -136,6 +144,92 @@ class Recovery:
 
     # ------------------------------------------------------------- detection
     async def check_hangs(self) -> None:
+        """Name hung and dead ranks: by the agents' sightings under node agents, else by
+        pinging every rank when the hang watch suspects one."""
+        if self.sup.spec.node_agents == "on":
+            await self._check_by_agents()
+        else:
+            await self._check_by_pings()
+
+    def _incarnation(self, rank: int) -> int:
+        slot = self.sup.slots.slots.get(rank)
+        return slot.incarnation if slot is not None else -1
+
+    async def _check_by_agents(self) -> None:
+        """Under node agents: judge a stall an agent saw, over every agent's sightings.
+
+        A round starts when an agent's fresh sighting holds a rank stalled. The
+        ranks no agent has a fresh sighting of (another node's, which its agent
+        does not suspect yet) are pinged by their agents on the supervisor's ask,
+        one call per node; a rank whose agent does not answer is left out of the
+        round (`judge` then names nobody from silence alone). The supervisor pings
+        ranks itself only for a stall its own watch sees and no agent has said
+        anything of for `AGENT_QUIET_S` past the rank's timeout (an agent that is
+        down or wedged).
+        """
+        now = time.monotonic()
+        watch, sightings = self.sup.watch, self.sup.sightings
+        stalled = sightings.stalled(now, self._incarnation)
+        if not stalled:
+            seen = sightings.fresh(now, self._incarnation)
+            unseen = [
+                r for r in watch.suspects(now)
+                if r not in seen and watch.age(r, now) > watch.timeout(r) + AGENT_QUIET_S
+            ]  # fmt: skip
+            if unseen:
+                await self._check_by_pings()
+            else:
+                self._suspected_at = 0.0
+            return
+        if now < self._next_ping:
+            return
+        self._next_ping = now + PING_EVERY_S
+        self._suspected_at = min(s.suspected_at or time.time() for s in stalled.values())
+        ranks = list(self.group.actors)
+        pings, missing = sightings.round(ranks, now, self._incarnation)
+        if missing:
+            await self._ask_agents(missing)
+            pings, missing = sightings.round(ranks, time.monotonic(), self._incarnation)
+        used = sightings.fresh(time.monotonic(), self._incarnation)
+        self._ping_started = min((used[r].pinged_at for r in pings if r in used), default=0.0)
+        verdict = watch.judge(pings, sorted(stalled), now=time.monotonic())
+        if verdict.hung or verdict.dead:
+            await self.sup.check_nodes(self.group, now=True)
+        for rank in verdict.hung:
+            s = used.get(rank) or stalled[rank]
+            self.lost(rank, "rank_hang", (
+                f"rank {rank} made no progress for {s.age_s:.2f}s "
+                f"(timeout {s.timeout_s:.2f}s) and {verdict.reason}, as its node's agent saw"
+            ), details={"age_s": round(s.age_s, 3), "timeout_s": round(s.timeout_s, 3),
+                        "found_by": "agent", "agent_node": s.node},
+                incarnation=s.incarnation)  # fmt: skip
+        for rank in verdict.dead:
+            s = used[rank]
+            self.lost(rank, "rank_dead", f"rank {rank}'s process is gone, as its node's agent saw",
+                      details={"found_by": "agent", "agent_node": s.node},
+                      incarnation=s.incarnation)  # fmt: skip
+        if verdict.hung or verdict.dead:
+            sightings.clear()  # the next stall is judged on sightings taken after this one
+
+    async def _ask_agents(self, ranks: list[int]) -> None:
+        """The agents of `ranks`' nodes ping their ranks now; their sightings are taken."""
+        nodes = {self.sup.slots.slots[r].node for r in ranks if r in self.sup.slots.slots}
+        calls: dict[str, Any] = {}
+        for node in sorted(n for n in nodes if n):
+            with contextlib.suppress(ValueError):
+                agent = ray.get_actor(agent_name(self.sup.spec.run_id, node), NAMESPACE)
+                calls[node] = agent.ping_ranks.remote(self.sup.spec.token)
+        cfg = self.sup.watch.config
+        wait_s = AGENT_ASK_S + cfg.ping_timeout_s * max(1.0, cfg.ping_patience)
+        for node, ref in calls.items():
+            try:
+                items = await asyncio.wait_for(ref, wait_s)
+            except (TimeoutError, ray.exceptions.RayError) as exc:
+                log.warning("agent_did_not_answer", node=node, error=str(exc)[:200])
+                continue
+            self.sup.sightings.add(node[:12], items, time.monotonic())
+
+    async def _check_by_pings(self) -> None:
         now = time.monotonic()
         suspects = self.sup.watch.suspects(now)
         if not suspects:
