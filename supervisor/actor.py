@@ -1005,6 +1005,7 @@ class SupervisorActor:
             "recoveries": self.recovery.records if self.recovery is not None else [],
             # Rank pings the supervisor sent itself (none behind node agents in steady state).
             "supervisor_pings": self.group.pings_sent if self.group is not None else 0,
+            "agent_sighting_calls": self.sightings.calls,  # node agents' ping rounds taken in
             "resumed_from": self.spec.resume or None,
             "supervisor_restarts": self.incarnation - 1,
             "supervisor_outages": outages,

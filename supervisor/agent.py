@@ -222,15 +222,17 @@ class NodeAgent:
         return await self._ping_round()
 
     async def _hang_checks(self) -> None:
-        """Every `HANG_CHECK_S`: when the watch suspects a rank, ping this node's ranks and
-        send the sightings upward at once."""
+        """Every `HANG_CHECK_S`: when the watch suspects a rank, ping this node's ranks and,
+        when one is still stalled after the ping, send the sightings upward at once."""
         while True:
             await asyncio.sleep(HANG_CHECK_S)
             if not self.core.ping_due():
                 continue
             try:
                 items = await self._ping_round()
-                if items:
+                # Only a stall the ping confirmed goes up: a rank quiet between two reports
+                # answers from inside its loop with a newer tick, and that ends it here.
+                if any(item["stalled"] for item in items):
                     self.sightings_sent += 1
                     await self.supervisor.hang_seen.remote(self._token, self.core.node, items)
             except ray.exceptions.RayError as exc:

@@ -146,12 +146,14 @@ class Sightings:
     def __init__(self, fresh_s: float = FRESH_S) -> None:
         self.fresh_s = fresh_s
         self._latest: dict[int, Sighting] = {}
+        self.calls = 0  # agents' calls (each one ping round of one node)
         self.received = 0  # sightings taken
         self.refused = 0  # sightings that were not plain bounded data
 
     def add(self, node: str, items: Any, now: float) -> list[Sighting]:
         """One agent's call: its sightings taken (a rank's newest wins); returns those taken."""
         taken: list[Sighting] = []
+        self.calls += 1
         if not isinstance(items, list):
             self.refused += 1
             return taken

@@ -169,7 +169,9 @@ class Recovery:
         """
         now = time.monotonic()
         watch, sightings = self.sup.watch, self.sup.sightings
-        stalled = sightings.stalled(now, self._incarnation)
+        stalled = {
+            r: s for r, s in sightings.stalled(now, self._incarnation).items() if watch.knows(r)
+        }
         if not stalled:
             seen = sightings.fresh(now, self._incarnation)
             unseen = [
