@@ -147,6 +147,8 @@ class NodeAgent:
         self.calls = 0  # report_many calls made (digests and immediate items)
         self._checks: asyncio.Task[None] | None = None
         self._actors: dict[int, tuple[int, Any]] = {}  # rank -> (incarnation, its actor)
+        self._learning: set[int] = set()  # ranks whose actor is being looked up
+        self._tasks: set[asyncio.Task[None]] = set()  # those look-ups (held until done)
         self.pings_sent = 0  # rank pings this agent sent
         self.sightings_sent = 0  # `hang_seen` calls made
 
@@ -187,6 +189,7 @@ class NodeAgent:
             await done  # raises if the run's supervisor is gone for good: the rank sends again
         if not (taken.ok or taken.duplicate) or type(rank) is not int:
             return []
+        self._learn_actor(rank)
         if taken.holding is not None:
             answer = await self.supervisor.settled.remote(self._token, taken.holding, rank)
             if isinstance(answer, dict) and isinstance(answer.get("commands"), list):
@@ -249,6 +252,25 @@ class NodeAgent:
         pings.update(await ping_actors(live, cfg.ping_timeout_s, patience=cfg.ping_patience))
         return self.core.sightings(pings, pinged_at)
 
+    def _learn_actor(self, rank: int) -> None:
+        """A new process of `rank` reports here: learn its actor now, off a hang's path."""
+        known = self._actors.get(rank, (-1, None))[0] == self.core.incarnation(rank)
+        if known or rank in self._learning:
+            return
+        self._learning.add(rank)
+
+        async def learn() -> None:
+            try:
+                await self._rank_actors([rank])
+            except ray.exceptions.RayError as exc:
+                log.warning("rank_actor_not_found", rank=rank, error=str(exc)[:200])
+            finally:
+                self._learning.discard(rank)
+
+        task = asyncio.get_running_loop().create_task(learn())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _rank_actors(self, ranks: list[int]) -> dict[int, Any]:
         """Each rank's actor handle (None: its actor is gone), asking the supervisor for the
         names of incarnations not seen before (a warm spare's name is not the rank's)."""
@@ -262,10 +284,12 @@ class NodeAgent:
                 if incarnation > self.core.incarnation(rank):
                     self.core.replaced(rank)  # a newer process reports wherever it runs
                     continue
+                if name is None:
+                    continue  # the supervisor has not named it yet: asked again next round
                 try:
-                    actor = ray.get_actor(str(name), NAMESPACE) if name else None
+                    actor = ray.get_actor(str(name), NAMESPACE)
                 except ValueError:
-                    actor = None
+                    actor = None  # its actor is gone
                 self._actors[rank] = (self.core.incarnation(rank), actor)
         return {
             r: self._actors[r][1]

@@ -147,6 +147,7 @@ class Sightings:
         self.fresh_s = fresh_s
         self._latest: dict[int, Sighting] = {}
         self.calls = 0  # agents' calls (each one ping round of one node)
+        self.version = 0  # moves with every sighting taken
         self.received = 0  # sightings taken
         self.refused = 0  # sightings that were not plain bounded data
 
@@ -166,6 +167,7 @@ class Sightings:
             if old is not None and old.incarnation > s.incarnation:
                 continue  # about a process replaced already
             self._latest[s.rank] = s
+            self.version += 1
             taken.append(s)
         self.received += len(taken)
         return taken

@@ -123,6 +123,7 @@ class Recovery:
         self._detected_at: dict[int, float] = {}
         self._failed: dict[int, str] = {}  # replacement rank -> why it failed
         self._next_ping = 0.0
+        self._judged = -1  # the agents' sightings (their version) last judged
         self._task: asyncio.Task[None] | None = None
         self._front = 0  # the tick every rank must pass for a restart to count
         self._restarting: set[int] = set()  # every rank, while a full-group restart runs
@@ -183,14 +184,18 @@ class Recovery:
             else:
                 self._suspected_at = 0.0
             return
-        if now < self._next_ping:
-            return
-        self._next_ping = now + PING_EVERY_S
-        self._suspected_at = min(s.suspected_at or time.time() for s in stalled.values())
+        # Judged again on each new sighting (judging pings nothing); the agents of ranks
+        # without a fresh sighting are asked at most every PING_EVERY_S.
         ranks = list(self.group.actors)
         pings, missing = sightings.round(ranks, now, self._incarnation)
-        if missing:
+        if missing and now >= self._next_ping:
+            self._next_ping = now + PING_EVERY_S
             await self._ask_agents(missing)
+        elif sightings.version == self._judged:
+            return
+        self._judged = sightings.version
+        self._suspected_at = min(s.suspected_at or time.time() for s in stalled.values())
+        if missing:
             pings, missing = sightings.round(ranks, time.monotonic(), self._incarnation)
         used = sightings.fresh(time.monotonic(), self._incarnation)
         self._ping_started = min((used[r].pinged_at for r in pings if r in used), default=0.0)
