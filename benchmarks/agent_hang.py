@@ -69,10 +69,14 @@ def detection(tmp: Path, summary: dict[str, Any], rank: int) -> dict[str, Any]:
     decided = [d for d in read_jsonl(tmp / "decisions.jsonl") if d["action"] == "restart_rank"]
     anomaly = decided[0]["anomaly"]
     assert anomaly["kind"] == "rank_hang" and anomaly["rank"] == rank, anomaly
+    timeout = anomaly["details"].get("timeout_s")
     return {
         "detect_s": round(rec["detected_at"] - fault_at, 3),
+        # The first suspicion of this stall (the supervisor's, or the agent's) -> decided:
+        # the ping rounds, and under agents their trip to the supervisor.
+        "suspect_to_decide_s": round(rec["detected_at"] - rec["timeline"]["suspected"], 3),
         "found_by": anomaly["details"].get("found_by", "supervisor"),
-        "timeout_s": anomaly["details"].get("timeout_s"),
+        "timeout_s": timeout,
         "supervisor_pings": summary["supervisor_pings"],
         "agent_sighting_calls": summary["agent_sighting_calls"],
     }
@@ -110,16 +114,20 @@ def main() -> None:
                   f"{summary['agent_sighting_calls']} agent sighting calls in "
                   f"{summary['wall_s']:.1f} s", flush=True)  # fmt: skip
     medians = {m: statistics.median(r["detect_s"] for r in runs[m]) for m in runs}
+    confirm = {m: statistics.median(r["suspect_to_decide_s"] for r in runs[m]) for m in runs}
+    timeouts = {m: statistics.median(r["timeout_s"] for r in runs[m]) for m in runs}
     print(f"{args.workers} ranks, hang_rank on rank {rank} at step {args.hang_step}, "
           f"{args.repeat} runs each")  # fmt: skip
-    print(f"{'node agents':<12} {'fault->rank_hang (median)':>26} {'found by':>12} "
-          f"{'fault-free: supervisor pings/s':>31} {'sighting calls/s':>17}")  # fmt: skip
+    print(f"{'node agents':<12} {'fault->rank_hang':>17} {'timeout':>8} {'suspect->decided':>17} "
+          f"{'found by':>11} {'fault-free: supervisor pings/s':>31} {'sighting calls/s':>17}")  # fmt: skip
     for mode in ("off", "on"):
         found = sorted({r["found_by"] for r in runs[mode]})
-        print(f"{mode:<12} {medians[mode]:>25.3f}s {','.join(found):>12} {steady[mode]:>31.2f} "
-              f"{sightings[mode]:>17.2f}")  # fmt: skip
+        print(f"{mode:<12} {medians[mode]:>16.3f}s {timeouts[mode]:>7.3f}s {confirm[mode]:>16.3f}s "
+              f"{','.join(found):>11} {steady[mode]:>31.2f} {sightings[mode]:>17.2f}")  # fmt: skip
+    print("(medians over the runs)")
     print(f"ratio on / off: {medians['on'] / medians['off']:.2f}")
-    print(json.dumps({"runs": runs, "medians": medians, "supervisor_pings_per_s": steady,
+    print(json.dumps({"runs": runs, "medians": medians, "suspect_to_decide": confirm,
+                      "supervisor_pings_per_s": steady,
                       "agent_sighting_calls_per_s": sightings}))  # fmt: skip
     ray.shutdown()
 
