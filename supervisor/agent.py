@@ -16,6 +16,12 @@ step records to its own metrics file
   rank report. It carries the ranks' outcomes too; a batch with outcomes is
   answered once the digest that carried them is acknowledged.
 
+It also watches its ranks for hangs with the supervisor's `HangWatch`, fed
+by each report as it comes: when it suspects one it pings its ranks and,
+if one is still stalled, sends the sightings upward at once (`hang_seen`);
+the supervisor names the hung or dead rank from every agent's sightings
+(`supervisor.agent_hang`).
+
 The supervisor answers each call with the commands of every rank in it;
 the agent keeps them and hands each rank its own with the answer to its next
 report. The agent is named per run and node (`agent_name`), pinned to its
@@ -238,7 +244,7 @@ class NodeAgent:
                 if any(item["stalled"] for item in items):
                     self.sightings_sent += 1
                     await self.supervisor.hang_seen.remote(self._token, self.core.node, items)
-            except ray.exceptions.RayError as exc:
+            except Exception as exc:  # the next round tries again; the loop must go on
                 log.warning("sightings_not_sent", error=str(exc)[:300])
 
     async def _ping_round(self) -> list[dict[str, Any]]:
@@ -284,6 +290,8 @@ class NodeAgent:
                 if incarnation > self.core.incarnation(rank):
                     self.core.replaced(rank)  # a newer process reports wherever it runs
                     continue
+                if incarnation != self.core.incarnation(rank):
+                    continue  # the supervisor has not taken this process in yet: ask again
                 if name is None:
                     continue  # the supervisor has not named it yet: asked again next round
                 try:

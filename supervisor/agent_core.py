@@ -30,6 +30,11 @@ Ray retried, or a batch a restarted agent took again, is a duplicate there.
 Commands come back per rank in each reply and are kept until the next one;
 a rank's report is answered with the commands kept for it.
 
+The agent's hang watch (`watch`, the supervisor's `HangWatch` over this
+node's ranks) moves with each report taken; `ping_due` paces the agent's
+ping rounds and `sightings` turns a round's answers into what goes upward
+(`supervisor.agent_hang`).
+
 `record()` is the agent's small state record (slots and each rank's last
 step and tick), from which a restarted agent rebuilds itself (`restore`):
 its ranks' batch numbers (a retried call is a duplicate here already) and
