@@ -41,6 +41,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from remedy.policies import Decision, Engine, Policy, PolicyError
 from remedy.supervisor import liveness, placement
 from remedy.supervisor.agent import alive_nodes, kill_agents, launch_agents
+from remedy.supervisor.agent_hang import Sightings
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import Notify, log_notify
@@ -181,6 +182,8 @@ class SupervisorActor:
         )
         self.watch = HangWatch(HangWatchConfig(**self.spec.hang_watch))  # type: ignore[arg-type]
         self.node_watch = NodeWatch()
+        # Under node agents: what the agents saw when they pinged their ranks (agent_hang).
+        self.sightings = Sightings()
         self.rendezvous = Rendezvous()
         self.group: WorkerGroup | None = None
         self.recovery: Recovery | None = None
@@ -495,6 +498,34 @@ class SupervisorActor:
             answer.add(rank)
         await self._commit()  # before the reply: no rank holds a command the journal lacks
         return {rank: self.controller.commands_for(rank) for rank in sorted(answer)}
+
+    async def hang_seen(self, token: Any, node: Any, items: Any) -> None:
+        """A node agent suspected one of its ranks and pinged its ranks: what it saw.
+
+        Kept for the hang check (`Recovery.check_hangs`), which names the hung
+        or dead rank over every agent's sightings; here only a ping answered from
+        inside a rank's loop moves the hang watch, as the supervisor's own pings do.
+        """
+        if not self._authorized(token, "hang_seen"):
+            return
+        now = time.monotonic()
+        for s in self.sightings.add(str(node)[:64], items, now):
+            slot = self.slots.slots.get(s.rank)
+            if slot is None or s.incarnation != slot.incarnation or not isinstance(s.ping, dict):
+                continue
+            if s.ping.get("phase") in ("step", "boundary") and type(s.ping.get("tick")) is int:
+                self.watch.beat(s.rank, s.ping["tick"], now)
+
+    async def rank_names(self, token: Any, ranks: Any) -> dict[int, tuple[int, str | None]]:
+        """A node agent's ask: each rank's current incarnation and its actor's name."""
+        if not self._authorized(token, "rank_names") or not isinstance(ranks, list):
+            return {}
+        names = self.group.names if self.group is not None else {}
+        return {
+            r: (self.slots.incarnation(r), names.get(r))
+            for r in ranks[: self.spec.workers]
+            if type(r) is int and r in self.slots.slots
+        }
 
     async def _commit(self) -> None:
         """A state record covering every change so far, shared by the calls waiting together.
@@ -1001,6 +1032,9 @@ class SupervisorActor:
             "workers": self.spec.workers,
             "job": self.job.state.to_dict(),
             "recoveries": self.recovery.records if self.recovery is not None else [],
+            # Rank pings the supervisor sent itself (none behind node agents in steady state).
+            "supervisor_pings": self.group.pings_sent if self.group is not None else 0,
+            "agent_sighting_calls": self.sightings.calls,  # node agents' ping rounds taken in
             "resumed_from": self.spec.resume or None,
             "supervisor_restarts": self.incarnation - 1,
             "supervisor_outages": outages,

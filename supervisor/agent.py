@@ -16,6 +16,12 @@ step records to its own metrics file
   rank report. It carries the ranks' outcomes too; a batch with outcomes is
   answered once the digest that carried them is acknowledged.
 
+It also watches its ranks for hangs with the supervisor's `HangWatch`, fed
+by each report as it comes: when it suspects one it pings its ranks and,
+if one is still stalled, sends the sightings upward at once (`hang_seen`);
+the supervisor names the hung or dead rank from every agent's sightings
+(`supervisor.agent_hang`).
+
 The supervisor answers each call with the commands of every rank in it;
 the agent keeps them and hands each rank its own with the answer to its next
 report. The agent is named per run and node (`agent_name`), pinned to its
@@ -33,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +49,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.supervisor import liveness
 from remedy.supervisor.agent_core import AgentCore
+from remedy.supervisor.hang_watch import DEAD, HangWatchConfig
+from remedy.supervisor.pings import ping_actors
 from remedy.supervisor.spec import NAMESPACE, supervisor_name
 from remedy.workers.logs import configure_logging
 from remedy.workers.metrics import RayBackend, RunMetrics
@@ -52,6 +61,8 @@ log = structlog.get_logger("remedy.agent")
 # How often an agent sends its digest (the newest step and tick of each rank, and
 # what it owes). Commands reach a rank within about this plus its heartbeat.
 DIGEST_S = 0.5
+# How often an agent looks at its hang watch (the supervisor's loop polls as often).
+HANG_CHECK_S = 0.05
 # Characters of a node id in an agent's name and files: unique among a cluster's nodes.
 NODE_ID_CHARS = 12
 
@@ -116,8 +127,12 @@ class NodeAgent:
         configure_logging(verbose=bool(spec.get("verbose")))
         self.run_id = str(spec["run_id"])
         self.node_id = node_id
+        self.hang_config = HangWatchConfig(**spec.get("hang_watch", {}))
         self.core = AgentCore(
-            node=node_id[:NODE_ID_CHARS], token=str(spec["token"]), world_size=int(spec["workers"])
+            node=node_id[:NODE_ID_CHARS],
+            token=str(spec["token"]),
+            world_size=int(spec["workers"]),
+            hang_watch=self.hang_config,
         )
         self.run_dir = RunDir(spec["run_dir"], self.run_id)
         # Its ranks' gauges (anomalies, step time), which the supervisor no longer sets.
@@ -136,10 +151,18 @@ class NodeAgent:
         # Answers held for the next digest's acknowledgement (batches with outcomes).
         self._waiting: list[asyncio.Future[None]] = []
         self.calls = 0  # report_many calls made (digests and immediate items)
+        self._checks: asyncio.Task[None] | None = None
+        self._actors: dict[int, tuple[int, Any]] = {}  # rank -> (incarnation, its actor)
+        self._learning: set[int] = set()  # ranks whose actor is being looked up
+        self._tasks: set[asyncio.Task[None]] = set()  # those look-ups (held until done)
+        self.pings_sent = 0  # rank pings this agent sent
+        self.sightings_sent = 0  # `hang_seen` calls made
 
     def _ensure_loop(self) -> None:
         if self._loop is None:
             self._loop = asyncio.get_running_loop().create_task(self._digests())
+        if self._checks is None:
+            self._checks = asyncio.get_running_loop().create_task(self._hang_checks())
 
     async def where(self) -> tuple[str, int, float]:
         """(node address, pid, process start time): what a rank's silence watch kills."""
@@ -172,6 +195,7 @@ class NodeAgent:
             await done  # raises if the run's supervisor is gone for good: the rank sends again
         if not (taken.ok or taken.duplicate) or type(rank) is not int:
             return []
+        self._learn_actor(rank)
         if taken.holding is not None:
             answer = await self.supervisor.settled.remote(self._token, taken.holding, rank)
             if isinstance(answer, dict) and isinstance(answer.get("commands"), list):
@@ -193,6 +217,92 @@ class NodeAgent:
             "ranks": self.core.ranks,
             "restored": self.restored,
             "pid": os.getpid(),
+            "pings_sent": self.pings_sent,
+            "sightings_sent": self.sightings_sent,
+        }
+
+    # ---------------------------------------------------------------- hangs
+    async def ping_ranks(self, token: Any) -> list[dict[str, Any]]:
+        """The supervisor's ask, judging a stall another node's agent saw: ping this node's
+        ranks now and answer with the sightings (`supervisor.agent_hang`)."""
+        if token != self._token:
+            return []
+        self._ensure_loop()
+        return await self._ping_round()
+
+    async def _hang_checks(self) -> None:
+        """Every `HANG_CHECK_S`: when the watch suspects a rank, ping this node's ranks and,
+        when one is still stalled after the ping, send the sightings upward at once."""
+        while True:
+            await asyncio.sleep(HANG_CHECK_S)
+            if not self.core.ping_due():
+                continue
+            try:
+                items = await self._ping_round()
+                # Only a stall the ping confirmed goes up: a rank quiet between two reports
+                # answers from inside its loop with a newer tick, and that ends it here.
+                if any(item["stalled"] for item in items):
+                    self.sightings_sent += 1
+                    await self.supervisor.hang_seen.remote(self._token, self.core.node, items)
+            except Exception as exc:  # the next round tries again; the loop must go on
+                log.warning("sightings_not_sent", error=str(exc)[:300])
+
+    async def _ping_round(self) -> list[dict[str, Any]]:
+        """One ping of every rank this agent watches; their sightings."""
+        actors = await self._rank_actors(self.core.watched())
+        pinged_at = time.time()
+        pings: dict[int, Any] = {r: DEAD for r, a in actors.items() if a is None}
+        live = {r: a for r, a in actors.items() if a is not None}
+        self.pings_sent += len(live)
+        cfg = self.hang_config
+        pings.update(await ping_actors(live, cfg.ping_timeout_s, patience=cfg.ping_patience))
+        return self.core.sightings(pings, pinged_at)
+
+    def _learn_actor(self, rank: int) -> None:
+        """A new process of `rank` reports here: learn its actor now, off a hang's path."""
+        known = self._actors.get(rank, (-1, None))[0] == self.core.incarnation(rank)
+        if known or rank in self._learning:
+            return
+        self._learning.add(rank)
+
+        async def learn() -> None:
+            try:
+                await self._rank_actors([rank])
+            except ray.exceptions.RayError as exc:
+                log.warning("rank_actor_not_found", rank=rank, error=str(exc)[:200])
+            finally:
+                self._learning.discard(rank)
+
+        task = asyncio.get_running_loop().create_task(learn())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _rank_actors(self, ranks: list[int]) -> dict[int, Any]:
+        """Each rank's actor handle (None: its actor is gone), asking the supervisor for the
+        names of incarnations not seen before (a warm spare's name is not the rank's)."""
+        unknown = [
+            r for r in ranks if self._actors.get(r, (-1, None))[0] != self.core.incarnation(r)
+        ]
+        if unknown:
+            names = await self.supervisor.rank_names.remote(self._token, unknown)
+            for rank in unknown:
+                incarnation, name = (names or {}).get(rank, (0, None))
+                if incarnation > self.core.incarnation(rank):
+                    self.core.replaced(rank)  # a newer process reports wherever it runs
+                    continue
+                if incarnation != self.core.incarnation(rank):
+                    continue  # the supervisor has not taken this process in yet: ask again
+                if name is None:
+                    continue  # the supervisor has not named it yet: asked again next round
+                try:
+                    actor = ray.get_actor(str(name), NAMESPACE)
+                except ValueError:
+                    actor = None  # its actor is gone
+                self._actors[rank] = (self.core.incarnation(rank), actor)
+        return {
+            r: self._actors[r][1]
+            for r in ranks
+            if r in self._actors and self._actors[r][0] == self.core.incarnation(r)
         }
 
     async def _up(self, items: list[dict[str, Any]]) -> dict[Any, Any]:

@@ -30,6 +30,11 @@ Ray retried, or a batch a restarted agent took again, is a duplicate there.
 Commands come back per rank in each reply and are kept until the next one;
 a rank's report is answered with the commands kept for it.
 
+The agent's hang watch (`watch`, the supervisor's `HangWatch` over this
+node's ranks) moves with each report taken; `ping_due` paces the agent's
+ping rounds and `sightings` turns a round's answers into what goes upward
+(`supervisor.agent_hang`).
+
 `record()` is the agent's small state record (slots and each rank's last
 step and tick), from which a restarted agent rebuilds itself (`restore`):
 its ranks' batch numbers (a retried call is a duplicate here already) and
@@ -46,7 +51,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from remedy.supervisor.agent_hang import AGENT_PING_EVERY_S, sighting_items
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
+from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig
 from remedy.supervisor.rank_slots import RankSlots, Slot, SlotState
 
 # Keys of a step record the supervisor reads (controller, goodput, displays); the rest
@@ -99,6 +106,7 @@ class AgentCore:
         token: str,
         world_size: int,
         clock: Callable[[], float] = time.time,
+        hang_watch: HangWatchConfig | None = None,
     ) -> None:
         self.node = node
         self._token = token.encode()
@@ -115,6 +123,11 @@ class AgentCore:
         # stops awaiting batches that died with the old agent).
         self.resync = False
         self.changed = False  # slots moved since the last `record()`
+        # The supervisor's hang watch over this node's ranks, on this object's clock, fed by
+        # each report as it comes (`supervisor.agent_hang`: the agent pings when it suspects).
+        self.watch = HangWatch(hang_watch)
+        self.suspected_at = 0.0  # when the current stall was first suspected (0: none)
+        self._next_ping = 0.0
 
     # ------------------------------------------------------------- reports
     def take(self, batch: Any) -> Taken:
@@ -155,6 +168,7 @@ class AgentCore:
         self.changed = True
         self._tick_counts[rank] = report.tick_counts
         self._marks[rank] = RankMark(report.step, report.tick, now)
+        self._beat(report, batch, now)
         self._merge(report, incarnation, seq, batch)
         holding = batch.get("holding")
         holding = holding if type(holding) is int and 0 <= holding < 2**53 else None
@@ -163,6 +177,24 @@ class AgentCore:
             item["events"] = [ev.to_dict() for ev in report.events]
             return Taken(True, item, metrics=tuple(report.metrics), holding=holding)
         return Taken(True, metrics=tuple(report.metrics), held=bool(report.outcomes))
+
+    def _beat(self, report: Report, batch: dict[str, Any], now: float) -> None:
+        """The hang watch sees the report as the supervisor's does without agents."""
+        if batch.get("ending") is True:
+            self.watch.forget(report.rank)  # its loop is done: no progress to wait for
+            return
+        times = [
+            float(m["step_time_s"])
+            for m in report.metrics
+            if isinstance(m.get("step_time_s"), int | float)
+            and not isinstance(m["step_time_s"], bool)
+        ]
+        self.watch.beat(report.rank, report.tick, now, times)
+
+    def incarnation(self, rank: int) -> int:
+        """The incarnation of `rank` this agent follows (0 for a rank it has not seen)."""
+        slot = self.slots.slots.get(rank)
+        return slot.incarnation if slot is not None else 0
 
     def _authorized(self, token: Any) -> bool:
         if isinstance(token, str) and secrets.compare_digest(
@@ -181,8 +213,10 @@ class AgentCore:
         slot = self.slots.slots.get(rank)
         if slot is None:
             self.slots.slots[rank] = Slot(rank, incarnation, last_at=time.monotonic())
+            self.watch.started(rank, self._clock())
         elif incarnation > slot.incarnation:
             self.slots.slots[rank] = Slot(rank, incarnation, last_at=time.monotonic())
+            self.watch.started(rank, self._clock())
             self._marks.pop(rank, None)
             self._tick_counts.pop(rank, None)
             self._pending.pop(rank, None)
@@ -282,6 +316,55 @@ class AgentCore:
         """Ranks that reported to this agent (current incarnations)."""
         return sorted(self.slots.slots)
 
+    # --------------------------------------------------------------- hangs
+    def watched(self) -> list[int]:
+        """The ranks this agent's hang watch follows (reported here, not ended or gone)."""
+        return [r for r in self.ranks if self.watch.knows(r)]
+
+    def ping_due(self) -> bool:
+        """Whether to ping this node's ranks now: a rank is suspect, and the last round is
+        `AGENT_PING_EVERY_S` old."""
+        now = self._clock()
+        if not self.watch.suspects(now):
+            self.suspected_at = 0.0
+            return False
+        self.suspected_at = self.suspected_at or now
+        if now < self._next_ping:
+            return False
+        self._next_ping = now + AGENT_PING_EVERY_S
+        return True
+
+    def sightings(self, pings: dict[int, Any], pinged_at: float) -> list[dict[str, Any]]:
+        """One ping round's answers in: the watch moved by them, the sightings to send up.
+
+        An answer from inside the rank's loop says how far it got (progress its
+        Guard has not reported yet ends the suspicion). A rank whose actor is gone
+        is reported once and no longer watched: its replacement, wherever it runs,
+        reports as a new incarnation.
+        """
+        now = self._clock()
+        for rank, p in pings.items():
+            if isinstance(p, dict) and p.get("phase") in ("step", "boundary"):
+                tick = p.get("tick")
+                if type(tick) is int:
+                    self.watch.beat(rank, tick, now)
+        items = sighting_items(
+            self.watch,
+            pings,
+            {r: self.incarnation(r) for r in pings},
+            now=now,
+            suspected_at=self.suspected_at,
+            pinged_at=pinged_at,
+        )
+        for rank, p in pings.items():
+            if p == DEAD:
+                self.watch.forget(rank)
+        return items
+
+    def replaced(self, rank: int) -> None:
+        """The supervisor follows a newer process of `rank` than this agent's: stop watching it."""
+        self.watch.forget(rank)
+
     # --------------------------------------------------------------- record
     def record(self) -> dict[str, Any]:
         """The state record a restarted agent rebuilds from (`from_record`)."""
@@ -303,6 +386,7 @@ class AgentCore:
             self.slots.slots[rank] = slot
         for rank, (step, tick) in record.get("marks", {}).items():
             self._marks[int(rank)] = RankMark(int(step), int(tick), now)
+            self.watch.beat(int(rank), int(tick), now)  # watched from its last known tick
         self.resync = True
 
 

@@ -85,6 +85,10 @@ class HangWatch:
     def forget(self, rank: int) -> None:
         self._ranks.pop(rank, None)
 
+    def knows(self, rank: int) -> bool:
+        """Whether `rank` is watched (started or beaten, and not forgotten since)."""
+        return rank in self._ranks
+
     def beat(self, rank: int, tick: int, now: float, step_times: list[float] = ()) -> None:  # type: ignore[assignment]
         """A report from `rank` at `tick`; `step_times` are the seconds of its new steps."""
         r = self._ranks.get(rank)

@@ -50,10 +50,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import ray
 import structlog
 
 from remedy.policies import AnomalyEvent, Decision
 from remedy.supervisor import placement, waits
+from remedy.supervisor.agent import agent_name
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.job_state import (
     Phase,
@@ -63,6 +65,7 @@ from remedy.supervisor.job_state import (
     Regrouped,
     RestartFailed,
 )
+from remedy.supervisor.spec import NAMESPACE
 from remedy.workers.checkpoint_store import checkpoint_tick, committed_steps
 
 if TYPE_CHECKING:
@@ -90,6 +93,11 @@ SILENT_GRACE_S = 5.0
 ABORT_S = 10.0
 # No second ping round for the same stall sooner than this.
 PING_EVERY_S = 0.25
+# Under node agents: how long past its timeout a rank the supervisor's watch holds
+# stalled, and no agent has said anything of, waits before the supervisor pings itself.
+AGENT_QUIET_S = 5.0
+# How long an agent asked to ping its ranks may take beyond the ping's own timeout.
+AGENT_ASK_S = 1.0
 # A rank found lost this long before Ray calls its node dead is counted among the
 # node's lost ranks (Ray's verdict takes the GCS's health-check time, 15 s by default).
 NODE_LOSS_WINDOW_S = 60.0
@@ -115,6 +123,7 @@ class Recovery:
         self._detected_at: dict[int, float] = {}
         self._failed: dict[int, str] = {}  # replacement rank -> why it failed
         self._next_ping = 0.0
+        self._judged = -1  # the agents' sightings (their version) last judged
         self._task: asyncio.Task[None] | None = None
         self._front = 0  # the tick every rank must pass for a restart to count
         self._restarting: set[int] = set()  # every rank, while a full-group restart runs
@@ -136,6 +145,124 @@ class Recovery:
 
     # ------------------------------------------------------------- detection
     async def check_hangs(self) -> None:
+        """Name hung and dead ranks: by the agents' sightings under node agents, else by
+        pinging every rank when the hang watch suspects one."""
+        if self.sup.spec.node_agents == "on":
+            await self._check_by_agents()
+        else:
+            await self._check_by_pings()
+
+    def _incarnation(self, rank: int) -> int:
+        slot = self.sup.slots.slots.get(rank)
+        return slot.incarnation if slot is not None else -1
+
+    async def _check_by_agents(self) -> None:
+        """Under node agents: judge a stall an agent saw, over every agent's sightings.
+
+        A round starts when an agent's fresh sighting holds a rank stalled. The
+        ranks no agent has a fresh sighting of (another node's, which its agent
+        does not suspect yet) are pinged by their agents on the supervisor's ask,
+        one call per node. The supervisor pings ranks itself only where that
+        fails: the ranks whose agent did not answer the ask (a lost node's), and
+        a stall its own watch sees that no agent has said anything of for
+        `AGENT_QUIET_S` past the rank's timeout (an agent that is down or wedged).
+        """
+        now = time.monotonic()
+        watch, sightings = self.sup.watch, self.sup.sightings
+        stalled = {
+            r: s for r, s in sightings.stalled(now, self._incarnation).items() if watch.knows(r)
+        }
+        if not stalled:
+            seen = sightings.fresh(now, self._incarnation)
+            unseen = [
+                r for r in watch.suspects(now)
+                if r not in seen and watch.age(r, now) > watch.timeout(r) + AGENT_QUIET_S
+            ]  # fmt: skip
+            if unseen:
+                await self._check_by_pings()
+            else:
+                self._suspected_at = 0.0
+            return
+        # Judged again on each new sighting (judging pings nothing); the agents of ranks
+        # without a fresh sighting are asked at most every PING_EVERY_S.
+        ranks = list(self.group.actors)
+        pings, missing = sightings.round(ranks, now, self._incarnation)
+        direct: dict[int, Any] = {}
+        pinged: dict[int, int] = {}  # the incarnation of each rank the supervisor pinged
+        if missing and now >= self._next_ping:
+            self._next_ping = now + PING_EVERY_S
+            await self._ask_agents(missing)
+            pings, missing = sightings.round(ranks, time.monotonic(), self._incarnation)
+            if missing:  # their agents did not answer: the supervisor pings them itself
+                cfg = watch.config
+                pinged = {r: self._incarnation(r) for r in missing}
+                direct = await self.group.ping_all(
+                    cfg.ping_timeout_s, [r for r in missing if r in self.group.actors],
+                    patience=cfg.ping_patience,
+                )  # fmt: skip
+        elif sightings.version == self._judged:
+            return
+        self._judged = sightings.version
+        self._suspected_at = min(s.suspected_at or time.time() for s in stalled.values())
+        judged_at = time.monotonic()
+        used = sightings.fresh(judged_at, self._incarnation)
+        self._ping_started = min((used[r].pinged_at for r in pings if r in used), default=0.0)
+        suspects = set(stalled) | {r for r in watch.suspects(judged_at) if r in direct}
+        verdict = watch.judge({**pings, **direct}, sorted(suspects), now=judged_at)
+        if verdict.hung or verdict.dead:
+            await self.sup.check_nodes(self.group, now=True)
+        for rank in verdict.hung:
+            s = used.get(rank)
+            if s is None:  # pinged by the supervisor: its agent did not answer
+                age, timeout, seen_by = watch.age(rank, now), watch.timeout(rank), "the supervisor"
+                details = {"found_by": "supervisor"}
+            else:
+                age, timeout, seen_by = s.age_s, s.timeout_s, "its node's agent"
+                details = {"found_by": "agent", "agent_node": s.node}
+            self.lost(rank, "rank_hang", (
+                f"rank {rank} made no progress for {age:.2f}s "
+                f"(timeout {timeout:.2f}s) and {verdict.reason}, as {seen_by} saw"
+            ), details={"age_s": round(age, 3), "timeout_s": round(timeout, 3), **details},
+                incarnation=s.incarnation if s is not None else pinged.get(rank))  # fmt: skip
+        for rank in verdict.dead:
+            s = used.get(rank)
+            seen_by = "the supervisor" if s is None else "its node's agent"
+            self.lost(rank, "rank_dead", f"rank {rank}'s process is gone, as {seen_by} saw",
+                      details={"found_by": "supervisor"} if s is None else
+                      {"found_by": "agent", "agent_node": s.node},
+                      incarnation=s.incarnation if s is not None else pinged.get(rank))  # fmt: skip
+        if verdict.hung or verdict.dead:
+            sightings.clear()  # the next stall is judged on sightings taken after this one
+
+    async def _ask_agents(self, ranks: list[int]) -> None:
+        """The agents of `ranks`' nodes ping their ranks now; their sightings are taken.
+
+        One call per node, all at once, waited for together; an agent that does
+        not answer in time (its node lost, say) is logged and left out.
+        """
+        nodes = {self.sup.slots.slots[r].node for r in ranks if r in self.sup.slots.slots}
+        calls: dict[Any, str] = {}
+        for node in sorted(n for n in nodes if n):
+            with contextlib.suppress(ValueError):
+                agent = ray.get_actor(agent_name(self.sup.spec.run_id, node), NAMESPACE)
+                calls[asyncio.ensure_future(agent.ping_ranks.remote(self.sup.spec.token))] = node
+        if not calls:
+            return
+        cfg = self.sup.watch.config
+        wait_s = AGENT_ASK_S + cfg.ping_timeout_s * max(1.0, cfg.ping_patience)
+        done, pending = await asyncio.wait(calls, timeout=wait_s)
+        for fut in pending:
+            fut.cancel()
+            log.warning("agent_did_not_answer", node=calls[fut], waited_s=wait_s)
+        for fut in done:
+            try:
+                items = fut.result()
+            except ray.exceptions.RayError as exc:
+                log.warning("agent_did_not_answer", node=calls[fut], error=str(exc)[:200])
+                continue
+            self.sup.sightings.add(calls[fut][:12], items, time.monotonic())
+
+    async def _check_by_pings(self) -> None:
         now = time.monotonic()
         suspects = self.sup.watch.suspects(now)
         if not suspects:

@@ -39,7 +39,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.supervisor import placement
 from remedy.supervisor.exceptions import WaitTimeout
-from remedy.supervisor.hang_watch import DEAD, NO_ANSWER
+from remedy.supervisor.hang_watch import DEAD
+from remedy.supervisor.pings import ping_actors
 from remedy.supervisor.rank import RankActor
 from remedy.supervisor.rank_slots import RankSlots
 from remedy.supervisor.spec import NAMESPACE, RunSpec
@@ -106,6 +107,7 @@ class WorkerGroup:
         self.pids: dict[int, tuple[str, int]] = {}  # rank -> (node address, pid)
         self.spares: list[Any] = []
         self.names: dict[int, str] = {}  # rank -> the name of the actor that is it now
+        self.pings_sent = 0  # rank pings this supervisor sent (hang checks and restarts)
         self.spare_names: list[str] = []
         self.next_spare = 0
         # Ranks of an earlier supervisor: running, but whose `run` this one does not own.
@@ -378,34 +380,9 @@ class WorkerGroup:
         In time: within `timeout_s`, or `patience` times the slowest answer
         received, when that is longer (on a loaded node every answer is slow).
         """
-
-        async def one(actor: Any) -> Any:
-            try:
-                return await actor.ping.remote()
-            except ray.exceptions.RayActorError:
-                return DEAD
-
         chosen = self.actors if ranks is None else {r: self.actors[r] for r in ranks}
-        t0 = time.monotonic()
-        tasks = {rank: asyncio.ensure_future(one(a)) for rank, a in chosen.items()}
-        deadline = t0 + timeout_s
-        pending = set(tasks.values())
-        while pending:
-            done, pending = await asyncio.wait(
-                pending, timeout=max(0.0, deadline - time.monotonic()),
-                return_when=asyncio.FIRST_COMPLETED,
-            )  # fmt: skip
-            if not done:
-                break
-            deadline = max(deadline, t0 + patience * (time.monotonic() - t0))
-        out: dict[int, Any] = {}
-        for rank, task in tasks.items():
-            if task.done():
-                out[rank] = task.result()  # done
-            else:
-                task.cancel()
-                out[rank] = NO_ANSWER
-        return out
+        self.pings_sent += len(chosen)
+        return await ping_actors(chosen, timeout_s, patience=patience)
 
     def kill(self, rank: int) -> None:
         """Kill `rank`'s process now: by pid on this node, and through Ray everywhere."""

@@ -152,3 +152,28 @@ def test_kill_node_with_node_agents_on(cluster: Cluster, clean_digest: str, tmp_
     [record] = summary["recoveries"]
     assert sorted(record["ranks"]) == [1, 3]
     print("node loss, warm spares, node agents:", node_loss_times(tmp_path, summary))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_hang_on_one_node_is_found_by_the_agents_with_node_agents_on(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """hang_rank on rank 1 with the ranks spread over two worker nodes and node agents on: the
+    agents ping their own ranks, the supervisor names rank 1 from their sightings
+    (`found_by: agent`), replaces it alone, and the run completes."""
+    dead = {n["NodeID"] for n in cluster.nodes() if not n["Alive"]}
+    for node_id in dead & {w.node_id for w in cluster.workers}:
+        cluster.replace_worker(node_id, Path(tempfile.mkdtemp(prefix="nx-", dir="/tmp")))
+    fault = {"kind": "hang_rank", "at_step": KILL_STEP, "rank": VICTIM}
+    summary = supervised(cluster, tmp_path, spares=2, faults=[fault], node_agents="on")
+    assert summary["status"] == "completed", summary
+    wal = read_jsonl(tmp_path / "journal.wal")
+    [started] = [r for r in wal if r["type"] == "agents_started"]
+    assert len(started["nodes"]) == 3
+    [restart] = [d for d in read_jsonl(tmp_path / "decisions.jsonl")
+                 if d["action"] == "restart_rank"]  # fmt: skip
+    assert restart["outcome"] == "applied" and restart["ranks"] == [VICTIM], restart
+    assert restart["anomaly"]["kind"] == "rank_hang"
+    assert restart["anomaly"]["details"]["found_by"] == "agent", restart["anomaly"]
+    assert [r["steps_completed"] for r in summary["ranks"]] == [STEPS] * 4
