@@ -36,6 +36,7 @@ from typing import Any
 
 import ray
 
+from remedy.supervisor.agent import digest_period
 from remedy.supervisor.agent_core import AgentCore
 
 WINDOW_S = 5.0
@@ -245,7 +246,8 @@ def agent_level(
     rpn = args.ranks_per_node
     nodes = [list(range(i, min(i + rpn, ranks))) for i in range(0, ranks, rpn)]
     hosts = max(1, min(args.agent_hosts, len(nodes)))
-    cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s, "digest_s": args.digest_s,
+    digest_s = args.digest_s or digest_period(len(nodes))  # as a run's agents would
+    cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s, "digest_s": digest_s,
            "event_p": args.events_per_s / (ranks * args.step_hz)}  # fmt: skip
     token = spec.token
     sup = SupervisorActor.remote(spec.to_dict())  # type: ignore[attr-defined]
@@ -295,7 +297,7 @@ def agent_level(
     print(f"\n{ranks} ranks on {len(nodes)} simulated nodes ({rpn} ranks each) through "
           f"{len(nodes)} agents, run by {hosts} host processes standing in for the {len(nodes)} "
           f"agents; {seconds:.0f} s, 1 report per rank every {args.heartbeat_s:g} s, a digest per "
-          f"agent every {args.digest_s:g} s")  # fmt: skip
+          f"agent every {digest_s:g} s")  # fmt: skip
     print(f"  {'window':>8}{'calls/s':>9}{'rtt p50 ms':>12}{'p99 ms':>9}{'(n)':>7}"
           f"{'in flight':>11}")  # fmt: skip
     for w in full:

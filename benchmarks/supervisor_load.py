@@ -67,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from benchmarks.agent_hosts import agent_level, cpu_s, machine_cpu_s, replay_through_agents
 from remedy.supervisor.actor import SupervisorActor
+from remedy.supervisor.agent import digest_period
 from remedy.supervisor.spec import RunSpec
 
 POLICY = """
@@ -256,7 +257,7 @@ def _profile_off(self: Any) -> str:
     done.wait(10)
     out = io.StringIO()
     stats = pstats.Stats(self._bench_profile, stream=out)
-    stats.sort_stats("tottime").print_stats(18)
+    stats.sort_stats("tottime").print_stats(30)
     stats.print_callers("recv|_record|write|wal")
     return out.getvalue()
 
@@ -474,7 +475,12 @@ def main() -> None:
     p.add_argument("--agents", action="store_true", help="report through node agents")
     p.add_argument("--ranks-per-node", type=int, default=8)
     p.add_argument("--agent-hosts", type=int, default=2, help="processes running the agents")
-    p.add_argument("--digest-s", type=float, default=1.0, help="an agent's digest period")
+    p.add_argument(
+        "--digest-s",
+        type=float,
+        default=None,
+        help="an agent's digest period (default: a run's, agent.digest_period)",
+    )
     p.add_argument("--events-per-s", type=float, default=4.0, help="anomalies/s in all (--agents)")
     p.add_argument("--project", type=int, default=16384, help="ranks to project (--agents)")
     args = p.parse_args()
@@ -544,10 +550,11 @@ def agents_main(args: argparse.Namespace) -> None:
               f"{r['fanout_p99'] * 1e3:>15.0f}{r['fanouts']:>5}{r['growing']!s:>9}")  # fmt: skip
     big = max(rows, key=lambda r: r["ranks"])
     nodes = -(-args.project // args.ranks_per_node)
-    calls = nodes / args.digest_s + big["event_calls_s"]
+    digest_s = args.digest_s or digest_period(nodes)
+    calls = nodes / digest_s + big["event_calls_s"]
     print(f"\nPROJECTION (not measured) for {args.project} ranks on {nodes} nodes, from the "
           f"{big['ranks']}-rank run: {calls:.0f} agent calls/s ({nodes} digests per "
-          f"{args.digest_s:g} s plus {big['event_calls_s']:.1f}/s with events) x "
+          f"{digest_s:g} s plus {big['event_calls_s']:.1f}/s with events) x "
           f"{big['sup_cpu_per_call'] * 1e6:.0f} us of supervisor CPU per call = "
           f"{calls * big['sup_cpu_per_call']:.2f} cores of the supervisor; each agent "
           f"{args.ranks_per_node / args.heartbeat_s * big['take_us'] * 1e-6:.4f} cores "

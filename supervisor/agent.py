@@ -11,7 +11,8 @@ step records to its own metrics file
 
 - a batch with anomaly events at once, in one `report_many` call,
   answering the rank only once the supervisor has it;
-- one digest of every rank that reported, each `DIGEST_S`, in one
+- one digest of every rank that reported, each `digest_period` (0.5 s, longer
+  where there are more than 128 agents), in one
   `report_many` call: one Ray call per node per interval instead of one per
   rank report. It carries the ranks' outcomes too; a batch with outcomes is
   answered once the digest that carried them is acknowledged.
@@ -59,8 +60,25 @@ from remedy.workers.rundir import RunDir
 log = structlog.get_logger("remedy.agent")
 
 # How often an agent sends its digest (the newest step and tick of each rank, and
-# what it owes). Commands reach a rank within about this plus its heartbeat.
+# what it owes), at least. Commands reach a rank within about this plus its heartbeat.
 DIGEST_S = 0.5
+# Digests the supervisor gets a second from all agents together, at most (`digest_period`).
+DIGEST_CALLS_PER_S = 256.0
+
+
+def digest_period(agents: int) -> float:
+    """An agent's digest period when the run has `agents` of them: `DIGEST_S`, or longer so
+    that all of them together send at most `DIGEST_CALLS_PER_S` digests a second.
+
+    The supervisor's work grows with the digests it answers (about 1.7 ms of its CPU per
+    agent call at 4,096 simulated ranks, `benchmarks/supervisor_load.py --agents`): at
+    0.5 s, 512 agents would send 1,024 a second, more than one core answers. Hangs and
+    deaths are found by each agent itself, so a longer period costs the supervisor's view
+    of progress (status, the straggler check) and the fan-out of commands, not detection.
+    """
+    return max(DIGEST_S, max(agents, 1) / DIGEST_CALLS_PER_S)
+
+
 # How often an agent looks at its hang watch (the supervisor's loop polls as often).
 HANG_CHECK_S = 0.05
 # Characters of a node id in an agent's name and files: unique among a cluster's nodes.
@@ -84,6 +102,7 @@ def launch_agents(spec: dict[str, Any], node_ids: list[str]) -> dict[str, Any]:
     Returns at once; a handle's `where` answers once its agent has started.
     """
     handles: dict[str, Any] = {}
+    digest_s = digest_period(len(node_ids))
     for node_id in node_ids:
         name = agent_name(spec["run_id"], node_id)
         handles[node_id] = NodeAgent.options(  # type: ignore[attr-defined]
@@ -94,7 +113,7 @@ def launch_agents(spec: dict[str, Any], node_ids: list[str]) -> dict[str, Any]:
             max_restarts=-1,
             max_task_retries=-1,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(spec, node_id)
+        ).remote(spec, node_id, digest_s)
     return handles
 
 
@@ -123,10 +142,11 @@ def this_nodes_agent(run_id: str) -> Any | None:
 class NodeAgent:
     """One node's agent (see the module docstring)."""
 
-    def __init__(self, spec: dict[str, Any], node_id: str) -> None:
+    def __init__(self, spec: dict[str, Any], node_id: str, digest_s: float = DIGEST_S) -> None:
         configure_logging(verbose=bool(spec.get("verbose")))
         self.run_id = str(spec["run_id"])
         self.node_id = node_id
+        self.digest_s = digest_s  # `digest_period` of the run's agent count
         self.hang_config = HangWatchConfig(**spec.get("hang_watch", {}))
         self.core = AgentCore(
             node=node_id[:NODE_ID_CHARS],
@@ -311,9 +331,9 @@ class NodeAgent:
         return reply if isinstance(reply, dict) else {}
 
     async def _digests(self) -> None:
-        """Every `DIGEST_S`: the digest upward, the replies kept, the state record written."""
+        """Every `digest_s`: the digest upward, the replies kept, the state record written."""
         while True:
-            await asyncio.sleep(DIGEST_S)
+            await asyncio.sleep(self.digest_s)
             waiting, self._waiting = self._waiting, []
             items = self.core.digest()
             if items:

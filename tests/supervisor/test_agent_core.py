@@ -168,3 +168,12 @@ def test_a_restarted_agent_rebuilds_from_its_record() -> None:
     # Without the record the same batch is a first report, and seq 2 is new again.
     fresh = core()
     assert fresh.take(batch(4, 2, step=50_001)).ok
+
+
+def test_the_digest_period_keeps_the_supervisors_digest_calls_bounded() -> None:
+    """0.5 s up to 128 agents; beyond, all agents together send at most 256 digests a second."""
+    from remedy.supervisor.agent import DIGEST_CALLS_PER_S, digest_period  # noqa: PLC0415
+
+    assert [digest_period(n) for n in (0, 1, 64, 128)] == [0.5] * 4
+    assert (digest_period(512), digest_period(2048)) == (2.0, 8.0)
+    assert all(n / digest_period(n) <= DIGEST_CALLS_PER_S for n in (1, 100, 300, 5000))
