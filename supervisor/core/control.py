@@ -76,19 +76,56 @@ class _RankTimes:
     tick: int
 
 
+class Outcomes(dict[int, Outcome]):
+    """A pending command's outcomes by rank, counting its changes (`version`): a state record
+    groups them again only after one (`control_state.dump`), not for each record."""
+
+    version = 0
+
+    def __setitem__(self, rank: int, outcome: Outcome) -> None:
+        self.version += 1
+        super().__setitem__(rank, outcome)
+
+    def __delitem__(self, rank: int) -> None:
+        self.version += 1
+        super().__delitem__(rank)
+
+    def pop(self, rank: int, *default: Any) -> Any:
+        self.version += 1
+        return super().pop(rank, *default)
+
+    def clear(self) -> None:
+        self.version += 1
+        super().clear()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.version += 1
+        super().update(*args, **kwargs)
+
+    def setdefault(self, rank: int, default: Outcome) -> Outcome:
+        self.version += 1
+        return super().setdefault(rank, default)
+
+    def popitem(self) -> tuple[int, Outcome]:
+        self.version += 1
+        return super().popitem()
+
+
 @dataclass
 class _Pending:
     decision: Decision
     command: Command
     targets: set[int]
     dispatched_at: float
-    outcomes: dict[int, Outcome] = field(default_factory=dict)
+    outcomes: Outcomes = field(default_factory=Outcomes)
     # Lost ranks no longer awaited: their replacements still receive the
     # command (and apply it unless the adopted state has it done already).
     dropped: set[int] = field(default_factory=set)
     # The command as it goes out, built once: every report of every target gets it
     # until that rank answers (asdict deep-copies on each call).
     wire: dict[str, Any] = field(init=False)
+    # The outcomes as a state record groups them, and the `Outcomes.version` they are of.
+    grouped: tuple[int, list[dict[str, Any]]] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.wire = self.command.to_dict()

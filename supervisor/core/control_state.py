@@ -34,7 +34,7 @@ from remedy.supervisor.core.report_validation import RankMark
 from remedy.workers.commands import Command, Outcome
 
 if TYPE_CHECKING:
-    from remedy.supervisor.core.control import Controller
+    from remedy.supervisor.core.control import Controller, _Pending
 
 FORMAT = 1
 STATE = "state"
@@ -58,7 +58,7 @@ def dump(c: Controller) -> dict[str, Any]:
                 "command": p.command.to_dict(),
                 # Every rank, for almost every command: one word instead of world_size numbers.
                 "targets": ALL if p.targets == set(range(c.world_size)) else sorted(p.targets),
-                "outcomes": _grouped(p.outcomes.values()),
+                "outcomes": _grouped_of(p),
                 "dropped": sorted(p.dropped),
                 "dispatched_at": p.dispatched_at,
             }
@@ -84,7 +84,7 @@ def dump(c: Controller) -> dict[str, Any]:
 
 def load(c: Controller, data: dict[str, Any]) -> None:
     """Put `c` (freshly built, same policy) in the state `dump` recorded."""
-    from remedy.supervisor.core.control import _Pending  # noqa: PLC0415 - the two modules are one concept
+    from remedy.supervisor.core.control import Outcomes, _Pending  # noqa: PLC0415 - the two modules are one concept
 
     if data.get("format") != FORMAT:
         raise ValueError(f"not a controller state of format {FORMAT}")
@@ -98,7 +98,7 @@ def load(c: Controller, data: dict[str, Any]) -> None:
             Command.from_dict(raw["command"]),
             set(range(c.world_size)) if raw["targets"] == ALL else {int(r) for r in raw["targets"]},
             float(raw["dispatched_at"]),
-            outcomes={o.rank: o for o in _ungrouped(raw["outcomes"])},
+            outcomes=Outcomes((o.rank, o) for o in _ungrouped(raw["outcomes"])),
             dropped={int(r) for r in raw["dropped"]},
         )
         c.pending[pending.command.decision_id] = pending
@@ -149,6 +149,15 @@ def _grouped(outcomes: Iterable[Outcome]) -> list[dict[str, Any]]:
             entry["ranks"] = []
         entry["ranks"].append(o.rank)
     return list(groups.values())
+
+
+def _grouped_of(p: _Pending) -> list[dict[str, Any]]:
+    """`_grouped` of a pending command's outcomes, kept while they do not change: with many
+    ranks every record walked each pending command's thousands of outcomes."""
+    version = p.outcomes.version
+    if p.grouped is None or p.grouped[0] != version:
+        p.grouped = (version, _grouped(p.outcomes.values()))
+    return p.grouped[1]
 
 
 def _ungrouped(entries: Iterable[dict[str, Any]]) -> list[Outcome]:

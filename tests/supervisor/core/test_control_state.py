@@ -200,3 +200,30 @@ def test_an_outcome_as_a_dict_has_every_field_and_copies_its_result() -> None:
     outcome.to_dict()["result"]["files"].append("c")
     assert result == {"files": ["a", "b"], "bytes": 3}
     assert Outcome.from_dict(outcome.to_dict()) == outcome
+
+
+def test_a_state_record_groups_a_commands_outcomes_anew_after_each_change(tmp_path: Path) -> None:
+    """The grouping kept between records follows every change of the outcomes (taken, dropped,
+    cleared), and a record read back has them all."""
+    c = _controller(tmp_path)
+    [first, _] = [cmd["decision_id"] for cmd in c.ingest(_batch(0, 5, _nan(0, 5)))]
+
+    def outcomes() -> list[dict[str, Any]]:
+        [entry] = [p for p in c.state_dict()["pending"] if p["command"]["decision_id"] == first]
+        return list(entry["outcomes"])
+
+    assert outcomes() == []
+    c.ingest(_batch(1, 6, outcomes=[_applied(first, 1, 6)]))
+    assert [o["ranks"] for o in outcomes()] == [[1]]
+    pending = c.pending[first]
+    kept = pending.grouped
+    assert [o["ranks"] for o in outcomes()] == [[1]] and pending.grouped is kept  # not regrouped
+    pending.outcomes.pop(1)  # the rank was lost before the others answered
+    assert outcomes() == []
+    pending.outcomes[1] = Outcome(first, 1, "applied", 6, 6)
+    pending.outcomes[0] = Outcome(first, 0, "applied", 6, 6)
+    assert [o["ranks"] for o in outcomes()] == [[1, 0]]
+    restored = _restored(tmp_path, _roundtrip(c))
+    assert set(restored.pending[first].outcomes) == {0, 1}
+    pending.outcomes.clear()
+    assert outcomes() == []
