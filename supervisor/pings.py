@@ -48,7 +48,7 @@ async def ping_actors(
     out: dict[int, Any] = {}
     for rank, task in tasks.items():
         if task.done():
-            out[rank] = task.result()
+            out[rank] = task.result()  # done
         else:
             task.cancel()
             out[rank] = NO_ANSWER

@@ -256,7 +256,7 @@ class Recovery:
             log.warning("agent_did_not_answer", node=calls[fut], waited_s=wait_s)
         for fut in done:
             try:
-                items = fut.result()
+                items = fut.result()  # done: taken from `done`
             except ray.exceptions.RayError as exc:
                 log.warning("agent_did_not_answer", node=calls[fut], error=str(exc)[:200])
                 continue
