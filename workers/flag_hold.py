@@ -33,7 +33,8 @@ trip.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 # Reports sent while holding, at most this often (each reply may bring the decision).
@@ -42,6 +43,8 @@ RESEND_S = 0.05
 QUIET_STEPS = 20
 # Longest hold for a decision before the ranks go on without it (it then comes as usual).
 WAIT_S = 5.0
+# Holds a rank remembers for its summary (`FlagHold.holds`), the newest.
+HOLDS_KEPT = 20
 
 
 @dataclass
@@ -52,6 +55,9 @@ class FlagHold:
     wait_s: float = WAIT_S
     quiet_until: int = 0  # steps before this one do not hold
     _flagged: int | None = None  # the tick this rank's detectors flagged, not yet told
+    # Each flagged tick seen at a boundary and what became of it, for the rank's summary:
+    # {"tick", "step", "end": "ready" | "late" | "regrouped" | "quiet", "held_s", "brought"}.
+    holds: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=HOLDS_KEPT))
 
     def flag(self, tick: int) -> None:
         """This rank's detectors flagged the step at `tick`."""
@@ -70,6 +76,17 @@ class FlagHold:
         """A hold ended; with no command, the next `QUIET_STEPS` steps do not hold."""
         if not brought:
             self.quiet_until = step + QUIET_STEPS
+
+    def note(
+        self, tick: int, step: int, end: str, *, held_s: float = 0.0, brought: bool = False
+    ) -> None:
+        """Remember what became of the flag of `tick` at the boundary where the rank's step count
+        is `step` (`end` "quiet": not held, within the quiet period after a hold that brought
+        nothing)."""
+        self.holds.append(
+            {"tick": tick, "step": step, "end": end, "held_s": round(held_s, 3),
+             "brought": brought, "quiet_until": self.quiet_until}
+        )  # fmt: skip
 
 
 def agree_while_holding(

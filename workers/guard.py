@@ -417,9 +417,12 @@ class Guard:
         else:
             tick = self.flag_hold.take()
         if not self.flag_hold.due(tick, self.step_count):
+            if tick is not None and self.flag_hold.on:
+                self.flag_hold.note(tick, self.step_count, "quiet")
             return False
         assert tick is not None
         reporter_settled = getattr(self.reporter, "settled", None)
+        held_at = time.monotonic()
         end, first, last = self._hold_here(
             wait_s=self.flag_hold.wait_s,
             holding=tick,
@@ -427,6 +430,9 @@ class Guard:
         )
         if end == "late":
             log.warning("flag_decision_missing", tick=tick, waited_s=self.flag_hold.wait_s)
+        self.flag_hold.note(
+            tick, self.step_count, end, held_s=time.monotonic() - held_at, brought=last != first
+        )
         self.flag_hold.after(self.step_count, brought=last != first)
         return end == "regrouped"
 
@@ -1017,6 +1023,9 @@ class Guard:
             "epochs_started": self.cursor.epoch + 1,
             "skipped_batches": sorted(self.cursor.skipped),
         }
+        if self.flag_hold.on:
+            # Each flagged step and whether the ranks held for its decision (workers.flag_hold).
+            self.summary["flag_holds"] = list(self.flag_hold.holds)
         if self.resumed is not None:
             self.summary["resumed"] = self.resumed
         self.ctx.summary = self.summary

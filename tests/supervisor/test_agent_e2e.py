@@ -85,5 +85,6 @@ def test_a_flagged_step_is_held_for_through_the_agent(ray_cluster: None, tmp_pat
     decisions = read_jsonl(tmp_path / "decisions.jsonl")
     replay = next(d for d in decisions if d["action"] == "replay_step")
     assert replay["outcome"] == "applied", replay["detail"]
-    assert replay["anomaly"]["step"] == 25 and replay["applied_at_step"] == 26, replay
+    holds = [r.get("flag_holds") for r in summary["ranks"]]  # what each rank's hold did
+    assert replay["anomaly"]["step"] == 25 and replay["applied_at_step"] == 26, (replay, holds)
     assert replay["result"]["verdict"]["kind"] == "replay_transient"

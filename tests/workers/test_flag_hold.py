@@ -102,6 +102,7 @@ def _train(rank: int, world: int, case: str) -> dict[str, Any]:
         "holding": decider.holding,
         "replay_tick": outcomes[0].tick if outcomes else None,
         "verdict": outcomes[0].result.get("verdict", {}).get("kind") if outcomes else None,
+        "holds": guard.summary["flag_holds"],
     }
 
 
@@ -131,6 +132,11 @@ def test_the_replay_starts_at_the_boundary_after_the_flagged_step(
         # Both ranks held for the decision, reporting the flagged tick, for at least the delay.
         assert set(run["holding"]) == {S}, run["holding"]
         assert _gap_after(run["ran"], S) >= DELAY_S
+        # The rank's summary says so: the flag of S held at the next boundary (whose step count
+        # is still S: the flagged step's non-finite update was dropped).
+        [hold] = [h for h in run["holds"] if h["tick"] == S]
+        assert (hold["step"], hold["end"], hold["brought"]) == (S, "ready", True), run["holds"]
+        assert hold["held_s"] >= DELAY_S
         # The replay went back to step S: it is run again, then training goes on to the end.
         steps = [step for step, _, _ in run["ran"]]
         assert steps == [*range(S + 1), *range(S, STEPS)], steps
@@ -149,6 +155,7 @@ def test_with_no_answer_the_ranks_go_on_together_after_the_bound(
 ) -> None:
     gaps = [_gap_after(runs[rank]["late"]["ran"], S) for rank in (0, 1)]
     assert all(gap >= 1.0 for gap in gaps), gaps
+    assert all(runs[r]["late"]["holds"][0]["end"] == "late" for r in (0, 1))
     assert [[s for s, _, _ in runs[r]["late"]["ran"]] for r in (0, 1)] == [list(range(STEPS))] * 2
 
 
@@ -160,6 +167,9 @@ def test_a_fault_the_policy_lets_run_holds_once_then_stays_quiet(
     assert STEPS - S < QUIET_STEPS
     for rank in (0, 1):
         assert set(runs[rank]["quiet"]["holding"]) == {S}
+        holds = runs[rank]["quiet"]["holds"]
+        assert (holds[0]["end"], holds[0]["brought"]) == ("ready", False), holds
+        assert {h["end"] for h in holds[1:]} == {"quiet"} and len(holds) > 1, holds
 
 
 def test_the_quiet_period_and_the_switch() -> None:
