@@ -49,7 +49,7 @@ from remedy.supervisor.core.goodput import GoodputLedger, last_written
 from remedy.supervisor.core.run_state import RunState, StateLog
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
-from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig
+from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.supervisor.job_state import (
     JobState,
     JobStateMachine,
@@ -511,10 +511,8 @@ class SupervisorActor:
         now = time.monotonic()
         for s in self.sightings.add(str(node)[:64], items, now):
             slot = self.slots.slots.get(s.rank)
-            if slot is None or s.incarnation != slot.incarnation or not isinstance(s.ping, dict):
-                continue
-            if s.ping.get("phase") in ("step", "boundary") and type(s.ping.get("tick")) is int:
-                self.watch.beat(s.rank, s.ping["tick"], now)
+            if slot is not None and s.incarnation == slot.incarnation:
+                self.watch.answered(s.rank, s.ping, now)
 
     async def rank_names(self, token: Any, ranks: Any) -> dict[int, tuple[int, str | None]]:
         """A node agent's ask: each rank's current incarnation and its actor's name."""
@@ -576,13 +574,7 @@ class SupervisorActor:
             if gauges:
                 self.metrics.observe(valid)
             self.metrics.goodput(self.controller.goodput, self.started)
-            times = [
-                m["step_time_s"]
-                for m in report.metrics
-                if isinstance(m.get("step_time_s"), int | float)
-                and not isinstance(m["step_time_s"], bool)
-            ]
-            self.watch.beat(report.rank, report.tick, time.monotonic(), times)
+            self.watch.beat(report.rank, report.tick, time.monotonic(), step_times(report.metrics))
             if self.recovery is not None:
                 self.recovery.progress(report.rank, report.tick)
         self.feed.decisions(self.controller.decisions)

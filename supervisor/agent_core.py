@@ -53,7 +53,7 @@ from typing import Any
 
 from remedy.supervisor.agent_hang import AGENT_PING_EVERY_S, sighting_items
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
-from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig
+from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.supervisor.rank_slots import RankSlots, Slot, SlotState
 
 # Keys of a step record the supervisor reads (controller, goodput, displays); the rest
@@ -183,13 +183,7 @@ class AgentCore:
         if batch.get("ending") is True:
             self.watch.forget(report.rank)  # its loop is done: no progress to wait for
             return
-        times = [
-            float(m["step_time_s"])
-            for m in report.metrics
-            if isinstance(m.get("step_time_s"), int | float)
-            and not isinstance(m["step_time_s"], bool)
-        ]
-        self.watch.beat(report.rank, report.tick, now, times)
+        self.watch.beat(report.rank, report.tick, now, step_times(report.metrics))
 
     def incarnation(self, rank: int) -> int:
         """The incarnation of `rank` this agent follows (0 for a rank it has not seen)."""
@@ -344,10 +338,7 @@ class AgentCore:
         """
         now = self._clock()
         for rank, p in pings.items():
-            if isinstance(p, dict) and p.get("phase") in ("step", "boundary"):
-                tick = p.get("tick")
-                if type(tick) is int:
-                    self.watch.beat(rank, tick, now)
+            self.watch.answered(rank, p, now)
         items = sighting_items(
             self.watch,
             pings,

@@ -112,7 +112,7 @@ def sighting_items(
     """The agent's sightings of one ping round over its ranks, as sent upward.
 
     `pings[rank]`: the rank's status dict, `NO_ANSWER` or `DEAD`, as
-    `worker_group.ping_actors` answers; `now` on the watch's clock, after the
+    `pings.ping_actors` answers; `now` on the watch's clock, after the
     answers came (and moved the watch); `suspected_at` and `pinged_at` are
     wall times.
     """

@@ -35,6 +35,16 @@ NO_ANSWER = None  # a ping that timed out
 DEAD = "dead"  # a ping whose actor has died
 
 
+def step_times(metrics: list[dict[str, Any]]) -> list[float]:
+    """The step times (`step_time_s`, numbers only) of a report's step records: what
+    `HangWatch.beat` sets a rank's timeout from."""
+    return [
+        float(m["step_time_s"])
+        for m in metrics
+        if isinstance(m.get("step_time_s"), int | float) and not isinstance(m["step_time_s"], bool)
+    ]
+
+
 @dataclass(frozen=True)
 class HangWatchConfig:
     """Timeouts of the hang watch, in seconds (`RunSpec.hang_watch` takes these keys)."""
@@ -104,6 +114,15 @@ class HangWatch:
             if r.tick >= 0:
                 r.steps_seen += tick - r.tick
             r.tick, r.since = tick, now
+
+    def answered(self, rank: int, ping: Any, now: float) -> None:
+        """A ping `rank` answered: one from inside its loop (phase `step` or `boundary`) says
+        how far it got, progress its Guard has not reported yet (it reports every
+        heartbeat_s), which ends a suspicion as a report would."""
+        if isinstance(ping, dict) and ping.get("phase") in ("step", "boundary"):
+            tick = ping.get("tick")
+            if type(tick) is int:
+                self.beat(rank, tick, now)
 
     def allow(self, rank: int, seconds: float, now: float) -> None:
         """`rank` may be quiet for `seconds` from now (checkpoint write, state adoption)."""

@@ -282,10 +282,7 @@ class Recovery:
         )
         answered = time.monotonic()
         for rank, p in pings.items():
-            # A rank that answers from inside its loop says how far it got: progress
-            # the Guard has not reported yet (it reports every heartbeat_s) ends suspicion.
-            if isinstance(p, dict) and p.get("phase") in ("step", "boundary"):
-                watch.beat(rank, int(p.get("tick", -1)), answered)
+            watch.answered(rank, p, answered)
         # Judged against who is still stalled after the ping (reports may have come meanwhile).
         verdict = watch.judge(pings, watch.suspects(answered), now=answered)
         if verdict.hung or verdict.dead:
