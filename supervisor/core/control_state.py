@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 from collections import Counter, deque
 from collections.abc import Iterable
@@ -127,6 +128,12 @@ def load(c: Controller, data: dict[str, Any]) -> None:
     c.incidents.restore(data.get("incidents"), now=c._clock())
 
 
+# An outcome's fields but its rank and result, as a tuple: what outcomes grouped together share.
+_OUTCOME_FIELDS = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(Outcome) if f.name not in ("rank", "result"))
+)
+
+
 def _grouped(outcomes: Iterable[Outcome]) -> list[dict[str, Any]]:
     """Outcomes that differ only in their rank as one entry with `ranks`.
 
@@ -141,7 +148,7 @@ def _grouped(outcomes: Iterable[Outcome]) -> list[dict[str, Any]]:
     groups: dict[tuple[Any, ...], dict[str, Any]] = {}
     for o in outcomes:
         result = json.dumps(o.result, sort_keys=True, default=str) if o.result else ""
-        key = (o.decision_id, o.outcome, o.step, o.tick, o.detail, o.attempts, result)
+        key = (_OUTCOME_FIELDS(o), result)
         entry = groups.get(key)
         if entry is None:
             entry = groups[key] = o.to_dict()

@@ -132,6 +132,9 @@ def _path(section: str, key: str | None) -> str:
     return section if key is None else f"{section}.{key}"
 
 
+_PER_RANK_PATHS = frozenset(_path(section, key) for section, key in PER_RANK)
+
+
 def _entries(record: dict[str, Any], section: str, key: str | None) -> dict[str, Any] | None:
     """The per-rank map at (section, key) of `record`, keyed by rank as a string, or None."""
     value = record.get(section)
@@ -181,7 +184,8 @@ class StateLog:
             entries = _entries(record, section, key)
             if entries is not None:
                 ranks[_path(section, key)] = entries
-        text = {path: _encoded(value) for path, value in self._sections(record)}
+        sections = self._sections(record)
+        text = {path: _encoded(value) for path, value in sections}
         if (
             self._last_ranks is None
             or self._deltas >= FULL_EVERY
@@ -202,10 +206,7 @@ class StateLog:
                 count += len(diff)
         if self._written + count > self._full_size:
             return self._full(record, ranks, text)
-        sets = {}
-        for path, value in self._sections(record):
-            if self._last_text.get(path) != text[path]:
-                sets[path] = value
+        sets = {path: value for path, value in sections if self._last_text.get(path) != text[path]}
         unset = sorted(self._last_text.keys() - text.keys())
         self._last_ranks, self._last_text = ranks, text
         self._deltas += 1
@@ -226,14 +227,15 @@ class StateLog:
     @staticmethod
     def _sections(record: dict[str, Any]) -> list[tuple[str, Any]]:
         """(path, value) of everything outside the per-rank maps and the record's type."""
-        per_rank = {_path(s, k) for s, k in PER_RANK}
         out: list[tuple[str, Any]] = []
         for name, value in record.items():
-            if name == "type" or name in per_rank:
+            if name == "type" or name in _PER_RANK_PATHS:
                 continue
             if name in NESTED and isinstance(value, dict):
                 out.extend(
-                    (f"{name}.{k}", v) for k, v in value.items() if f"{name}.{k}" not in per_rank
+                    (f"{name}.{k}", v)
+                    for k, v in value.items()
+                    if f"{name}.{k}" not in _PER_RANK_PATHS
                 )
             else:
                 out.append((name, value))
