@@ -249,9 +249,6 @@ class Guard:
         )
         self.recent_stats: deque[StepStats] = deque(maxlen=50)
         self.inbox = CommandInbox()  # the supervisor's commands, each applied once
-        # Checkpoint writes in flight, by id of the snapshot they read; such a
-        # snapshot's buffers are not recycled until its write is done.
-        # Buffers for the next snapshot while the ring fills (see _snapshot).
         # With a process group of several ranks, commands are applied by agreement (see _boundary).
         self._group: Any = None
         self._group_device = torch.device("cpu")
@@ -266,8 +263,8 @@ class Guard:
         self.replays = Replays(self._replay_window(), self.config.replay_window_s)
         self.step_mark: StepMark | None = None
         hold = self.config.flag_hold
-        self.flag_hold.on = bool(ctx.hold_on_flag if hold is None else hold)
-        self.flag_hold.on = self.flag_hold.on and self.replays.window > 0
+        asked = ctx.hold_on_flag if hold is None else hold
+        self.flag_hold.on = bool(asked) and self.replays.window > 0
         # Data-parallel replicas compared every so many steps (workers.replicas).
         self.replica_check = replicas.ReplicaCheck(self.config.replica_check_every)
         # Reports out: events, metrics (built from (stats, chaos log) when a report leaves).
@@ -430,10 +427,11 @@ class Guard:
         )
         if end == "late":
             log.warning("flag_decision_missing", tick=tick, waited_s=self.flag_hold.wait_s)
+        brought = last != first
         self.flag_hold.note(
-            tick, self.step_count, end, held_s=time.monotonic() - held_at, brought=last != first
+            tick, self.step_count, end, held_s=time.monotonic() - held_at, brought=brought
         )
-        self.flag_hold.after(self.step_count, brought=last != first)
+        self.flag_hold.after(self.step_count, brought=brought)
         return end == "regrouped"
 
     def _await_answer(self) -> bool:

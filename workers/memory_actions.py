@@ -23,22 +23,17 @@ from remedy.workers.activation_checkpointing import (
 )
 from remedy.workers.commands import Command
 from remedy.workers.exceptions import ActionError
+from remedy.workers.remediation import plain
 
 if TYPE_CHECKING:
     from remedy.workers.actions import ActionTarget
-
-
-def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    # DDP and FSDP-style wrappers keep the user's model in `.module`.
-    inner = getattr(model, "module", None)
-    return inner if isinstance(inner, torch.nn.Module) else model
 
 
 @applier("enable_activation_checkpointing")
 def enable_checkpointing(
     guard: ActionTarget, params: dict[str, Any], command: Command
 ) -> dict[str, Any]:
-    model = _unwrapped(guard.model)
+    model = plain(guard.model)
     before = set(checkpointed_modules(model))
     try:
         chosen = enable_activation_checkpointing(

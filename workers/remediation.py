@@ -35,7 +35,8 @@ KEYS = ("micro_batches", "kv_allocator", "lr_cut", "checkpointed")
 
 
 def plain(model: torch.nn.Module) -> torch.nn.Module:
-    """The module a DDP wrapper holds (whose submodule names checkpoints use), or `model`."""
+    """The user's model inside a DDP or FSDP-style wrapper (`.module`), whose submodule names
+    activation checkpointing uses, or `model` itself."""
     inner = getattr(model, "module", model)
     return inner if isinstance(inner, torch.nn.Module) else model
 

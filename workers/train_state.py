@@ -21,10 +21,6 @@ if TYPE_CHECKING:
     from remedy.workers.guard import Guard
 
 
-def _plain(model: Any) -> Any:
-    return getattr(model, "module", model)
-
-
 def capture(guard: Guard) -> dict[str, Any]:
     """Host copy of `guard`'s training state at the current step boundary."""
     snap = guard.take_snapshot()
