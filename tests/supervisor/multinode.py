@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -94,6 +95,12 @@ class Cluster:
         if not new.node_id:
             raise RuntimeError(f"worker node {new.name} did not join the cluster")
         return new
+
+    def replace_dead_workers(self) -> None:
+        """A fresh node in place of each worker node Ray calls dead (one a test before killed)."""
+        dead = {n["NodeID"] for n in self.nodes() if not n["Alive"]}
+        for node_id in dead & {w.node_id for w in self.workers}:
+            self.replace_worker(node_id, Path(tempfile.mkdtemp(prefix="nx-", dir="/tmp")))
 
     def nodes(self) -> list[dict[str, Any]]:
         """Ray's view of the cluster's nodes (`ray.nodes()`), asked from a process of its own."""

@@ -118,9 +118,7 @@ def test_kill_node_without_spares_starts_both_ranks_cold_on_the_other_node(
     """The same node loss with no warm spare: both ranks are new actors on the surviving node.
 
     Runs after the warm test, whose victim node is dead: a fresh node takes its place first."""
-    dead = {n["NodeID"] for n in cluster.nodes() if not n["Alive"]}
-    for node_id in dead & {w.node_id for w in cluster.workers}:
-        cluster.replace_worker(node_id, Path(tempfile.mkdtemp(prefix="nx-", dir="/tmp")))
+    cluster.replace_dead_workers()
     fault = {"kind": "kill_node", "at_step": KILL_STEP, "rank": VICTIM}
     summary = supervised(cluster, tmp_path, spares=0, faults=[fault])
     assert summary["status"] == "completed", summary
@@ -138,9 +136,7 @@ def test_kill_node_with_node_agents_on(cluster: Cluster, clean_digest: str, tmp_
     """The same node loss with the ranks reporting through node agents: the kill is asked of the
     supervisor itself (not of the agent), the node's agent dies with it, and both ranks are
     replaced on the other node; parameters equal the clean run's, bit for bit."""
-    dead = {n["NodeID"] for n in cluster.nodes() if not n["Alive"]}
-    for node_id in dead & {w.node_id for w in cluster.workers}:
-        cluster.replace_worker(node_id, Path(tempfile.mkdtemp(prefix="nx-", dir="/tmp")))
+    cluster.replace_dead_workers()
     fault = {"kind": "kill_node", "at_step": KILL_STEP, "rank": VICTIM}
     summary = supervised(cluster, tmp_path, spares=4, faults=[fault], node_agents="on")
     assert summary["status"] == "completed", summary
@@ -162,9 +158,7 @@ def test_a_hang_on_one_node_is_found_by_the_agents_with_node_agents_on(
     """hang_rank on rank 1 with the ranks spread over two worker nodes and node agents on: the
     agents ping their own ranks, the supervisor names rank 1 from their sightings
     (`found_by: agent`), replaces it alone, and the run completes."""
-    dead = {n["NodeID"] for n in cluster.nodes() if not n["Alive"]}
-    for node_id in dead & {w.node_id for w in cluster.workers}:
-        cluster.replace_worker(node_id, Path(tempfile.mkdtemp(prefix="nx-", dir="/tmp")))
+    cluster.replace_dead_workers()
     fault = {"kind": "hang_rank", "at_step": KILL_STEP, "rank": VICTIM}
     summary = supervised(cluster, tmp_path, spares=2, faults=[fault], node_agents="on")
     assert summary["status"] == "completed", summary
