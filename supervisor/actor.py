@@ -61,10 +61,10 @@ from remedy.supervisor.job_state import (
 from remedy.supervisor.node_watch import NodeWatch
 from remedy.supervisor.notify import NOTIFICATIONS_FILE, Notifier, env_sinks
 from remedy.supervisor.policy_source import (
+    PolicyWatch,
     is_policy_file,
     load_policy_source,
     policy_from_bytes,
-    read_policy_bytes,
 )
 from remedy.supervisor.rank_slots import RankSlots
 from remedy.supervisor.recovery import Recovery
@@ -188,8 +188,9 @@ class SupervisorActor:
         self.group: WorkerGroup | None = None
         self.recovery: Recovery | None = None
         # A policy given as a file is watched: saving it applies it to the running job.
-        self._watched = Path(self.spec.policy) if is_policy_file(self.spec.policy) else None
-        self._watched_mtime = self._watched.stat().st_mtime_ns if self._watched else 0
+        self._watched = (
+            PolicyWatch(Path(self.spec.policy)) if is_policy_file(self.spec.policy) else None
+        )
         self._token_refusals: dict[str, int] = {}  # refused calls by method, for the journal
         self._token_journaled: dict[str, int] = {}
         # The control loop and its end.
@@ -355,6 +356,8 @@ class SupervisorActor:
         caller without the run's token is refused (`Unauthorized`).
         """
         self._require(token, "apply_policy")
+        if self._watched is not None:
+            self._watched.forget()
         return self._apply_policy(data, filename)
 
     def _apply_policy(self, data: bytes | str, filename: str) -> list[str]:
@@ -378,18 +381,13 @@ class SupervisorActor:
         if self._watched is None:
             return
         try:
-            mtime = self._watched.stat().st_mtime_ns
-        except OSError:
+            saved = self._watched.poll()
+        except PolicyError as exc:
+            # Unreadable now (replaced by a folder, permissions): refuse, keep the old policy.
+            self._refuse(str(self._watched.path), exc)
             return
-        if mtime != self._watched_mtime:
-            self._watched_mtime = mtime
-            try:
-                data, name = read_policy_bytes(str(self._watched))
-            except PolicyError as exc:
-                # Unreadable now (replaced by a folder, permissions): refuse, keep the old policy.
-                self._refuse(str(self._watched), exc)
-                return
-            self._apply_policy(data, name)
+        if saved is not None:
+            self._apply_policy(*saved)
 
     def _refuse(self, filename: str, exc: PolicyError) -> list[str]:
         """Journal a refused policy (the one in force stays); its error lines, capped."""

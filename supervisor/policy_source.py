@@ -8,6 +8,7 @@ supervisor that watches a policy file cannot be killed by what is saved in it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -77,3 +78,61 @@ def is_policy_file(source: str) -> bool:
         return Path(source).is_file()
     except OSError:
         return False
+
+
+class PolicyWatch:
+    """The saves of a watched policy file, each taken once.
+
+    A change (the file's mtime, size or inode) is taken when it has stood
+    still from one look to the next, so a writer part-way through its write is
+    not read; and only when what it reads differs from what was last taken, so
+    a save followed by a touch, or an editor that writes twice, is one save.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp = self._look()
+        self._pending: tuple[int, int, int] | None = None
+        self._taken: str | None = self._key()  # the start's bytes: in force already
+
+    def _look(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def _key(self) -> str | None:
+        try:
+            data, _ = read_policy_bytes(str(self.path))
+        except PolicyError as exc:
+            return "error:" + "; ".join(d.format() for d in exc.diagnostics)
+        return hashlib.sha256(data).hexdigest()
+
+    def forget(self) -> None:
+        """A policy came from elsewhere (`policy apply`): the file's next save is taken whatever it holds."""
+        self._taken = None
+
+    def poll(self) -> tuple[bytes, str] | None:
+        """A new save's bytes and name, or None; PolicyError when the saved file cannot be read."""
+        stamp = self._look()
+        if stamp is None or stamp == self._stamp:
+            self._pending = None
+            return None
+        if stamp != self._pending:  # changed since the last look: wait until it stands still
+            self._pending = stamp
+            return None
+        self._stamp, self._pending = stamp, None
+        try:
+            data, name = read_policy_bytes(str(self.path))
+        except PolicyError as exc:
+            key = "error:" + "; ".join(d.format() for d in exc.diagnostics)
+            if key == self._taken:
+                return None
+            self._taken = key
+            raise
+        key = hashlib.sha256(data).hexdigest()
+        if key == self._taken:
+            return None
+        self._taken = key
+        return data, name

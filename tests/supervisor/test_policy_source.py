@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from remedy.policies import Policy, PolicyError
 from remedy.supervisor.policy_source import (
     MAX_POLICY_BYTES,
+    PolicyWatch,
     load_policy_source,
     policy_from_bytes,
 )
@@ -84,3 +86,62 @@ def test_any_bytes_give_a_policy_or_a_policy_error(data: bytes) -> None:
     else:
         return
     assert refused and all(d.file == "fuzz.yaml" for d in refused)
+
+
+def _stamp(path: Path, ns: int) -> None:
+    os.utime(path, ns=(ns, ns))
+
+
+def test_a_save_is_taken_once_it_stands_still_and_once_per_content(tmp_path: Path) -> None:
+    """A save is read after one look finds it unchanged; a touch or a second mtime of the same bytes is no new save."""
+    path = tmp_path / "p.yaml"
+    path.write_bytes(GOOD)
+    watch = PolicyWatch(path)
+    assert watch.poll() is None  # nothing saved
+    v2 = GOOD.replace(b"name: ok", b"name: v2")
+    path.write_bytes(v2)
+    _stamp(path, 10**18)
+    assert watch.poll() is None  # changed since the last look: not read yet
+    assert watch.poll() == (v2, str(path))
+    assert watch.poll() is None
+    _stamp(path, 10**18 + 5)  # the same save's second mtime (or a touch)
+    assert [watch.poll(), watch.poll()] == [None, None]
+    path.write_bytes(GOOD)  # back to the start's bytes: a save like any other
+    _stamp(path, 10**18 + 9)
+    assert [watch.poll(), watch.poll()] == [None, (GOOD, str(path))]
+
+
+def test_a_write_caught_midway_is_read_when_it_ends(tmp_path: Path) -> None:
+    """A look between a writer's chunks only waits: what is read is the finished file."""
+    path = tmp_path / "p.yaml"
+    path.write_bytes(GOOD)
+    watch = PolicyWatch(path)
+    v2 = GOOD.replace(b"name: ok", b"name: v2")
+    path.write_bytes(v2[:10])  # part-way
+    _stamp(path, 10**18)
+    assert watch.poll() is None
+    path.write_bytes(v2)  # the rest, before the next look
+    _stamp(path, 10**18 + 1)
+    assert watch.poll() is None
+    assert watch.poll() == (v2, str(path))
+
+
+def test_the_same_refusal_is_not_repeated_and_policy_apply_resets(tmp_path: Path) -> None:
+    """A bad save is refused once however often it is touched; after `policy apply` the file's next save is taken."""
+    path = tmp_path / "p.yaml"
+    path.write_bytes(GOOD)
+    watch = PolicyWatch(path)
+    path.unlink()
+    path.mkdir()  # a folder in its place: unreadable
+    assert watch.poll() is None
+    with pytest.raises(PolicyError, match="not a regular file"):
+        watch.poll()
+    _stamp(path, 10**18)
+    assert [watch.poll(), watch.poll()] == [None, None]
+    path.rmdir()
+    path.write_bytes(GOOD)
+    _stamp(path, 10**18 + 3)
+    assert [watch.poll(), watch.poll()] == [None, (GOOD, str(path))]
+    watch.forget()  # a policy applied from elsewhere: the same bytes count again
+    _stamp(path, 10**18 + 7)
+    assert [watch.poll(), watch.poll()] == [None, (GOOD, str(path))]
