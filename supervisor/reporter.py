@@ -82,7 +82,9 @@ class RayReporter:
         self._held: dict[str, Any] | None = None
         self._inbox: list[dict[str, Any]] = []
         # The newest tick the supervisor said it has decided on (a reply to a report that
-        # was `holding` for it: workers.flag_hold).
+        # was `holding` for it: workers.flag_hold): in the replies taken, and in those `poll`
+        # has handed out, which `settled` says (a tick reads settled with its commands).
+        self._settled_taken = -1
         self._settled = -1
         self.lost_replies = 0
         self.dropped_metrics = 0  # metrics records dropped while the supervisor was away
@@ -118,11 +120,16 @@ class RayReporter:
         self._watch()
         self._release()
         out, self._inbox = self._inbox, []
+        self._settled = self._settled_taken
         return out
 
     def settled(self) -> int:
-        """The newest tick the supervisor has said it decided on (-1: none yet)."""
-        self._collect(timeout=0)
+        """The newest tick the supervisor has said it decided on (-1: none yet), in the replies
+        `poll` has handed out: the commands decided on it are out of `poll` by then.
+
+        It takes no reply itself: a rank holding for a tick (workers.flag_hold) that saw it
+        settled by a reply taken after its poll would leave the hold without those commands.
+        """
         return self._settled
 
     def close(self) -> None:
@@ -265,7 +272,7 @@ class RayReporter:
         if isinstance(reply, dict):
             settled = reply.get("settled")
             if isinstance(settled, int):
-                self._settled = max(self._settled, settled)
+                self._settled_taken = max(self._settled_taken, settled)
             reply = reply.get("commands") or []
         self._inbox.extend(reply)
 

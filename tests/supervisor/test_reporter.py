@@ -127,3 +127,17 @@ def test_a_holding_report_learns_when_its_tick_is_settled(ray_cluster: None) -> 
     rep.send({**_batch(3), "holding": 0})
     _drain(rep)
     assert rep.settled() == 1, "the newest settled tick is kept"
+    ray.kill(sup)
+
+
+@pytest.mark.timeout(60)
+def test_a_settled_tick_is_seen_only_once_its_commands_are_polled(ray_cluster: None) -> None:
+    """A reply that settles a tick, in but not yet polled, does not read as settled: a rank
+    holding for it (workers.flag_hold) would leave without the commands decided on it."""
+    sup = _Supervisor.remote()  # type: ignore[attr-defined]
+    rep = RayReporter(sup)
+    rep.send({**_batch(1), "holding": 1})
+    ray.wait([ref for ref, _, _ in rep._in_flight], timeout=30)  # the reply is in, not taken
+    assert rep.settled() == -1, "settled, with its commands not yet handed out"
+    assert [r["echo"] for r in rep.poll()] == [1]
+    assert rep.settled() == 1
