@@ -47,6 +47,11 @@ COLLECTIVE_TIMEOUT_S = 1800.0
 # How long a survivor waits for the supervisor's order to regroup after a
 # collective failed.
 REGROUP_WAIT_S = 120.0
+# How long a rank tries to connect to the rendezvous store. torch retries a
+# connection that is refused until the store's timeout (the collective timeout,
+# 30 min): a store whose supervisor died before this rank connected would hold
+# it that long, while the supervisor Ray restarts orders it again within seconds.
+STORE_CONNECT_S = 10.0
 
 _FAILURE_WORDS = (
     "connection closed",
@@ -113,10 +118,7 @@ class Membership:
     def join(self) -> None:
         """Form (or join) the current generation's process group in this process."""
         if self._store is None:
-            host, port = self.store_addr
-            self._store = dist.TCPStore(
-                host, port, is_master=False, timeout=collective_timeout(), wait_for_workers=False
-            )
+            self._store = self._connect()
         if self.backend == "nccl":
             torch.cuda.set_device(0)
         with self._sockets.around():
@@ -128,6 +130,19 @@ class Membership:
                 timeout=collective_timeout(),
             )
         self.timeline["joined"] = time.time()
+
+    def _connect(self) -> Any:
+        """A client of the rendezvous store; DistNetworkError when none answers within STORE_CONNECT_S."""
+        host, port = self.store_addr
+        store = dist.TCPStore(
+            host,
+            port,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=STORE_CONNECT_S),
+            wait_for_workers=False,
+        )
+        store.set_timeout(collective_timeout())  # its waits: as long as a collective's
+        return store
 
     def leave(self) -> None:
         """Leave the current group (a broken one included)."""
@@ -262,7 +277,7 @@ class Membership:
             self.generation = generation
             self._use_store(store_addr)
             try:
-                self.join()  # rendezvous: bounded by collective_timeout()
+                self.join()  # bounded: STORE_CONNECT_S to connect, collective_timeout() to form
                 break
             except (RuntimeError, dist.DistError) as failed:
                 # The rendezvous itself failed: the supervisor serving its store died
@@ -271,6 +286,8 @@ class Membership:
                             error=str(failed)[:200])  # fmt: skip
                 self.leave()
                 _forget_failed_group()
+                if isinstance(failed, dist.DistNetworkError):
+                    self._store = None  # its server is gone: connect again for the next order
                 self.generation = formed  # not part of `generation`: any order past it counts
                 generation, source, store_addr = self._next_order()
         joined = time.perf_counter()

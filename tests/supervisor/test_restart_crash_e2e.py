@@ -42,15 +42,16 @@ def clean_digest(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 # (crash point, the job's phase the restarted supervisor finds, RunSpec options):
-# after the hung rank was killed; after a full-group restart (targeted restarts
-# off) launched every rank. Not here: "restart_rank:launched" (the survivors were
-# ordered to regroup over the store that dies with the supervisor). It passed in
-# 1 of 2 runs: when their rendezvous fails at once, or the group formed before
-# the crash; when their store client is left retrying the dead store, they stay
-# in that rendezvous (30 min bound) and the restart ends as a full-group restart
-# minutes later.
+# after the hung rank was killed; after its replacement was launched and the
+# survivors ordered to regroup over the store that dies with the supervisor
+# (their rendezvous fails at once, or, where a rank had yet to connect, within
+# membership.STORE_CONNECT_S; unless the group formed before the crash, the
+# restarted supervisor replaces the rank again in the next generation, over its
+# own store); after a full-group restart
+# (targeted restarts off) launched every rank.
 CASES = [
     ("restart_rank:killed", "recovering", {}),
+    ("restart_rank:launched", "recovering", {}),
     ("restart_all:launched", "restarting-all", {"max_targeted_restarts": 0}),
 ]
 
