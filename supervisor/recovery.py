@@ -34,11 +34,14 @@ restart was suppressed) moves the job to `degraded` (`_if_unreplaced`); a
 dead one ends the run, a hung one that makes progress again brings the job
 back (`check_back`).
 
-A restart waits for the group by its own ticks, fed by the supervisor's
-report path (`progress`), not by polling the Controller. It writes a state
-record before each of its effects, so a supervisor that Ray restarts in the
-middle of it finds the decision deferred and the job recovering, and goes
-on (`restore`, `resume`).
+What a restart does next is decided by a pure machine, `core.restart.step`
+(kill, check the survivors, launch, wait for a step, back off, restart
+every rank, resolve); this module carries each effect out (`_carry`) and
+feeds back what happened. A restart waits for the group by its own ticks,
+fed by the supervisor's report path (`progress`), not by polling the
+Controller. The machine's state is in the state record, written before each
+effect, so a supervisor that Ray restarts in the middle of a restart finds
+where it stood and goes on from there (`restore`, `resume`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import asyncio
 import contextlib
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +60,8 @@ import structlog
 from remedy.policies import AnomalyEvent, Decision
 from remedy.supervisor import placement, waits
 from remedy.supervisor.agent import agent_name
+from remedy.supervisor.core import restart
+from remedy.supervisor.core.restart import RestartState
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.job_state import (
     Phase,
@@ -63,7 +69,6 @@ from remedy.supervisor.job_state import (
     RanksLost,
     RanksUnreplaced,
     Regrouped,
-    RestartFailed,
 )
 from remedy.supervisor.spec import NAMESPACE
 from remedy.workers.checkpoint_store import checkpoint_tick, committed_steps
@@ -103,6 +108,16 @@ AGENT_ASK_S = 1.0
 NODE_LOSS_WINDOW_S = 60.0
 
 
+# The effects of an attempt: any error carrying one out is one failed attempt.
+ATTEMPT_EFFECTS = (
+    restart.Kill,
+    restart.CheckSurvivors,
+    restart.Launch,
+    restart.AwaitSteps,
+    restart.CheckFormed,
+)
+
+
 def _ranks_text(ranks: set[int]) -> str:
     ordered = sorted(ranks)
     return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(map(str, ordered))
@@ -125,7 +140,6 @@ class Recovery:
         self._next_ping = 0.0
         self._judged = -1  # the agents' sightings (their version) last judged
         self._task: asyncio.Task[None] | None = None
-        self._front = 0  # the tick every rank must pass for a restart to count
         self._restarting: set[int] = set()  # every rank, while a full-group restart runs
         self._suspected_at = 0.0  # wall time the current stall was first suspected
         self._ping_started = 0.0  # wall time the latest ping round began
@@ -133,7 +147,7 @@ class Recovery:
         # Ranks lost while a restart was under way, with why: that restart takes them in.
         self._joining: dict[int, str] = {}
         self._joined: dict[int, str] = {}  # those the restart in progress took in
-        self._launched: dict[str, Any] | None = None  # what its latest launch started
+        self._machine: RestartState | None = None  # the restart in progress (core.restart)
         # While a restart waits for the group to step: each rank's newest tick, fed by
         # the supervisor's report path (`progress`), which wakes the waiting restart.
         self._ticks: dict[int, int] = {}
@@ -571,7 +585,8 @@ class Recovery:
             and sup.job.state.phase in (Phase.RECOVERING, Phase.RESTARTING_ALL)
         ):
             return
-        generation = int((self._launched or {}).get("generation", self.group.generation))
+        launched = (self._machine.launched if self._machine else None) or {}
+        generation = int(launched.get("generation", self.group.generation))
         sup.job.step(Regrouped(generation, "every rank finished in it"))
         for d in restarts:
             sup.controller.resolve_group_action(
@@ -580,6 +595,7 @@ class Recovery:
                 f"generation {generation} formed and every rank of it completed the run",
                 result={"generation": generation, "ranks": list(d.ranks)},
             )
+        self._machine = None
 
     # ---------------------------------------------------------- after a crash
     def state(self) -> dict[str, Any]:
@@ -587,8 +603,7 @@ class Recovery:
         return {
             "detected_at": {str(r): t for r, t in self._detected_at.items()},
             "marks": dict(self._marks),
-            "front": self._front,
-            "launched": self._launched,
+            "restart": self._machine.to_dict() if self._machine is not None else None,
             "joining": {str(r): why for r, why in self._joining.items()},
             "records": self.records,
         }
@@ -598,8 +613,8 @@ class Recovery:
         if state:
             self._detected_at = {int(r): float(t) for r, t in state["detected_at"].items()}
             self._marks = {str(k): float(v) for k, v in state["marks"].items()}
-            self._front = int(state["front"])
-            self._launched = state.get("launched")
+            if state.get("restart"):
+                self._machine = RestartState.from_dict(state["restart"])
             self._joining = {int(r): str(why) for r, why in state.get("joining", {}).items()}
             self.records = list(state["records"])
         for d in deferred:
@@ -610,94 +625,175 @@ class Recovery:
 
     def resume(self, d: Decision) -> None:
         """Carry on restart `d`, which a supervisor that crashed left in progress."""
-        log.warning("restart_resumed", decision=d.decision_id, phase=self.sup.job.state.phase)
+        log.warning("restart_resumed", decision=d.decision_id, phase=self.sup.job.state.phase,
+                    stage=self._machine.stage if self._machine else None)  # fmt: skip
         self._task = asyncio.get_running_loop().create_task(self._restart(d, resumed=True))
 
     # --------------------------------------------------------------- restart
     async def _restart(self, d: Decision, *, resumed: bool = False) -> None:
+        """Carry out restart `d`: what comes next is `core.restart.step`'s to say.
+
+        Each effect is preceded by a state record holding the machine's state: a
+        supervisor killed at any point finds the decision deferred and where the
+        restart stood, and goes on (`Resume`).
+        """
         sup = self.sup
         self._joined = {}
-        ranks = self._take_joining([r for r in d.ranks if r in sup.slots.slots])
-        # Every effect below is preceded by a state record: a supervisor killed at
-        # any point finds this decision deferred and the job's phase, and goes on.
-        sup.write_state()
-        phase = sup.job.state.phase
-        if phase not in (Phase.RUNNING, Phase.RECOVERING, Phase.RESTARTING_ALL):
-            # Resumed after the restart had failed for good: what was left to do is the end.
-            self.group.kill_all()
-            sup.controller.resolve_group_action(
-                d.decision_id, "failed", f"the restart had failed: {sup.job.state.reason}"
-            )
-            return
-        if phase is Phase.RUNNING or not resumed:
-            # A new restart (or one whose supervisor crashed before it began).
-            why_lost = "; ".join(
-                [f"{d.anomaly.kind} on rank {d.anomaly.rank}", *self._joined.values()]
-            )
-            sup.job.step(RanksLost(frozenset(ranks), why_lost))
-            sup.write_state()
-        else:
-            ranks = sorted({*ranks, *sup.job.state.lost})
-        t_detect = min(self._detected_at.get(r, time.time()) for r in ranks)
+        ranks = tuple(self._take_joining([r for r in d.ranks if r in sup.slots.slots]))
+        why = "; ".join([f"{d.anomaly.kind} on rank {d.anomaly.rank}", *self._joined.values()])
+        machine = self._machine
+        if not (resumed and machine is not None and machine.decision_id in ("", d.decision_id)):
+            machine = RestartState(d.decision_id, sup.spec.workers)
+        machine = replace(machine, decision_id=d.decision_id)
+        inp: restart.RestartInput = (
+            restart.Resume(ranks, why) if resumed else restart.Begin(ranks, why)
+        )
         self._marks.setdefault("restart", time.time())
-        info: dict[str, Any] = {}
-        why = "targeted restarts are off (max_targeted_restarts is 0)"
-        first = True
-        launched = self._launched
-        if (
-            resumed
-            and launched
-            and sup.job.state.phase is Phase.RECOVERING
-            and await self._formed(int(launched["generation"]))
-        ):
-            # The crashed supervisor's replacements joined and the group re-formed:
-            # what is left is to see every rank step in it.
+        while True:
+            machine, effects = restart.step(
+                machine, sup.job.state, inp, cause=d.anomaly.kind, max_targeted=sup.job.max_targeted
+            )
+            self._machine = machine
+            for effect in effects:
+                if isinstance(effect, restart.Job):
+                    sup.job.step(effect.input)
+            sup.write_state()
+            outcome = [e for e in effects if not isinstance(e, restart.Job)]
+            if not outcome:
+                raise RestartError(f"the restart machine gave nothing to do for {inp!r}")
+            *rest, last = outcome
+            for effect in rest:  # only KillAll comes before the last
+                await self._carry(d, machine, effect)
             try:
-                await self._until_stepped(
-                    list(range(sup.spec.workers)), self._front, ranks, fresh=True
-                )
-                info = launched
-            except RestartError as exc:
-                first = False
-                why = f"targeted restart failed: {exc}"
-                sup.job.step(RestartFailed(str(exc)))
-                sup.write_state()
-        while not info and sup.job.state.phase is Phase.RECOVERING:
-            # One count of failed attempts, the job state's (`JobState.attempts`): a
-            # resumed restart has the attempts its crashed supervisor had not used. Its
-            # first attempt starts over from killing the lost ranks' current processes.
-            if self._joining:
-                # Ranks lost since the last attempt began: the next one starts over with them,
-                # killing their processes (and the replacements it had started).
-                ranks = self._take_joining(ranks)
-                first = True
-            try:
-                info = await self._attempt(ranks, first=first)
-                break
-            except Exception as exc:  # any failure of an attempt is one failed attempt
-                first = False
-                why = f"targeted restart failed: {exc}"
-                sup.job.step(RestartFailed(str(exc)))
-                sup.write_state()
-            if sup.job.state.phase is Phase.RECOVERING:
+                answer = await self._carry(d, machine, last)
+            except Exception as exc:
+                if not isinstance(last, ATTEMPT_EFFECTS):
+                    raise
+                answer = restart.AttemptFailed(str(exc))  # any failure of an attempt counts once
+            if answer is None:  # resolved: the restart is over
+                self._machine = None
+                return
+            inp = answer
+
+    async def _carry(
+        self, d: Decision, machine: RestartState, effect: restart.Effect
+    ) -> restart.RestartInput | None:
+        """Carry one effect out; what happened, as the machine's next input (None: resolved)."""
+        sup = self.sup
+        c = sup.controller
+        world = list(range(sup.spec.workers))
+        match effect:
+            case restart.Kill(ranks, live):
+                for r in ranks:
+                    self._failed.pop(r, None)
+                    sup.slots.lose(r)
+                # The ticks the group must pass, fed by reports from here on (the replaced
+                # ranks' old processes report nothing that counts: their slots are closed).
+                self._ticks = {r: -1 if r in ranks else c.tick_of.get(r, -1) for r in world}
+                front = max(c.tick_of.get(r, 0) for r in live)
+                for r in ranks:
+                    self.group.kill(r)
+                self._marks["killed"] = time.time()
+                sup.crash_point("restart_rank:killed")
+                if sup.spec.gpus_per_rank:
+                    # NCCL kernels keep spinning after a peer dies: abort the survivors'
+                    # communicators from their control threads (a no-op on gloo ranks).
+                    try:
+                        await waits.within(
+                            asyncio.gather(*(self.group.actors[r].abort.remote() for r in live)),
+                            ABORT_S,
+                            "the survivors' communicator aborts",
+                        )
+                    except Exception as exc:
+                        return restart.AttemptFailed(str(exc))
+                return restart.Killed(front)
+            case restart.CheckSurvivors(live):
+                return await self._check_survivors(list(live))
+            case restart.Launch(ranks, source, new_generation):
+                try:
+                    if new_generation:
+                        info = await self.group.replace(list(ranks), source=source)
+                        self._marks["launched"] = time.time()
+                    else:
+                        for r in ranks:
+                            self._failed.pop(r, None)
+                            sup.slots.lose(r)
+                        self._ticks = {r: -1 if r in ranks else c.tick_of.get(r, -1) for r in world}
+                        info = await self.group.relaunch(list(ranks), source=source)
+                except Exception as exc:  # any failure of an attempt is one failed attempt
+                    return restart.AttemptFailed(str(exc))
+                return restart.Launched(info)
+            case restart.AwaitSteps(past, ranks, live, fresh):
+                if machine.first and not fresh:
+                    # After the state record of the new incarnations, spares and generation.
+                    sup.crash_point("restart_rank:launched")
+                try:
+                    if fresh:  # after a resume: the crashed supervisor's launch
+                        await self._until_stepped(world, past, list(ranks), fresh=True)
+                    else:
+                        now = time.monotonic()
+                        for r in ranks:
+                            sup.watch.started(r, now)
+                        for r in live:
+                            sup.watch.allow(r, REGROUP_TIMEOUT_S, now)
+                        await self._until_stepped(world, past, list(ranks))
+                        for (
+                            r
+                        ) in world:  # back to step-time timeouts: a second hang is found as fast
+                            sup.watch.settle(r)
+                except RestartError as exc:
+                    return restart.AttemptFailed(str(exc))
+                return restart.Stepped()
+            case restart.CheckFormed(generation):
+                return restart.Formed(await self._formed(generation))
+            case restart.Backoff(attempts):
                 # Jittered exponential back-off before the next attempt (at most 1 s).
-                await asyncio.sleep(random.uniform(0, min(1.0, 0.05 * 2**sup.job.state.attempts)))
-        if sup.job.state.phase not in (Phase.RECOVERING, Phase.RESTARTING_ALL):
-            sup.controller.resolve_group_action(d.decision_id, "failed", why)
-            return
-        if self._restarting_all():
-            await self._full_restart(d, ranks, t_detect, why)
-            return
-        sup.job.step(Regrouped(info["generation"]))
-        how = ", ".join(f"rank {r} by a {k}" for r, k in info["replacements"].items())
-        if info.get("skipped_spares"):
-            skipped = ", ".join(info["skipped_spares"])
-            how += f" (skipped {skipped}: no answer to a ping, killed and refilled)"
-        await self._applied(
-            d, info, ranks, t_detect,
-            f"replaced {how}; generation {info['generation']} formed from rank "
-            f"{info['source']}'s state",
-        )  # fmt: skip
+                await asyncio.sleep(random.uniform(0, min(1.0, 0.05 * 2**attempts)))
+                return restart.Waited(tuple(self._take_joining([])))
+            case restart.RestartAll(cause):
+                try:
+                    info = await self._restart_all(cause)
+                except RestartError as exc:
+                    return restart.AllFailed(str(exc))
+                finally:
+                    self._restarting.clear()
+                return restart.AllRestarted(info)
+            case restart.KillAll():
+                self.group.kill_all()  # nothing left to supervise: the run ends
+                return None
+            case restart.Resolve(outcome, detail, ranks, info):
+                if outcome == "applied" and info is not None:
+                    t_detect = min(self._detected_at.get(r, time.time()) for r in ranks)
+                    await self._applied(d, info, list(ranks), t_detect, detail)
+                else:
+                    c.resolve_group_action(d.decision_id, outcome, detail)
+                return None
+        raise RestartError(f"unknown effect {effect!r}")
+
+    async def _check_survivors(self, live: list[int]) -> restart.Checked:
+        """Survivors still blocked in the broken collective, and ranks lost meanwhile: both killed."""
+        sup = self.sup
+        blocked = await self._blocked(live)
+        self._marks["survivors_checked"] = time.time()
+        joined = [r for r in live if r in self._joining]
+        # Lost while this attempt waited on the survivors (the rest of a lost node's
+        # ranks, found by Ray's verdict on the node): replaced with the others, now.
+        for r in joined:
+            self._joined[r] = self._joining.pop(r)
+            self._ticks[r] = -1
+            sup.slots.lose(r)
+            self.group.kill(r)
+        blocked = [r for r in blocked if r not in joined]
+        # gloo: a survivor waiting on a peer that itself left the collective (not on the
+        # killed rank) stays blocked until that peer's process exits; it is replaced too,
+        # from a survivor that did recover.
+        for r in blocked:
+            self._ticks[r] = -1
+            self._reported.add((r, sup.slots.incarnation(r)))
+            sup.slots.lose(r)
+            sup.controller.drop_rank(r)
+            self.group.kill(r)
+        return restart.Checked(tuple(blocked), tuple(joined))
 
     async def _applied(
         self, d: Decision, info: dict[str, Any], ranks: list[int], t_detect: float, what: str
@@ -727,7 +823,6 @@ class Recovery:
             r = record["shard_restore"]
             what += f"; shards from {r['source']} at step {r['step']}"
         self.records.append(record)
-        self._launched = None
         self.sup.controller.resolve_group_action(
             d.decision_id,
             "applied",
@@ -737,27 +832,6 @@ class Recovery:
         self.group.refill_spares()
 
     # ------------------------------------------------------ full-group restart
-    async def _full_restart(self, d: Decision, lost: list[int], t_detect: float, why: str) -> None:
-        """Restart every rank from the last committed checkpoint; resolve `d` either way."""
-        sup = self.sup
-        sup.write_state()
-        try:
-            info = await self._restart_all(d.anomaly.kind)
-        except RestartError as exc:
-            self._restarting.clear()
-            sup.job.step(RestartFailed(str(exc)))
-            self.group.kill_all()  # nothing left to supervise: the run ends
-            sup.controller.resolve_group_action(
-                d.decision_id, "failed", f"{why}; full-group restart failed: {exc}"
-            )
-            return
-        self._restarting.clear()
-        sup.job.step(Regrouped(info["generation"], info["resumed"]))
-        await self._applied(
-            d, info, lost, t_detect,
-            f"{why}; restarted every rank in generation {info['generation']} {info['resumed']}",
-        )  # fmt: skip
-
     async def _restart_all(self, cause: str) -> dict[str, Any]:
         """Kill every rank, start them all in a new generation from the last committed checkpoint.
 
@@ -870,86 +944,3 @@ class Recovery:
             r in pings and isinstance(pings[r], dict) and pings[r].get("generation") == generation
             for r in every
         )
-
-    async def _attempt(self, ranks: list[int], *, first: bool) -> dict[str, Any]:
-        sup = self.sup
-        c = sup.controller
-        world = range(sup.spec.workers)
-        live = [r for r in world if r not in ranks]
-        if not live:
-            raise RestartError("no healthy rank is left to take the state from")
-        for r in ranks:
-            self._failed.pop(r, None)
-            sup.slots.lose(r)
-        # The ticks the group must pass, fed by reports from here on (the replaced
-        # ranks' old processes report nothing that counts: their slots are closed).
-        self._ticks = {r: -1 if r in ranks else c.tick_of.get(r, -1) for r in world}
-        if first:
-            front = max(c.tick_of.get(r, 0) for r in live)
-            sup.write_state()
-            for r in ranks:
-                self.group.kill(r)
-            self._marks["killed"] = time.time()
-            self.sup.crash_point("restart_rank:killed")
-            if sup.spec.gpus_per_rank:
-                # NCCL kernels keep spinning after a peer dies: abort the survivors'
-                # communicators from their control threads (a no-op on gloo ranks).
-                await waits.within(
-                    asyncio.gather(*(self.group.actors[r].abort.remote() for r in live)),
-                    ABORT_S,
-                    "the survivors' communicator aborts",
-                )
-            blocked = await self._blocked(live)
-            self._marks["survivors_checked"] = time.time()
-            joined = [r for r in live if r in self._joining]
-            if joined:
-                # Lost while this attempt waited on the survivors (the rest of a lost node's
-                # ranks, found by Ray's verdict on the node): replaced with the others, now.
-                for r in joined:
-                    self._joined[r] = self._joining.pop(r)
-                    self._ticks[r] = -1
-                    sup.slots.lose(r)
-                    self.group.kill(r)
-                ranks[:] = sorted({*ranks, *joined})
-                live = [r for r in live if r not in joined]
-                if not live:
-                    raise RestartError("no healthy rank is left to take the state from")
-            if blocked:
-                # gloo: a survivor waiting on a peer that itself left the collective
-                # (not on the killed rank) stays blocked until that peer's process
-                # exits; it is replaced too, from a survivor that did recover.
-                for r in blocked:
-                    self._ticks[r] = -1
-                    self._reported.add((r, sup.slots.incarnation(r)))
-                    sup.slots.lose(r)
-                    c.drop_rank(r)
-                    self.group.kill(r)
-                sup.job.step(
-                    RanksLost(frozenset(blocked), "still blocked in the broken collective")
-                )
-                ranks[:] = sorted({*ranks, *blocked})
-                live = [r for r in live if r not in blocked]
-                if not live:
-                    raise RestartError("no survivor recovered from the broken collective")
-            info = await self.group.replace(ranks, source=min(live))
-            self._marks["launched"] = time.time()
-            info["blocked"] = blocked
-            self._front = front
-            self._launched = info
-            sup.write_state()  # the new incarnations, spares and generation
-            sup.crash_point("restart_rank:launched")
-        else:
-            front = self._front
-            info = await self.group.relaunch(ranks, source=min(live))
-            self._launched = info
-            sup.write_state()
-        self._front = front
-        now = time.monotonic()
-        for r in ranks:
-            sup.watch.started(r, now)
-        for r in live:
-            sup.watch.allow(r, REGROUP_TIMEOUT_S, now)
-        await self._until_stepped(list(world), front, ranks)
-        for r in world:
-            sup.watch.settle(r)  # back to step-time timeouts: a second hang is found as fast
-        return info

@@ -14,7 +14,11 @@ migrates the older ones:
   crash) and `crashed` (chaos crash points passed, each fires once per run);
 - schema 3: the same full record, which `state_delta` records may follow
   (`StateLog`); a remedy that reads only up to schema 2 would miss them, so
-  it refuses the journal instead of resuming from a stale state.
+  it refuses the journal instead of resuming from a stale state;
+- schema 4: the restart in progress is its machine's state
+  (`core.restart.RestartState`, under `recovery.restart`) in place of the
+  tick the group must pass and what the latest launch started
+  (`recovery.front`, `recovery.launched`).
 
 A record of a newer schema is refused with a sentence that says so.
 
@@ -35,11 +39,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from remedy.supervisor.core.restart import RestartState, Stage
 from remedy.supervisor.job_state import JobState
 
 STATE = "state"
 DELTA = "state_delta"
-SCHEMA = 3
+SCHEMA = 4
 # The maps of a state record keyed by rank, as (section, key) paths; key None: the section is
 # the list of slot records (`RankSlots.records`), keyed by each record's "rank".
 PER_RANK: tuple[tuple[str, str | None], ...] = (
@@ -125,7 +130,39 @@ def migrate(record: dict[str, Any]) -> dict[str, Any]:
     if schema == 2:
         # The same record; schema 3 says deltas may follow it.
         out["schema"] = schema = 3
+    if schema == 3:
+        out["recovery"] = _restart_of_schema_3(out)
+        out["schema"] = schema = 4
     return out
+
+
+def _restart_of_schema_3(record: dict[str, Any]) -> dict[str, Any] | None:
+    """A schema-3 restart in progress as the restart machine's state.
+
+    Schema 3 kept what a restarted supervisor needed to see whether the
+    crashed one's launch formed the group (`launched`, `front`): its
+    machine stood at the step stage. Without a launch it starts over from
+    killing the lost ranks, as it did then. The decision it belongs to is
+    the deferred `restart_rank` (decision_id "": whichever it is).
+    """
+    recovery = record.get("recovery")
+    if recovery is None or "restart" in recovery:
+        return recovery
+    recovery = dict(recovery)
+    launched = recovery.pop("launched", None)
+    front = int(recovery.pop("front", 0))
+    recovery["restart"] = None
+    if launched is not None:
+        recovery["restart"] = RestartState(
+            decision_id="",
+            world=len(record["slots"]),
+            stage=Stage.STEP,
+            ranks=tuple(sorted(int(r) for r in record["job"]["lost"])),
+            front=front,
+            blocked=tuple(int(r) for r in launched.get("blocked", [])),
+            launched=launched,
+        ).to_dict()
+    return recovery
 
 
 def _path(section: str, key: str | None) -> str:

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from remedy.policies import Engine, load_policy
+from remedy.supervisor.core import restart
 from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.restart import RestartState, Stage
 from remedy.supervisor.core.run_state import (
     DELTA,
     FULL_EVERY,
@@ -53,6 +55,9 @@ def test_a_record_of_08a4111_is_migrated_and_a_controller_resumes_from_it() -> N
     assert RunState.from_record(again) == run
 
 
+LAUNCHED = {"generation": 1, "source": 0, "replacements": {"3": "warm spare"}, "blocked": []}
+
+
 @pytest.mark.timeout(30)
 def test_a_record_of_today_round_trips() -> None:
     """A RunState with a restart in progress comes back equal from its record."""
@@ -63,7 +68,14 @@ def test_a_record_of_today_round_trips() -> None:
         slots=[{"rank": 3, "incarnation": 2, "state": "starting", "last_seq": 0, "gaps": []}],
         group={"generation": 1, "names": {}, "spares": [], "next_spare": 1},
         controller={"format": 1},
-        recovery={"front": 19, "marks": {}, "detected_at": {"3": 1.0}, "records": []},
+        recovery={
+            "restart": RestartState(
+                "d1", 4, Stage.STEP, (3,), front=19, launched=LAUNCHED
+            ).to_dict(),
+            "marks": {},
+            "detected_at": {"3": 1.0},
+            "records": [],
+        },
         crashed=("restart_rank:killed",),
     )
     assert RunState.from_record(json.loads(json.dumps(run.to_record()))) == run
@@ -166,12 +178,39 @@ def test_a_delta_holds_only_what_changed() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_record_of_schema_2_is_read_as_schema_3() -> None:
-    """Schema 2's full record is schema 3's: only the number changes."""
+def test_a_record_of_schema_2_is_read_as_today() -> None:
+    """Schema 2's full record without a restart in progress is today's: only the number changes."""
     run = RunState(
         incarnation=1, started=1.0, job=JobState(Phase.RUNNING, 0), slots=[], group=None,
         controller={"format": 1},
     )  # fmt: skip
     old = {**run.to_record(), "schema": 2}
-    assert migrate(old)["schema"] == SCHEMA == 3
+    assert migrate(old)["schema"] == SCHEMA == 4
     assert RunState.from_record(old) == run
+
+
+@pytest.mark.timeout(30)
+def test_a_schema_3_restart_in_progress_becomes_the_machine_at_its_step_stage() -> None:
+    """Schema 3 kept a restart's launch and front: today's record holds the restart machine
+    waiting for the group to step, which a restarted supervisor resumes by checking the launch."""
+    run = RunState(
+        incarnation=1, started=1.0, job=JobState(Phase.RECOVERING, 0, frozenset({3}), "hang", 0),
+        slots=[{"rank": r} for r in range(4)], group=None, controller={"format": 1},
+    )  # fmt: skip
+    old = {**run.to_record(), "schema": 3}
+    old["recovery"] = {"front": 19, "launched": LAUNCHED, "marks": {"restart": 1.0},
+                       "detected_at": {"3": 1.0}, "joining": {}, "records": []}  # fmt: skip
+    recovery = RunState.from_record(old).recovery
+    assert recovery is not None and "front" not in recovery and "launched" not in recovery
+    machine = RestartState.from_dict(recovery["restart"])
+    assert machine == RestartState("", 4, Stage.STEP, (3,), front=19, launched=LAUNCHED)
+    _, effects = restart.step(machine, run.job, restart.Resume((3,), "hang"), cause="rank_hang")
+    assert effects == [restart.CheckFormed(1)]
+    # Without a launch, a schema-3 restart started over from killing: no machine state.
+    old["recovery"] = {"front": 0, "marks": {}, "detected_at": {}, "records": []}
+    assert RunState.from_record(old).recovery == {
+        "restart": None,
+        "marks": {},
+        "detected_at": {},
+        "records": [],
+    }

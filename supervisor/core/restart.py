@@ -1,0 +1,471 @@
+"""A restart of lost ranks as a pure machine: `step(state, job, input) -> (state, effects)`.
+
+`restart_rank` replaces the lost ranks only: kill their processes, check that
+the survivors caught the broken collective's error, launch replacements in
+the next generation from the lowest healthy rank's state, and wait until
+every rank stepped in it. A failed attempt is relaunched into the same
+generation after a jittered back-off; after `max_targeted_restarts` failed
+attempts the whole group restarts from the last checkpoint every rank
+committed; if that fails too, the run ends. Which of these comes next is
+decided here, and only here; `supervisor.recovery.Recovery` carries each
+effect out (Ray calls, pings, timers) and feeds back what happened.
+
+No Ray, no torch, no I/O and no clock. The job's phase is the job state
+machine's (`supervisor.job_state.transition`): the machine hands its inputs
+on as `Job` effects, computing the same transition to know where the job
+goes. `RestartState` is part of the supervisor's state record, written
+before each effect is carried out, so a supervisor killed at any point of a
+restart finds where it stood and goes on from there (`Resume`).
+
+    begin -> kill -> check -> launch -> step -> done
+               ^                 ^       | failed
+               |  ranks joined   |       v
+               +---------------- backoff +        (attempts left)
+                                         | no attempts left
+                                         v
+                                        all -> done                 (every rank from a checkpoint)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Any
+
+from remedy.supervisor.job_state import (
+    MAX_TARGETED_ATTEMPTS,
+    Input,
+    JobState,
+    Phase,
+    RanksLost,
+    Regrouped,
+    RestartFailed,
+    transition,
+)
+
+SCHEMA = 1
+# What a restart that never tried a targeted attempt says when it ends as a full one.
+TARGETED_OFF = "targeted restarts are off (max_targeted_restarts is 0)"
+_UNDER_WAY = (Phase.RECOVERING, Phase.RESTARTING_ALL)
+NO_SOURCE = "no healthy rank is left to take the state from"
+NONE_RECOVERED = "no survivor recovered from the broken collective"
+STILL_BLOCKED = "still blocked in the broken collective"
+
+
+class Stage(enum.StrEnum):
+    BEGIN = "begin"  # decided; nothing done yet
+    KILL = "kill"  # an attempt from the start: the lost ranks' processes are killed
+    CHECK = "check"  # killed: are the survivors out of the broken collective?
+    LAUNCH = "launch"  # replacements are being started
+    STEP = "step"  # launched: every rank must step in the new generation
+    BACKOFF = "backoff"  # an attempt failed: a jittered pause before the next
+    ALL = "all"  # every rank restarts from the last committed checkpoint
+    DONE = "done"
+
+
+@dataclass(frozen=True, slots=True)
+class RestartState:
+    """Where one restart stands: what it replaces and what its last launch started."""
+
+    decision_id: str
+    world: int
+    stage: Stage = Stage.BEGIN
+    ranks: tuple[int, ...] = ()  # the ranks being replaced
+    first: bool = True  # the next attempt starts from killing (else: relaunch the same generation)
+    front: int = 0  # the tick every rank must pass for the restart to count
+    blocked: tuple[int, ...] = ()  # survivors found still blocked, replaced too
+    launched: dict[str, Any] | None = None  # what the latest launch started
+    why: str = TARGETED_OFF  # why a full-group restart, if it comes to that
+    # Once done: how it ended (its last effects), carried out again by a supervisor that
+    # died before it resolved the decision.
+    end: tuple[Effect, ...] = ()
+
+    @property
+    def live(self) -> list[int]:
+        return [r for r in range(self.world) if r not in self.ranks]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "decision_id": self.decision_id,
+            "world": self.world,
+            "stage": self.stage.value,
+            "ranks": list(self.ranks),
+            "first": self.first,
+            "front": self.front,
+            "blocked": list(self.blocked),
+            "launched": self.launched,
+            "why": self.why,
+            "end": [_end_dict(e) for e in self.end],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RestartState:
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"restart state schema {data.get('schema')!r}, expected {SCHEMA}")
+        return cls(
+            decision_id=str(data["decision_id"]),
+            world=int(data["world"]),
+            stage=Stage(data["stage"]),
+            ranks=tuple(int(r) for r in data["ranks"]),
+            first=bool(data["first"]),
+            front=int(data["front"]),
+            blocked=tuple(int(r) for r in data["blocked"]),
+            launched=data["launched"],
+            why=str(data["why"]),
+            end=tuple(_end_of(e) for e in data["end"]),
+        )
+
+
+# ----------------------------------------------------------------- inputs
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """The policy decided to replace `ranks`; `why` is what was lost."""
+
+    ranks: tuple[int, ...]
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """A restarted supervisor found this restart in its state record; `ranks`: the
+    decision's ranks still in the group, with any lost since; `why`: as for `Begin`."""
+
+    ranks: tuple[int, ...]
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Killed:
+    """The lost ranks' processes are killed; `front`: the survivors' newest tick before."""
+
+    front: int
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """The survivors were checked: `blocked` are still in the broken collective,
+    `joined` were lost meanwhile (both killed by the shell); each is replaced too."""
+
+    blocked: tuple[int, ...] = ()
+    joined: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """Replacements started; `info`: generation, source, how each rank was replaced."""
+
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Formed:
+    """After a resume: whether every rank answers from the launched generation."""
+
+    formed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Stepped:
+    """Every rank stepped in the new generation."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFailed:
+    """The attempt in progress failed: a replacement died, the group did not step in time, ..."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Waited:
+    """The back-off is over; `joined`: ranks lost meanwhile, replaced by the next attempt."""
+
+    joined: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AllRestarted:
+    """The full-group restart formed a generation and every rank stepped in it."""
+
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AllFailed:
+    reason: str
+
+
+RestartInput = (
+    Begin
+    | Resume
+    | Killed
+    | Checked
+    | Launched
+    | Formed
+    | Stepped
+    | AttemptFailed
+    | Waited
+    | AllRestarted
+    | AllFailed
+)
+
+
+# ---------------------------------------------------------------- effects
+@dataclass(frozen=True, slots=True)
+class Job:
+    """Move the job state machine (journaled there with its reason)."""
+
+    input: Input
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    """Kill `ranks`' current processes (their slots closed); answer `Killed`."""
+
+    ranks: tuple[int, ...]
+    live: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSurvivors:
+    """Find survivors still blocked, and ranks lost meanwhile; kill both; answer `Checked`."""
+
+    live: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Start `ranks` from rank `source`'s state: in the next generation (`new_generation`),
+    or again into the current one after a failed attempt; answer `Launched`."""
+
+    ranks: tuple[int, ...]
+    source: int
+    new_generation: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CheckFormed:
+    """After a resume: does every rank answer from `generation`? Answer `Formed`."""
+
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitSteps:
+    """Wait until every rank reported a tick past `past`; `fresh`: no tick of this
+    supervisor's life counts yet (after a resume). Answer `Stepped` or `AttemptFailed`."""
+
+    past: int
+    ranks: tuple[int, ...]
+    live: tuple[int, ...]
+    fresh: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Pause before the next attempt (jittered, growing with `attempts`); answer `Waited`."""
+
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class RestartAll:
+    """Kill every rank and start them all from the last committed checkpoint; answer
+    `AllRestarted` or `AllFailed`."""
+
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class KillAll:
+    """Nothing is left to supervise: stop every rank."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    """The restart is over: its decision's outcome, detail and result (the launch's info)."""
+
+    outcome: str  # "applied" | "failed"
+    detail: str
+    ranks: tuple[int, ...]
+    info: dict[str, Any] | None = None
+
+
+Effect = (
+    Job
+    | Kill
+    | CheckSurvivors
+    | Launch
+    | CheckFormed
+    | AwaitSteps
+    | Backoff
+    | RestartAll
+    | KillAll
+    | Resolve
+)
+
+
+# ------------------------------------------------------------- transitions
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A step's result under way: the machine, the job as its effects leave it, and the effects."""
+
+    state: RestartState
+    job: JobState
+    effects: tuple[Effect, ...] = ()
+
+    def job_input(self, inp: Input, max_targeted: int) -> _Step:
+        job, _ = transition(self.job, inp, max_targeted=max_targeted)
+        return replace(self, job=job, effects=(*self.effects, Job(inp)))
+
+    def then(self, state: RestartState, *effects: Effect) -> _Step:
+        return replace(self, state=state, effects=(*self.effects, *effects))
+
+
+def step(
+    state: RestartState,
+    job: JobState,
+    inp: RestartInput,
+    *,
+    cause: str,
+    max_targeted: int = MAX_TARGETED_ATTEMPTS,
+) -> tuple[RestartState, list[Effect]]:
+    """The restart's next state and the effects to carry out, in order.
+
+    `job`: the job's state now; `cause`: the anomaly that led here (the
+    steps a full-group restart redoes are lost to it).
+    """
+    out = _step(_Step(state, job), inp, cause, max_targeted)
+    return out.state, list(out.effects)
+
+
+def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
+    st = s.state
+    if st.stage is Stage.DONE:
+        # Resumed by a supervisor that died before the decision was resolved: end it again.
+        return s.then(st, *st.end) if isinstance(inp, Resume) else s
+    match inp:
+        case Begin(ranks, why):
+            if s.job.phase not in (Phase.RUNNING, Phase.DEGRADED, *_UNDER_WAY):
+                return _over(s, f"the restart had failed: {s.job.reason}", kill_all=True)
+            s = replace(s, state=replace(st, ranks=tuple(sorted(set(ranks)))))
+            s = s.job_input(RanksLost(frozenset(ranks), why), k)
+            return _next_attempt(s, cause, k)
+        case Resume(ranks, why):
+            if s.job.phase in (Phase.RUNNING, Phase.DEGRADED):
+                # Decided, but its supervisor died before it began.
+                return _step(replace(s, state=replace(st, stage=Stage.BEGIN)), Begin(ranks, why),
+                             cause, k)  # fmt: skip
+            if s.job.phase not in _UNDER_WAY:  # it had failed for good: what is left is the end
+                return _over(s, f"the restart had failed: {s.job.reason}", kill_all=True)
+            lost = tuple(sorted({*ranks, *st.ranks, *s.job.lost}))
+            st = replace(st, ranks=lost)
+            if st.stage is Stage.STEP and st.launched and s.job.phase is Phase.RECOVERING:
+                # The crashed supervisor's replacements may have joined: see if the group formed.
+                return s.then(st, CheckFormed(int(st.launched["generation"])))
+            # Anywhere else: its first attempt starts over from killing the lost ranks'
+            # current processes (and any replacements the crashed one had started).
+            return _next_attempt(replace(s, state=replace(st, first=True)), cause, k)
+    if s.job.phase not in _UNDER_WAY:
+        # Ended from outside meanwhile (an operator's stop): what it did last says why.
+        return _over(s, st.why)
+    match inp:
+        case Killed(front):
+            st = replace(st, stage=Stage.CHECK, front=front)
+            return s.then(st, CheckSurvivors(tuple(st.live)))
+        case Checked(blocked, joined):
+            st = replace(st, ranks=tuple(sorted({*st.ranks, *joined})), blocked=())
+            if not st.live:
+                return _failed(replace(s, state=st), NO_SOURCE, cause, k)
+            if blocked:
+                s = s.job_input(RanksLost(frozenset(blocked), STILL_BLOCKED), k)
+                st = replace(st, ranks=tuple(sorted({*st.ranks, *blocked})), blocked=tuple(blocked))
+                if not st.live:
+                    return _failed(replace(s, state=st), NONE_RECOVERED, cause, k)
+            st = replace(st, stage=Stage.LAUNCH)
+            return s.then(st, Launch(st.ranks, min(st.live), new_generation=True))
+        case Launched(info):
+            launched = {**info, "blocked": list(st.blocked)} if st.first else dict(info)
+            st = replace(st, stage=Stage.STEP, launched=launched)
+            return s.then(st, AwaitSteps(st.front, st.ranks, tuple(st.live)))
+        case Formed(formed):
+            if not formed:
+                return _next_attempt(replace(s, state=replace(st, first=True)), cause, k)
+            return s.then(st, AwaitSteps(st.front, st.ranks, tuple(st.live), fresh=True))
+        case Stepped():
+            info = st.launched or {}
+            s = s.job_input(Regrouped(int(info["generation"])), k)
+            how = ", ".join(f"rank {r} by a {how}" for r, how in info["replacements"].items())
+            if info.get("skipped_spares"):
+                skipped = ", ".join(info["skipped_spares"])
+                how += f" (skipped {skipped}: no answer to a ping, killed and refilled)"
+            detail = (
+                f"replaced {how}; generation {info['generation']} formed from rank "
+                f"{info['source']}'s state"
+            )
+            return _end(s, Resolve("applied", detail, st.ranks, info))
+        case AttemptFailed(reason):
+            return _failed(s, reason, cause, k)
+        case Waited(joined):
+            if joined:  # lost since the attempt began: the next one starts over with them
+                st = replace(st, ranks=tuple(sorted({*st.ranks, *joined})), first=True)
+            return _next_attempt(replace(s, state=st), cause, k)
+        case AllRestarted(info):
+            s = s.job_input(Regrouped(int(info["generation"]), str(info["resumed"])), k)
+            detail = (
+                f"{st.why}; restarted every rank in generation {info['generation']} "
+                f"{info['resumed']}"
+            )
+            return _end(s, Resolve("applied", detail, st.ranks, info))
+        case AllFailed(reason):
+            s = s.job_input(RestartFailed(reason), k)
+            return _over(s, f"{st.why}; full-group restart failed: {reason}", kill_all=True)
+    raise ValueError(f"{type(inp).__name__} in stage {st.stage}")
+
+
+def _next_attempt(s: _Step, cause: str, k: int) -> _Step:
+    """The next attempt, a full-group restart, or the end, by the job's phase."""
+    st = s.state
+    if s.job.phase is Phase.RESTARTING_ALL:
+        return s.then(replace(st, stage=Stage.ALL), RestartAll(cause))
+    if s.job.phase is not Phase.RECOVERING:
+        return _over(s, st.why)
+    if not st.live:
+        return _failed(s, NO_SOURCE, cause, k)
+    if st.first:
+        return s.then(replace(st, stage=Stage.KILL), Kill(st.ranks, tuple(st.live)))
+    st = replace(st, stage=Stage.LAUNCH)
+    return s.then(st, Launch(st.ranks, min(st.live), new_generation=False))
+
+
+def _failed(s: _Step, reason: str, cause: str, k: int) -> _Step:
+    """An attempt failed: one failed attempt for the job; the next one relaunches, after a pause."""
+    why = f"targeted restart failed: {reason}"
+    s = s.job_input(RestartFailed(reason), k)
+    st = replace(s.state, first=False, why=why)
+    if s.job.phase is Phase.RECOVERING:
+        return s.then(replace(st, stage=Stage.BACKOFF), Backoff(s.job.attempts))
+    return _next_attempt(replace(s, state=st), cause, k)
+
+
+def _over(s: _Step, detail: str, *, kill_all: bool = False) -> _Step:
+    resolve = Resolve("failed", detail, s.state.ranks)
+    return _end(s, KillAll(), resolve) if kill_all else _end(s, resolve)
+
+
+def _end(s: _Step, *effects: Effect) -> _Step:
+    return s.then(replace(s.state, stage=Stage.DONE, end=effects), *effects)
+
+
+def _end_dict(effect: Effect) -> dict[str, Any]:
+    if isinstance(effect, Resolve):
+        return {"resolve": [effect.outcome, effect.detail, list(effect.ranks), effect.info]}
+    return {"kill_all": True}
+
+
+def _end_of(data: dict[str, Any]) -> Effect:
+    if "resolve" in data:
+        outcome, detail, ranks, info = data["resolve"]
+        return Resolve(str(outcome), str(detail), tuple(int(r) for r in ranks), info)
+    return KillAll()
