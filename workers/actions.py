@@ -38,10 +38,13 @@ log = structlog.get_logger("remedy.actions")
 class ActionTarget(Protocol):
     """What the appliers of in-process actions may read and change on a rank."""
 
-    model: torch.nn.Module
-    scaler: Any
     # The remediations in force (LR cuts, micro-batch split, KV allocator and its live caches).
     remediation: Remediation
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def scaler(self) -> Any: ...
 
     @property
     def snapshots(self) -> SnapshotRing:

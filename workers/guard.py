@@ -13,11 +13,19 @@ policy is even asked. Reports go to the supervisor without waiting;
 commands come back on the replies and are applied by `__iter__` at the next
 boundary at or after their `apply_at_tick` (after the optimizer step, before
 the next forward), the same boundary on every rank.
+
+The Guard composes named parts, each with its own tests: the step's
+arithmetic (`step_executor.StepExecutor`: micro-batches, autocast, scaler,
+clipping, one host read, the update), the data cursor (`data.BatchCursor`),
+snapshots and checkpoints (`saver.Saver`), the command inbox
+(`inbox.CommandInbox`, shared with the framework callbacks), the outbox and
+heartbeat (`outbox.Outbox`) and the remediations in force
+(`remediation.Remediation`); it runs the detectors, the commands and the
+recovery of a lost peer around them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
@@ -42,7 +50,6 @@ from remedy.workers import (  # noqa: F401 - memory_actions registers its applie
     sharding,
     waits,
 )
-from remedy.workers.activation_checkpointing import SavedActivationCap
 from remedy.workers.chaos import ChaosSetting, FaultInjector
 from remedy.workers.commands import Command, Outcome
 from remedy.workers.context import Reporter, WorkerContext, get_context
@@ -52,7 +59,6 @@ from remedy.workers.exceptions import ChaosConfigError, RunAborted
 from remedy.workers.flag_hold import RESEND_S, WAIT_S, FlagHold, agree_while_holding
 from remedy.workers.inbox import Agreement, CommandInbox
 from remedy.workers.measure import (
-    GradNorm,
     MemoryProbe,
     first_nonfinite_param,
     module_grad_norms,
@@ -69,6 +75,7 @@ from remedy.workers.snapshots import (
     restore_rng,
 )
 from remedy.workers.stats import StepStats
+from remedy.workers.step_executor import LossFn, StepExecutor, StepSettings
 
 if TYPE_CHECKING:
     from remedy.workers.checkpoint_store import CheckpointStore
@@ -83,9 +90,6 @@ OOM_LOCAL_ACTIONS = frozenset({"enable_activation_checkpointing", "reduce_microb
 FINAL_LOSS_STEPS = 10
 # Step boundaries a Guard that may replay remembers at least (see GuardConfig.replay_window).
 REPLAY_WINDOW = 8
-
-
-LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
 @dataclass
@@ -171,11 +175,6 @@ class Guard:
         context: WorkerContext | None = None,
         run_dir: str | Path | None = None,
     ) -> None:
-        self.model = model
-        self.optimizer = optimizer
-        self.loss_fn = loss_fn
-        self.scheduler = scheduler
-        self.scaler = scaler
         self.max_steps = max_steps
         self.config = config or GuardConfig()
         ctx = context or get_context()
@@ -194,6 +193,26 @@ class Guard:
             kill_node=getattr(self.reporter, "kill_node", None),
         )
         self.injector.attach(model)
+        # What actions changed in how this rank trains (LR cuts, micro-batch split, KV allocator).
+        self.remediation = Remediation(
+            micro_batches=self.config.micro_batches, kv_allocator=self.config.kv_allocator
+        )
+        # The step's arithmetic (workers.step_executor): it owns the model, optimizer,
+        # scheduler and scaler; a sharded model's scaler is the sharded one.
+        self.executor = StepExecutor(
+            model,
+            optimizer,
+            loss_fn=loss_fn,
+            scheduler=scheduler,
+            scaler=scaler,
+            settings=StepSettings(
+                amp_dtype=self.config.amp_dtype,
+                activation_cap_bytes=self.config.activation_cap_bytes,
+                grad_clip=self.config.grad_clip,
+            ),
+            remediation=self.remediation,
+            injector=self.injector,
+        )
         self.cursor = BatchCursor(data, epochs=epochs)
         self.data_exhausted: str | None = None  # why the data ended the loop, if it did
         self._epoch = 0  # the epoch the detectors were last told of
@@ -224,14 +243,7 @@ class Guard:
         # A rank started by a full-group restart resumes from this checkpoint before its first step.
         self._resume_step = ctx.resume_step
         self.resumed: dict[str, Any] | None = None
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.device = self.params[0].device if self.params else torch.device("cpu")
         self._memory = MemoryProbe(self.device)
-        # A sharded (FSDP2/HSDP) model's tensors are DTensors: norms and snapshots go by shard.
-        self.sharded = sharding.is_sharded(model)
-        self._grad_norm = sharding.grad_norm_for(self.params) or GradNorm(self.params)
-        if self.sharded:  # overflows must be agreed over the group: `guard.scaler` is sharded
-            self.scaler = sharding.sharded_scaler(self.scaler)
         # A fault that cannot fire here is an error before the first step, never a no-op.
         self.injector.check(
             ChaosSetting(
@@ -243,10 +255,6 @@ class Guard:
         )
         self.step_count = 0
         self.tick = 0
-        # What actions changed in how this rank trains (LR cuts, micro-batch split, KV allocator).
-        self.remediation = Remediation(
-            micro_batches=self.config.micro_batches, kv_allocator=self.config.kv_allocator
-        )
         self.recent_stats: deque[StepStats] = deque(maxlen=50)
         self.inbox = CommandInbox()  # the supervisor's commands, each applied once
         # With a process group of several ranks, commands are applied by agreement (see _boundary).
@@ -276,7 +284,6 @@ class Guard:
             build=lambda item: _metrics_record(*item),
         )
         self._stop_reason: str | None = None
-        self._batch_index = -1
         self._loader_time = 0.0
         self._closed = False
         self._oom_skips = 0  # steps in a row an unrelieved OOM skipped
@@ -330,14 +337,14 @@ class Guard:
                     self.membership.mark(self)
                 self.injector.before_batch(self.step_count)
                 try:
-                    self._batch_index, batch = self.cursor.next()
+                    self.executor.batch_index, batch = self.cursor.next()
                 except DataExhausted as end:  # the normal end of a loop that runs out of data
                     self.data_exhausted = str(end)
                     log.info("data_exhausted", detail=str(end), step=self.step_count)
                     break
                 if mark is not None:
                     self.replays.fetched(
-                        mark, self._batch_index, batch, rewindable=self.cursor.rewindable
+                        mark, self.executor.batch_index, batch, rewindable=self.cursor.rewindable
                     )
                 self._loader_time = time.perf_counter() - t0
                 if self.cursor.epoch != self._epoch:
@@ -587,17 +594,10 @@ class Guard:
                 raise
             lr = float(self.optimizer.param_groups[0]["lr"])
             return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
-        if loss.device.type == "cpu" and norm_t.device.type == "cpu":
-            loss_v, norm_v = loss.item(), norm_t.item()  # no device to wait for: plain reads
-            if seq_t is not None and self.agreement is not None:
-                self.agreement.settle(seq_t.item())
-        else:  # one host sync for the loss, the norm and the commands' agreement
-            read = [loss.detach().double().reshape(()), norm_t.to(loss.device).double()]
-            if seq_t is not None:
-                read.append(seq_t.to(loss.device).double().reshape(()))
-            loss_v, norm_v, *seq_v = torch.stack(read).tolist()
-            if seq_v and self.agreement is not None:
-                self.agreement.settle(seq_v[0])
+        # One host sync for the loss, the norm and the commands' agreement.
+        loss_v, norm_v, seq_v = self.executor.read(loss, norm_t, seq_t)
+        if seq_v is not None and self.agreement is not None:
+            self.agreement.settle(seq_v)
         extra: dict[str, Any] = {}
         if not math.isfinite(norm_v):
             extra["nonfinite_param"] = (
@@ -607,7 +607,7 @@ class Guard:
             self._keep_if_flagged(loss_v, norm_v)
         if self.flag_hold.on and self.agreement is not None:
             self.agreement.launch_flag(self.flag_hold.take())  # beside the optimizer step
-        skipped = self._optimizer_step(loss_v, norm_v)
+        skipped = self.executor.optimizer_step(loss_v, norm_v)
         if self.injector.storm_steps > storms and not skipped:
             raise ChaosConfigError(
                 f"chaos: scaler_overflow_storm at step {step} did not overflow: this backward "
@@ -617,19 +617,9 @@ class Guard:
         return self._finish_step(t0, loss_v, norm_v, skipped=skipped, extra=extra, also=ooms[:1])
 
     def finish_grads(self) -> torch.Tensor:
-        """After backward: chaos's gradient faults, unscaling, the global norm, clipping.
-
-        Returns the norm (before clipping) as a device tensor. A replay runs the
-        same sequence, so its gradients are the ones the optimizer would see.
-        """
-        self.injector.on_grads(self.step_count, self.params)
-        if self.scaler is not None and self.scaler.is_enabled():
-            self.scaler.unscale_(self.optimizer)
-        norm_t = self._grad_norm()
-        if self.config.grad_clip is not None:
-            coef = (self.config.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
-            torch._foreach_mul_(sharding.local_grads(self.params), coef)
-        return norm_t
+        """After backward: chaos's gradient faults, unscaling, the global norm, clipping
+        (`StepExecutor.finish_grads`); the norm before clipping, on the device."""
+        return self.executor.finish_grads(self.step_count)
 
     def _keep_if_flagged(self, loss_v: float, norm_v: float) -> None:
         """A step a detector will report keeps the state from before its update (replay_step)."""
@@ -651,71 +641,44 @@ class Guard:
 
     def set_batch_index(self, index: int) -> None:
         """The index of the batch the next forward trains on (a replay's earlier batch)."""
-        self._batch_index = index
+        self.executor.batch_index = index
 
     def forward_backward(self, batch: Any, *, model: torch.nn.Module | None = None) -> torch.Tensor:
-        """Forward and backward over `batch`'s micro-batches; the loss (detached).
+        """Forward and backward over `batch`'s micro-batches (`StepExecutor.forward_backward`)."""
+        return self.executor.forward_backward(batch, self.step_count, model=model)
 
-        `model`: what runs the forward (a replay checks a rank's batch on the module
-        a DDP wrapper holds, so that no collective runs); the Guard's model by default.
-        """
-        model = self.model if model is None else model
-        self.injector.stepping(self.step_count)
-        self.remediation.max_micro_batches = _batch_size(batch)
-        chunks = _split(batch, self.remediation.micro_batches)
-        total: torch.Tensor | None = None
-        # DDP, FSDP2: reduce gradients once, on the last chunk
-        no_sync = getattr(model, "no_sync", None) or sharding.no_sync_of(model)
-        for i, (chunk, weight) in enumerate(chunks):
-            sync = (
-                no_sync()
-                if no_sync is not None and i < len(chunks) - 1
-                else contextlib.nullcontext()
-            )
-            with sync:
-                with contextlib.ExitStack() as forward:
-                    if self.config.amp_dtype is not None:
-                        forward.enter_context(
-                            torch.autocast(self.device.type, dtype=self.config.amp_dtype)
-                        )
-                    if self.config.activation_cap_bytes is not None:
-                        forward.enter_context(SavedActivationCap(self.config.activation_cap_bytes))
-                    loss = self.loss_fn(model, chunk)
-                    if weight != 1.0:
-                        loss = loss * weight
-                loss = self.injector.on_loss(self.step_count, self._batch_index, loss)
-                scaled = self.scaler.scale(loss) if self.scaler is not None else loss
-                scaled.backward()
-            total = loss.detach() if total is None else total + loss.detach()
-        assert total is not None
-        return total
+    # The user's objects, as the executor holds them (a sharded model's scaler is the sharded one).
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.executor.model
 
-    def _optimizer_step(self, loss_v: float, norm_v: float) -> bool:
-        """Step unless something non-finite would be applied; True when skipped."""
-        if self.scaler is not None and self.scaler.is_enabled():
-            if not math.isfinite(loss_v):
-                # The scaler only checks gradients; a NaN loss must not reach the weights either.
-                self.scaler.update()
-                self.optimizer.zero_grad(set_to_none=True)
-                return True
-            scale_before = self.scaler.get_scale()
-            with self.remediation.lr_cut.applied(self.optimizer):
-                self.scaler.step(self.optimizer)
-            self.scaler.update()
-            skipped = self.scaler.get_scale() < scale_before
-        elif not (math.isfinite(loss_v) and math.isfinite(norm_v)):
-            skipped = True
-        else:
-            with self.remediation.lr_cut.applied(self.optimizer):
-                self.optimizer.step()
-            skipped = False
-        if not skipped and self.scheduler is not None:
-            if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                # It needs a metric; the training loss is the one the Guard has.
-                self.scheduler.step(loss_v)
-            else:
-                self.scheduler.step()
-        return skipped
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.executor.optimizer
+
+    @property
+    def scheduler(self) -> Any | None:
+        return self.executor.scheduler
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.executor.scaler
+
+    @property
+    def loss_fn(self) -> LossFn:
+        return self.executor.loss_fn
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        return self.executor.params
+
+    @property
+    def device(self) -> torch.device:
+        return self.executor.device
+
+    @property
+    def sharded(self) -> bool:
+        return self.executor.sharded
 
     def _finish_step(
         self,
@@ -740,7 +703,7 @@ class Guard:
             lr=self.remediation.lr_cut.effective(float(self.optimizer.param_groups[0]["lr"])),
             step_time_s=time.perf_counter() - t0,
             loader_time_s=self._loader_time,
-            batch_index=self._batch_index,
+            batch_index=self.executor.batch_index,
             loss_scale=float(self.scaler.get_scale())
             if self.scaler is not None and self.scaler.is_enabled()
             else None,
@@ -1109,40 +1072,3 @@ def _metrics_record(stats: StepStats, chaos: list[dict[str, Any]]) -> dict[str, 
     if chaos:
         record["chaos"] = chaos
     return record
-
-
-def _batch_size(batch: Any) -> int | None:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0])
-    if isinstance(batch, tuple | list) and batch and isinstance(batch[0], torch.Tensor):
-        return int(batch[0].shape[0])
-    if isinstance(batch, dict) and batch:
-        first = next(iter(batch.values()))
-        return int(first.shape[0]) if isinstance(first, torch.Tensor) else None
-    return None
-
-
-def _split(batch: Any, parts: int) -> list[tuple[Any, float]]:
-    """Split a batch along dim 0 into micro-batches with their loss weights."""
-    if parts <= 1:
-        return [(batch, 1.0)]
-    if isinstance(batch, torch.Tensor):
-        chunks = list(batch.chunk(parts))
-        n = batch.shape[0]
-        return [(c, c.shape[0] / n) for c in chunks]
-    if isinstance(batch, tuple | list):
-        columns = [list(t.chunk(parts)) for t in batch]
-        n = batch[0].shape[0]
-        return [
-            (type(batch)(col[i] for col in columns), columns[0][i].shape[0] / n)
-            for i in range(len(columns[0]))
-        ]
-    if isinstance(batch, dict):
-        keys = list(batch)
-        by_key = {k: list(batch[k].chunk(parts)) for k in keys}
-        n = batch[keys[0]].shape[0]
-        count = len(by_key[keys[0]])
-        return [
-            ({k: by_key[k][i] for k in keys}, by_key[keys[0]][i].shape[0] / n) for i in range(count)
-        ]
-    raise TypeError(f"cannot split a {type(batch).__name__} batch into micro-batches")

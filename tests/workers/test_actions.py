@@ -148,11 +148,11 @@ def test_rollback_skips_the_batches_after_the_restore_point() -> None:
     outcome = last_outcome(guard)
     assert outcome.result["restored_step"] == 10
     assert outcome.result["skipped_batches"] == [10, 11, 12, 13]
-    seen = [guard._batch_index]
+    seen = [guard.executor.batch_index]
     for _ in range(3):
         guard.step(batch)
         batch = next(it)
-        seen.append(guard._batch_index)
+        seen.append(guard.executor.batch_index)
     assert seen == [14, 15, 16, 17]
     guard.close()
 
@@ -302,7 +302,7 @@ def test_skip_batches_action() -> None:
     guard.submit(command("skip_batches", count=2))
     next(it)
     assert last_outcome(guard).result["skipped_batches"] == [3, 4]
-    assert guard._batch_index == 5
+    assert guard.executor.batch_index == 5
     guard.close()
 
 
