@@ -51,6 +51,7 @@ from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.supervisor.job_state import (
+    AbortRequested,
     JobState,
     JobStateMachine,
     Phase,
@@ -168,7 +169,6 @@ class SupervisorActor:
             node_of=self._node_of,
         )
         self.started = time.time()
-        self.state = "starting"
         self.rank_results: dict[int, dict[str, Any]] = {}
         self.feed = Feed(self.spec.workers)  # what displays poll (see `events`)
         self.metrics = RunMetrics(
@@ -215,14 +215,22 @@ class SupervisorActor:
             ray.get_runtime_context().current_actor.start.remote()
         _quiet_gc()
 
+    @property
+    def state(self) -> str:
+        """What `remedy status` says: starting, running, or how the run ended (its status).
+
+        Read from the run, not kept beside it: the job's own phases are `self.job`'s."""
+        if self._summary is not None:
+            return str(self._summary.get("status"))
+        return "running" if self.group is not None else "starting"
+
     # ------------------------------------------------------------ restore
     def _restore(self, journal: list[dict[str, Any]]) -> None:
         """Rebuild from journal.wal: the last state record, then the records after it."""
         state, tail = control_state.split_at_last_state(journal)
         ended = next((r for r in reversed(journal) if r.get("type") == "run_ended"), None)
         if ended is not None:
-            self._summary = self._read_summary(ended)
-            self.state = str(self._summary.get("status", ended.get("status")))
+            self._summary = {"status": ended.get("status"), **self._read_summary(ended)}
             self._done.set()
             return
         c = self.controller
@@ -759,7 +767,6 @@ class SupervisorActor:
         # A policy that replays: ranks hold at a flagged step's boundary for its decision.
         group.hold_on_flag = self.controller.engine.policy.uses("replay_step")
         self.recovery = Recovery(self, group)
-        self.state = "running"
         try:
             now = time.monotonic()
             for rank in range(self.spec.workers):
@@ -801,6 +808,7 @@ class SupervisorActor:
                 if self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED):
                     await self.recovery.check_hangs()
                     self.recovery.check_back()
+                self._abort_if_asked()
                 await self._watch_policy()
                 if time.monotonic() - self._state_at >= STATE_EVERY_S:
                     self.write_state()
@@ -950,6 +958,17 @@ class SupervisorActor:
             self.recovery.replacement_failed(rank, str(result.get("error")))
         self.slots.end(rank)
 
+    def _abort_if_asked(self) -> None:
+        """An operator's stop or the policy's abort: the job is aborting (journaled once, with
+        why). A restart under way is let finish first: the ranks stop from a formed group."""
+        c = self.controller
+        if self.job.state.phase not in (Phase.RUNNING, Phase.DEGRADED):
+            return
+        if c.stop_reason is not None:
+            self.job.step(AbortRequested(f"an operator's stop: {c.stop_reason}"))
+        elif c.abort_reason is not None:
+            self.job.step(AbortRequested(f"the policy's abort: {c.abort_reason}"))
+
     def _finish(self, error: str | None = None) -> dict[str, Any]:
         c = self.controller
         c.finish()
@@ -1039,7 +1058,7 @@ class SupervisorActor:
         self.run_dir.write_summary(summary)
         self.run_dir.wal({"type": "run_ended", "status": status})
         self.run_dir.close()
-        self.state = status
+        self._summary = summary
         return summary
 
 

@@ -347,9 +347,9 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
         return s.then(st, *st.end) if isinstance(inp, Resume) else s
     match inp:
         case Begin(ranks, why):
-            if s.job.phase not in (Phase.RUNNING, Phase.DEGRADED, *_UNDER_WAY):
-                return _over(s, f"the restart had failed: {s.job.reason}", kill_all=True)
             s = replace(s, state=replace(st, ranks=tuple(sorted(set(ranks)))))
+            if s.job.phase not in (Phase.RUNNING, Phase.DEGRADED, *_UNDER_WAY):
+                return _over(s, _not_now(s.job))
             s = s.job_input(RanksLost(frozenset(ranks), why), k)
             return _next_attempt(s, cause, k)
         case Resume(ranks, why):
@@ -357,8 +357,8 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
                 # Decided, but its supervisor died before it began.
                 return _step(replace(s, state=replace(st, stage=Stage.BEGIN)), Begin(ranks, why),
                              cause, k)  # fmt: skip
-            if s.job.phase not in _UNDER_WAY:  # it had failed for good: what is left is the end
-                return _over(s, f"the restart had failed: {s.job.reason}", kill_all=True)
+            if s.job.phase not in _UNDER_WAY:  # the job is ending (a stop, an abort)
+                return _over(s, _not_now(s.job))
             lost = tuple(sorted({*ranks, *st.ranks, *s.job.lost}))
             st = replace(st, ranks=lost)
             if st.stage is Stage.STEP and st.launched and s.job.phase is Phase.RECOVERING:
@@ -367,9 +367,8 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
             # Anywhere else: its first attempt starts over from killing the lost ranks'
             # current processes (and any replacements the crashed one had started).
             return _next_attempt(replace(s, state=replace(st, first=True)), cause, k)
-    if s.job.phase not in _UNDER_WAY:
-        # Ended from outside meanwhile (an operator's stop): what it did last says why.
-        return _over(s, st.why)
+    if s.job.phase not in _UNDER_WAY:  # the job left recovery meanwhile (every rank ended)
+        return _over(s, _not_now(s.job))
     match inp:
         case Killed(front):
             st = replace(st, stage=Stage.CHECK, front=front)
@@ -430,7 +429,7 @@ def _next_attempt(s: _Step, cause: str, k: int) -> _Step:
     if s.job.phase is Phase.RESTARTING_ALL:
         return s.then(replace(st, stage=Stage.ALL), RestartAll(cause))
     if s.job.phase is not Phase.RECOVERING:
-        return _over(s, st.why)
+        return _over(s, _not_now(s.job))
     if not st.live:
         return _failed(s, NO_SOURCE, cause, k)
     if st.first:
@@ -452,6 +451,10 @@ def _failed(s: _Step, reason: str, cause: str, k: int) -> _Step:
 def _over(s: _Step, detail: str, *, kill_all: bool = False) -> _Step:
     resolve = Resolve("failed", detail, s.state.ranks)
     return _end(s, KillAll(), resolve) if kill_all else _end(s, resolve)
+
+
+def _not_now(job: JobState) -> str:
+    return f"not carried on: the job is {job.phase} ({job.reason or 'no reason given'})"
 
 
 def _end(s: _Step, *effects: Effect) -> _Step:

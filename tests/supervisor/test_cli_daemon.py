@@ -158,7 +158,11 @@ def test_detached_run_is_watched_and_stopped_from_other_shells() -> None:
             assert list((run_dir / "checkpoints").glob(f"*{step}*")), (
                 "the final checkpoint is on disk"
             )
-            assert '"stop_requested"' in (run_dir / "journal.wal").read_text()
+            wal = [json.loads(line) for line in (run_dir / "journal.wal").read_text().splitlines()]
+            assert any(r.get("type") == "stop_requested" for r in wal)
+            job = [r for r in wal if r.get("type") == "job_state"]
+            assert [r["to"]["phase"] for r in job][-2:] == ["aborting", "aborted"], job
+            assert job[-2]["reason"] == "aborting: an operator's stop: remedy stop", job[-2]
 
             # Ended: status and logs read the run directory; a second stop is one line.
             after = _status(head, run_id)

@@ -166,8 +166,13 @@ def test_a_run_stopped_from_outside_ends_the_restart_with_why() -> None:
     st, job, _ = _run(RestartState("d1", WORLD), RUNNING, Begin((3,), "hang"))
     job = JobState(Phase.ABORTING, 0, reason="operator stop")
     st, job, fx = _run(st, job, restart.Killed(5))
-    assert _acts(fx) == [Resolve("failed", restart.TARGETED_OFF, (3,))]
+    assert _acts(fx) == [
+        Resolve("failed", "not carried on: the job is aborting (operator stop)", (3,))
+    ]
     assert st.stage is Stage.DONE and _run(st, job, Stepped())[2] == []  # over is over
+    # Decided while the job is ending: nothing is started, and no rank is killed.
+    _, _, fx = _run(RestartState("d2", WORLD), job, Begin((2,), "hang"))
+    assert fx == [Resolve("failed", "not carried on: the job is aborting (operator stop)", (2,))]
 
 
 def test_resume_checks_the_crashed_supervisors_launch_before_anything_else() -> None:
@@ -188,9 +193,15 @@ def test_resume_checks_the_crashed_supervisors_launch_before_anything_else() -> 
     # Decided but never begun: it begins.
     _, job, fx = _run(RestartState("d1", WORLD), RUNNING, Resume((3,), "hang"))
     assert _acts(fx) == [Kill((3,), (0, 1, 2))] and job.phase is Phase.RECOVERING
-    # Resumed after it had failed for good: the end.
-    _, _, fx = _run(launched, JobState(Phase.ABORTING, 0, reason="gave up"), Resume((3,), ""))
-    assert _acts(fx) == [KillAll(), Resolve("failed", "the restart had failed: gave up", (3,))]
+    # Resumed while the job is ending: resolved, no rank killed.
+    _, _, fx = _run(launched, JobState(Phase.ABORTING, 0, reason="stop"), Resume((3,), ""))
+    assert fx == [Resolve("failed", "not carried on: the job is aborting (stop)", (3,))]
+    # Resumed after it had ended, before its decision was resolved: the same end again.
+    ended = RestartState(
+        "d1", WORLD, Stage.DONE, (3,), end=(KillAll(), Resolve("failed", "x", (3,)))
+    )
+    _, _, fx = _run(ended, JobState(Phase.ABORTING, 0, reason="x"), Resume((3,), ""))
+    assert fx == [KillAll(), Resolve("failed", "x", (3,))]
 
 
 def test_the_state_round_trips_and_refuses_another_schema() -> None:
