@@ -23,6 +23,16 @@ if one is still stalled, sends the sightings upward at once (`hang_seen`);
 the supervisor names the hung or dead rank from every agent's sightings
 (`supervisor.agent_hang`).
 
+Every call upward is bounded (`upward_bound`), and the agent keeps the
+ranks' watch on the supervisor (`supervisor.liveness`): a rank's reports
+go to its agent, which answers most of them itself, so a rank cannot see
+a supervisor that is alive but answers nothing; its agent can. An upward
+call unanswered for the run's silence bound means a hung supervisor: the
+agent kills it as a rank's reporter would (by pid on its own node, through
+Ray from another node where it has rank 0), Ray restarts it and retries
+the calls in flight against the new process, and the agent notes the
+outage to it once it answers again (`note_outage`).
+
 The supervisor answers each call with the commands of every rank in it;
 the agent keeps them and hands each rank its own with the answer to its next
 report. The agent is named per run and node (`agent_name`), pinned to its
@@ -41,6 +51,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +59,9 @@ import ray
 import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from remedy.supervisor import liveness
+from remedy.supervisor import liveness, waits
 from remedy.supervisor.agent_core import AgentCore
+from remedy.supervisor.exceptions import WaitTimeout
 from remedy.supervisor.hang_watch import DEAD, HangWatchConfig
 from remedy.supervisor.pings import ping_actors
 from remedy.supervisor.spec import NAMESPACE, supervisor_name
@@ -81,6 +93,26 @@ def digest_period(agents: int) -> float:
 
 # How often an agent looks at its hang watch (the supervisor's loop polls as often).
 HANG_CHECK_S = 0.05
+# How often an agent looks whether the supervisor answers its calls.
+LIVENESS_CHECK_S = 0.25
+# The Guard's default heartbeat: an agent's silence bound derives from it, as the ranks' and
+# the driver's do (`liveness.silence_bound`; the run's `supervisor_timeout_s` wins).
+HEARTBEAT_S = 0.5
+
+
+def upward_bound(silence_s: float, restart_s: float = liveness.RESTART_S) -> float:
+    """How long one call to the supervisor may go unanswered before the agent gives it up.
+
+    A healthy supervisor answers in milliseconds, a loaded one within a second or two.
+    One silent for `silence_s` is hung: a watcher (this agent, the driver) kills it, Ray
+    restarts it within `restart_s` and retries the call on the new process, which needs
+    about one bound more to read its journal and answer. Only past all of that, when every
+    watcher has given the supervisor up as lost, does the call fail (`WaitTimeout`): sooner,
+    a rank would send again what a restarted supervisor is about to take.
+    """
+    return 2 * silence_s + restart_s
+
+
 # Characters of a node id in an agent's name and files: unique among a cluster's nodes.
 NODE_ID_CHARS = 12
 
@@ -174,15 +206,30 @@ class NodeAgent:
         self._checks: asyncio.Task[None] | None = None
         self._actors: dict[int, tuple[int, Any]] = {}  # rank -> (incarnation, its actor)
         self._learning: set[int] = set()  # ranks whose actor is being looked up
-        self._tasks: set[asyncio.Task[None]] = set()  # those look-ups (held until done)
+        self._tasks: set[asyncio.Task[None]] = set()  # those look-ups and more (held until done)
         self.pings_sent = 0  # rank pings this agent sent
         self.sightings_sent = 0  # `hang_seen` calls made
+        # This agent's watch on the supervisor's answers (`supervisor.liveness`).
+        self.watch = liveness.SilenceWatch(
+            f"agent {self.core.node}",
+            liveness.silence_bound(HEARTBEAT_S, spec.get("supervisor_timeout_s")),
+        )
+        self.upward_s = upward_bound(self.watch.bound_s, self.watch.restart_s)
+        self._here = ray.util.get_node_ip_address()
+        self._ident: liveness.Identity | None = None  # the supervisor's process, once known
+        self._out = 0  # upward calls awaiting their answer
+        # When the oldest upward call not yet answered went out (one given up stays unanswered).
+        self._unanswered_since: float | None = None
+        self._liveness: asyncio.Task[None] | None = None
 
     def _ensure_loop(self) -> None:
         if self._loop is None:
             self._loop = asyncio.get_running_loop().create_task(self._digests())
         if self._checks is None:
             self._checks = asyncio.get_running_loop().create_task(self._hang_checks())
+        if self._liveness is None:
+            self._liveness = asyncio.get_running_loop().create_task(self._watch_supervisor())
+            self._learn_supervisor()
 
     async def where(self) -> tuple[str, int, float]:
         """(node address, pid, process start time): what a rank's silence watch kills."""
@@ -206,7 +253,7 @@ class NodeAgent:
             self.gauges.observe({"rank": rank, "events": events, "metrics": list(taken.metrics)})
         if taken.item is not None:
             # Events and outcomes: the supervisor has them before the rank is answered, so
-            # a rank whose call fails here sends them again.
+            # a rank whose call fails here (`WaitTimeout` included) sends them again.
             replies = await self._up([taken.item])
             self.core.answered(replies)
         elif taken.held:
@@ -217,7 +264,12 @@ class NodeAgent:
             return []
         self._learn_actor(rank)
         if taken.holding is not None:
-            answer = await self.supervisor.settled.remote(self._token, taken.holding, rank)
+            try:
+                answer = await self._ask(
+                    self.supervisor.settled.remote(self._token, taken.holding, rank), "settled"
+                )
+            except WaitTimeout:
+                answer = None  # not settled yet: a holding rank asks again (`workers.flag_hold`)
             if isinstance(answer, dict) and isinstance(answer.get("commands"), list):
                 self.core.answered({rank: answer["commands"]})
             settled = isinstance(answer, dict) and answer.get("settled") is True
@@ -263,7 +315,10 @@ class NodeAgent:
                 # answers from inside its loop with a newer tick, and that ends it here.
                 if any(item["stalled"] for item in items):
                     self.sightings_sent += 1
-                    await self.supervisor.hang_seen.remote(self._token, self.core.node, items)
+                    await self._ask(
+                        self.supervisor.hang_seen.remote(self._token, self.core.node, items),
+                        "hang_seen",
+                    )
             except Exception as exc:  # the next round tries again; the loop must go on
                 log.warning("sightings_not_sent", error=str(exc)[:300])
 
@@ -288,14 +343,12 @@ class NodeAgent:
         async def learn() -> None:
             try:
                 await self._rank_actors([rank])
-            except ray.exceptions.RayError as exc:
+            except (ray.exceptions.RayError, WaitTimeout) as exc:
                 log.warning("rank_actor_not_found", rank=rank, error=str(exc)[:200])
             finally:
                 self._learning.discard(rank)
 
-        task = asyncio.get_running_loop().create_task(learn())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(learn())
 
     async def _rank_actors(self, ranks: list[int]) -> dict[int, Any]:
         """Each rank's actor handle (None: its actor is gone), asking the supervisor for the
@@ -304,7 +357,9 @@ class NodeAgent:
             r for r in ranks if self._actors.get(r, (-1, None))[0] != self.core.incarnation(r)
         ]
         if unknown:
-            names = await self.supervisor.rank_names.remote(self._token, unknown)
+            names = await self._ask(
+                self.supervisor.rank_names.remote(self._token, unknown), "rank_names"
+            )
             for rank in unknown:
                 incarnation, name = (names or {}).get(rank, (0, None))
                 if incarnation > self.core.incarnation(rank):
@@ -327,8 +382,89 @@ class NodeAgent:
 
     async def _up(self, items: list[dict[str, Any]]) -> dict[Any, Any]:
         self.calls += 1
-        reply = await self.supervisor.report_many.remote(self._token, self.core.node, items)
+        reply = await self._ask(
+            self.supervisor.report_many.remote(self._token, self.core.node, items), "report_many"
+        )
         return reply if isinstance(reply, dict) else {}
+
+    # ------------------------------------------------------------ the supervisor's liveness
+    async def _ask(self, call: Any, what: str) -> Any:
+        """One call to the supervisor (`call`: its `.remote()` reference), bounded by
+        `upward_s` (`WaitTimeout` past it) and watched: its silence counts in `_unanswered_since`."""
+        sent = time.time()
+        if self._unanswered_since is None:
+            self._unanswered_since = sent
+        self._out += 1
+        try:
+            answer = await waits.within(call, self.upward_s, f"the supervisor's {what}")
+        except ray.exceptions.RayTaskError:
+            self._out -= 1
+            self._answered(sent)  # an error raised in the supervisor is an answer too
+            raise
+        except BaseException:
+            self._out -= 1
+            raise  # unanswered: its silence counts on until another call is answered
+        self._out -= 1
+        self._answered(sent)
+        return answer
+
+    def _answered(self, sent: float) -> None:
+        """An answer to a call sent at `sent`: the watch hears of it (an outage ends)."""
+        back = self.watch.outage is not None
+        self.watch.answered(min(sent, self._unanswered_since or sent))
+        # It answers: calls still out count their silence from now, not from before.
+        self._unanswered_since = time.time() if self._out else None
+        if back:
+            self._learn_supervisor()  # restarted: another process
+
+    async def _watch_supervisor(self) -> None:
+        """Every `LIVENESS_CHECK_S`: kill a supervisor silent past the bound (Ray restarts it),
+        and note each outage that ended to it (`supervisor.liveness`)."""
+        while True:
+            await asyncio.sleep(LIVENESS_CHECK_S)
+            if self.watch.check(self._unanswered_since) == "kill":
+                how = liveness.kill(
+                    self._ident,
+                    self.supervisor,
+                    here=self._here,
+                    may_ray_kill=0 in self.core.ranks,  # as rank 0's reporter may
+                )
+                self.watch.killed(how)
+            notes = self.watch.take_notes()
+            if notes:  # sent off this loop: a supervisor hung again must not stop the watch
+                self._spawn(self._note(notes))
+
+    async def _note(self, notes: list[dict[str, Any]]) -> None:
+        """Outages this agent saw end, to the supervisor (it journals each: `supervisor_outage`)."""
+        for note in notes:
+            try:
+                await self._ask(
+                    self.supervisor.note_outage.remote(self._token, note), "note_outage"
+                )
+            except (ray.exceptions.RayError, WaitTimeout) as exc:
+                log.warning("outage_not_noted", error=str(exc)[:300])
+
+    def _learn_supervisor(self) -> None:
+        """Ask which process the supervisor is, off the calls' path: a hung one answers
+        nothing, so its pid must be known before it is needed."""
+
+        async def learn() -> None:
+            try:
+                raw = await waits.within(
+                    self.supervisor.where.remote(), self.upward_s, "the supervisor's address"
+                )
+            except (ray.exceptions.RayError, WaitTimeout) as exc:
+                log.warning("supervisor_address_unknown", error=str(exc)[:200])
+                return
+            self._ident = liveness.Identity.from_wire(raw)
+
+        self._spawn(learn())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` on this agent's loop, held until done."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _digests(self) -> None:
         """Every `digest_s`: the digest upward, the replies kept, the state record written."""
@@ -339,7 +475,7 @@ class NodeAgent:
             if items:
                 try:
                     self.core.answered(await self._up(items))
-                except ray.exceptions.RayError as exc:
+                except (ray.exceptions.RayError, WaitTimeout) as exc:
                     log.warning("digest_failed", error=str(exc)[:300])
                     self.core.put_back(items)
                     self._waiting = waiting + self._waiting

@@ -4,8 +4,9 @@ A dead supervisor is restarted by Ray (it is a detached actor with unbounded
 restarts) and resumes from its journal. A hung one, a process that is alive
 but answers nothing (SIGSTOPped, wedged in a system call, its event loop
 blocked), is not: Ray restarts only a process that exits. So every caller that
-waits on the supervisor (each rank's `RayReporter`, the driver's `follow`)
-keeps a `SilenceWatch`:
+waits on the supervisor (each rank's `RayReporter`, the driver's `follow`, and
+under node agents each agent for its calls upward, `supervisor.agent`: its
+ranks' reporters then watch the agent) keeps a `SilenceWatch`:
 
 - A report (or a driver's call) unanswered for `bound_s` means the supervisor
   is not answering. The bound is `max(SILENCE_FLOOR_S, SILENCE_HEARTBEATS x
@@ -16,14 +17,16 @@ keeps a `SilenceWatch`:
   SIGKILL when it runs on the watcher's node, checking first that the pid is
   still the process it learned from `SupervisorActor.where` (its start time),
   so a second watcher never kills the restarted supervisor; from another node
-  through `ray.kill(no_restart=False)`, which only the driver and rank 0 do.
-  Ray then restarts it and it resumes from its journal, as after a crash.
+  through `ray.kill(no_restart=False)`, which only the driver and rank 0 (or
+  rank 0's agent) do. Ray then restarts it and it resumes from its journal,
+  as after a crash.
 - When answers come again the watcher writes down the outage (`Outage`):
   when the oldest unanswered call went out, when it was noticed and by whom,
   how it was ended (killed, or answered again on its own) and when answers
-  came back. Ranks attach these notes to their next report, the driver sends
-  them with `note_outage`; the supervisor journals each (`supervisor_outage`)
-  and `summary.json` lists the outages merged across watchers.
+  came back. Ranks attach these notes to their next report, the driver and
+  the agents send them with `note_outage`; the supervisor journals each
+  (`supervisor_outage`) and `summary.json` lists the outages merged across
+  watchers.
 - A supervisor still silent `restart_s` after the kill (Ray could not restart
   it) is lost for good: the watcher says so in one line and the run ends as
   failed (`gave_up`).

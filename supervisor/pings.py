@@ -29,7 +29,7 @@ async def ping_actors(
 
     async def one(actor: Any) -> Any:
         try:
-            return await actor.ping.remote()
+            return await actor.ping.remote()  # caller bounds: asyncio.wait below
         except ray.exceptions.RayActorError:
             return DEAD
 

@@ -5,8 +5,10 @@ that the caller handles, not a stall: `get` is `ray.get` with a bound,
 `within` is the same for an awaitable; both raise `WaitTimeout`, naming the
 wait and its bound. `tests/supervisor/test_waits.py` reads every module of
 `supervisor/` and fails on a `ray.get`, `ray.wait` or `asyncio.wait` without a
-timeout, or an `asyncio.gather` or `Event.wait` not inside a bounded wait
-(a `ray.get` of a reference `ray.wait` returned ready is marked `# ready`).
+timeout, or an `asyncio.gather`, `Event.wait` or `await handle.method.remote(...)`
+not inside a bounded wait (a `ray.get` of a reference `ray.wait` returned ready
+is marked `# ready`; an actor call in a coroutine its caller bounds, `# caller
+bounds`; one that lasts the run by design, `# whole run`).
 """
 
 from __future__ import annotations

@@ -318,7 +318,7 @@ class WorkerGroup:
 
         async def one(actor: Any) -> Any:
             try:
-                return await actor.result.remote()
+                return await actor.result.remote()  # caller bounds: asyncio.wait below
             except ray.exceptions.RayActorError:
                 return DEAD
 

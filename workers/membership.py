@@ -277,7 +277,7 @@ class Membership:
             self.generation = generation
             self._use_store(store_addr)
             try:
-                self.join()  # bounded: STORE_CONNECT_S to connect, collective_timeout() to form
+                self.join()  # rendezvous: STORE_CONNECT_S to connect, collective_timeout() to form
                 break
             except (RuntimeError, dist.DistError) as failed:
                 # The rendezvous itself failed: the supervisor serving its store died

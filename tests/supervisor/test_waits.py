@@ -1,6 +1,7 @@
 """No wait is left without a bound: the supervisor side on other processes (`supervisor.waits`),
-the ranks on their helper threads (`workers.waits`); the ranks' collectives and rendezvous are
-bounded by the process group's timeout, their reports by the reporter's."""
+an actor call awaited as `await handle.method.remote(...)` included, the ranks on their helper
+threads (`workers.waits`); the ranks' collectives and rendezvous are bounded by the process
+group's timeout, their reports by the reporter's."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ BOUNDED = {"wait_for", "within", "get"}  # asyncio.wait_for, waits.within, waits
 OWN_BOUNDED_WAITS = {"self.wait", "checkpoints.wait", "mirror.wait", "guard.mirror.wait"}
 # Markers on a line that says why its wait needs no bound of its own: the future is done
 # already, the reference is ready, a worker thread idles for its next job until close sends
-# it one, or the rendezvous, which the store and process group bound (`collective_timeout`).
-MARKERS = ("# ready", "# done", "# next job", "# rendezvous")
+# it one, or the rendezvous, which the store and process group bound (`collective_timeout`);
+# or an actor call awaited in a coroutine that its caller bounds (an `asyncio.wait` with a
+# timeout that cancels what is left), or that lasts the run by design: the marker says which.
+MARKERS = ("# ready", "# done", "# next job", "# rendezvous", "# caller bounds", "# whole run")
 
 
 def _name(func: ast.expr) -> str:
@@ -29,6 +32,20 @@ def _name(func: ast.expr) -> str:
     if isinstance(func, ast.Attribute):
         return f"{_name(func.value)}.{func.attr}"
     return func.id if isinstance(func, ast.Name) else "?"
+
+
+def _awaited_call(
+    node: ast.Await, inside_bound: set[int], lines: list[str], path: Path
+) -> list[str]:
+    """`await handle.method.remote(...)` not passed to a bounding call, nor marked: unbounded."""
+    call = node.value
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+        return []
+    if call.func.attr != "remote" or id(call) in inside_bound:
+        return []
+    if any(m in lines[node.lineno - 1] for m in MARKERS):
+        return []
+    return [f"{path.name}:{node.lineno}: await {_name(call.func)}"]
 
 
 def unbounded(path: Path) -> list[str]:
@@ -44,6 +61,8 @@ def unbounded(path: Path) -> list[str]:
                     inside_bound.add(id(inner))
     found = []
     for node in ast.walk(tree):
+        if isinstance(node, ast.Await):
+            found.extend(_awaited_call(node, inside_bound, lines, path))
         if not isinstance(node, ast.Call):
             continue
         name = _name(node.func)
@@ -84,7 +103,8 @@ def test_every_wait_has_a_bound() -> None:
 
 @pytest.mark.timeout(30)
 def test_the_check_finds_an_unbounded_wait(tmp_path: Path) -> None:
-    """A module with a bare ray.get, a bare gather and a bare Event.wait is caught three times."""
+    """A module with a bare ray.get, gather, Event.wait, future, join, queue, pool shutdown and an
+    awaited actor call is caught once for each, and their bounded or marked forms are not."""
     bad = tmp_path / "bad.py"
     bad.write_text(
         "import asyncio, ray\n"
@@ -101,10 +121,16 @@ def test_the_check_finds_an_unbounded_wait(tmp_path: Path) -> None:
         "    pool.shutdown()\n"
         "    fut.result(timeout=1); thread.join(1.0); work_queue.get(timeout=1)\n"
         "    pool.shutdown(wait=False); ', '.join(['a'])\n"
+        "async def h(sup, waits):\n"
+        "    await sup.report_many.remote(1,\n"
+        "        2)\n"
+        "    await waits.within(sup.report_many.remote(1), 5, 'report_many')\n"
+        "    await asyncio.wait_for(sup.ping.remote(), 1)\n"
+        "    await sup.result.remote()  # whole run: it answers when the rank ends\n"
     )
     assert sorted(w.split(": ")[1] for w in unbounded(bad)) == sorted([
         "ray.get", "asyncio.gather", "ev.wait", "fut.result", "thread.join", "work_queue.get",
-        "pool.shutdown",
+        "pool.shutdown", "await sup.report_many.remote",
     ])  # fmt: skip
 
 
