@@ -50,6 +50,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -467,24 +468,33 @@ class NodeAgent:
         task.add_done_callback(self._tasks.discard)
 
     async def _digests(self) -> None:
-        """Every `digest_s`: the digest upward, the replies kept, the state record written."""
+        """Every `digest_s`: the digest upward, the replies kept, the state record written.
+
+        Each agent's first digest comes at a random point of the first interval: agents
+        started together would otherwise send theirs together, every interval, and the
+        supervisor would take hundreds of digests in one burst (what `supervisor_load.py
+        --agents` measures assumes them spread)."""
+        await asyncio.sleep(random.uniform(0.0, self.digest_s))
         while True:
+            await self._digest()
             await asyncio.sleep(self.digest_s)
-            waiting, self._waiting = self._waiting, []
-            items = self.core.digest()
-            if items:
-                try:
-                    self.core.answered(await self._up(items))
-                except (ray.exceptions.RayError, WaitTimeout) as exc:
-                    log.warning("digest_failed", error=str(exc)[:300])
-                    self.core.put_back(items)
-                    self._waiting = waiting + self._waiting
-                    continue
-            for done in waiting:
-                if not done.done():
-                    done.set_result(None)
-            if self.core.changed:
-                self._write_record()
+
+    async def _digest(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        items = self.core.digest()
+        if items:
+            try:
+                self.core.answered(await self._up(items))
+            except (ray.exceptions.RayError, WaitTimeout) as exc:
+                log.warning("digest_failed", error=str(exc)[:300])
+                self.core.put_back(items)
+                self._waiting = waiting + self._waiting
+                return
+        for done in waiting:
+            if not done.done():
+                done.set_result(None)
+        if self.core.changed:
+            self._write_record()
 
     def _write_record(self) -> None:
         """The state record, replaced atomically (a crash leaves the old one or the new)."""
