@@ -766,7 +766,19 @@ class SupervisorActor:
         )
         # A policy that replays: ranks hold at a flagged step's boundary for its decision.
         group.hold_on_flag = self.controller.engine.policy.uses("replay_step")
-        self.recovery = Recovery(self, group)
+        self.recovery = Recovery(
+            group,
+            spec=self.spec,
+            run_dir=self.run_dir,
+            controller=self.controller,
+            job=self.job,
+            slots=self.slots,
+            watch=self.watch,
+            sightings=self.sightings,
+            write_state=self.write_state,
+            crash_point=self.crash_point,
+            check_nodes=self.check_nodes,
+        )
         try:
             now = time.monotonic()
             for rank in range(self.spec.workers):

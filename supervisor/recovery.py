@@ -74,9 +74,17 @@ from remedy.supervisor.spec import NAMESPACE
 from remedy.workers.checkpoint_store import checkpoint_tick, committed_steps
 
 if TYPE_CHECKING:
-    from remedy.supervisor.actor import SupervisorActor
+    from collections.abc import Awaitable, Callable
+
+    from remedy.supervisor.agent_hang import Sightings
+    from remedy.supervisor.core.control import Controller
+    from remedy.supervisor.hang_watch import HangWatch
+    from remedy.supervisor.job_state import JobStateMachine
     from remedy.supervisor.node_watch import DeadNode
+    from remedy.supervisor.rank_slots import RankSlots
+    from remedy.supervisor.spec import RunSpec
     from remedy.supervisor.worker_group import WorkerGroup
+    from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.recovery")
 
@@ -130,9 +138,34 @@ class RestartError(SupervisorError):
 class Recovery:
     """Hang checks and targeted restarts for one supervisor."""
 
-    def __init__(self, sup: SupervisorActor, group: WorkerGroup) -> None:
-        self.sup = sup
+    def __init__(
+        self,
+        group: WorkerGroup,
+        *,
+        spec: RunSpec,
+        run_dir: RunDir,
+        controller: Controller,
+        job: JobStateMachine,
+        slots: RankSlots,
+        watch: HangWatch,
+        sightings: Sightings,
+        write_state: Callable[[], None],
+        crash_point: Callable[[str], None],
+        check_nodes: Callable[..., Awaitable[None]],
+    ) -> None:
+        """The parts of the supervisor a recovery reads and moves, and the three things it
+        asks of the supervisor: a state record now, a chaos crash point, a look at the nodes."""
         self.group = group
+        self.spec = spec
+        self.run_dir = run_dir
+        self.controller = controller
+        self.job = job
+        self.slots = slots
+        self.watch = watch
+        self.sightings = sightings
+        self.write_state = write_state
+        self.crash_point = crash_point
+        self.check_nodes = check_nodes
         self.records: list[dict[str, Any]] = []  # one per restart, for the summary and benchmarks
         self._reported: set[tuple[int, int]] = set()  # (rank, incarnation) already reported lost
         self._detected_at: dict[int, float] = {}
@@ -161,13 +194,13 @@ class Recovery:
     async def check_hangs(self) -> None:
         """Name hung and dead ranks: by the agents' sightings under node agents, else by
         pinging every rank when the hang watch suspects one."""
-        if self.sup.spec.node_agents == "on":
+        if self.spec.node_agents == "on":
             await self._check_by_agents()
         else:
             await self._check_by_pings()
 
     def _incarnation(self, rank: int) -> int:
-        slot = self.sup.slots.slots.get(rank)
+        slot = self.slots.slots.get(rank)
         return slot.incarnation if slot is not None else -1
 
     async def _check_by_agents(self) -> None:
@@ -182,7 +215,7 @@ class Recovery:
         `AGENT_QUIET_S` past the rank's timeout (an agent that is down or wedged).
         """
         now = time.monotonic()
-        watch, sightings = self.sup.watch, self.sup.sightings
+        watch, sightings = self.watch, self.sightings
         stalled = {
             r: s for r, s in sightings.stalled(now, self._incarnation).items() if watch.knows(r)
         }
@@ -224,7 +257,7 @@ class Recovery:
         suspects = set(stalled) | {r for r in watch.suspects(judged_at) if r in direct}
         verdict = watch.judge({**pings, **direct}, sorted(suspects), now=judged_at)
         if verdict.hung or verdict.dead:
-            await self.sup.check_nodes(self.group, now=True)
+            await self.check_nodes(self.group, now=True)
         for rank in verdict.hung:
             s = used.get(rank)
             if s is None:  # pinged by the supervisor: its agent did not answer
@@ -254,15 +287,15 @@ class Recovery:
         One call per node, all at once, waited for together; an agent that does
         not answer in time (its node lost, say) is logged and left out.
         """
-        nodes = {self.sup.slots.slots[r].node for r in ranks if r in self.sup.slots.slots}
+        nodes = {self.slots.slots[r].node for r in ranks if r in self.slots.slots}
         calls: dict[Any, str] = {}
         for node in sorted(n for n in nodes if n):
             with contextlib.suppress(ValueError):
-                agent = ray.get_actor(agent_name(self.sup.spec.run_id, node), NAMESPACE)
-                calls[asyncio.ensure_future(agent.ping_ranks.remote(self.sup.spec.token))] = node
+                agent = ray.get_actor(agent_name(self.spec.run_id, node), NAMESPACE)
+                calls[asyncio.ensure_future(agent.ping_ranks.remote(self.spec.token))] = node
         if not calls:
             return
-        cfg = self.sup.watch.config
+        cfg = self.watch.config
         wait_s = AGENT_ASK_S + cfg.ping_timeout_s * max(1.0, cfg.ping_patience)
         done, pending = await asyncio.wait(calls, timeout=wait_s)
         for fut in pending:
@@ -274,11 +307,11 @@ class Recovery:
             except ray.exceptions.RayError as exc:
                 log.warning("agent_did_not_answer", node=calls[fut], error=str(exc)[:200])
                 continue
-            self.sup.sightings.add(calls[fut][:12], items, time.monotonic())
+            self.sightings.add(calls[fut][:12], items, time.monotonic())
 
     async def _check_by_pings(self) -> None:
         now = time.monotonic()
-        suspects = self.sup.watch.suspects(now)
+        suspects = self.watch.suspects(now)
         if not suspects:
             self._suspected_at = 0.0
             return
@@ -286,11 +319,11 @@ class Recovery:
         if now < self._next_ping:
             return
         self._next_ping = now + PING_EVERY_S
-        watch = self.sup.watch
+        watch = self.watch
         self._ping_started = time.time()
         # Which process each answer is about: a rank replaced while the round was out (its
         # node found dead meanwhile, say) must not be judged on its old process's silence.
-        pinged = {r: self.sup.slots.incarnation(r) for r in self.group.actors}
+        pinged = {r: self.slots.incarnation(r) for r in self.group.actors}
         pings = await self.group.ping_all(
             watch.config.ping_timeout_s, patience=watch.config.ping_patience
         )
@@ -302,13 +335,13 @@ class Recovery:
         if verdict.hung or verdict.dead:
             # Their node may be what died: its loss is then reported first, for all its
             # ranks at once, and their own losses below are parts of it (reported once).
-            await self.sup.check_nodes(self.group, now=True)
+            await self.check_nodes(self.group, now=True)
         for rank in verdict.hung:
-            age = self.sup.watch.age(rank, now)
+            age = self.watch.age(rank, now)
             self.lost(rank, "rank_hang", (
                 f"rank {rank} made no progress for {age:.2f}s "
-                f"(timeout {self.sup.watch.timeout(rank):.2f}s) and {verdict.reason}"
-            ), details={"age_s": round(age, 3), "timeout_s": round(self.sup.watch.timeout(rank), 3)},
+                f"(timeout {self.watch.timeout(rank):.2f}s) and {verdict.reason}"
+            ), details={"age_s": round(age, 3), "timeout_s": round(self.watch.timeout(rank), 3)},
                 incarnation=pinged.get(rank))  # fmt: skip
         for rank in verdict.dead:
             self.lost(
@@ -322,7 +355,6 @@ class Recovery:
         lost in the same instant, join the restart it decides (`_join`), so one
         restart replaces them all, on the surviving nodes (`WorkerGroup.dead_nodes`).
         """
-        sup = self.sup
         for node in dead:
             self.group.node_died(node.node_id)
             # Its ranks not yet replaced, and those found lost on their own in the last
@@ -332,14 +364,14 @@ class Recovery:
                 r for r, (n, at) in self._lost_on.items()
                 if n == node.node_id and now - at <= NODE_LOSS_WINDOW_S
             }  # fmt: skip
-            current = sup.slots.on_node(node.node_id, lost_too=True)
+            current = self.slots.on_node(node.node_id, lost_too=True)
             ranks = sorted({*current, *earlier})
             name = placement.label(node.node_id, node.ip)
             reason = (
                 f"node {name} is lost: Ray's GCS lists it dead ({node.reason}); "
                 f"{_ranks_text(set(ranks)) if ranks else 'no rank'} ran on it"
             )
-            sup.run_dir.wal({
+            self.run_dir.wal({
                 "type": "node_lost", "node": name, "node_id": node.node_id, "ranks": ranks,
                 "reason": reason, "detected_at": round(time.time(), 4),
             })  # fmt: skip
@@ -364,7 +396,7 @@ class Recovery:
         already replaced (a ping round that was out while a node's loss replaced
         its ranks) is about nothing running now, and is dropped.
         """
-        current = self.sup.slots.incarnation(rank)
+        current = self.slots.incarnation(rank)
         if incarnation is not None and incarnation != current:
             log.info("loss_of_a_replaced_process", rank=rank, kind=kind, incarnation=incarnation,
                      current=current)  # fmt: skip
@@ -373,7 +405,7 @@ class Recovery:
         if (rank, incarnation) in self._reported:
             return
         self._reported.add((rank, incarnation))
-        node = self.sup.slots.slots[rank].node
+        node = self.slots.slots[rank].node
         if node is not None:
             self._lost_on[rank] = (node, time.time())
         if self._replacing(rank):
@@ -389,7 +421,7 @@ class Recovery:
             "suspected": self._suspected_at or self._detected_at[rank],
             "pinged": self._ping_started or self._detected_at[rank],  # the confirming round
         }
-        c = self.sup.controller
+        c = self.controller
         # The group stalls from here until the restart: that time is lost to this loss.
         c.goodput.disrupted(self._detected_at[rank], kind)
         preempted = c.drop_rank(rank)
@@ -416,10 +448,10 @@ class Recovery:
 
     def _under_way(self) -> bool:
         """A restart is decided (it may not have begun yet) or running."""
-        c = self.sup.controller
+        c = self.controller
         return any(
             d.action == "restart_rank" for d in c.deferred.values()
-        ) or self.sup.job.state.phase in (
+        ) or self.job.state.phase in (
             Phase.RECOVERING,
             Phase.RESTARTING_ALL,
         )
@@ -433,7 +465,7 @@ class Recovery:
         details: dict[str, Any] | None,
     ) -> None:
         """`rank` was lost while a restart is under way: that restart replaces it too."""
-        c = self.sup.controller
+        c = self.controller
         self._detected_at[rank] = time.time()
         c.goodput.disrupted(self._detected_at[rank], kind)
         c.drop_rank(rank)
@@ -452,14 +484,14 @@ class Recovery:
         )
         log.warning(kind, rank=rank, reason=why)
         self._joining[rank] = f"{kind} on rank {rank}"
-        if self.sup.job.state.phase in (Phase.RECOVERING, Phase.RESTARTING_ALL):
-            self.sup.job.step(RanksLost(frozenset({rank}), why))
-        self.sup.write_state()
+        if self.job.state.phase in (Phase.RECOVERING, Phase.RESTARTING_ALL):
+            self.job.step(RanksLost(frozenset({rank}), why))
+        self.write_state()
         self._moved.set()  # an attempt waiting on the group starts over with it
 
     def _take_joining(self, ranks: list[int]) -> list[int]:
         """`ranks` with the ranks that joined the restart, which are then taken."""
-        joined = {r for r in self._joining if r in self.sup.slots.slots}
+        joined = {r for r in self._joining if r in self.slots.slots}
         self._joined.update({r: self._joining[r] for r in joined})
         self._joining.clear()
         return sorted({*ranks, *joined})
@@ -473,11 +505,10 @@ class Recovery:
         restart suppressed: then nothing brings the rank back, the other ranks
         wait on it, and the job must not go on saying it is running.
         """
-        sup = self.sup
-        deferred = sup.controller.deferred.values()
+        deferred = self.controller.deferred.values()
         if any(d.action == "restart_rank" and rank in d.ranks for d in deferred):
             return
-        if sup.job.state.phase not in (Phase.RUNNING, Phase.DEGRADED):
+        if self.job.state.phase not in (Phase.RUNNING, Phase.DEGRADED):
             return
         said = "; ".join(
             f"rule '{a.get('rule')}' chose {a.get('action')} ({a.get('outcome')})" for a in answers
@@ -485,32 +516,32 @@ class Recovery:
         why = f"{reason}; not replaced: {said or 'no rule of the policy answered it'}"
         # Its peers cannot take one more step without a dead rank: waiting for them to
         # time out of their regroup wait ends the same way, minutes later.
-        ending = kind in ("rank_dead", "node_lost") and sup.controller.abort_reason is None
+        ending = kind in ("rank_dead", "node_lost") and self.controller.abort_reason is None
         if ending:
             why += "; the run cannot go on without it: ending it"
-        sup.job.step(RanksUnreplaced(frozenset({rank}), why))
+        self.job.step(RanksUnreplaced(frozenset({rank}), why))
         log.warning("rank_not_replaced", rank=rank, reason=why)
         if ending:
             self.group.kill_all()
 
     def check_back(self) -> None:
         """Lost ranks that nothing replaced and that made progress since: the job runs again."""
-        state = self.sup.job.state
+        state = self.job.state
         if state.phase is not Phase.DEGRADED:
             return
-        suspects = set(self.sup.watch.suspects(time.monotonic()))
+        suspects = set(self.watch.suspects(time.monotonic()))
         back = frozenset(r for r in state.lost if r not in suspects and r in self.group.actors)
         if back:
             for r in back:  # a later hang of the same process is found again
-                self._reported.discard((r, self.sup.slots.incarnation(r)))
-            self.sup.job.step(RanksBack(back))
+                self._reported.discard((r, self.slots.incarnation(r)))
+            self.job.step(RanksBack(back))
 
     def _restarting_all(self) -> bool:
-        return self.sup.job.state.phase is Phase.RESTARTING_ALL
+        return self.job.state.phase is Phase.RESTARTING_ALL
 
     def _replacing(self, rank: int) -> bool:
         """True while `rank` is being started by a restart (targeted or full-group)."""
-        state = self.sup.job.state
+        state = self.job.state
         if state.phase is Phase.RECOVERING:
             return rank in state.lost
         return state.phase is Phase.RESTARTING_ALL and rank in self._restarting
@@ -573,23 +604,22 @@ class Recovery:
         if self._task is None or self._task.done():
             return
         self._task.cancel()
-        sup = self.sup
-        restarts = [d for d in sup.controller.deferred.values() if d.action == "restart_rank"]
-        completed = len(results) == sup.spec.workers and all(
-            r.get("status") == "completed" and r.get("incarnation") == sup.slots.incarnation(rank)
+        restarts = [d for d in self.controller.deferred.values() if d.action == "restart_rank"]
+        completed = len(results) == self.spec.workers and all(
+            r.get("status") == "completed" and r.get("incarnation") == self.slots.incarnation(rank)
             for rank, r in results.items()
         )
         if not (
             restarts
             and completed
-            and sup.job.state.phase in (Phase.RECOVERING, Phase.RESTARTING_ALL)
+            and self.job.state.phase in (Phase.RECOVERING, Phase.RESTARTING_ALL)
         ):
             return
         launched = (self._machine.launched if self._machine else None) or {}
         generation = int(launched.get("generation", self.group.generation))
-        sup.job.step(Regrouped(generation, "every rank finished in it"))
+        self.job.step(Regrouped(generation, "every rank finished in it"))
         for d in restarts:
-            sup.controller.resolve_group_action(
+            self.controller.resolve_group_action(
                 d.decision_id,
                 "applied",
                 f"generation {generation} formed and every rank of it completed the run",
@@ -619,13 +649,13 @@ class Recovery:
             self.records = list(state["records"])
         for d in deferred:
             for rank in d.ranks:
-                if rank in self.sup.slots.slots:
+                if rank in self.slots.slots:
                     # Found gone on adoption: part of this restart, not a new loss.
-                    self._reported.add((rank, self.sup.slots.incarnation(rank)))
+                    self._reported.add((rank, self.slots.incarnation(rank)))
 
     def resume(self, d: Decision) -> None:
         """Carry on restart `d`, which a supervisor that crashed left in progress."""
-        log.warning("restart_resumed", decision=d.decision_id, phase=self.sup.job.state.phase,
+        log.warning("restart_resumed", decision=d.decision_id, phase=self.job.state.phase,
                     stage=self._machine.stage if self._machine else None)  # fmt: skip
         self._task = asyncio.get_running_loop().create_task(self._restart(d, resumed=True))
 
@@ -637,13 +667,12 @@ class Recovery:
         supervisor killed at any point finds the decision deferred and where the
         restart stood, and goes on (`Resume`).
         """
-        sup = self.sup
         self._joined = {}
-        ranks = tuple(self._take_joining([r for r in d.ranks if r in sup.slots.slots]))
+        ranks = tuple(self._take_joining([r for r in d.ranks if r in self.slots.slots]))
         why = "; ".join([f"{d.anomaly.kind} on rank {d.anomaly.rank}", *self._joined.values()])
         machine = self._machine
         if not (resumed and machine is not None and machine.decision_id in ("", d.decision_id)):
-            machine = RestartState(d.decision_id, sup.spec.workers)
+            machine = RestartState(d.decision_id, self.spec.workers)
         machine = replace(machine, decision_id=d.decision_id)
         inp: restart.RestartInput = (
             restart.Resume(ranks, why) if resumed else restart.Begin(ranks, why)
@@ -651,13 +680,17 @@ class Recovery:
         self._marks.setdefault("restart", time.time())
         while True:
             machine, effects = restart.step(
-                machine, sup.job.state, inp, cause=d.anomaly.kind, max_targeted=sup.job.max_targeted
+                machine,
+                self.job.state,
+                inp,
+                cause=d.anomaly.kind,
+                max_targeted=self.job.max_targeted,
             )
             self._machine = machine
             for effect in effects:
                 if isinstance(effect, restart.Job):
-                    sup.job.step(effect.input)
-            sup.write_state()
+                    self.job.step(effect.input)
+            self.write_state()
             outcome = [e for e in effects if not isinstance(e, restart.Job)]
             if not outcome:
                 raise RestartError(f"the restart machine gave nothing to do for {inp!r}")
@@ -679,14 +712,13 @@ class Recovery:
         self, d: Decision, machine: RestartState, effect: restart.Effect
     ) -> restart.RestartInput | None:
         """Carry one effect out; what happened, as the machine's next input (None: resolved)."""
-        sup = self.sup
-        c = sup.controller
-        world = list(range(sup.spec.workers))
+        c = self.controller
+        world = list(range(self.spec.workers))
         match effect:
             case restart.Kill(ranks, live):
                 for r in ranks:
                     self._failed.pop(r, None)
-                    sup.slots.lose(r)
+                    self.slots.lose(r)
                 # The ticks the group must pass, fed by reports from here on (the replaced
                 # ranks' old processes report nothing that counts: their slots are closed).
                 self._ticks = {r: -1 if r in ranks else c.tick_of.get(r, -1) for r in world}
@@ -694,8 +726,8 @@ class Recovery:
                 for r in ranks:
                     self.group.kill(r)
                 self._marks["killed"] = time.time()
-                sup.crash_point("restart_rank:killed")
-                if sup.spec.gpus_per_rank:
+                self.crash_point("restart_rank:killed")
+                if self.spec.gpus_per_rank:
                     # NCCL kernels keep spinning after a peer dies: abort the survivors'
                     # communicators from their control threads (a no-op on gloo ranks).
                     try:
@@ -717,7 +749,7 @@ class Recovery:
                     else:
                         for r in ranks:
                             self._failed.pop(r, None)
-                            sup.slots.lose(r)
+                            self.slots.lose(r)
                         self._ticks = {r: -1 if r in ranks else c.tick_of.get(r, -1) for r in world}
                         info = await self.group.relaunch(list(ranks), source=source)
                 except Exception as exc:  # any failure of an attempt is one failed attempt
@@ -726,21 +758,21 @@ class Recovery:
             case restart.AwaitSteps(past, ranks, live, fresh):
                 if machine.first and not fresh:
                     # After the state record of the new incarnations, spares and generation.
-                    sup.crash_point("restart_rank:launched")
+                    self.crash_point("restart_rank:launched")
                 try:
                     if fresh:  # after a resume: the crashed supervisor's launch
                         await self._until_stepped(world, past, list(ranks), fresh=True)
                     else:
                         now = time.monotonic()
                         for r in ranks:
-                            sup.watch.started(r, now)
+                            self.watch.started(r, now)
                         for r in live:
-                            sup.watch.allow(r, REGROUP_TIMEOUT_S, now)
+                            self.watch.allow(r, REGROUP_TIMEOUT_S, now)
                         await self._until_stepped(world, past, list(ranks))
                         for (
                             r
                         ) in world:  # back to step-time timeouts: a second hang is found as fast
-                            sup.watch.settle(r)
+                            self.watch.settle(r)
                 except RestartError as exc:
                     return restart.AttemptFailed(str(exc))
                 return restart.Stepped()
@@ -772,7 +804,6 @@ class Recovery:
 
     async def _check_survivors(self, live: list[int]) -> restart.Checked:
         """Survivors still blocked in the broken collective, and ranks lost meanwhile: both killed."""
-        sup = self.sup
         blocked = await self._blocked(live)
         self._marks["survivors_checked"] = time.time()
         joined = [r for r in live if r in self._joining]
@@ -781,7 +812,7 @@ class Recovery:
         for r in joined:
             self._joined[r] = self._joining.pop(r)
             self._ticks[r] = -1
-            sup.slots.lose(r)
+            self.slots.lose(r)
             self.group.kill(r)
         blocked = [r for r in blocked if r not in joined]
         # gloo: a survivor waiting on a peer that itself left the collective (not on the
@@ -789,9 +820,9 @@ class Recovery:
         # from a survivor that did recover.
         for r in blocked:
             self._ticks[r] = -1
-            self._reported.add((r, sup.slots.incarnation(r)))
-            sup.slots.lose(r)
-            sup.controller.drop_rank(r)
+            self._reported.add((r, self.slots.incarnation(r)))
+            self.slots.lose(r)
+            self.controller.drop_rank(r)
             self.group.kill(r)
         return restart.Checked(tuple(blocked), tuple(joined))
 
@@ -800,7 +831,7 @@ class Recovery:
     ) -> None:
         """Record a restart that worked and resolve its decision `applied`."""
         t_stepped = time.time()
-        pings = await self.group.ping_all(self.sup.watch.config.ping_timeout_s)
+        pings = await self.group.ping_all(self.watch.config.ping_timeout_s)
         record = {
             **info,
             "ranks": ranks,
@@ -823,7 +854,7 @@ class Recovery:
             r = record["shard_restore"]
             what += f"; shards from {r['source']} at step {r['step']}"
         self.records.append(record)
-        self.sup.controller.resolve_group_action(
+        self.controller.resolve_group_action(
             d.decision_id,
             "applied",
             f"{what}; every rank stepped {record['detect_to_step_s']:.2f}s after detection",
@@ -837,11 +868,10 @@ class Recovery:
 
         `cause`: the anomaly that led here; the steps the group redoes are lost to it.
         """
-        sup = self.sup
-        c = sup.controller
-        world = list(range(sup.spec.workers))
-        directory = Path(sup.spec.run_dir) / "checkpoints"
-        steps = committed_steps(directory, sup.spec.workers)
+        c = self.controller
+        world = list(range(self.spec.workers))
+        directory = Path(self.spec.run_dir) / "checkpoints"
+        steps = committed_steps(directory, self.spec.workers)
         resume = steps[-1] if steps else None
         # The steps redone: from the checkpoint to the furthest step a rank reported.
         reached = max((s for r, s in c.last_steps().items() if r in world), default=0)
@@ -854,7 +884,7 @@ class Recovery:
                 f"committed: {', '.join(map(str, steps))}"
             )
             floor = checkpoint_tick(directory, resume) or 0
-        sup.run_dir.wal({
+        self.run_dir.wal({
             "type": "full_restart", "resume_step": resume, "committed_steps": steps,
             "reached_step": reached, "reason": f"restarting every rank {resumed}", "cause": cause,
         })  # fmt: skip
@@ -862,17 +892,17 @@ class Recovery:
         self._restarting = set(world)
         self._failed.clear()
         for r in world:
-            self._reported.add((r, sup.slots.incarnation(r)))
-            sup.slots.lose(r)
+            self._reported.add((r, self.slots.incarnation(r)))
+            self.slots.lose(r)
         self._ticks = dict.fromkeys(world, -1)  # before the launch: no report is missed
         info = await self.group.restart_all(resume)
         self._reissue_pending()
-        sup.write_state()
-        sup.crash_point("restart_all:launched")
+        self.write_state()
+        self.crash_point("restart_all:launched")
         now = time.monotonic()
         for r in world:
             c.forget_rank(r)
-            sup.watch.started(r, now)
+            self.watch.started(r, now)
         # Each rank reports once when its Guard exists (tick 0), then resumes at the
         # checkpoint's tick: a tick past it is a step completed in the new generation.
         await self._until_stepped(world, floor, world)
@@ -886,7 +916,7 @@ class Recovery:
     async def _where_they_are(self, ranks: list[int]) -> str:
         """Each rank's phase and generation as its ping tells them, for a restart that timed out."""
         present = [r for r in ranks if r in self.group.actors]
-        pings = await self.group.ping_all(self.sup.watch.config.ping_timeout_s, ranks=present)
+        pings = await self.group.ping_all(self.watch.config.ping_timeout_s, ranks=present)
         return ", ".join(
             f"rank {r}: {p.get('phase')} in generation {p.get('generation')} at tick {p.get('tick')}"
             if isinstance(p, dict)
@@ -901,23 +931,22 @@ class Recovery:
         processes gave, so an answer from before the restart does not count:
         a command applied by some of the old ranks is applied by all new ones.
         """
-        world = set(range(self.sup.spec.workers))
-        for pending in self.sup.controller.pending.values():
+        world = set(range(self.spec.workers))
+        for pending in self.controller.pending.values():
             pending.outcomes.clear()
             pending.dropped.clear()
             pending.targets = set(world)
 
     async def _blocked(self, live: list[int]) -> list[int]:
         """Survivors that have not caught the broken collective's error after a grace period."""
-        sup = self.sup
-        grace = max(BLOCKED_GRACE_S, *(3 * sup.watch.p99(r) for r in live))
+        grace = max(BLOCKED_GRACE_S, *(3 * self.watch.p99(r) for r in live))
         deadline = time.monotonic() + grace
         while True:
             # A survivor that joined the restart meanwhile (its node found lost) is not waited on.
             live = [r for r in live if r not in self._joining]
             if not live:
                 return []
-            pings = await self.group.ping_all(sup.watch.config.ping_timeout_s, ranks=live)
+            pings = await self.group.ping_all(self.watch.config.ping_timeout_s, ranks=live)
             still = [
                 r
                 for r in live
@@ -937,9 +966,9 @@ class Recovery:
     async def _formed(self, generation: int) -> bool:
         """True if every rank answers from `generation`: the crashed supervisor's restart took."""
         pings = await self.group.ping_all(
-            self.sup.watch.config.ping_timeout_s, patience=self.sup.watch.config.ping_patience
+            self.watch.config.ping_timeout_s, patience=self.watch.config.ping_patience
         )
-        every = range(self.sup.spec.workers)
+        every = range(self.spec.workers)
         return all(
             r in pings and isinstance(pings[r], dict) and pings[r].get("generation") == generation
             for r in every
