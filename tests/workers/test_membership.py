@@ -38,8 +38,10 @@ def test_once_connected_the_store_waits_as_long_as_a_collective() -> None:
     m.join()
     try:
         assert dist.is_initialized() and dist.get_world_size() == 1
-        assert m._store.timeout == collective_timeout() > datetime.timedelta(
-            seconds=membership.STORE_CONNECT_S
+        assert (
+            m._store.timeout
+            == collective_timeout()
+            > datetime.timedelta(seconds=membership.STORE_CONNECT_S)
         )
     finally:
         m.leave()
