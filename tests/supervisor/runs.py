@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,8 +12,9 @@ from typing import Any
 
 import ray
 
+from remedy.supervisor.agent import agent_name, alive_nodes
 from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import RunSpec
+from remedy.supervisor.spec import NAMESPACE, RunSpec
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -60,3 +62,26 @@ def finished(supervisor: Any, timeout_s: float = 240.0) -> dict[str, Any]:
         if summary is not None:
             return dict(summary)
     raise TimeoutError(f"the run did not end within {timeout_s:g}s")
+
+
+def agent_steps_seen(run_dir: Path, rank: int | None = None) -> int:
+    """The highest step a rank (`rank`, else any) has reported to its agent so far, from the
+    agents' metrics files (-1: none yet)."""
+    steps = [
+        int(json.loads(line).get("step", 0))
+        for path in run_dir.glob("metrics-agent-*.jsonl")
+        for line in path.read_text().splitlines()
+        if line.strip().endswith("}") and (rank is None or f'"rank": {rank}' in line)
+    ]
+    return max(steps, default=-1)
+
+
+def agent_once_at(spec: RunSpec, step: int, timeout_s: float, rank: int | None = None) -> Any:
+    """This one-node cluster's agent of run `spec`, once a rank reported `step` to it (or
+    `timeout_s` passed)."""
+    run_dir = Path(spec.run_dir)
+    deadline = time.monotonic() + timeout_s
+    while agent_steps_seen(run_dir, rank) < step and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (node,) = alive_nodes()
+    return ray.get_actor(agent_name(spec.run_id, node), NAMESPACE)

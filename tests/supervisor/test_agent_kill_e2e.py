@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import ray
 
-from remedy.supervisor.agent import agent_name, alive_nodes
 from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import NAMESPACE, RunSpec
+from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl
+from tests.supervisor.runs import agent_once_at, agent_steps_seen
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -36,28 +36,13 @@ def _spec(run_dir: Path) -> RunSpec:
     )
 
 
-def _steps_seen(run_dir: Path) -> int:
-    """The highest step of rank 0 in the agents' metrics files so far."""
-    steps = [
-        int(json.loads(line).get("step", 0))
-        for path in run_dir.glob("metrics-agent-*.jsonl")
-        for line in path.read_text().splitlines()
-        if line.strip().endswith("}") and '"rank": 0' in line
-    ]
-    return max(steps, default=-1)
-
-
 def _kill_agent_at(spec: RunSpec, step: int, out: dict[str, Any]) -> None:
     """SIGKILL this node's agent (by pid) once rank 0 reported `step`; note what was killed."""
     run_dir = Path(spec.run_dir)
-    deadline = time.monotonic() + 300
-    while _steps_seen(run_dir) < step and time.monotonic() < deadline:
-        time.sleep(0.05)
-    (node,) = alive_nodes()
-    agent = ray.get_actor(agent_name(spec.run_id, node), NAMESPACE)
+    agent = agent_once_at(spec, step, 300, rank=0)
     before = ray.get(agent.stats.remote(), timeout=60)
     os.kill(before["pid"], signal.SIGKILL)
-    out["killed_at_step"] = _steps_seen(run_dir)
+    out["killed_at_step"] = agent_steps_seen(run_dir, rank=0)
     out["before"] = before
     # Ray restarts it; its state record says what it had.
     for _ in range(600):

@@ -16,11 +16,12 @@ import ray
 
 from remedy.supervisor import liveness
 from remedy.supervisor.actor import launch_supervisor
-from remedy.supervisor.agent import HEARTBEAT_S, agent_name, alive_nodes, kill_agents, upward_bound
+from remedy.supervisor.agent import HEARTBEAT_S, alive_nodes, kill_agents, upward_bound
 from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import NAMESPACE, RunSpec, supervisor_name
 from remedy.supervisor.worker_group import kill_run_actors
 from remedy.workers.rundir import read_jsonl
+from tests.supervisor.runs import agent_once_at
 from tests.supervisor.test_supervisor_restart_e2e import (
     ARGS,
     NAN,
@@ -42,26 +43,11 @@ def _spec(run_dir: Path) -> RunSpec:
     )  # fmt: skip
 
 
-def _steps_seen(run_dir: Path) -> int:
-    """The highest step any rank has reported to its agent so far (the agents' metrics files)."""
-    steps = [
-        int(json.loads(line).get("step", 0))
-        for path in run_dir.glob("metrics-agent-*.jsonl")
-        for line in path.read_text().splitlines()[-20:]
-        if line.strip().endswith("}")
-    ]
-    return max(steps, default=-1)
-
-
 def _stop_supervisor_at(spec: RunSpec, step: int, seen: dict[str, Any]) -> None:
     """SIGSTOP the run's supervisor, for good, once a rank reported `step` to its agent; note the
     agent's process before and after (a watcher that mistakes the agent for the hung one kills it)."""
-    run_dir = Path(spec.run_dir)
     deadline = time.monotonic() + 120
-    while _steps_seen(run_dir) < step and time.monotonic() < deadline:
-        time.sleep(0.05)
-    (node,) = alive_nodes()
-    agent = ray.get_actor(agent_name(spec.run_id, node), NAMESPACE)
+    agent = agent_once_at(spec, step, 120)
     seen["agent_before"] = ray.get(agent.stats.remote(), timeout=30)
     sup = ray.get_actor(supervisor_name(spec.run_id), namespace=NAMESPACE)
     pid = ray.get(sup.where.remote(), timeout=30)[1]
