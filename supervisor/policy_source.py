@@ -93,7 +93,7 @@ class PolicyWatch:
         self.path = path
         self._stamp = self._look()
         self._pending: tuple[int, int, int] | None = None
-        self._taken: str | None = self._key()  # the start's bytes: in force already
+        self._taken: str | None = self._read()[0]  # the start's bytes: in force already
 
     def _look(self) -> tuple[int, int, int] | None:
         try:
@@ -102,12 +102,13 @@ class PolicyWatch:
             return None
         return st.st_mtime_ns, st.st_size, st.st_ino
 
-    def _key(self) -> str | None:
+    def _read(self) -> tuple[str, tuple[bytes, str] | PolicyError]:
+        """What the file holds now, keyed: its bytes' digest, or its refusal's text."""
         try:
-            data, _ = read_policy_bytes(str(self.path))
+            data, name = read_policy_bytes(str(self.path))
         except PolicyError as exc:
-            return "error:" + "; ".join(d.format() for d in exc.diagnostics)
-        return hashlib.sha256(data).hexdigest()
+            return "error:" + "; ".join(d.format() for d in exc.diagnostics), exc
+        return hashlib.sha256(data).hexdigest(), (data, name)
 
     def forget(self) -> None:
         """A policy came from elsewhere (`policy apply`): the file's next save is taken whatever it holds."""
@@ -123,16 +124,10 @@ class PolicyWatch:
             self._pending = stamp
             return None
         self._stamp, self._pending = stamp, None
-        try:
-            data, name = read_policy_bytes(str(self.path))
-        except PolicyError as exc:
-            key = "error:" + "; ".join(d.format() for d in exc.diagnostics)
-            if key == self._taken:
-                return None
-            self._taken = key
-            raise
-        key = hashlib.sha256(data).hexdigest()
+        key, saved = self._read()
         if key == self._taken:
             return None
         self._taken = key
-        return data, name
+        if isinstance(saved, PolicyError):
+            raise saved
+        return saved
