@@ -179,7 +179,6 @@ class Recovery:
         self._marks: dict[str, float] = {}  # wall times of the restart in progress
         # Ranks lost while a restart was under way, with why: that restart takes them in.
         self._joining: dict[int, str] = {}
-        self._joined: dict[int, str] = {}  # those the restart in progress took in
         self._machine: RestartState | None = None  # the restart in progress (core.restart)
         # While a restart waits for the group to step: each rank's newest tick, fed by
         # the supervisor's report path (`progress`), which wakes the waiting restart.
@@ -489,12 +488,11 @@ class Recovery:
         self.write_state()
         self._moved.set()  # an attempt waiting on the group starts over with it
 
-    def _take_joining(self, ranks: list[int]) -> list[int]:
-        """`ranks` with the ranks that joined the restart, which are then taken."""
-        joined = {r for r in self._joining if r in self.slots.slots}
-        self._joined.update({r: self._joining[r] for r in joined})
+    def _take_joining(self) -> dict[int, str]:
+        """The ranks that joined the restart (still in the group), with why; taken."""
+        joined = {r: why for r, why in self._joining.items() if r in self.slots.slots}
         self._joining.clear()
-        return sorted({*ranks, *joined})
+        return joined
 
     def _if_unreplaced(
         self, rank: int, kind: str, reason: str, answers: list[dict[str, Any]]
@@ -667,9 +665,9 @@ class Recovery:
         supervisor killed at any point finds the decision deferred and where the
         restart stood, and goes on (`Resume`).
         """
-        self._joined = {}
-        ranks = tuple(self._take_joining([r for r in d.ranks if r in self.slots.slots]))
-        why = "; ".join([f"{d.anomaly.kind} on rank {d.anomaly.rank}", *self._joined.values()])
+        joined = self._take_joining()
+        ranks = tuple(sorted({*(r for r in d.ranks if r in self.slots.slots), *joined}))
+        why = "; ".join([f"{d.anomaly.kind} on rank {d.anomaly.rank}", *joined.values()])
         machine = self._machine
         if not (resumed and machine is not None and machine.decision_id in ("", d.decision_id)):
             machine = RestartState(d.decision_id, self.spec.workers)
@@ -699,10 +697,10 @@ class Recovery:
                 await self._carry(d, machine, effect)
             try:
                 answer = await self._carry(d, machine, last)
-            except Exception as exc:
+            except Exception as exc:  # any failure of an attempt is one failed attempt
                 if not isinstance(last, ATTEMPT_EFFECTS):
                     raise
-                answer = restart.AttemptFailed(str(exc))  # any failure of an attempt counts once
+                answer = restart.AttemptFailed(str(exc))
             if answer is None:  # resolved: the restart is over
                 self._machine = None
                 return
@@ -716,12 +714,7 @@ class Recovery:
         world = list(range(self.spec.workers))
         match effect:
             case restart.Kill(ranks, live):
-                for r in ranks:
-                    self._failed.pop(r, None)
-                    self.slots.lose(r)
-                # The ticks the group must pass, fed by reports from here on (the replaced
-                # ranks' old processes report nothing that counts: their slots are closed).
-                self._ticks = {r: -1 if r in ranks else c.tick_of.get(r, -1) for r in world}
+                self._replacing_now(ranks)
                 front = max(c.tick_of.get(r, 0) for r in live)
                 for r in ranks:
                     self.group.kill(r)
@@ -730,58 +723,45 @@ class Recovery:
                 if self.spec.gpus_per_rank:
                     # NCCL kernels keep spinning after a peer dies: abort the survivors'
                     # communicators from their control threads (a no-op on gloo ranks).
-                    try:
-                        await waits.within(
-                            asyncio.gather(*(self.group.actors[r].abort.remote() for r in live)),
-                            ABORT_S,
-                            "the survivors' communicator aborts",
-                        )
-                    except Exception as exc:
-                        return restart.AttemptFailed(str(exc))
+                    await waits.within(
+                        asyncio.gather(*(self.group.actors[r].abort.remote() for r in live)),
+                        ABORT_S,
+                        "the survivors' communicator aborts",
+                    )
                 return restart.Killed(front)
             case restart.CheckSurvivors(live):
                 return await self._check_survivors(list(live))
             case restart.Launch(ranks, source, new_generation):
-                try:
-                    if new_generation:
-                        info = await self.group.replace(list(ranks), source=source)
-                        self._marks["launched"] = time.time()
-                    else:
-                        for r in ranks:
-                            self._failed.pop(r, None)
-                            self.slots.lose(r)
-                        self._ticks = {r: -1 if r in ranks else c.tick_of.get(r, -1) for r in world}
-                        info = await self.group.relaunch(list(ranks), source=source)
-                except Exception as exc:  # any failure of an attempt is one failed attempt
-                    return restart.AttemptFailed(str(exc))
+                if new_generation:
+                    info = await self.group.replace(list(ranks), source=source)
+                    self._marks["launched"] = time.time()
+                else:
+                    self._replacing_now(ranks)
+                    info = await self.group.relaunch(list(ranks), source=source)
                 return restart.Launched(info)
             case restart.AwaitSteps(past, ranks, live, fresh):
                 if machine.first and not fresh:
                     # After the state record of the new incarnations, spares and generation.
                     self.crash_point("restart_rank:launched")
-                try:
-                    if fresh:  # after a resume: the crashed supervisor's launch
-                        await self._until_stepped(world, past, list(ranks), fresh=True)
-                    else:
-                        now = time.monotonic()
-                        for r in ranks:
-                            self.watch.started(r, now)
-                        for r in live:
-                            self.watch.allow(r, REGROUP_TIMEOUT_S, now)
-                        await self._until_stepped(world, past, list(ranks))
-                        for (
-                            r
-                        ) in world:  # back to step-time timeouts: a second hang is found as fast
-                            self.watch.settle(r)
-                except RestartError as exc:
-                    return restart.AttemptFailed(str(exc))
+                if fresh:  # after a resume: the crashed supervisor's launch
+                    await self._until_stepped(world, past, list(ranks), fresh=True)
+                    return restart.Stepped()
+                now = time.monotonic()
+                for r in ranks:
+                    self.watch.started(r, now)
+                for r in live:
+                    self.watch.allow(r, REGROUP_TIMEOUT_S, now)
+                await self._until_stepped(world, past, list(ranks))
+                # Back to step-time timeouts: a second hang is found as fast.
+                for r in world:
+                    self.watch.settle(r)
                 return restart.Stepped()
             case restart.CheckFormed(generation):
                 return restart.Formed(await self._formed(generation))
             case restart.Backoff(attempts):
                 # Jittered exponential back-off before the next attempt (at most 1 s).
                 await asyncio.sleep(random.uniform(0, min(1.0, 0.05 * 2**attempts)))
-                return restart.Waited(tuple(self._take_joining([])))
+                return restart.Waited(tuple(sorted(self._take_joining())))
             case restart.RestartAll(cause):
                 try:
                     info = await self._restart_all(cause)
@@ -802,6 +782,17 @@ class Recovery:
                 return None
         raise RestartError(f"unknown effect {effect!r}")
 
+    def _replacing_now(self, ranks: tuple[int, ...]) -> None:
+        """An attempt begins for `ranks`: their slots close, and the ticks the group must pass
+        are fed by reports from here on (the old processes report nothing that counts)."""
+        for r in ranks:
+            self._failed.pop(r, None)
+            self.slots.lose(r)
+        tick_of = self.controller.tick_of
+        self._ticks = {
+            r: -1 if r in ranks else tick_of.get(r, -1) for r in range(self.spec.workers)
+        }
+
     async def _check_survivors(self, live: list[int]) -> restart.Checked:
         """Survivors still blocked in the broken collective, and ranks lost meanwhile: both killed."""
         blocked = await self._blocked(live)
@@ -810,7 +801,7 @@ class Recovery:
         # Lost while this attempt waited on the survivors (the rest of a lost node's
         # ranks, found by Ray's verdict on the node): replaced with the others, now.
         for r in joined:
-            self._joined[r] = self._joining.pop(r)
+            del self._joining[r]
             self._ticks[r] = -1
             self.slots.lose(r)
             self.group.kill(r)

@@ -29,6 +29,7 @@ restart finds where it stood and goes on from there (`Resume`).
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -347,7 +348,7 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
         return s.then(st, *st.end) if isinstance(inp, Resume) else s
     match inp:
         case Begin(ranks, why):
-            s = replace(s, state=replace(st, ranks=tuple(sorted(set(ranks)))))
+            s = replace(s, state=replace(st, ranks=_union(ranks)))
             if s.job.phase not in (Phase.RUNNING, Phase.DEGRADED, *_UNDER_WAY):
                 return _over(s, _not_now(s.job))
             s = s.job_input(RanksLost(frozenset(ranks), why), k)
@@ -359,7 +360,7 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
                              cause, k)  # fmt: skip
             if s.job.phase not in _UNDER_WAY:  # the job is ending (a stop, an abort)
                 return _over(s, _not_now(s.job))
-            lost = tuple(sorted({*ranks, *st.ranks, *s.job.lost}))
+            lost = _union(ranks, st.ranks, s.job.lost)
             st = replace(st, ranks=lost)
             if st.stage is Stage.STEP and st.launched and s.job.phase is Phase.RECOVERING:
                 # The crashed supervisor's replacements may have joined: see if the group formed.
@@ -374,12 +375,12 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
             st = replace(st, stage=Stage.CHECK, front=front)
             return s.then(st, CheckSurvivors(tuple(st.live)))
         case Checked(blocked, joined):
-            st = replace(st, ranks=tuple(sorted({*st.ranks, *joined})), blocked=())
+            st = replace(st, ranks=_union(st.ranks, joined), blocked=())
             if not st.live:
                 return _failed(replace(s, state=st), NO_SOURCE, cause, k)
             if blocked:
                 s = s.job_input(RanksLost(frozenset(blocked), STILL_BLOCKED), k)
-                st = replace(st, ranks=tuple(sorted({*st.ranks, *blocked})), blocked=tuple(blocked))
+                st = replace(st, ranks=_union(st.ranks, blocked), blocked=tuple(blocked))
                 if not st.live:
                     return _failed(replace(s, state=st), NONE_RECOVERED, cause, k)
             st = replace(st, stage=Stage.LAUNCH)
@@ -408,7 +409,7 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
             return _failed(s, reason, cause, k)
         case Waited(joined):
             if joined:  # lost since the attempt began: the next one starts over with them
-                st = replace(st, ranks=tuple(sorted({*st.ranks, *joined})), first=True)
+                st = replace(st, ranks=_union(st.ranks, joined), first=True)
             return _next_attempt(replace(s, state=st), cause, k)
         case AllRestarted(info):
             s = s.job_input(Regrouped(int(info["generation"]), str(info["resumed"])), k)
@@ -451,6 +452,11 @@ def _failed(s: _Step, reason: str, cause: str, k: int) -> _Step:
 def _over(s: _Step, detail: str, *, kill_all: bool = False) -> _Step:
     resolve = Resolve("failed", detail, s.state.ranks)
     return _end(s, KillAll(), resolve) if kill_all else _end(s, resolve)
+
+
+def _union(*groups: Iterable[int]) -> tuple[int, ...]:
+    """Ranks of every group, once each, in order."""
+    return tuple(sorted({r for group in groups for r in group}))
 
 
 def _not_now(job: JobState) -> str:
