@@ -250,7 +250,7 @@ class Guard:
                 world_size=ctx.world_size,
                 supervised=getattr(self.reporter, "kill_supervisor", None) is not None,
                 checkpoint_every=self.config.checkpoint_every if self.checkpoints else 0,
-                scaler=self.scaler is not None and self.scaler.is_enabled(),
+                scaler=self.executor.scaled,
             )
         )
         self.step_count = 0
@@ -623,7 +623,7 @@ class Guard:
 
     def _keep_if_flagged(self, loss_v: float, norm_v: float) -> None:
         """A step a detector will report keeps the state from before its update (replay_step)."""
-        scaled = self.scaler is not None and self.scaler.is_enabled()
+        scaled = self.executor.scaled
         if self.detectors.flags(loss_v, norm_v, scaled=scaled):
             by_loss = self.detectors.flags(loss_v, 0.0, scaled=scaled)
             self.replays.keep(self, loss_v, flagged="loss" if by_loss else "grads")
@@ -705,7 +705,7 @@ class Guard:
             loader_time_s=self._loader_time,
             batch_index=self.executor.batch_index,
             loss_scale=float(self.scaler.get_scale())
-            if self.scaler is not None and self.scaler.is_enabled()
+            if self.scaler is not None and self.executor.scaled
             else None,
             scaler_skipped=skipped and self.scaler is not None and math.isfinite(loss_v),
             mem_bytes=allocated,

@@ -477,7 +477,7 @@ def _run(guard: Guard, batch: Any, index: int, *, model: torch.nn.Module) -> _Ru
     guard.finish_grads()
     grads = digest(_grads(guard)[0])
     loss_v = float(loss)
-    if guard.scaler is not None and guard.scaler.is_enabled():
+    if guard.scaler is not None and guard.executor.scaled:
         guard.scaler.update()  # ends the scaler's iteration; its state is restored after
     return _Run(loss_v, grads)
 
