@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tests.supervisor.headnode import Head, _free_ports, head_node, session_pids, stop_head
+from tests.supervisor.headnode import (
+    Head,
+    _free_ports,
+    head_node,
+    machine_load,
+    session_pids,
+    stop_head,
+)
 
 # Ray's health check of each raylet by the GCS: a raylet that misses
 # `failure_threshold` checks `period_ms` apart is dead. A dead raylet's port
@@ -163,12 +171,25 @@ def local_cluster(
         try:
             for i in range(1, workers + 1):
                 cluster.workers.append(_start_worker(head, root, f"w{i}", worker_cpus))
+            retried: dict[str, bool] = {}
             deadline = time.monotonic() + 90
             while True:
-                for w in cluster.workers:
-                    if w.proc.poll() is not None:
-                        log = (root / f"ray-start-{w.name}.log").read_text()[-2000:]
-                        raise RuntimeError(f"worker node {w.name} failed to start: {log}")
+                for i, w in enumerate(cluster.workers):
+                    if w.proc.poll() is None:
+                        continue
+                    log = (root / f"ray-start-{w.name}.log").read_text()
+                    if retried.get(w.name) or "Failed to get node info" not in log:
+                        raise RuntimeError(f"worker node {w.name} failed to start: {log[-2000:]}")
+                    # Its raylet missed Ray's 30 s registration window (see head_node).
+                    print(f"worker node {w.name} timed out starting; {machine_load()}",
+                          file=sys.stderr)  # fmt: skip
+                    retried[w.name] = True
+                    stop_head(w.sid)
+                    w.log.close()
+                    (root / f"ray-start-{w.name}.log").rename(root / f"ray-start-{w.name}-1.log")
+                    shutil.rmtree(root / w.name, ignore_errors=True)
+                    cluster.workers[i] = _start_worker(head, root, w.name, worker_cpus)
+                    deadline = time.monotonic() + 90
                 nodes = _ask_nodes(head, expect=workers + 1, timeout_s=10)
                 if sum(n["Alive"] for n in nodes) > workers or time.monotonic() > deadline:
                     break
