@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
+import operator
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -77,38 +79,84 @@ class _RankTimes:
 
 
 class Outcomes(dict[int, Outcome]):
-    """A pending command's outcomes by rank, counting its changes (`version`): a state record
-    groups them again only after one (`control_state.dump`), not for each record."""
+    """A pending command's outcomes by rank, kept grouped as they come (`grouped`).
 
-    version = 0
+    A command goes to every rank and its outcomes mostly say the same: the
+    outcomes that differ only in their rank form one group, whose ranks are
+    a bit mask. A state record writes the groups (`control_state.dump`); at
+    4,096 ranks grouping every pending command's outcomes anew for each
+    record was a third of the supervisor's event loop.
+    """
+
+    def __init__(self, items: Iterable[tuple[int, Outcome]] = ()) -> None:
+        super().__init__()
+        # group key -> [the outcome's fields but its rank, the ranks' bit mask]
+        self._groups: dict[tuple[Any, ...], list[Any]] = {}
+        self._key_of: dict[int, tuple[Any, ...]] = {}
+        for rank, outcome in items:
+            self[rank] = outcome
 
     def __setitem__(self, rank: int, outcome: Outcome) -> None:
-        self.version += 1
+        if rank in self:
+            self._ungroup(rank)
         super().__setitem__(rank, outcome)
+        key = outcome_key(outcome)
+        group = self._groups.get(key)
+        if group is None:
+            fields = outcome.to_dict()
+            del fields["rank"]
+            group = self._groups[key] = [fields, 0]
+        group[1] |= 1 << rank
+        self._key_of[rank] = key
 
     def __delitem__(self, rank: int) -> None:
-        self.version += 1
         super().__delitem__(rank)
+        self._ungroup(rank)
 
     def pop(self, rank: int, *default: Any) -> Any:
-        self.version += 1
+        if rank in self:
+            self._ungroup(rank)
         return super().pop(rank, *default)
 
     def clear(self) -> None:
-        self.version += 1
         super().clear()
+        self._groups.clear()
+        self._key_of.clear()
 
+    def _ungroup(self, rank: int) -> None:
+        key = self._key_of.pop(rank)
+        group = self._groups[key]
+        group[1] &= ~(1 << rank)
+        if not group[1]:
+            del self._groups[key]
+
+    def grouped(self) -> list[tuple[dict[str, Any], int]]:
+        """(an outcome's fields but its rank, the bit mask of the ranks that reported it)."""
+        return [(fields, mask) for fields, mask in self._groups.values()]
+
+    # Every other way to change a dict would bypass the groups.
     def update(self, *args: Any, **kwargs: Any) -> None:
-        self.version += 1
-        super().update(*args, **kwargs)
+        raise TypeError("Outcomes: set outcomes one by one")
 
     def setdefault(self, rank: int, default: Outcome) -> Outcome:
-        self.version += 1
-        return super().setdefault(rank, default)
+        raise TypeError("Outcomes: set outcomes one by one")
 
     def popitem(self) -> tuple[int, Outcome]:
-        self.version += 1
-        return super().popitem()
+        raise TypeError("Outcomes: pop an outcome by its rank")
+
+
+# An outcome's fields but its rank and result, as a tuple: what outcomes grouped together share.
+_OUTCOME_FIELDS = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(Outcome) if f.name not in ("rank", "result"))
+)
+
+
+def outcome_key(o: Outcome) -> tuple[Any, ...]:
+    """What outcomes that differ only in their rank share (the result as JSON, if any)."""
+    return (
+        _OUTCOME_FIELDS(o),
+        json.dumps(o.result, sort_keys=True, default=str) if o.result else "",
+    )
 
 
 @dataclass
@@ -124,8 +172,6 @@ class _Pending:
     # The command as it goes out, built once: every report of every target gets it
     # until that rank answers (asdict deep-copies on each call).
     wire: dict[str, Any] = field(init=False)
-    # The outcomes as a state record groups them, and the `Outcomes.version` they are of.
-    grouped: tuple[int, list[dict[str, Any]]] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.wire = self.command.to_dict()

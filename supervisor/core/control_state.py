@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import operator
 import os
 from collections import Counter, deque
 from collections.abc import Iterable
@@ -35,7 +34,7 @@ from remedy.supervisor.core.report_validation import RankMark
 from remedy.workers.commands import Command, Outcome
 
 if TYPE_CHECKING:
-    from remedy.supervisor.core.control import Controller, _Pending
+    from remedy.supervisor.core.control import Controller, Outcomes
 
 FORMAT = 1
 STATE = "state"
@@ -59,7 +58,7 @@ def dump(c: Controller) -> dict[str, Any]:
                 "command": p.command.to_dict(),
                 # Every rank, for almost every command: one word instead of world_size numbers.
                 "targets": ALL if p.targets == set(range(c.world_size)) else sorted(p.targets),
-                "outcomes": _grouped_of(p),
+                "outcomes": _grouped(p.outcomes),
                 "dropped": sorted(p.dropped),
                 "dispatched_at": p.dispatched_at,
             }
@@ -128,54 +127,36 @@ def load(c: Controller, data: dict[str, Any]) -> None:
     c.incidents.restore(data.get("incidents"), now=c._clock())
 
 
-# An outcome's fields but its rank and result, as a tuple: what outcomes grouped together share.
-_OUTCOME_FIELDS = operator.attrgetter(
-    *(f.name for f in dataclasses.fields(Outcome) if f.name not in ("rank", "result"))
-)
-
-
-def _grouped(outcomes: Iterable[Outcome]) -> list[dict[str, Any]]:
-    """Outcomes that differ only in their rank as one entry with `ranks`.
-
-    A command goes to every rank, and its outcomes mostly say the same: at
-    4,096 ranks a few pending commands' outcomes one by one were most of a
-    state record, written before each reply with a new promise.
-
-    Grouping is by a tuple of the fields (the result as JSON only when there is
-    one): each record walks every pending outcome, and one JSON text per
-    outcome was most of the supervisor's time at 4,096 ranks.
-    """
-    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for o in outcomes:
-        result = json.dumps(o.result, sort_keys=True, default=str) if o.result else ""
-        key = (_OUTCOME_FIELDS(o), result)
-        entry = groups.get(key)
-        if entry is None:
-            entry = groups[key] = o.to_dict()
-            del entry["rank"]
-            entry["ranks"] = []
-        entry["ranks"].append(o.rank)
-    return list(groups.values())
-
-
-def _grouped_of(p: _Pending) -> list[dict[str, Any]]:
-    """`_grouped` of a pending command's outcomes, kept while they do not change: with many
-    ranks every record walked each pending command's thousands of outcomes."""
-    version = p.outcomes.version
-    if p.grouped is None or p.grouped[0] != version:
-        p.grouped = (version, _grouped(p.outcomes.values()))
-    return p.grouped[1]
+def _grouped(outcomes: Outcomes) -> list[dict[str, Any]]:
+    """A pending command's outcomes as `Outcomes` keeps them grouped: one entry per group, its
+    ranks as `ranks_mask`, the hex digits of their bit mask (4,096 ranks in 1,024 characters)."""
+    return [{**fields, "ranks_mask": format(mask, "x")} for fields, mask in outcomes.grouped()]
 
 
 def _ungrouped(entries: Iterable[dict[str, Any]]) -> list[Outcome]:
-    """The outcomes of `_grouped` entries (and of records written one per outcome)."""
+    """The outcomes of `_grouped` entries, and of older records' (`ranks` lists, or one
+    entry per outcome)."""
     out = []
     for entry in entries:
-        if "ranks" not in entry:
+        if "ranks_mask" in entry:
+            ranks = _bits(int(entry["ranks_mask"], 16))
+        elif "ranks" in entry:
+            ranks = [int(r) for r in entry["ranks"]]
+        else:
             out.append(Outcome.from_dict(entry))
             continue
-        fields = {k: v for k, v in entry.items() if k != "ranks"}
-        out.extend(Outcome.from_dict({**fields, "rank": int(r)}) for r in entry["ranks"])
+        fields = {k: v for k, v in entry.items() if k not in ("ranks", "ranks_mask")}
+        out.extend(Outcome.from_dict({**fields, "rank": r}) for r in ranks)
+    return out
+
+
+def _bits(mask: int) -> list[int]:
+    """The positions of the set bits of `mask`, lowest first."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
     return out
 
 

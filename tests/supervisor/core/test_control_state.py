@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
 from remedy.supervisor.core import control_state
-from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.control import Controller, Outcomes
 from remedy.workers.commands import Outcome
 from remedy.workers.rundir import RunDir, read_jsonl
 
@@ -184,12 +186,34 @@ def test_outcomes_differing_only_in_rank_are_kept_as_one_entry() -> None:
         return Outcome(decision_id="d1", rank=rank, outcome="applied", step=3, tick=3,
                        detail=detail)  # fmt: skip
 
-    outcomes = [outcome(r) for r in range(6)] + [outcome(6, "late"), outcome(7, "late")]
-    entries = control_state._grouped(outcomes)
-    assert sorted(len(e["ranks"]) for e in entries) == [2, 6]
+    outcomes = [outcome(r) for r in range(6)] + [outcome(6, "late"), outcome(4097, "late")]
+    entries = control_state._grouped(Outcomes((o.rank, o) for o in outcomes))
+    assert sorted(e["ranks_mask"] for e in entries) == sorted(["3f", format((1 << 6) | (1 << 4097), "x")])
     assert sorted(control_state._ungrouped(entries), key=lambda o: o.rank) == outcomes
-    # A record written one outcome per entry still loads.
+    # Records written before: the ranks as a list, or one outcome per entry.
+    fields = {k: v for k, v in entries[0].items() if k != "ranks_mask"}
+    assert [o.rank for o in control_state._ungrouped([{**fields, "ranks": [1, 2]}])] == [1, 2]
     assert control_state._ungrouped([o.to_dict() for o in outcomes]) == outcomes
+
+
+def test_outcomes_keep_their_groups_through_every_change() -> None:
+    """An outcome replaced, popped or deleted leaves its group; an emptied group goes, and a
+    way of changing a dict that would bypass the groups is refused."""
+    outs = Outcomes()
+    outs[0] = Outcome("d1", 0, "applied", 6, 6)
+    outs[3] = Outcome("d1", 3, "applied", 6, 6)
+    outs[2] = Outcome("d1", 2, "failed", 6, 6, "boom")
+    assert sorted(mask for _, mask in outs.grouped()) == [0b100, 0b1001]
+    outs[2] = Outcome("d1", 2, "applied", 6, 6)  # its rank's outcome again, now applied
+    assert [mask for _, mask in outs.grouped()] == [0b1101]
+    outs.pop(0)
+    del outs[3]
+    assert [mask for _, mask in outs.grouped()] == [0b100]
+    assert outs.pop(9, None) is None and len(outs) == 1
+    outs.clear()
+    assert outs.grouped() == [] and not outs
+    with pytest.raises(TypeError):
+        outs.update({1: Outcome("d1", 1, "applied", 6, 6)})
 
 
 def test_an_outcome_as_a_dict_has_every_field_and_copies_its_result() -> None:
@@ -202,28 +226,26 @@ def test_an_outcome_as_a_dict_has_every_field_and_copies_its_result() -> None:
     assert Outcome.from_dict(outcome.to_dict()) == outcome
 
 
-def test_a_state_record_groups_a_commands_outcomes_anew_after_each_change(tmp_path: Path) -> None:
-    """The grouping kept between records follows every change of the outcomes (taken, dropped,
+def test_a_state_record_holds_a_commands_outcomes_after_each_change(tmp_path: Path) -> None:
+    """The groups a record writes follow every change of the outcomes (taken, dropped,
     cleared), and a record read back has them all."""
     c = _controller(tmp_path)
     [first, _] = [cmd["decision_id"] for cmd in c.ingest(_batch(0, 5, _nan(0, 5)))]
 
-    def outcomes() -> list[dict[str, Any]]:
+    def masks() -> list[str]:
         [entry] = [p for p in c.state_dict()["pending"] if p["command"]["decision_id"] == first]
-        return list(entry["outcomes"])
+        return [o["ranks_mask"] for o in entry["outcomes"]]
 
-    assert outcomes() == []
+    assert masks() == []
     c.ingest(_batch(1, 6, outcomes=[_applied(first, 1, 6)]))
-    assert [o["ranks"] for o in outcomes()] == [[1]]
+    assert masks() == ["2"]
     pending = c.pending[first]
-    kept = pending.grouped
-    assert [o["ranks"] for o in outcomes()] == [[1]] and pending.grouped is kept  # not regrouped
     pending.outcomes.pop(1)  # the rank was lost before the others answered
-    assert outcomes() == []
+    assert masks() == []
     pending.outcomes[1] = Outcome(first, 1, "applied", 6, 6)
     pending.outcomes[0] = Outcome(first, 0, "applied", 6, 6)
-    assert [o["ranks"] for o in outcomes()] == [[1, 0]]
+    assert masks() == ["3"]
     restored = _restored(tmp_path, _roundtrip(c))
     assert set(restored.pending[first].outcomes) == {0, 1}
     pending.outcomes.clear()
-    assert outcomes() == []
+    assert masks() == []
