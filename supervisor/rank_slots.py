@@ -55,6 +55,14 @@ class Slot:
     # Numbers below `last_seq` not taken yet (within SEQ_WINDOW of it): every
     # other number up to `last_seq` was taken. Empty while batches come in order.
     gaps: set[int] = field(default_factory=set)
+    # Set by every change of a field (and by `RankSlots` after it changes `gaps` in place):
+    # `RankSlots.records` builds this slot's record again only then.
+    dirty: bool = field(default=True, compare=False, repr=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name != "dirty":
+            object.__setattr__(self, "dirty", True)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -84,7 +92,7 @@ class RankSlots:
         self.rejected: Counter[str] = Counter() if rejected is None else rejected
         self.refused_stale = 0  # reports from a replaced incarnation
         self.refused_duplicate = 0  # a batch sequence number seen already
-        self._records: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}  # see `records`
+        self._records: dict[int, dict[str, Any]] = {}  # see `records`
 
     @classmethod
     def from_records(cls, records: list[dict[str, Any]]) -> RankSlots:
@@ -148,6 +156,7 @@ class RankSlots:
         return True
 
     def _note_gaps(self, slot: Slot) -> None:
+        slot.dirty = True  # its gaps may have changed in place
         if slot.gaps:
             self._incomplete.add(slot.rank)
         else:
@@ -213,9 +222,9 @@ class RankSlots:
         cache = self._records
         for rank in sorted(self.slots):
             s = self.slots[rank]
-            key = (s.incarnation, s.state, s.last_seq, s.pid, s.node, frozenset(s.gaps))
-            hit = cache.get(rank)
-            if hit is None or hit[0] != key:
-                hit = cache[rank] = (key, s.to_dict())
-            out.append(hit[1])
+            record = cache.get(rank)
+            if record is None or s.dirty:
+                record = cache[rank] = s.to_dict()
+                s.dirty = False
+            out.append(record)
         return out

@@ -223,6 +223,7 @@ class Controller:
         self.rejected: Counter[str] = Counter()  # refused input, by reason
         self._logged: dict[str, int] = {}  # the count of each reason when last logged
         self._marks: dict[int, RankMark] = {}  # each rank's last accepted report
+        self.rows = control_state.RankRows()  # the three maps above as a state record has them
         self._tick_counts: dict[int, dict[int, int]] = {}  # events accepted per rank and tick
         self.last_report: Report | None = None  # the valid parts of the last batch ingested
         self._clock = clock
@@ -290,10 +291,11 @@ class Controller:
             return []
         rank = report.rank
         self._tick_counts[rank] = report.tick_counts
-        self._marks[rank] = RankMark(report.step, report.tick, now)
+        mark = self._marks[rank] = RankMark(report.step, report.tick, now)
         self.last_seen[rank] = now
         self.step_of[rank] = max(self.step_of.get(rank, 0), report.step)
         self.tick_of[rank] = report.tick
+        self.rows.took(rank, self.step_of[rank], mark)
         for record in report.metrics:
             self._metrics(rank, record)
         if self.run_dir is not None and write_metrics:

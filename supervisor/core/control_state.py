@@ -66,12 +66,12 @@ def dump(c: Controller) -> dict[str, Any]:
         ],
         "closed": list(c._recent_closed),
         "deferred": [d.to_dict() for d in c.deferred.values()],
-        "step_of": _keyed(c.step_of),
-        "tick_of": _keyed(c.tick_of),
+        "step_of": dict(c.rows.step_of),
+        "tick_of": dict(c.rows.tick_of),
         # Only the lead rank's: `final_loss()` (what `status` shows) reads no other, and ten
         # floats of every rank were 40% of a record at 4,096 ranks.
         "recent_loss": {str(r): list(v) for r, v in c.recent_loss.items() if r == LOSS_RANK},
-        "marks": {str(r): [m.step, m.tick, m.at] for r, m in c._marks.items()},
+        "marks": dict(c.rows.marks),
         "anomaly_counts": dict(c.anomaly_counts),
         "action_counts": dict(c.action_counts),
         "outcome_counts": dict(c.outcome_counts),
@@ -117,6 +117,7 @@ def load(c: Controller, data: dict[str, Any]) -> None:
     c._marks = {
         int(r): RankMark(int(m[0]), int(m[1]), float(m[2])) for r, m in data["marks"].items()
     }
+    c.rows = RankRows.of(c.step_of, c.tick_of, c._marks)
     c.anomaly_counts = Counter(data["anomaly_counts"])
     c.action_counts = Counter(data["action_counts"])
     c.outcome_counts = Counter(data["outcome_counts"])
@@ -125,6 +126,37 @@ def load(c: Controller, data: dict[str, Any]) -> None:
     c.stop_reason = data.get("stop_reason")
     # Events held for the other ranks' reports of their tick (records before the merge had none).
     c.incidents.restore(data.get("incidents"), now=c._clock())
+
+
+class RankRows:
+    """Each rank's step, tick and progress mark as a state record writes them, kept as they
+    change (`took`): a record copies these maps instead of building 4,096 entries of each,
+    and an entry left unchanged is the same object in the next record, which
+    `run_state.StateLog` then skips by identity (no entry is changed once given)."""
+
+    def __init__(self) -> None:
+        self.step_of: dict[str, int] = {}
+        self.tick_of: dict[str, int] = {}
+        self.marks: dict[str, list[Any]] = {}
+
+    def took(self, rank: int, step_of: int, mark: RankMark) -> None:
+        """Rank `rank`'s newest accepted report: its highest step so far and its mark."""
+        key = str(rank)
+        if self.step_of.get(key) != step_of:
+            self.step_of[key] = step_of
+        if self.tick_of.get(key) != mark.tick:
+            self.tick_of[key] = mark.tick
+        self.marks[key] = [mark.step, mark.tick, mark.at]
+
+    @classmethod
+    def of(
+        cls, step_of: dict[int, int], tick_of: dict[int, int], marks: dict[int, RankMark]
+    ) -> RankRows:
+        rows = cls()
+        rows.step_of = _keyed(step_of)
+        rows.tick_of = _keyed(tick_of)
+        rows.marks = {str(r): [m.step, m.tick, m.at] for r, m in marks.items()}
+        return rows
 
 
 def _grouped(outcomes: Outcomes) -> list[dict[str, Any]]:

@@ -58,6 +58,11 @@ PER_RANK: tuple[tuple[str, str | None], ...] = (
 NESTED = ("controller", "group")
 # A full record after this many deltas, so that a restore reads a bounded tail.
 FULL_EVERY = 100
+# ... and once the deltas since the last full record hold this many times its per-rank
+# entries. A restore then folds at most that much more than one full record; at 4,096 ranks
+# through agents, with 1 (a full record about every 8 deltas) the full records were half the
+# bytes a state record encodes, its largest cost.
+DELTA_ENTRIES_PER_FULL = 4
 
 
 class StateSchemaError(ValueError):
@@ -197,7 +202,8 @@ class StateLog:
     there, if any) and `ranks` (for each
     `PER_RANK` path, the entries that changed, None for one removed). A full
     record is written first, after `FULL_EVERY` deltas, and when the per-rank
-    entries written since the last full record outnumber those it holds.
+    entries written since the last full record outnumber `DELTA_ENTRIES_PER_FULL` times
+    those it holds.
 
     Per-rank entries are compared with `is` and `!=` against the previous
     record's, which needs an entry never to be changed once given (each record
@@ -241,7 +247,7 @@ class StateLog:
             if diff:
                 changed[path] = diff
                 count += len(diff)
-        if self._written + count > self._full_size:
+        if self._written + count > DELTA_ENTRIES_PER_FULL * self._full_size:
             return self._full(record, ranks, text)
         sets = {path: value for path, value in sections if self._last_text.get(path) != text[path]}
         unset = sorted(self._last_text.keys() - text.keys())

@@ -67,6 +67,10 @@ def test_records_change_with_their_slot_and_only_then() -> None:
     assert first[0]["last_seq"] == 0  # a record given out is never changed
     slots.lose(1)
     assert slots.records()[1]["state"] == "lost"
+    slots.slots[1].pid, slots.slots[1].node = 42, "n1"  # as the worker group learns them
+    assert (slots.records()[1]["pid"], slots.records()[1]["node"]) == (42, "n1")
+    assert slots.give_up_gaps(0, 4) == 1
+    assert slots.records()[0]["gaps"] == []
 
 
 def test_batches_retried_out_of_order_are_accepted_once() -> None:

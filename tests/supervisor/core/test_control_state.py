@@ -188,7 +188,9 @@ def test_outcomes_differing_only_in_rank_are_kept_as_one_entry() -> None:
 
     outcomes = [outcome(r) for r in range(6)] + [outcome(6, "late"), outcome(4097, "late")]
     entries = control_state._grouped(Outcomes((o.rank, o) for o in outcomes))
-    assert sorted(e["ranks_mask"] for e in entries) == sorted(["3f", format((1 << 6) | (1 << 4097), "x")])
+    assert sorted(e["ranks_mask"] for e in entries) == sorted(
+        ["3f", format((1 << 6) | (1 << 4097), "x")]
+    )
     assert sorted(control_state._ungrouped(entries), key=lambda o: o.rank) == outcomes
     # Records written before: the ranks as a list, or one outcome per entry.
     fields = {k: v for k, v in entries[0].items() if k != "ranks_mask"}
@@ -249,3 +251,26 @@ def test_a_state_record_holds_a_commands_outcomes_after_each_change(tmp_path: Pa
     assert set(restored.pending[first].outcomes) == {0, 1}
     pending.outcomes.clear()
     assert masks() == []
+
+
+def test_a_record_gives_each_unchanged_rank_entry_again_and_a_changed_one_anew(
+    tmp_path: Path,
+) -> None:
+    """Step, tick and mark of a rank that did not report since the last record are the same
+    objects in the next one (`StateLog` skips them by identity); a record given out never
+    changes, and a restored controller writes the same maps."""
+    c = _controller(tmp_path)
+    c.ingest(_batch(0, 1))
+    c.ingest(_batch(1, 1))
+    first = c.state_dict()
+    c.ingest(_batch(1, 2))
+    second = c.state_dict()
+    for key in ("step_of", "tick_of", "marks"):
+        assert second[key]["0"] is first[key]["0"]
+        assert second[key]["1"] != first[key]["1"]
+    assert first["marks"]["1"][0] == 1 and second["marks"]["1"][0] == 2
+    restored = _restored(tmp_path, _roundtrip(c))
+    again = restored.state_dict()
+    assert {k: again[k] for k in ("step_of", "tick_of", "marks")} == {
+        k: second[k] for k in ("step_of", "tick_of", "marks")
+    }
