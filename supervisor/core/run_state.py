@@ -18,7 +18,11 @@ migrates the older ones:
 - schema 4: the restart in progress is its machine's state
   (`core.restart.RestartState`, under `recovery.restart`) in place of the
   tick the group must pass and what the latest launch started
-  (`recovery.front`, `recovery.launched`).
+  (`recovery.front`, `recovery.launched`);
+- schema 5: the same record; a `state_delta` after it may give a per-rank
+  entry as a patch (`patch`: only the fields that changed, as a slot's
+  `last_seq` at each report), which a remedy that reads up to schema 4
+  would miss.
 
 A record of a newer schema is refused with a sentence that says so.
 
@@ -44,7 +48,7 @@ from remedy.supervisor.job_state import JobState
 
 STATE = "state"
 DELTA = "state_delta"
-SCHEMA = 4
+SCHEMA = 5
 # The maps of a state record keyed by rank, as (section, key) paths; key None: the section is
 # the list of slot records (`RankSlots.records`), keyed by each record's "rank".
 PER_RANK: tuple[tuple[str, str | None], ...] = (
@@ -138,6 +142,9 @@ def migrate(record: dict[str, Any]) -> dict[str, Any]:
     if schema == 3:
         out["recovery"] = _restart_of_schema_3(out)
         out["schema"] = schema = 4
+    if schema == 4:
+        # The same record; schema 5 says the deltas after it may patch a per-rank entry.
+        out["schema"] = schema = 5
     return out
 
 
@@ -199,8 +206,9 @@ class StateLog:
 
     A delta holds `set` (dotted paths of the sections, or keys of `NESTED`
     sections, that changed, with their new value), `unset` (paths no longer
-    there, if any) and `ranks` (for each
-    `PER_RANK` path, the entries that changed, None for one removed). A full
+    there, if any), `ranks` (for each `PER_RANK` path, the entries that changed,
+    None for one removed) and `patch` (for each such path, the entries that kept
+    their keys: only the fields that changed). A full
     record is written first, after `FULL_EVERY` deltas, and when the per-rank
     entries written since the last full record outnumber `DELTA_ENTRIES_PER_FULL` times
     those it holds.
@@ -236,6 +244,7 @@ class StateLog:
         ):
             return self._full(record, ranks, text)
         changed: dict[str, dict[str, Any]] = {}
+        patches: dict[str, dict[str, dict[str, Any]]] = {}
         count = 0
         for path, entries in ranks.items():
             last = self._last_ranks[path]
@@ -244,9 +253,12 @@ class StateLog:
             }
             for r in last.keys() - entries.keys():
                 diff[r] = None
+            count += len(diff)
+            patch = _patches(diff, last)
+            if patch:
+                patches[path] = patch
             if diff:
                 changed[path] = diff
-                count += len(diff)
         if self._written + count > DELTA_ENTRIES_PER_FULL * self._full_size:
             return self._full(record, ranks, text)
         sets = {path: value for path, value in sections if self._last_text.get(path) != text[path]}
@@ -255,6 +267,8 @@ class StateLog:
         self._deltas += 1
         self._written += count
         delta = {"type": DELTA, "schema": SCHEMA, "n": self._deltas, "set": sets, "ranks": changed}
+        if patches:
+            delta["patch"] = patches
         if unset:
             delta["unset"] = unset
         return delta
@@ -283,6 +297,20 @@ class StateLog:
             else:
                 out.append((name, value))
         return out
+
+
+def _patches(diff: dict[str, Any], last: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Take out of `diff` each entry that is a dict with the same keys as its last one: its
+    patch, only the fields that changed. A slot's record changes in its `last_seq` at each
+    report; whole, such records were more than half of what a delta encoded."""
+    out: dict[str, dict[str, Any]] = {}
+    for r, v in diff.items():
+        was = last.get(r)
+        if isinstance(v, dict) and isinstance(was, dict) and v.keys() == was.keys():
+            out[r] = {k: x for k, x in v.items() if was[k] != x}
+    for r in out:
+        del diff[r]
+    return out
 
 
 def fold(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -319,20 +347,26 @@ def _apply(state: dict[str, Any], delta: dict[str, Any]) -> None:
         if not isinstance(state.get(section), dict):
             state[section] = {}
         state[section][key] = value
-    for path, entries in delta.get("ranks", {}).items():
+    ranks, patches = delta.get("ranks", {}), delta.get("patch", {})
+    for path in {*ranks, *patches}:
+        entries, patch = ranks.get(path, {}), patches.get(path, {})
         section, _, key = path.partition(".")
         if not key:  # the slot records: a list kept in rank order
             by_rank = {str(s["rank"]): s for s in state.get(section, [])}
-            by_rank.update(entries)
-            state[section] = [
-                s for _, s in sorted(by_rank.items(), key=lambda kv: int(kv[0])) if s is not None
-            ]
+            _merge(by_rank, entries, patch)
+            state[section] = [s for _, s in sorted(by_rank.items(), key=lambda kv: int(kv[0]))]
             continue
         if not isinstance(state.get(section), dict):
             state[section] = {}
-        target = state[section].setdefault(key, {})
-        for rank, value in entries.items():
-            if value is None:
-                target.pop(rank, None)
-            else:
-                target[rank] = value
+        _merge(state[section].setdefault(key, {}), entries, patch)
+
+
+def _merge(target: dict[str, Any], entries: dict[str, Any], patch: dict[str, Any]) -> None:
+    """A per-rank map with a delta's whole entries (None: removed) and patches applied."""
+    for rank, value in entries.items():
+        if value is None:
+            target.pop(rank, None)
+        else:
+            target[rank] = value
+    for rank, fields in patch.items():
+        target[rank] = {**target[rank], **fields}

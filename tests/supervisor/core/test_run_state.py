@@ -135,6 +135,10 @@ def _record(world: int, rng: random.Random, prev: dict[str, Any] | None) -> dict
     elif roll < 0.32:
         for s in record["slots"]:  # every rank moves: a full record is cheaper than the delta
             s["last_seq"] += 1
+    elif roll < 0.36:  # a slot's record gains or loses a key: written whole, not patched
+        slot = record["slots"][rng.randrange(world)]
+        if slot.pop("pid", "gone") == "gone":
+            slot["pid"] = rng.randint(1, 9)
     return record
 
 
@@ -172,8 +176,10 @@ def test_a_delta_holds_only_what_changed() -> None:
         second["slots"][r]["last_seq"] = 3
     delta = log.entry(second)
     assert delta["type"] == DELTA and delta["set"] == {}
-    assert sorted(delta["ranks"]) == ["controller.tick_of", "slots"]
-    assert sorted(delta["ranks"]["slots"], key=int) == [str(r) for r in range(10)]
+    assert sorted(delta["ranks"]) == ["controller.tick_of"]
+    # A slot record that kept its keys is patched: only its `last_seq`.
+    assert delta["patch"] == {"slots": {str(r): {"last_seq": 3} for r in range(10)}}
+    assert fold([json.loads(json.dumps(first)), json.loads(json.dumps(delta))])[0] == second
     assert len(json.dumps(delta)) * 100 < len(json.dumps(first))
 
 
@@ -185,7 +191,7 @@ def test_a_record_of_schema_2_is_read_as_today() -> None:
         controller={"format": 1},
     )  # fmt: skip
     old = {**run.to_record(), "schema": 2}
-    assert migrate(old)["schema"] == SCHEMA == 4
+    assert migrate(old)["schema"] == SCHEMA == 5
     assert RunState.from_record(old) == run
 
 
