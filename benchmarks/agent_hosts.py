@@ -28,8 +28,10 @@ to every rank.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -140,7 +142,9 @@ class AgentHost:
                  for i, (a, rs) in enumerate(zip(agents, ranks, strict=True))]  # fmt: skip
         tasks += [asyncio.ensure_future(self._digests(a, rs, seconds, interval, i / len(nodes)))
                   for i, (a, rs) in enumerate(zip(agents, ranks, strict=True))]  # fmt: skip
+        probe = asyncio.ensure_future(self._probe(seconds))
         await asyncio.gather(*tasks)
+        probe.cancel()
         if self.events:
             await asyncio.wait(self.events, timeout=30)
         span = time.monotonic() - self.t0
@@ -149,7 +153,19 @@ class AgentHost:
         return {"seconds": span, "windows": self.windows, "decision_s": self.decision_s,
                 "no_command": self.no_command, "receipts": self.receipts, "calls": self.calls,
                 "items": self.items, "cpu": cpu, "take_s": self.take_s, "taken": self.taken,
+                "late": self.late,
                 "rejected": sum(sum(a.rejected.values()) for a in agents)}  # fmt: skip
+
+    async def _probe(self, seconds: float) -> None:
+        """How late this host's own event loop runs (a 10 ms sleep's overshoot): a reply
+        reaches a simulated agent only when its host's loop gets to it, so this is in every
+        latency the host measures."""
+        self.late: list[float] = []
+        end = self.t0 + seconds
+        while time.monotonic() < end:
+            t = time.monotonic()
+            await asyncio.sleep(0.01)
+            self.late.append(time.monotonic() - t - 0.01)
 
     def _window(self, at: float) -> dict[str, Any]:
         w = int((at - self.t0) // WINDOW_S)
@@ -223,6 +239,43 @@ class AgentHost:
             k += 1
 
 
+def actor_loop() -> Any:
+    """The running event loop of this (async) actor's process: where `report` runs."""
+    # The supervisor froze the objects it was built with (`actor._quiet_gc`), the loop among
+    # them, and `gc.get_objects` lists no frozen object: thaw, look, freeze again.
+    gc.unfreeze()
+    loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]
+    gc.freeze()
+    return next(loop for loop in loops if loop.is_running())
+
+
+def _probe_on(self: Any) -> None:
+    """In the supervisor actor: measure how late its event loop runs (a 10 ms sleep's overshoot,
+    which is what a call waits behind), until `_probe_off`."""
+    self._bench_late = []
+
+    async def probe() -> None:
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(0.01)
+            self._bench_late.append(time.monotonic() - t - 0.01)
+
+    done = threading.Event()
+    loop = actor_loop()
+
+    def start() -> None:
+        self._bench_probe = loop.create_task(probe())
+        done.set()
+
+    loop.call_soon_threadsafe(start)
+    done.wait(10)
+
+
+def _probe_off(self: Any) -> list[float]:
+    actor_loop().call_soon_threadsafe(self._bench_probe.cancel)
+    return list(self._bench_late)
+
+
 def _pid(actor: Any) -> int:
     return int(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid())))
 
@@ -257,6 +310,7 @@ def agent_level(
     pids = [_pid(a) for a in (sup, *actors)]
     if profile is not None:
         ray.get(sup.__ray_call__.remote(profile[0]))
+    ray.get(sup.__ray_call__.remote(_probe_on))
     per = -(-len(nodes) // hosts)
     refs = [a.run.remote(sup, nodes[i * per : (i + 1) * per], i * per, args.seconds, cfg, token,
                          ranks, pids if i == 0 else [])
@@ -265,6 +319,7 @@ def agent_level(
     while len(ray.wait(refs, num_returns=len(refs), timeout=display_poll_s)[0]) < len(refs):
         _, cursor = ray.get(sup.events.remote(cursor, token))  # as `remote run`'s display polls
     results = ray.get(refs)
+    sup_late = ray.get(sup.__ray_call__.remote(_probe_off))
     status = ray.get(sup.status.remote(token))
     if profile is not None:
         print(ray.get(sup.__ray_call__.remote(profile[1])))
@@ -323,6 +378,9 @@ def agent_level(
         "rejected": dict(status["rejected"]),
         "agent_rejected": sum(r["rejected"] for r in results),
         "outcomes": sum(status["actions"].values()), "load_average": os.getloadavg()[0],
+        "host_late_p99": pct([x for r in results for x in r["late"]], 0.99),
+        "sup_late_p99": pct(sup_late, 0.99), "sup_lates": len(sup_late),
+        "host_lates": sum(len(r["late"]) for r in results),
     }  # fmt: skip
     print(f"  agents took {figures['reports_s']:.0f} reports/s; the supervisor answered "
           f"{sup_calls:.0f} calls/s ({figures['digest_calls_s']:.0f} digests, "
@@ -332,6 +390,10 @@ def agent_level(
           f"events answered without their command); every rank holds a command after p99 "
           f"{figures['fanout_p99'] * 1e3:.0f} ms (n={len(fanout)}); agent call round trip p99 "
           f"{figures['rtt_p99'] * 1e3:.1f} ms (n={figures['rtts']})")  # fmt: skip
+    print(f"  event loops running late (a 10 ms sleep's overshoot), p99: the supervisor's "
+          f"{figures['sup_late_p99'] * 1e3:.1f} ms (n={figures['sup_lates']}), what a call waits "
+          f"behind; the agent hosts' {figures['host_late_p99'] * 1e3:.1f} ms "
+          f"(n={figures['host_lates']}), in every latency measured there")  # fmt: skip
     print(f"  CPU (cores busy): supervisor {sup_cpu:.3f} ({figures['sup_cpu_per_call'] * 1e6:.0f} us "
           f"per agent call), the {hosts} agent hosts {host_cpu:.2f} "
           f"({figures['agent_cpu_per_report'] * 1e6:.0f} us per rank report, simulation included; "

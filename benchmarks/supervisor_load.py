@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import gc
 import io
 import os
 import pstats
@@ -65,7 +64,13 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
-from benchmarks.agent_hosts import agent_level, cpu_s, machine_cpu_s, replay_through_agents
+from benchmarks.agent_hosts import (
+    actor_loop,
+    agent_level,
+    cpu_s,
+    machine_cpu_s,
+    replay_through_agents,
+)
 from remedy.supervisor.actor import SupervisorActor
 from remedy.supervisor.agent import digest_period
 from remedy.supervisor.spec import RunSpec
@@ -233,27 +238,17 @@ def _pid(actor: Any) -> int:
     return int(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid())))
 
 
-def _actor_loop() -> Any:
-    """The running event loop of this (async) actor's process: where `report` runs."""
-    # The supervisor froze the objects it was built with (`actor._quiet_gc`), the loop among
-    # them, and `gc.get_objects` lists no frozen object: thaw, look, freeze again.
-    gc.unfreeze()
-    loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]
-    gc.freeze()
-    return next(loop for loop in loops if loop.is_running())
-
-
 def _profile_on(self: Any) -> None:
     # cProfile sees one thread: switch it on from inside the actor's event loop.
     self._bench_profile = cProfile.Profile()
     done = threading.Event()
-    _actor_loop().call_soon_threadsafe(lambda: (self._bench_profile.enable(), done.set()))
+    actor_loop().call_soon_threadsafe(lambda: (self._bench_profile.enable(), done.set()))
     done.wait(10)
 
 
 def _profile_off(self: Any) -> str:
     done = threading.Event()
-    _actor_loop().call_soon_threadsafe(lambda: (self._bench_profile.disable(), done.set()))
+    actor_loop().call_soon_threadsafe(lambda: (self._bench_profile.disable(), done.set()))
     done.wait(10)
     out = io.StringIO()
     stats = pstats.Stats(self._bench_profile, stream=out)

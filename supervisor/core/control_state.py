@@ -137,7 +137,8 @@ class RankRows:
     def __init__(self) -> None:
         self.step_of: dict[str, int] = {}
         self.tick_of: dict[str, int] = {}
-        self.marks: dict[str, list[Any]] = {}
+        # Tuples (written as JSON lists): hashable, so `StateLog` diffs the map in C.
+        self.marks: dict[str, tuple[int, int, float]] = {}
 
     def took(self, rank: int, step_of: int, mark: RankMark) -> None:
         """Rank `rank`'s newest accepted report: its highest step so far and its mark."""
@@ -146,7 +147,7 @@ class RankRows:
             self.step_of[key] = step_of
         if self.tick_of.get(key) != mark.tick:
             self.tick_of[key] = mark.tick
-        self.marks[key] = [mark.step, mark.tick, mark.at]
+        self.marks[key] = (mark.step, mark.tick, mark.at)
 
     @classmethod
     def of(
@@ -155,7 +156,7 @@ class RankRows:
         rows = cls()
         rows.step_of = _keyed(step_of)
         rows.tick_of = _keyed(tick_of)
-        rows.marks = {str(r): [m.step, m.tick, m.at] for r, m in marks.items()}
+        rows.marks = {str(r): (m.step, m.tick, m.at) for r, m in marks.items()}
         return rows
 
 

@@ -248,9 +248,7 @@ class StateLog:
         count = 0
         for path, entries in ranks.items():
             last = self._last_ranks[path]
-            diff: dict[str, Any] = {
-                r: v for r, v in entries.items() if (was := last.get(r)) is not v and was != v
-            }
+            diff = _changed(entries, last)
             for r in last.keys() - entries.keys():
                 diff[r] = None
             count += len(diff)
@@ -297,6 +295,15 @@ class StateLog:
             else:
                 out.append((name, value))
         return out
+
+
+def _changed(entries: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """The entries of `entries` new or changed since `last`. Hashable values (a rank's step,
+    tick or mark) are compared as set items, in C; the rest one by one, by identity first."""
+    try:
+        return dict(entries.items() - last.items())
+    except TypeError:  # an unhashable value: a slot's record, or a mark read back as a list
+        return {r: v for r, v in entries.items() if (was := last.get(r)) is not v and was != v}
 
 
 def _patches(diff: dict[str, Any], last: dict[str, Any]) -> dict[str, dict[str, Any]]:
