@@ -287,13 +287,37 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@ray.remote(num_cpus=0)
+class NullSupervisor:
+    """`--ray-floor`: answers the supervisor's calls at once, doing nothing, so the figures
+    measured against it are Ray's share of a call alone."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        pass
+
+    async def status(self, token: Any = None) -> dict[str, Any]:
+        return {"rejected": {}, "actions": {}}
+
+    async def events(self, cursor: int, token: Any = None) -> tuple[list[Any], int]:
+        return [], cursor
+
+    async def report_many(self, token: Any, node: Any, items: Any) -> dict[int, list[Any]]:
+        return {}
+
+
 def agent_level(
-    ranks: int, args: Any, spec: Any, display_poll_s: float, profile: Any = None
+    ranks: int,
+    args: Any,
+    spec: Any,
+    display_poll_s: float,
+    profile: Any = None,
+    *,
+    floor: bool = False,
 ) -> dict[str, Any]:
     """One run of `ranks` ranks on `ranks / --ranks-per-node` simulated nodes; prints its table.
 
     `profile`: (on, off), called in the supervisor actor around the run (`--actor-profile`);
-    what `off` returns is printed."""
+    what `off` returns is printed. `floor`: against `NullSupervisor` instead (`--ray-floor`)."""
     from remedy.supervisor.actor import SupervisorActor  # noqa: PLC0415 - after ray.init
 
     rpn = args.ranks_per_node
@@ -303,7 +327,8 @@ def agent_level(
     cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s, "digest_s": digest_s,
            "event_p": args.events_per_s / (ranks * args.step_hz)}  # fmt: skip
     token = spec.token
-    sup = SupervisorActor.remote(spec.to_dict())  # type: ignore[attr-defined]
+    actor_class = NullSupervisor if floor else SupervisorActor
+    sup = actor_class.remote(spec.to_dict())  # type: ignore[attr-defined]
     ray.get(sup.status.remote(token))
     actors = [AgentHost.remote() for _ in range(hosts)]  # type: ignore[attr-defined]
     ray.get([a.__ray_ready__.remote() for a in actors])

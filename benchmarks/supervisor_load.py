@@ -33,12 +33,16 @@ per batch of each stage of `report`.
 `--ranks-per-node` ranks, a digest per agent every `--digest-s`; see
 `agent_hosts.py`, which says how many processes stand in for the agents),
 prints the same figures for the supervisor, and projects 16,384 ranks from
-the CPU the supervisor spent per agent call.
+the CPU the supervisor spent per agent call. `--ray-floor` runs each level
+again against an actor whose calls return at once: the CPU per call that is
+Ray's alone.
 
     python benchmarks/supervisor_load.py [--ranks 64,256,1024] [--seconds 30] [--search]
     python benchmarks/supervisor_load.py --profile 1024
     python benchmarks/supervisor_load.py --agents --ranks 512,4096 --heartbeat-s 1 --step-hz 2
     python benchmarks/supervisor_load.py --agents --profile 4096 --seconds 10 --heartbeat-s 1 --step-hz 2
+    python benchmarks/supervisor_load.py --agents --ray-floor --ranks 4096 --seconds 60 --heartbeat-s 1 \
+        --step-hz 2 --events-per-s 3
 """
 
 from __future__ import annotations
@@ -468,6 +472,8 @@ def main() -> None:
     p.add_argument("--actor-profile", action="store_true", help="cProfile the actor's loop")
     p.add_argument("--profile", type=int, default=0, help="profile N ranks in-process instead")
     p.add_argument("--agents", action="store_true", help="report through node agents")
+    p.add_argument("--ray-floor", action="store_true",
+                   help="--agents: each level against an actor that answers at once, too")  # fmt: skip
     p.add_argument("--ranks-per-node", type=int, default=8)
     p.add_argument("--agent-hosts", type=int, default=2, help="processes running the agents")
     p.add_argument(
@@ -534,6 +540,12 @@ def agents_main(args: argparse.Namespace) -> None:
             profile = (_profile_on, _profile_off) if args.actor_profile else None
             spec = make_spec(Path(tmp_s), ranks)
             rows.append(agent_level(ranks, args, spec, DISPLAY_POLL_S, profile))
+        if args.ray_floor:
+            with tempfile.TemporaryDirectory() as tmp_s:
+                print("\nRay's floor: the same traffic into an actor whose calls do nothing")
+                floor = agent_level(ranks, args, make_spec(Path(tmp_s), ranks), DISPLAY_POLL_S,
+                                    floor=True)  # fmt: skip
+            rows[-1]["floor_cpu_per_call"] = floor["sup_cpu_per_call"]
     # Every percentile with its sample count (n).
     print(f"\n{'ranks':>6}{'nodes':>7}{'sup CPU/s':>11}{'us/call':>9}{'calls/s':>9}"
           f"{'decision p50':>14}{'p99 ms':>8}{'(n)':>6}{'rtt p99 ms':>12}{'(n)':>7}"
@@ -543,6 +555,11 @@ def agents_main(args: argparse.Namespace) -> None:
               f"{r['calls_s']:>9.0f}{r['decision_p50'] * 1e3:>14.1f}{r['decision_p99'] * 1e3:>8.1f}"
               f"{r['decisions']:>6}{r['rtt_p99'] * 1e3:>12.1f}{r['rtts']:>7}"
               f"{r['fanout_p99'] * 1e3:>15.0f}{r['fanouts']:>5}{r['growing']!s:>9}")  # fmt: skip
+    for r in rows:
+        if "floor_cpu_per_call" in r:
+            print(f"{r['ranks']} ranks: {r['sup_cpu_per_call'] * 1e6:.0f} us of supervisor CPU per "
+                  f"agent call, of which Ray's floor {r['floor_cpu_per_call'] * 1e6:.0f} us "
+                  f"({r['floor_cpu_per_call'] / r['sup_cpu_per_call']:.0%})")  # fmt: skip
     big = max(rows, key=lambda r: r["ranks"])
     nodes = -(-args.project // args.ranks_per_node)
     digest_s = args.digest_s or digest_period(nodes)

@@ -168,18 +168,7 @@ def machine_load(top: int = 5, window_s: float = 1.0) -> str:
     """The load average and the `top` processes busiest over `window_s`, for a failure's message."""
 
     def cpu_ticks() -> dict[tuple[int, str], int]:
-        out = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            name = stat[stat.index("(") + 1 : stat.rindex(")")]
-            fields = stat[stat.rindex(")") + 2 :].split()
-            out[(int(entry.name), name)] = int(fields[11]) + int(fields[12])
-        return out
+        return {(pid, name): int(f[11]) + int(f[12]) for pid, name, f in _stats()}
 
     before = cpu_ticks()
     time.sleep(window_s)
@@ -206,9 +195,8 @@ def _wait_ready(head: Head, proc: subprocess.Popen[bytes], root: Path) -> None:
     )
 
 
-def _processes() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, session id) of every live process visible in /proc."""
-    out = {}
+def _stats() -> Iterator[tuple[int, str, list[str]]]:
+    """(pid, name, the fields of /proc/PID/stat after the name) of every process visible."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -216,10 +204,17 @@ def _processes() -> dict[int, tuple[int, int]]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] != "Z":  # a zombie is gone already, only not yet reaped
-            out[int(entry.name)] = (int(fields[1]), int(fields[3]))
-    return out
+        yield (
+            int(entry.name),
+            stat[stat.index("(") + 1 : stat.rindex(")")],
+            stat[stat.rindex(")") + 2 :].split(),
+        )
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, session id) of every live process visible in /proc."""
+    # A zombie (state Z) is gone already, only not yet reaped.
+    return {pid: (int(f[1]), int(f[3])) for pid, _, f in _stats() if f[0] != "Z"}
 
 
 def session_pids(sid: int) -> set[int]:
