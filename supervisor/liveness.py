@@ -190,9 +190,12 @@ class SilenceWatch:
             self.outage.how = how
             log.warning("supervisor_killed", who=self.who, how=how)
 
-    def answered(self, oldest_answered: float | None = None) -> None:
-        """A reply came; `oldest_answered`: when the oldest call it answers went out."""
-        now = self.clock()
+    def answered(self, oldest_answered: float | None = None, *, at: float | None = None) -> None:
+        """A reply came; `oldest_answered`: when the oldest call it answers went out; `at`: the
+        latest moment it is known to have been missing (default: now). A caller that looks only
+        now and then passes its previous look: the silence it saw ends there, not when it
+        looked again."""
+        now = self.clock() if at is None else at
         outage = self.outage
         if outage is None:
             if oldest_answered is not None and now - oldest_answered >= NOTE_S:

@@ -97,6 +97,8 @@ class RayReporter:
         self._ident: liveness.Identity | None = None
         # When the oldest report not yet answered went out (a failed one stays unanswered).
         self._unanswered_since: float | None = None
+        # When replies were last looked for: a reply found now came after it.
+        self._looked_at: float | None = None
         self._header: dict[str, Any] = {}  # rank, step and tick of the newest report
         self._ident_ref: ray.ObjectRef | None = self._ask_where()
 
@@ -240,7 +242,9 @@ class RayReporter:
         if not self._in_flight:
             return
         refs = [ref for ref, _, _ in self._in_flight]
+        previous = self._looked_at or 0.0  # never looked: whatever came, came unseen
         ready, _ = ray.wait(refs, num_returns=len(refs) if timeout == 0 else 1, timeout=timeout)
+        self._looked_at = time.time()
         if not ready:
             return
         done = set(ready)
@@ -262,7 +266,12 @@ class RayReporter:
         if answered is not None:
             if self.watch.outage is not None:
                 self._ident_ref = self._ask_where()  # restarted: a new process
-            self.watch.answered(min(answered, self._unanswered_since or answered))
+            # The replies came after the previous look. A rank that looks only at its step
+            # boundaries, or not at all while it re-forms its group after a peer's loss, did
+            # not see the supervisor silent in between: the silence it saw ends at its
+            # previous look, not when it looked again.
+            oldest = min(answered, self._unanswered_since or answered)
+            self.watch.answered(oldest, at=max(oldest, previous))
             # It answers: reports still out count their silence from now, not from before.
             self._unanswered_since = time.time() if kept else None
 

@@ -88,6 +88,20 @@ def test_a_short_silence_is_noted_only_past_note_s(silent_s: float, noted: bool)
         assert notes[0]["duration_s"] == silent_s
 
 
+def test_a_silence_is_noted_as_seen_up_to_the_last_look_not_the_late_one() -> None:
+    """A caller that did not look for a while gives its previous look as `at`: the silence it
+    saw (sent at 1000, still unanswered at 1001.5) is not an outage; one still missing at 1003
+    is, and lasts until then."""
+    clock = Clock()
+    watch = SilenceWatch("rank 0", bound_s=10.0, clock=clock)
+    clock.t = 1006.0
+    watch.answered(1000.0, at=1001.5)
+    assert watch.take_notes() == []
+    watch.answered(1000.0, at=1003.0)
+    (note,) = watch.take_notes()
+    assert note["duration_s"] == 3.0 and note["ended"] == 1003.0
+
+
 @pytest.fixture
 def stopped_process() -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(["sleep", "60"])

@@ -141,3 +141,30 @@ def test_a_settled_tick_is_seen_only_once_its_commands_are_polled(ray_cluster: N
     assert rep.settled() == -1, "settled, with its commands not yet handed out"
     assert [r["echo"] for r in rep.poll()] == [1]
     assert rep.settled() == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_did_not_look_notes_no_outage_but_a_silence_it_saw_is_noted(
+    ray_cluster: None,
+) -> None:
+    """A rank that does not look for its replies for 3 s (re-forming its group after a peer's
+    loss) finds them in when it looks again: the supervisor was not silent to it, so no outage is
+    noted. A supervisor that let the rank look in vain for 3 s was: that is noted."""
+    sup = _Supervisor.remote()  # type: ignore[attr-defined]
+    rep = RayReporter(sup)
+    rep.send(_batch(0))
+    time.sleep(3.0)  # not looking; the reply came long ago
+    rep.poll()
+    assert not rep._in_flight and rep.watch.take_notes() == []
+    ray.get(sup.close.remote())
+    rep.send(_batch(1))
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:  # looking, in vain
+        assert rep.poll() == []
+        time.sleep(0.05)
+    ray.get(sup.open.remote())
+    _drain(rep)
+    (note,) = rep.watch.take_notes()
+    assert note["how"] == "answered again on its own"
+    assert 2.5 <= note["duration_s"] < 10.0
+    ray.kill(sup)
