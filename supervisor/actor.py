@@ -952,15 +952,21 @@ class SupervisorActor:
         except ray.exceptions.RayError as exc:
             if retired:
                 return  # remedy killed this process itself to replace it
-            result = {"rank": rank, "status": "failed", "error": f"rank process died: {exc}"}
-            self.rank_results[rank] = result
             # Its node may be what died: then the node's loss is what is reported (for all its
-            # ranks at once), and this rank's own loss is a part of it.
+            # ranks at once), and this rank's own loss is a part of it. While that look is out,
+            # a restart may replace this rank (its node found lost meanwhile): the loss below
+            # is about the incarnation that ran here, and dropped if that one is replaced.
             await self.check_nodes(group, now=True)
             assert self.recovery is not None
-            self.recovery.lost(rank, "rank_dead", f"rank {rank}'s process died", details={
-                "error": str(exc)[:300], "incarnation": incarnation,
-            })  # fmt: skip
+            if incarnation == self.slots.incarnation(rank):
+                self.rank_results[rank] = {
+                    "rank": rank, "status": "failed", "error": f"rank process died: {exc}",
+                }  # fmt: skip
+            self.recovery.lost(
+                rank, "rank_dead", f"rank {rank}'s process died ({_why_gone(exc)})",
+                details={"error": str(exc)[:300], "incarnation": incarnation},
+                incarnation=incarnation,
+            )  # fmt: skip
             return
         if incarnation != self.slots.incarnation(rank):
             return  # a replaced incarnation's late result
@@ -1083,3 +1089,11 @@ def _brief(d: dict[str, Any]) -> dict[str, Any]:
 def _a_tick(value: Any) -> TypeGuard[int]:
     """A tick a rank may name (an int, not a bool, within what JSON carries exactly)."""
     return type(value) is int and 0 <= value < 2**53
+
+
+def _why_gone(exc: ray.exceptions.RayError) -> str:
+    """A rank process's end in a few words: the error's type and the line of Ray's text that
+    says why (its node died, it was killed, ...), else its first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    why = next((line for line in lines if line.startswith("The actor died because")), None)
+    return f"{type(exc).__name__}: {(why or (lines[0] if lines else ''))[:160]}"
