@@ -241,7 +241,7 @@ class SupervisorActor:
         if state is not None:
             run = RunState.from_record(state)  # an older schema is migrated
             c.load_state_dict(run.controller)
-            self.slots = RankSlots.from_records(run.slots)
+            self.slots = RankSlots.from_records(run.slots, run.last_seq)
             self.job.state = run.job
             self.started = run.started
             self._group_record = run.group
@@ -301,11 +301,12 @@ class SupervisorActor:
             incarnation=self.incarnation,
             started=self.started,
             job=self.job.state,
-            slots=self.slots.records(),
+            slots=self.slots.state_records(),
             group=group.record() if group is not None else self._group_record,
             controller=c.state_dict(),
             recovery=self.recovery.state() if self.recovery is not None else None,
             crashed=tuple(sorted(self._crashed)),
+            last_seq=self.slots.seqs(),
         )
         self.run_dir.wal(self._state_log.entry(state.to_record()))
         self._state_changes = c.changes

@@ -15,7 +15,9 @@ ahead of the slot's last than its process could have sent is refused too:
 accepted, it would make every real report after it a duplicate. Refusals
 are counted by reason in the `rejected` counter given (the Controller's, so
 they reach `summary.json`). `records()` are plain dicts a restarted
-supervisor rebuilds the slots from (`from_records`).
+supervisor rebuilds the slots from (`from_records`). A state record keeps each
+slot's `last_seq` apart from the rest of its record (`state_records`, `seqs`):
+it changes at every report, the rest almost never.
 """
 
 from __future__ import annotations
@@ -55,25 +57,32 @@ class Slot:
     # Numbers below `last_seq` not taken yet (within SEQ_WINDOW of it): every
     # other number up to `last_seq` was taken. Empty while batches come in order.
     gaps: set[int] = field(default_factory=set)
-    # Set by every change of a field (and by `RankSlots` after it changes `gaps` in place):
-    # `RankSlots.records` builds this slot's record again only then.
+    # Set by every change of a field of `state_dict` (and by `RankSlots` after it changes
+    # `gaps` in place): `RankSlots.state_records` builds this slot's record again only then.
     dirty: bool = field(default=True, compare=False, repr=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
-        if name != "dirty":
+        if name not in _NOT_IN_STATE:
             object.__setattr__(self, "dirty", True)
 
-    def to_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
+        """The slot's record in a state record: all but `last_seq` (kept apart, `RankSlots.seqs`)."""
         return {
             "rank": self.rank,
             "incarnation": self.incarnation,
             "state": self.state.value,
-            "last_seq": self.last_seq,
             "gaps": sorted(self.gaps),
             "pid": self.pid,
             "node": self.node,
         }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.state_dict(), "last_seq": self.last_seq}
+
+
+# Fields a slot's `state_dict` does not hold: changing them leaves its record as it was.
+_NOT_IN_STATE = frozenset({"dirty", "last_seq", "last_at"})
 
 
 class RankSlots:
@@ -95,8 +104,11 @@ class RankSlots:
         self._records: dict[int, dict[str, Any]] = {}  # see `records`
 
     @classmethod
-    def from_records(cls, records: list[dict[str, Any]]) -> RankSlots:
-        """The slots `records()` describes (a restarted supervisor's)."""
+    def from_records(
+        cls, records: list[dict[str, Any]], seqs: dict[str, int] | None = None
+    ) -> RankSlots:
+        """The slots `records()` describes (a restarted supervisor's); or `state_records()`
+        with `seqs()` (keys as JSON gives them back: strings)."""
         slots = cls(0)
         for r in records:
             rank = int(r["rank"])
@@ -104,7 +116,7 @@ class RankSlots:
                 rank,
                 int(r["incarnation"]),
                 SlotState(r["state"]),
-                int(r["last_seq"]),
+                int(seqs[str(rank)] if seqs is not None else r["last_seq"]),
                 r.get("pid"),
                 r.get("node"),
                 slots._clock(),
@@ -148,11 +160,13 @@ class RankSlots:
         if seq > slot.last_seq + slack:
             self.rejected["batch_seq_too_far_ahead"] += 1
             return False
-        slot.gaps.update(range(max(slot.last_seq + 1, seq - SEQ_WINDOW), seq))
+        skipped = range(max(slot.last_seq + 1, seq - SEQ_WINDOW), seq)
         slot.last_seq, slot.last_at = seq, now
-        if slot.gaps and min(slot.gaps) <= seq - SEQ_WINDOW:
-            slot.gaps = {q for q in slot.gaps if q > seq - SEQ_WINDOW}
-        self._note_gaps(slot)
+        if skipped or slot.gaps:  # in order and none missing (the rule): the record stands
+            slot.gaps.update(skipped)
+            if slot.gaps and min(slot.gaps) <= seq - SEQ_WINDOW:
+                slot.gaps = {q for q in slot.gaps if q > seq - SEQ_WINDOW}
+            self._note_gaps(slot)
         return True
 
     def _note_gaps(self, slot: Slot) -> None:
@@ -215,16 +229,27 @@ class RankSlots:
         return [r for r, s in self.slots.items() if s.state is not SlotState.LOST]
 
     def records(self) -> list[dict[str, Any]]:
-        """Each slot's record, in rank order. A slot unchanged since the last call gives the
-        same dict again (`run_state.StateLog` then skips it by identity); none is changed
-        after it is given out."""
+        """Each slot's whole record (`last_seq` in it), in rank order."""
+        return [self.slots[rank].to_dict() for rank in sorted(self.slots)]
+
+    def state_records(self) -> list[dict[str, Any]]:
+        """Each slot's record for a state record, in rank order: all but `last_seq`. A slot
+        whose record is unchanged since the last call gives the same dict again
+        (`run_state.StateLog` then skips it by identity); none is changed after it is given
+        out. A report moves only `last_seq`, so at thousands of ranks nearly every record is
+        given again."""
         out = []
         cache = self._records
         for rank in sorted(self.slots):
             s = self.slots[rank]
             record = cache.get(rank)
             if record is None or s.dirty:
-                record = cache[rank] = s.to_dict()
+                record = cache[rank] = s.state_dict()
                 s.dirty = False
             out.append(record)
         return out
+
+    def seqs(self) -> dict[int, int]:
+        """rank -> its slot's `last_seq`: the part of the slots that every report moves, as
+        plain numbers (`StateLog` diffs them as set items)."""
+        return {rank: s.last_seq for rank, s in self.slots.items()}

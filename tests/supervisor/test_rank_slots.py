@@ -54,23 +54,31 @@ def test_records_rebuild_the_picture() -> None:
     assert slots.live() == [0, 1]
 
 
-def test_records_change_with_their_slot_and_only_then() -> None:
-    """A slot that moved gets a new record (its gaps too); one that did not gives the same dict."""
+def test_state_records_change_with_their_slot_and_only_then() -> None:
+    """A slot whose record moved gets a new one (its gaps too); one that did not, or that only
+    took reports in order (its last_seq, kept apart in `seqs`), gives the same dict."""
     slots = RankSlots(2)
-    first = slots.records()
-    assert slots.accept(0, 1, 1) and slots.accept(0, 1, 4)
-    second = slots.records()
-    assert second[1] is first[1]
-    assert second[0] is not first[0] and (second[0]["last_seq"], second[0]["gaps"]) == (4, [2, 3])
+    assert slots.accept(0, 1, 1) and slots.accept(1, 1, 1)  # both running now
+    first = slots.state_records()
+    assert "last_seq" not in first[0]
+    assert slots.accept(1, 1, 2) and slots.accept(0, 1, 4)
+    second = slots.state_records()
+    assert second[1] is first[1], "in order: only its last_seq moved"
+    assert slots.seqs() == {0: 4, 1: 2}
+    assert second[0] is not first[0] and second[0]["gaps"] == [2, 3]
     assert slots.accept(0, 1, 2)
-    assert slots.records()[0]["gaps"] == [3]
-    assert first[0]["last_seq"] == 0  # a record given out is never changed
+    assert slots.state_records()[0]["gaps"] == [3]
+    assert first[0]["gaps"] == []  # a record given out is never changed
     slots.lose(1)
-    assert slots.records()[1]["state"] == "lost"
+    assert slots.state_records()[1]["state"] == "lost"
     slots.slots[1].pid, slots.slots[1].node = 42, "n1"  # as the worker group learns them
-    assert (slots.records()[1]["pid"], slots.records()[1]["node"]) == (42, "n1")
+    assert (slots.state_records()[1]["pid"], slots.state_records()[1]["node"]) == (42, "n1")
     assert slots.give_up_gaps(0, 4) == 1
-    assert slots.records()[0]["gaps"] == []
+    assert slots.state_records()[0]["gaps"] == []
+    again = RankSlots.from_records(
+        slots.state_records(), {str(r): n for r, n in slots.seqs().items()}
+    )
+    assert again.records() == slots.records()
 
 
 def test_batches_retried_out_of_order_are_accepted_once() -> None:

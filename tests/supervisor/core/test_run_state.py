@@ -25,6 +25,7 @@ from remedy.supervisor.core.run_state import (
     migrate,
 )
 from remedy.supervisor.job_state import JobState, Phase
+from remedy.supervisor.rank_slots import RankSlots
 
 # A `state` line of journal.wal written by remedy at 08a4111 (schema 1): a 2-rank run of
 # tests/supervisor/daemon_train.py with a NaN at step 30, taken while its rollback and
@@ -65,7 +66,7 @@ def test_a_record_of_today_round_trips() -> None:
         incarnation=2,
         started=1.5,
         job=JobState(Phase.RECOVERING, 1, frozenset({3}), "rank_hang on rank 3", 1),
-        slots=[{"rank": 3, "incarnation": 2, "state": "starting", "last_seq": 0, "gaps": []}],
+        slots=[{"rank": 3, "incarnation": 2, "state": "starting", "gaps": []}],
         group={"generation": 1, "names": {}, "spares": [], "next_spare": 1},
         controller={"format": 1},
         recovery={
@@ -77,6 +78,7 @@ def test_a_record_of_today_round_trips() -> None:
             "records": [],
         },
         crashed=("restart_rank:killed",),
+        last_seq={"3": 0},
     )
     assert RunState.from_record(json.loads(json.dumps(run.to_record()))) == run
 
@@ -101,7 +103,7 @@ def test_records_it_cannot_read_are_refused_with_a_sentence(
 def _record(world: int, rng: random.Random, prev: dict[str, Any] | None) -> dict[str, Any]:
     """A state record like the supervisor's: each call moves a few ranks and sometimes the rest."""
     if prev is None:
-        slots = [{"rank": r, "incarnation": 1, "state": "running", "last_seq": 0, "gaps": [],
+        slots = [{"rank": r, "incarnation": 1, "state": "running", "gaps": [],
                   "pid": 100 + r, "node": f"n{r % 3}"} for r in range(world)]  # fmt: skip
         controller: dict[str, Any] = {
             "format": 1, "seq": 0, "pending": [], "abort_reason": None,
@@ -111,12 +113,12 @@ def _record(world: int, rng: random.Random, prev: dict[str, Any] | None) -> dict
         }  # fmt: skip
         record = RunState(
             incarnation=1, started=1.0, job=JobState(Phase.RUNNING, 0), slots=slots,
-            group=None, controller=controller,
+            group=None, controller=controller, last_seq={str(r): 0 for r in range(world)},
         ).to_record()  # fmt: skip
         return json.loads(json.dumps(record))
     record = json.loads(json.dumps(prev))  # fresh objects, as each write builds them
     for r in rng.sample(range(world), k=rng.randint(0, 3)):
-        record["slots"][r]["last_seq"] += 1
+        record["last_seq"][str(r)] += 1
         record["controller"]["step_of"][str(r)] += 1
         record["controller"]["marks"][str(r)] = [rng.randint(0, 9), 1, rng.random()]
     roll = rng.random()
@@ -133,8 +135,10 @@ def _record(world: int, rng: random.Random, prev: dict[str, Any] | None) -> dict
         if record["controller"].pop("abort_reason", "gone") == "gone":
             record["controller"]["abort_reason"] = "x"
     elif roll < 0.32:
-        for s in record["slots"]:  # every rank moves: a full record is cheaper than the delta
-            s["last_seq"] += 1
+        for r in record["last_seq"]:  # every rank moves: a full record is cheaper than the delta
+            record["last_seq"][r] += 1
+    elif roll < 0.34:  # a slot's record keeps its keys: patched
+        record["slots"][rng.randrange(world)]["pid"] = rng.randint(1, 9)
     elif roll < 0.36:  # a slot's record gains or loses a key: written whole, not patched
         slot = record["slots"][rng.randrange(world)]
         if slot.pop("pid", "gone") == "gone":
@@ -173,12 +177,14 @@ def test_a_delta_holds_only_what_changed() -> None:
     second = json.loads(json.dumps(first))
     for r in range(10):
         second["controller"]["tick_of"][str(r)] = 5
-        second["slots"][r]["last_seq"] = 3
+        second["last_seq"][str(r)] = 3
+    second["slots"][7]["state"] = "lost"
     delta = log.entry(second)
     assert delta["type"] == DELTA and delta["set"] == {}
-    assert sorted(delta["ranks"]) == ["controller.tick_of"]
-    # A slot record that kept its keys is patched: only its `last_seq`.
-    assert delta["patch"] == {"slots": {str(r): {"last_seq": 3} for r in range(10)}}
+    assert sorted(delta["ranks"]) == ["controller.tick_of", "last_seq"]
+    assert delta["ranks"]["last_seq"] == {str(r): 3 for r in range(10)}
+    # A slot record that kept its keys is patched: only the fields that changed.
+    assert delta["patch"] == {"slots": {"7": {"state": "lost"}}}
     assert fold([json.loads(json.dumps(first)), json.loads(json.dumps(delta))])[0] == second
     assert len(json.dumps(delta)) * 100 < len(json.dumps(first))
 
@@ -191,7 +197,7 @@ def test_a_record_of_schema_2_is_read_as_today() -> None:
         controller={"format": 1},
     )  # fmt: skip
     old = {**run.to_record(), "schema": 2}
-    assert migrate(old)["schema"] == SCHEMA == 5
+    assert migrate(old)["schema"] == SCHEMA == 6
     assert RunState.from_record(old) == run
 
 
@@ -220,3 +226,26 @@ def test_a_schema_3_restart_in_progress_becomes_the_machine_at_its_step_stage() 
         "detected_at": {},
         "records": [],
     }
+
+
+@pytest.mark.timeout(30)
+def test_schema_5_slot_records_give_up_their_last_seq_and_their_patched_deltas_fold() -> None:
+    """Schema 5 kept each slot's last_seq in its record, and its deltas patched it there: the
+    folded journal reads as today's record, the numbers apart, and the slots come back whole."""
+    slots = [{"rank": r, "incarnation": 1, "state": "running", "last_seq": 4, "gaps": [],
+              "pid": 100 + r, "node": None} for r in range(3)]  # fmt: skip
+    full = {**RunState(
+        incarnation=1, started=1.0, job=JobState(Phase.RUNNING, 0), slots=slots, group=None,
+        controller={"format": 1},
+    ).to_record(), "schema": 5}  # fmt: skip
+    del full["last_seq"]
+    delta = {"type": DELTA, "schema": 5, "n": 1, "set": {}, "ranks": {},
+             "patch": {"slots": {"1": {"last_seq": 9}}}}  # fmt: skip
+    state, _ = fold([full, delta])
+    assert state is not None
+    run = RunState.from_record(state)
+    assert run.last_seq == {"0": 4, "1": 9, "2": 4}
+    assert all("last_seq" not in s for s in run.slots)
+    again = RankSlots.from_records(run.slots, run.last_seq)
+    assert [again.slots[r].last_seq for r in range(3)] == [4, 9, 4]
+    assert again.records() == [{**s, "last_seq": 9 if s["rank"] == 1 else 4} for s in slots]
