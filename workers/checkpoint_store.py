@@ -28,15 +28,20 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
+import torch.distributed as dist
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from remedy.workers import waits
 from remedy.workers.exceptions import CheckpointError
+from remedy.workers.sharding import is_sharded
 from remedy.workers.snapshots import Snapshot
+
+if TYPE_CHECKING:
+    from remedy.workers.guard import Guard
 
 log = structlog.get_logger("remedy.checkpoint")
 
@@ -358,3 +363,15 @@ def checkpoint_tick(directory: str | os.PathLike[str], step: int, rank: int = 0)
     except (OSError, ValueError, AttributeError):
         return None
     return tick if type(tick) is int else None
+
+
+def store_for(guard: Guard, directory: Path, *, keep: int) -> CheckpointStore:
+    """The checkpoint store a Guard uses: DCP for a sharded model in a process group.
+
+    DCP (`workers.dcp_store`) is imported only then: it pulls in DTensor and
+    torch's checkpoint package, most of a second for every process that imports remedy."""
+    if is_sharded(guard.model) and dist.is_initialized() and dist.get_world_size() > 1:
+        from remedy.workers.dcp_store import DcpStore  # noqa: PLC0415 - sharded jobs only
+
+        return DcpStore(directory, guard=guard, keep=keep)
+    return CheckpointStore(directory, rank=guard.rank, keep=keep)

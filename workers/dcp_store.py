@@ -44,7 +44,6 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from remedy.workers import waits
 from remedy.workers.checkpoint_store import CheckpointStore, _atomic_write, _sha256
 from remedy.workers.exceptions import CheckpointError
-from remedy.workers.sharding import is_sharded
 from remedy.workers.snapshots import Snapshot
 
 if TYPE_CHECKING:
@@ -243,10 +242,3 @@ class DcpStore(CheckpointStore):
             with contextlib.suppress(Exception):
                 waits.result(self._pending, waits.CHECKPOINT_S, "the last DCP checkpoint")
         super().close()
-
-
-def store_for(guard: Guard, directory: Path, *, keep: int) -> CheckpointStore:
-    """The checkpoint store a Guard uses: DCP for a sharded model in a process group."""
-    if is_sharded(guard.model) and dist.is_initialized() and dist.get_world_size() > 1:
-        return DcpStore(directory, guard=guard, keep=keep)
-    return CheckpointStore(directory, rank=guard.rank, keep=keep)

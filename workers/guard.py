@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from remedy.workers import (  # noqa: F401 - memory_actions registers its appliers
     actions,
-    dcp_store,
+    checkpoint_store,
     memory_actions,
     process_faults,
     replicas,
@@ -231,7 +231,7 @@ class Guard:
         self.saver = Saver(
             self.config.snapshot_ring,
             # A sharded model in a process group checkpoints through DCP (workers.dcp_store).
-            dcp_store.store_for(
+            checkpoint_store.store_for(
                 self, self.run_dir / "checkpoints", keep=self.config.checkpoint_keep
             )
             if self.run_dir is not None and self.config.checkpoint_every > 0

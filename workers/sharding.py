@@ -21,6 +21,7 @@ Plain tensors pass through unchanged, so one code path serves DDP and FSDP.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,14 +29,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - torch builds without distributed
-    DTensor = None  # type: ignore[assignment, misc]
+
+def _dtensor_class() -> type | None:
+    """DTensor's class, if anything imported it: without it no tensor is one. Importing it here
+    cost every process that imports remedy 0.6 s (sympy and DTensor's ops): the supervisor's
+    start is the outage of a crashed one."""
+    module = sys.modules.get("torch.distributed.tensor")
+    cls = getattr(module, "DTensor", None)
+    return cls if isinstance(cls, type) else None
 
 
 def is_dtensor(t: object) -> bool:
-    return DTensor is not None and isinstance(t, DTensor)
+    cls = _dtensor_class()
+    return cls is not None and isinstance(t, cls)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -291,6 +297,8 @@ class LocalShard:
 
     def rebuild(self, *, copy: bool = False) -> torch.Tensor:
         """The DTensor again, its local shard on the mesh's device (a fresh copy if `copy`)."""
+        from torch.distributed.tensor import DTensor  # noqa: PLC0415 - sharded only (see above)
+
         device = self.mesh.device_type
         t = self.local.to(device, copy=copy) if (copy or device != "cpu") else self.local
         return DTensor.from_local(

@@ -1,0 +1,40 @@
+"""remedy's modules import DTensor and torch's checkpoint package only when a sharded model needs
+them: the supervisor's process (whose start is a crashed supervisor's outage), the node agents'
+and the driver's never do (0.8 s of the supervisor's 3.8 s of imports). A rank's process gets
+them anyway from `torch._dynamo`, which it imports ahead of its first DDP step
+(`membership.warm_up`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from remedy.workers.sharding import is_dtensor
+
+HEAVY = ("torch.distributed.tensor", "torch.distributed.checkpoint")
+
+
+@pytest.mark.timeout(120)
+def test_remedy_does_not_import_dtensor_or_dcp_until_a_sharded_model_needs_them() -> None:
+    code = (
+        "import json, sys\n"
+        "import remedy.supervisor.actor, remedy.supervisor.agent, remedy.supervisor.rank\n"
+        "import remedy.workers.guard, remedy.workers.checkpoint_store\n"
+        f"print(json.dumps([m in sys.modules for m in {HEAVY!r}]))\n"
+        "from remedy.workers import dcp_store  # what a sharded model's checkpoints use\n"
+        f"print(json.dumps([m in sys.modules for m in {HEAVY!r}]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=100
+    ).stdout.splitlines()
+    assert json.loads(out[0]) == [False, False]
+    assert json.loads(out[1]) == [True, True]
+
+
+def test_is_dtensor_is_false_for_plain_tensors_without_importing_dtensor() -> None:
+    assert not is_dtensor(torch.zeros(2))
+    assert not is_dtensor(object())
