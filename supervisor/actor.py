@@ -59,7 +59,7 @@ from remedy.supervisor.job_state import (
     Started,
     TransitionError,
 )
-from remedy.supervisor.node_watch import NodeWatch
+from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch
 from remedy.supervisor.notify import NOTIFICATIONS_FILE, Notifier, env_sinks
 from remedy.supervisor.policy_source import (
     PolicyWatch,
@@ -93,6 +93,8 @@ LINGER_S = 60.0
 MAX_ITEM_SEQS = 4096
 # How long the node agents may take to start.
 AGENT_START_S = 120.0
+# How often the supervisor looks for nodes that joined the cluster after its agents started.
+NEW_NODES_S = 2.0
 # Decisions `status` shows, newest last.
 RECENT_DECISIONS = 5
 
@@ -203,7 +205,9 @@ class SupervisorActor:
         self._group_record: dict[str, Any] | None = None  # set when restoring
         self._recovery_record: dict[str, Any] | None = None  # the restart in progress, if any
         self._ranks_ended = False  # restored after every rank had ended
-        self.agent_nodes: list[str] = []  # nodes with an agent of this run
+        self.agent_nodes: list[str] = []  # nodes with an agent of this run (or one starting)
+        self._new_nodes_at = 0.0  # when to look for nodes that joined since (`_agents_for_new`)
+        self._agents_starting: set[asyncio.Task[None]] = set()
         self._agent_ranks: dict[str, set[int]] = {}  # agent (node) -> the ranks it sent
         self._committing: asyncio.Future[None] | None = None  # the state record calls await
         # Crash points (chaos) already passed in an earlier life: each fires once per run.
@@ -818,6 +822,7 @@ class SupervisorActor:
                     for rank, result in (await group.poll_adopted()).items():
                         self._adopted_result(rank, result)
                 await self.check_nodes(group)
+                await self._agents_for_new()
                 if self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED):
                     await self.recovery.check_hangs()
                     self.recovery.check_back()
@@ -865,6 +870,41 @@ class SupervisorActor:
             asyncio.gather(*(h.where.remote() for h in handles.values())), AGENT_START_S
         )
         self.run_dir.wal({"type": "agents_started", "nodes": nodes})
+
+    async def _agents_for_new(self) -> None:
+        """A node that joined the cluster since the agents started gets one too (every
+        `NEW_NODES_S`), so that ranks placed there later (a lost node's replacements on the
+        node that took its place) report through it, not to the supervisor directly."""
+        if self.spec.node_agents != "on" or time.monotonic() < self._new_nodes_at:
+            return
+        self._new_nodes_at = time.monotonic() + NEW_NODES_S
+        try:
+            nodes = await asyncio.wait_for(asyncio.to_thread(alive_nodes), ASK_TIMEOUT_S)
+        except (TimeoutError, ray.exceptions.RayError) as exc:
+            log.warning("node_table_unread", error=repr(exc)[:200])
+            return
+        new = [n for n in nodes if n not in self.agent_nodes]
+        if not new:
+            return
+        self.agent_nodes.extend(new)  # not started twice while this one starts
+        task = asyncio.ensure_future(self._start_late_agents(new))
+        self._agents_starting.add(task)
+        task.add_done_callback(self._agents_starting.discard)
+
+    async def _start_late_agents(self, nodes: list[str]) -> None:
+        handles = launch_agents(self.spec.to_dict(), nodes, agents=len(self.agent_nodes))
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(h.where.remote() for h in handles.values())), AGENT_START_S
+            )
+        except (TimeoutError, ray.exceptions.RayError) as exc:
+            # Looked for again at the next round; meanwhile its ranks report directly.
+            for node in nodes:
+                self.agent_nodes.remove(node)
+            log.warning("agents_not_started", nodes=nodes, error=repr(exc)[:200])
+            return
+        log.info("agents_started", nodes=nodes, joined_late=True)
+        self.run_dir.wal({"type": "agents_started", "nodes": nodes, "joined_late": True})
 
     async def _adopt(self, group: WorkerGroup, record: dict[str, Any]) -> None:
         """Take over the ranks of the supervisor before this one."""

@@ -129,13 +129,16 @@ def agent_files(run_dir: Path, node_id: str) -> tuple[Path, str]:
     return run_dir / f"agent-{short}.json", f"metrics-agent-{short}.jsonl"
 
 
-def launch_agents(spec: dict[str, Any], node_ids: list[str]) -> dict[str, Any]:
+def launch_agents(
+    spec: dict[str, Any], node_ids: list[str], *, agents: int | None = None
+) -> dict[str, Any]:
     """Start (or find) the agent of each node in `node_ids`; returns node id -> handle.
 
+    `agents`: how many the run has with these (default: these), which sets their digest period.
     Returns at once; a handle's `where` answers once its agent has started.
     """
     handles: dict[str, Any] = {}
-    digest_s = digest_period(len(node_ids))
+    digest_s = digest_period(agents if agents is not None else len(node_ids))
     for node_id in node_ids:
         name = agent_name(spec["run_id"], node_id)
         handles[node_id] = NodeAgent.options(  # type: ignore[attr-defined]

@@ -93,6 +93,16 @@ class Cluster:
         old.log.close()
         new = _start_worker(self.head, root, f"{old.name}x", old.cpus)
         self.workers[self.workers.index(old)] = new
+        return self._joined(new)
+
+    def add_worker(self, name: str, root: Path, cpus: int = 2) -> WorkerNode:
+        """Start one more worker node `name` (a node joining a running cluster); return it
+        once alive."""
+        new = _start_worker(self.head, root, name, cpus)
+        self.workers.append(new)
+        return self._joined(new)
+
+    def _joined(self, new: WorkerNode) -> WorkerNode:
         deadline = time.monotonic() + 90
         while not new.node_id and time.monotonic() < deadline:
             if new.proc.poll() is not None:

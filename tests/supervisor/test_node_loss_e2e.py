@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from remedy.supervisor.agent import agent_files
 from remedy.workers.rundir import read_jsonl
 from tests.supervisor.multinode import Cluster, local_cluster
 
@@ -171,3 +174,48 @@ def test_a_hang_on_one_node_is_found_by_the_agents_with_node_agents_on(
     assert restart["anomaly"]["kind"] == "rank_hang"
     assert restart["anomaly"]["details"]["found_by"] == "agent", restart["anomaly"]
     assert [r["steps_completed"] for r in summary["ranks"]] == [STEPS] * 4
+
+
+def _wait_for(what: str, found: Callable[[], Any], timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while (got := found()) is None:
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g}s"
+        time.sleep(0.2)
+    return got
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_node_that_joins_during_the_run_gets_an_agent_and_the_lost_ranks_report_through_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With node agents on, a node that joins the cluster while the run goes on gets its agent
+    (journaled, `joined_late`); a worker node then killed loses its two ranks, which are placed
+    on the new node, the least loaded, and report through its agent."""
+    cluster.replace_dead_workers()
+    wal = tmp_path / "journal.wal"
+
+    def journaled(late: bool) -> dict[str, Any] | None:
+        return next((r for r in read_jsonl(wal) if r.get("type") == "agents_started"
+                     and bool(r.get("joined_late")) is late), None)  # fmt: skip
+
+    long = [*ARGS[:1], "1000", *ARGS[2:]]  # long enough for a node to join before the kill
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(supervised, cluster, tmp_path, spares=0, node_agents="on", argv=long)
+        _wait_for("agents at the start", lambda: journaled(False), 180)
+        root = Path(tempfile.mkdtemp(prefix="nj-", dir="/tmp"))
+        joined = cluster.add_worker("w9", root)
+        late = _wait_for("agent for the node that joined", lambda: journaled(True), 120)
+        assert late["nodes"] == [joined.node_id]
+        victim = next(w for w in cluster.workers if w is not joined)
+        victim.kill()
+        summary = run.result(timeout=600)
+    assert summary["status"] == "completed", summary
+    [lost] = [r for r in read_jsonl(wal) if r.get("type") == "node_lost"]
+    assert lost["node_id"] == victim.node_id and len(lost["ranks"]) == 2
+    [record] = summary["recoveries"]
+    assert sorted(record["ranks"]) == lost["ranks"]
+    assert {summary["nodes"][str(r)].split("@")[0] for r in lost["ranks"]} == {joined.node_id[:8]}
+    _, metrics = agent_files(tmp_path, joined.node_id)
+    through = {m["rank"] for m in read_jsonl(tmp_path / metrics) if "rank" in m}
+    assert through == set(lost["ranks"]), through
