@@ -29,18 +29,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+_DTENSOR: type | None = None  # DTensor's class, once something imported it
+
 
 def _dtensor_class() -> type | None:
     """DTensor's class, if anything imported it: without it no tensor is one. Importing it here
     cost every process that imports remedy 0.6 s (sympy and DTensor's ops): the supervisor's
-    start is the outage of a crashed one."""
-    module = sys.modules.get("torch.distributed.tensor")
-    cls = getattr(module, "DTensor", None)
-    return cls if isinstance(cls, type) else None
+    start is the outage of a crashed one. Kept once found (it is asked per tensor, per step)."""
+    global _DTENSOR
+    if _DTENSOR is None:
+        cls = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+        _DTENSOR = cls if isinstance(cls, type) else None
+    return _DTENSOR
 
 
 def is_dtensor(t: object) -> bool:
-    cls = _dtensor_class()
+    cls = _DTENSOR or _dtensor_class()
     return cls is not None and isinstance(t, cls)
 
 
