@@ -101,7 +101,7 @@ class RankSlots:
         self.rejected: Counter[str] = Counter() if rejected is None else rejected
         self.refused_stale = 0  # reports from a replaced incarnation
         self.refused_duplicate = 0  # a batch sequence number seen already
-        self._records: dict[int, dict[str, Any]] = {}  # see `records`
+        self._records: dict[int, dict[str, Any]] = {}  # see `state_records`
 
     @classmethod
     def from_records(
@@ -251,5 +251,5 @@ class RankSlots:
 
     def seqs(self) -> dict[int, int]:
         """rank -> its slot's `last_seq`: the part of the slots that every report moves, as
-        plain numbers (`StateLog` diffs them as set items)."""
+        plain numbers (`StateLog` compares them by value)."""
         return {rank: s.last_seq for rank, s in self.slots.items()}

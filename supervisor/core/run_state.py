@@ -25,7 +25,7 @@ migrates the older ones:
   would miss;
 - schema 6: each slot's `last_seq` is kept apart from its record, in
   `last_seq` (rank -> number): a report moves it and nothing else of the
-  slot, so a delta gives those numbers, compared as set items, instead of a
+  slot, so a delta gives those numbers, compared as plain values, instead of a
   patch of each slot record a report touched (schema-5 slot records are
   split when read).
 
