@@ -767,7 +767,7 @@ class SupervisorActor:
         me = ray.get_runtime_context().current_actor
         await self._start_agents()
         group = self.group = WorkerGroup(
-            self.spec, supervisor=me, store_addr=self.rendezvous.address, slots=self.slots
+            self.spec, supervisor=me, rendezvous=self.rendezvous, slots=self.slots
         )
         # A policy that replays: ranks hold at a flagged step's boundary for its decision.
         group.hold_on_flag = self.controller.engine.policy.uses("replay_step")

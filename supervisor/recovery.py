@@ -11,8 +11,9 @@ When the policy answers `restart_rank`, `start` runs a targeted restart as
 a task: kill the lost ranks, start a warm spare (else a new actor) as each
 of them in the next generation, order the survivors to regroup from the
 lowest healthy rank's state, and wait until every rank has completed a
-step in the new generation. A replacement that fails is relaunched into the
-same generation, with jittered back-off, up to
+step in the new generation. A replacement that fails is launched again,
+with jittered back-off, into the generation after the failed one over a new
+rendezvous store (`WorkerGroup.relaunch`), up to
 `RunSpec.max_targeted_restarts` attempts (0: none); then the job state
 machine moves to restarting-all and `_restart_all` kills every rank and
 starts the whole group afresh in the next generation, warm spares first,
@@ -731,8 +732,8 @@ class Recovery:
                 return restart.Killed(front)
             case restart.CheckSurvivors(live):
                 return await self._check_survivors(list(live))
-            case restart.Launch(ranks, source, new_generation):
-                if new_generation:
+            case restart.Launch(ranks, source, retry):
+                if not retry:
                     info = await self.group.replace(list(ranks), source=source)
                     self._marks["launched"] = time.time()
                 else:

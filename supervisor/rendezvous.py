@@ -5,6 +5,14 @@ process for the whole run. Generation N of the process group forms over
 `PrefixStore(f"gen{N}", store)` (see `workers.membership`), so a rank that
 dies, rank 0 included, takes no rendezvous state with it, and a
 generation's keys never collide with the next one's.
+
+A targeted restart whose attempt failed (a replacement died while the
+group formed) serves a new store for its next attempt (`renew`): the
+failed generation's keys name processes that are gone, and closing the old
+store fails at once every rank still blocked in a rendezvous over it,
+which would otherwise wait for the dead replacement as long as a
+collective may take (30 min). Those ranks then take the order to form the
+next generation, which names the new store.
 """
 
 from __future__ import annotations
@@ -23,14 +31,23 @@ class Rendezvous:
 
     def __init__(self, host: str | None = None) -> None:
         self.host = host or ray.util.get_node_ip_address()
-        self._store: Any = dist.TCPStore(
+        self._store: Any = self._serve()
+        self.port = int(self._store.port)
+
+    def _serve(self) -> Any:
+        return dist.TCPStore(
             self.host,
             0,
             is_master=True,
             wait_for_workers=False,
             timeout=max(collective_timeout(), datetime.timedelta(seconds=60)),
         )
+
+    def renew(self) -> tuple[str, int]:
+        """Serve a new store and close this one (its clients' waits fail at once); the new address."""
+        self._store = self._serve()  # the old server stops as its last reference goes
         self.port = int(self._store.port)
+        return self.address
 
     @property
     def address(self) -> tuple[str, int]:

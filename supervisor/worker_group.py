@@ -31,7 +31,7 @@ import contextlib
 import os
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import structlog
@@ -44,6 +44,9 @@ from remedy.supervisor.pings import ping_actors
 from remedy.supervisor.rank import RankActor
 from remedy.supervisor.rank_slots import RankSlots
 from remedy.supervisor.spec import NAMESPACE, RunSpec
+
+if TYPE_CHECKING:
+    from remedy.supervisor.rendezvous import Rendezvous
 
 log = structlog.get_logger("remedy.worker_group")
 
@@ -95,12 +98,12 @@ class WorkerGroup:
         spec: RunSpec,
         *,
         supervisor: Any,
-        store_addr: tuple[str, int],
+        rendezvous: Rendezvous,
         slots: RankSlots,
     ) -> None:
         self.spec = spec
         self.supervisor = supervisor
-        self.store_addr = store_addr
+        self.rendezvous = rendezvous
         self.slots = slots
         self.generation = 0
         self.actors: dict[int, Any] = {}
@@ -125,6 +128,11 @@ class WorkerGroup:
         self.dead_nodes: set[str] = set()
         self.spare_nodes: dict[str, str | None] = {}
         self.used_nodes: set[str] = set()  # every node an actor of this group was placed on
+
+    @property
+    def store_addr(self) -> tuple[str, int]:
+        """The rendezvous store the next generation forms over."""
+        return self.rendezvous.address
 
     def refresh_nodes(self) -> list[placement.Node]:
         """List the cluster's alive nodes again (one call to Ray's GCS)."""
@@ -418,10 +426,7 @@ class WorkerGroup:
             (actor, name), how[rank] = await self._spare_or_new(rank, skipped, avoid)
             self._launch(rank, actor, name, generation=generation, adopt_from=source)
             new.append(rank)
-        for rank, actor in self.actors.items():
-            if rank not in new:
-                # With the store: after a supervisor restart it is not the one they joined.
-                actor.regroup.remote(generation, source, self.store_addr)
+        self._order_regroup(new, source)
         await self._learn_pids(new)
         return {
             "generation": generation,
@@ -432,19 +437,30 @@ class WorkerGroup:
         }
 
     async def relaunch(self, ranks: list[int], *, source: int) -> dict[str, Any]:
-        """Start new actors for replacements that failed, into the same generation."""
+        """After a failed attempt: new actors for `ranks` in the next generation, over a new store.
+
+        The failed generation is abandoned, not formed again: its rendezvous keys
+        name processes that are gone, and survivors that formed it with a
+        replacement that then died wait for an order past it. Closing its store
+        frees any survivor still blocked in its rendezvous; every survivor is
+        ordered to form the next generation over the new store.
+        """
         t0 = time.perf_counter()
         if len(self.cluster) > 1:
             self.refresh_nodes()
+        old = {r: self.slots.slots[r].node for r in ranks}
         for rank in ranks:
-            old = self.slots.slots[rank].node
             self.kill(rank)
+        self.rendezvous.renew()
+        self.generation += 1
+        for rank in ranks:
             self.slots.replace(rank)
-            avoid = {old} if old is not None else set()
+            avoid = {n for n in [old[rank]] if n is not None}
             self._launch(
                 rank, *self._new_rank(rank, avoid=avoid), generation=self.generation,
                 adopt_from=source,
             )  # fmt: skip
+        self._order_regroup(ranks, source)
         await self._learn_pids(ranks)
         return {
             "generation": self.generation,
@@ -452,6 +468,14 @@ class WorkerGroup:
             "replacements": {str(r): "new actor" for r in ranks},
             "launch_s": round(time.perf_counter() - t0, 4),
         }
+
+    def _order_regroup(self, new: list[int], source: int) -> None:
+        """Order every rank but the `new` ones to form the current generation from `source`."""
+        for rank, actor in self.actors.items():
+            if rank not in new:
+                # With the store: after a supervisor restart or a failed attempt it is not
+                # the one they joined.
+                actor.regroup.remote(self.generation, source, self.store_addr)
 
     async def restart_all(self, resume_step: int | None) -> dict[str, Any]:
         """Kill every rank and start the whole group afresh in the next generation.

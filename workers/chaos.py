@@ -88,7 +88,9 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "memory_leak": "each step from `at_step` keeps `bytes` more memory alive for `duration` steps",
     "oom": "the step raises an out-of-memory error (once per run)",
     "slow_loader": "fetching each batch sleeps `seconds` for `duration` steps",
-    "kill_rank": "the rank's process is killed (SIGKILL) at the start of the step (once per run)",
+    "kill_rank": "the rank's process is killed (SIGKILL) at the start of the step (once per run); "
+    "with `duration` n, each of its next n-1 replacements is killed too, as it joins the group, "
+    "after the generation formed and before it adopts the state",
     "hang_rank": "the rank's process is stopped (SIGSTOP) at the start of the step (once per run)",
     "slow_collective": "the rank reaches its collectives after the step's backward `seconds` late "
     "(once per run)",
@@ -190,7 +192,7 @@ FAULT_PARAMS: dict[str, frozenset[str]] = {
     "memory_leak": frozenset({"duration", "bytes"}),
     "oom": frozenset(),
     "slow_loader": frozenset({"duration", "seconds"}),
-    "kill_rank": frozenset(),
+    "kill_rank": frozenset({"duration"}),
     "hang_rank": frozenset(),
     "slow_collective": frozenset({"seconds"}),
     "corrupt_checkpoint": frozenset(),
@@ -994,6 +996,22 @@ class FaultInjector:
         if self._kill_node is not None and self.fire_once("kill_node", step):
             why = self._kill_node()  # returns only when the node is not killed
             self._note("kill_node", step, refused=why)
+
+    def on_join(self) -> None:
+        """A replacement of this rank formed its generation and is about to adopt the state:
+        killed if a `kill_rank` of this rank fired and has kills left (`duration` n: n-1)."""
+        for i, f in enumerate(self.faults):
+            if f.kind != "kill_rank" or f.duration < 2:
+                continue
+            fired = self.record.get(self._keys[i])
+            if not fired:
+                continue  # the first kill is at its step
+            kills = fired.get("kills", 1)
+            kills = kills if type(kills) is int else f.duration
+            if kills >= f.duration:
+                continue
+            self.record.mark(self._keys[i], {**fired, "kills": kills + 1})
+            process_faults.kill()
 
     def on_loss(self, step: int, batch_index: int, loss: torch.Tensor) -> torch.Tensor:
         """Loss-side faults: NaN and poisoned (spiking) batches."""

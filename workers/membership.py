@@ -13,7 +13,9 @@ the rank's process and has two sides:
   the error inside the step instead of raising, leaves the broken group, forms
   the next generation in this process (DDP rebuilt on it) and adopts one
   state broadcast from the source rank. A replacement rank adopts the same
-  broadcast at its first boundary (`adopt_if_joining`).
+  broadcast at its first boundary (`adopt_if_joining`). If the generation
+  fails while it forms (a replacement dies before the broadcast is done),
+  the survivor leaves it too and waits for the order to form the next one.
 """
 
 from __future__ import annotations
@@ -211,6 +213,7 @@ class Membership:
         source, self.adopt_from = self.adopt_from, None
         t0 = time.perf_counter()
         self.timeline["adopting"] = time.time()
+        guard.injector.on_join()  # chaos: a kill_rank that kills replacements too
         # No peer holds a sharded rank's shard whole: it comes from its buddy (shard_mirror).
         if guard.sharded:
             self.last_restore = shard_mirror.restore_group(guard, fresh=True)
@@ -264,8 +267,15 @@ class Membership:
         self.timeline["left"] = time.time()
         captured = None
         formed = self.generation  # the last generation this process was part of
+        overwritten = False  # its live state may hold a failed generation's start-up sync
         while True:
             if self.rank == source and captured is None and not guard.sharded:
+                if overwritten:
+                    raise GroupLostError(
+                        f"rank {self.rank}: ordered to be the source of generation {generation}, "
+                        "but its state may hold the start-up sync of a generation that failed "
+                        "while it formed"
+                    )
                 # Taken before DDP's re-initialisation, whose start-up sync copies rank 0's
                 # parameters, and rank 0 may be a fresh replacement.
                 captured = {
@@ -278,10 +288,10 @@ class Membership:
             self._use_store(store_addr)
             try:
                 self.join()  # rendezvous: STORE_CONNECT_S to connect, collective_timeout() to form
-                break
             except (RuntimeError, dist.DistError) as failed:
-                # The rendezvous itself failed: the supervisor serving its store died
-                # meanwhile. The one Ray restarts orders the group again, with its store.
+                # The rendezvous itself failed: the supervisor closed its store (its next
+                # attempt forms the next generation over a new one), or the supervisor
+                # serving it died (the one Ray restarts orders the group again, with its store).
                 log.warning("rendezvous_failed", rank=self.rank, generation=generation,
                             error=str(failed)[:200])  # fmt: skip
                 self.leave()
@@ -290,17 +300,24 @@ class Membership:
                     self._store = None  # its server is gone: connect again for the next order
                 self.generation = formed  # not part of `generation`: any order past it counts
                 generation, source, store_addr = self._next_order()
-        joined = time.perf_counter()
-        guard.use_group(dist.group.WORLD)
-        if guard.sharded:  # each survivor keeps its own shard (shard_mirror)
-            shard_mirror.regroup(guard)
-            self._sockets.grow()
-            self.last_restore = shard_mirror.restore_group(guard, fresh=False)
-        else:
-            rebuild_ddp(guard)
-            self.timeline["ddp"] = time.time()
-            state = train_state.broadcast(guard, src=source, state=captured)
-            relayout_ddp(guard, state.get("ddp_buckets"))
+                continue
+            joined = time.perf_counter()
+            try:
+                self._adopt_in_group(guard, source, captured)
+                break
+            except Exception as failed:
+                if not is_group_failure(failed):
+                    raise
+                # A peer was lost while the generation formed (a replacement that died as
+                # it adopted the state): this generation is over, and the supervisor's next
+                # attempt orders the next one. Peers still blocked on this rank are freed.
+                released = self._sockets.release() if self.backend == "gloo" else 0
+                log.warning("regroup_failed", rank=self.rank, generation=generation,
+                            error=str(failed)[:200], released=released)  # fmt: skip
+                self.leave()
+                formed = generation
+                overwritten = overwritten or self.rank != source
+                generation, source, store_addr = self._next_order()
         self.timeline["adopted"] = time.time()
         guard.report_soon()  # report the first step of the new generation at once
         self.recoveries += 1
@@ -314,6 +331,20 @@ class Membership:
         self.step, self.tick = guard.step_count, guard.tick
         log.warning("regrouped", rank=self.rank, **self.last_recovery)
         return True
+
+    def _adopt_in_group(self, guard: Guard, source: int, captured: dict[str, Any] | None) -> None:
+        """In the generation just formed: rebuild DDP on it and adopt rank `source`'s state
+        (`captured`: the source's own, taken before the rebuild); a sharded rank keeps its shard."""
+        guard.use_group(dist.group.WORLD)
+        if guard.sharded:  # each survivor keeps its own shard (shard_mirror)
+            shard_mirror.regroup(guard)
+            self._sockets.grow()
+            self.last_restore = shard_mirror.restore_group(guard, fresh=False)
+        else:
+            rebuild_ddp(guard)
+            self.timeline["ddp"] = time.time()
+            state = train_state.broadcast(guard, src=source, state=captured)
+            relayout_ddp(guard, state.get("ddp_buckets"))
 
     def _next_order(self) -> tuple[int, int, tuple[str, int] | None]:
         deadline = time.monotonic() + REGROUP_WAIT_S

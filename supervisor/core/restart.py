@@ -3,8 +3,10 @@
 `restart_rank` replaces the lost ranks only: kill their processes, check that
 the survivors caught the broken collective's error, launch replacements in
 the next generation from the lowest healthy rank's state, and wait until
-every rank stepped in it. A failed attempt is relaunched into the same
-generation after a jittered back-off; after `max_targeted_restarts` failed
+every rank stepped in it. A failed attempt is launched again, after a
+jittered back-off, into the generation after the failed one (over a new
+rendezvous store: the failed generation's keys name processes that are
+gone, and survivors that formed it wait for an order past it); after `max_targeted_restarts` failed
 attempts the whole group restarts from the last checkpoint every rank
 committed; if that fails too, the run ends. Which of these comes next is
 decided here, and only here; `supervisor.recovery.Recovery` carries each
@@ -72,7 +74,7 @@ class RestartState:
     world: int
     stage: Stage = Stage.BEGIN
     ranks: tuple[int, ...] = ()  # the ranks being replaced
-    first: bool = True  # the next attempt starts from killing (else: relaunch the same generation)
+    first: bool = True  # the next attempt starts from killing (else: launches again)
     front: int = 0  # the tick every rank must pass for the restart to count
     blocked: tuple[int, ...] = ()  # survivors found still blocked, replaced too
     launched: dict[str, Any] | None = None  # what the latest launch started
@@ -237,12 +239,13 @@ class CheckSurvivors:
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """Start `ranks` from rank `source`'s state: in the next generation (`new_generation`),
-    or again into the current one after a failed attempt; answer `Launched`."""
+    """Start `ranks` in the next generation from rank `source`'s state, and order the
+    survivors to form it; `retry`: after a failed attempt (new actors, over a new
+    rendezvous store). Answer `Launched`."""
 
     ranks: tuple[int, ...]
     source: int
-    new_generation: bool
+    retry: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,7 +387,7 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
                 if not st.live:
                     return _failed(replace(s, state=st), NONE_RECOVERED, cause, k)
             st = replace(st, stage=Stage.LAUNCH)
-            return s.then(st, Launch(st.ranks, min(st.live), new_generation=True))
+            return s.then(st, Launch(st.ranks, min(st.live)))
         case Launched(info):
             launched = {**info, "blocked": list(st.blocked)} if st.first else dict(info)
             st = replace(st, stage=Stage.STEP, launched=launched)
@@ -436,11 +439,11 @@ def _next_attempt(s: _Step, cause: str, k: int) -> _Step:
     if st.first:
         return s.then(replace(st, stage=Stage.KILL), Kill(st.ranks, tuple(st.live)))
     st = replace(st, stage=Stage.LAUNCH)
-    return s.then(st, Launch(st.ranks, min(st.live), new_generation=False))
+    return s.then(st, Launch(st.ranks, min(st.live), retry=True))
 
 
 def _failed(s: _Step, reason: str, cause: str, k: int) -> _Step:
-    """An attempt failed: one failed attempt for the job; the next one relaunches, after a pause."""
+    """An attempt failed: one failed attempt for the job; the next one launches again, after a pause."""
     why = f"targeted restart failed: {reason}"
     s = s.job_input(RestartFailed(reason), k)
     st = replace(s.state, first=False, why=why)

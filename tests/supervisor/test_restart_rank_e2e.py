@@ -155,3 +155,35 @@ def test_a_slow_rank_is_not_named_hung(clean_digest: str, tmp_path: Path) -> Non
     assert "rank_hang" not in summary["anomalies"]
     assert {r["result"]["params_digest"] for r in summary["ranks"]} == {clean_digest}
     assert [r["incarnation"] for r in summary["ranks"]] == [1] * 4
+
+
+@pytest.mark.timeout(300)
+def test_a_replacement_that_dies_as_it_joins_is_launched_again(
+    clean_digest: str, tmp_path: Path
+) -> None:
+    """kill_rank on rank 2 at step 15, `duration: 2`: its first replacement dies after the new
+    generation formed, while the survivors adopt the state in it. The next attempt forms the
+    generation after it over a new store; the survivors live through both, no full-group
+    restart runs, and the parameters equal a clean run's."""
+    summary = _run(tmp_path, [{"kind": "kill_rank", "at_step": 15, "rank": 2, "duration": 2}])
+    assert summary["status"] == "completed", summary
+    ranks = summary["ranks"]
+    assert [r["steps_completed"] for r in ranks] == [STEPS] * 4
+    assert [r["steps_executed"] for r in ranks] == [STEPS] * 4
+    assert {r["result"]["params_digest"] for r in ranks} == {clean_digest}
+    # The survivors are the processes that started the run; rank 2 is its third process.
+    assert [r["incarnation"] for r in ranks] == [1, 1, 3, 1], ranks
+    restart = [d for d in read_jsonl(tmp_path / "decisions.jsonl") if d["action"] == "restart_rank"]
+    assert [(d["outcome"], d["ranks"]) for d in restart] == [("applied", [2])], restart
+    states = [r for r in read_jsonl(tmp_path / "journal.wal") if r.get("type") == "job_state"]
+    assert [(r["input"], r["to"]["phase"]) for r in states] == [
+        ("Started", "running"),
+        ("RanksLost", "recovering"),
+        ("RestartFailed", "recovering"),  # the first replacement died: one failed attempt
+        ("Regrouped", "running"),
+        ("RanksEnded", "finished"),
+    ], states
+    # The failed attempt formed generation 1; the next one formed generation 2.
+    assert states[3]["to"]["generation"] == 2
+    [record] = summary["recoveries"]
+    assert (record["generation"], record["replacements"]) == (2, {"2": "new actor"})

@@ -36,6 +36,28 @@ def test_a_replacement_on_the_same_run_dir_does_not_fire_again(tmp_path: Path) -
     assert FaultInjector(FAULTS, 1, run_dir=tmp_path).fire_once("hang_rank", 3) is not None
 
 
+def test_kill_rank_with_a_duration_kills_that_many_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`duration: 3`: the first process at its step, then each of the next two replacements
+    as it joins; a fourth process, and a replacement after a `duration: 1` kill, run on."""
+    killed: list[int] = []
+    monkeypatch.setattr(process_faults, "kill", lambda: killed.append(len(killed)))
+    faults = parse_chaos({"faults": [
+        {"kind": "kill_rank", "at_step": 4, "rank": 2, "duration": 3},
+        {"kind": "kill_rank", "at_step": 4, "rank": 1},
+    ]})  # fmt: skip
+    FaultInjector(faults, 2, run_dir=tmp_path).on_join()
+    assert killed == []  # nothing fired yet: a replacement for another reason runs on
+    assert FaultInjector(faults, 2, run_dir=tmp_path).fire_once("kill_rank", 4) is not None
+    for _ in range(3):  # each replacement is a new process reading the record from disk
+        FaultInjector(faults, 2, run_dir=tmp_path).on_join()
+    assert killed == [0, 1]
+    assert FaultInjector(faults, 1, run_dir=tmp_path).fire_once("kill_rank", 4) is not None
+    FaultInjector(faults, 1, run_dir=tmp_path).on_join()
+    assert killed == [0, 1]
+
+
 def test_slow_collective_delays_once_and_is_noted(tmp_path: Path) -> None:
     """slow_collective fires on its step once per run and lands in the injector's log."""
     inj = FaultInjector(FAULTS, 0, run_dir=tmp_path)

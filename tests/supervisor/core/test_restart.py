@@ -71,7 +71,7 @@ def test_a_restart_kills_checks_launches_and_waits_for_a_step() -> None:
     st, job, fx = _run(st, job, restart.Killed(front=19))
     assert fx == [CheckSurvivors((0, 1, 2))] and st.front == 19
     st, job, fx = _run(st, job, Checked())
-    assert fx == [Launch((3,), 0, new_generation=True)]
+    assert fx == [Launch((3,), 0)]
     st, job, fx = _run(st, job, Launched(INFO))
     assert fx == [AwaitSteps(19, (3,), (0, 1, 2))]
     assert st.launched == {**INFO, "blocked": []} and st.stage is Stage.STEP
@@ -91,7 +91,7 @@ def test_blocked_survivors_and_ranks_lost_meanwhile_are_replaced_too() -> None:
     st, job, fx = _run(st, job, Checked(blocked=(1,), joined=(2,)))
     assert fx == [
         Job(RanksLost(frozenset({1}), restart.STILL_BLOCKED)),
-        Launch((1, 2, 3), 0, new_generation=True),
+        Launch((1, 2, 3), 0),
     ]
     assert job.lost == {1, 3} and st.blocked == (1,)
     st, job, _ = _run(st, job, Launched(INFO))
@@ -106,14 +106,14 @@ def test_no_survivor_left_is_a_failed_attempt() -> None:
     assert job.attempts == 1 and st.why == f"targeted restart failed: {restart.NONE_RECOVERED}"
 
 
-def test_a_failed_attempt_relaunches_into_the_same_generation_after_a_pause() -> None:
+def test_a_failed_attempt_launches_again_after_a_pause() -> None:
     st, job, _ = _run(RestartState("d1", WORLD), RUNNING, Begin((3,), "hang"))
     for inp in (restart.Killed(5), Checked(), Launched(INFO)):
         st, job, _ = _run(st, job, inp)
     st, job, fx = _run(st, job, AttemptFailed("rank 3: its actor died"))
     assert _acts(fx) == [Backoff(1)] and not st.first
     st, job, fx = _run(st, job, Waited())
-    assert fx == [Launch((3,), 0, new_generation=False)]
+    assert fx == [Launch((3,), 0, retry=True)]
     st, job, fx = _run(st, job, Launched({**INFO, "replacements": {"3": "new actor"}}))
     assert fx == [AwaitSteps(5, (3,), (0, 1, 2))]
     assert st.launched is not None and "blocked" not in st.launched  # a relaunch's own info
@@ -239,9 +239,8 @@ class World:
                     self.procs[r] = None
                 self.blocked = ()
                 return Checked(blocked=blocked)
-            case Launch(ranks, _source, new_generation):
-                if new_generation:
-                    self.generation += 1
+            case Launch(ranks, _source, _retry):
+                self.generation += 1  # a retry too: the failed generation is abandoned
                 for r in ranks:
                     old = self.procs[r]
                     self.procs[r] = (self.generation, (old[1] if old else 0) + 1)
