@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from remedy.policies import AnomalyEvent, Engine, load_policy
 from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.effects import journal_to
 from remedy.supervisor.core.report_validation import Limits
 from remedy.workers.rundir import RunDir
 
@@ -50,7 +51,7 @@ def flood(events: int, limits: Limits) -> tuple[float, int, int, dict[str, int]]
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = RunDir(tmp, "flood")
         engine = Engine(load_policy("default"), run_id="flood")
-        controller = Controller(engine, world_size=1, run_dir=run_dir, limits=limits)
+        controller = Controller(engine, world_size=1, journal=journal_to(run_dir), limits=limits)
         controller.ingest({"rank": 0, "step": 10, "tick": 10})
         stall = AnomalyEvent("data_stall", 0, 10, value=9.0, threshold=1.0).to_dict()
         batch = {"rank": 0, "step": 11, "tick": 11, "events": [stall] * events}

@@ -50,6 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from remedy.policies import AnomalyEvent, Engine, load_policy  # noqa: E402
 from remedy.supervisor.core.control import Controller  # noqa: E402
+from remedy.supervisor.core.effects import journal_to  # noqa: E402
 from remedy.supervisor.runner import run_supervised  # noqa: E402
 from remedy.supervisor.spec import NAMESPACE, RunSpec, supervisor_name  # noqa: E402
 from remedy.workers.rundir import RunDir, read_jsonl  # noqa: E402
@@ -62,7 +63,9 @@ def state_record_cost(pending: bool, closed: int, repeats: int = 50) -> tuple[in
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = RunDir(tmp, "bench")
         c = Controller(
-            Engine(load_policy("default"), run_id="bench"), world_size=8, run_dir=run_dir
+            Engine(load_policy("default"), run_id="bench"),
+            world_size=8,
+            journal=journal_to(run_dir),
         )
         # Closed ids as a long run leaves them; pending rollbacks as a busy one holds them.
         for i in range(closed):

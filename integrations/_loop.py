@@ -149,6 +149,7 @@ class LoopGuard:
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - standalone only
         from remedy.policies._loops import refused_steps  # noqa: PLC0415
         from remedy.supervisor.core.control import Controller  # noqa: PLC0415
+        from remedy.supervisor.core.effects import journal_to  # noqa: PLC0415
         from remedy.workers.rundir import RunDir  # noqa: PLC0415
 
         run_id = "local"
@@ -164,7 +165,8 @@ class LoopGuard:
             )
         engine = Engine(rules, run_id=run_id)
         run_dir = RunDir(self.run_dir, run_id) if self.run_dir is not None else None
-        return LocalReporter(Controller(engine, world_size=1, run_dir=run_dir))
+        journal = journal_to(run_dir) if run_dir is not None else None
+        return LocalReporter(Controller(engine, world_size=1, journal=journal))
 
     def attach(self, optimizer: Any, scheduler: Any = None, scaler: Any = None) -> None:
         """The loop's optimizer, LR scheduler and GradScaler, once the framework has made them."""

@@ -44,8 +44,7 @@ from remedy.supervisor.agent import alive_nodes, kill_agents, launch_agents
 from remedy.supervisor.agent_hang import Sightings
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import Notify, log_notify
-from remedy.supervisor.core.goodput import GoodputLedger, last_written
+from remedy.supervisor.core.effects import Notify, journal_to, log_notify
 from remedy.supervisor.core.run_state import RunState, StateLog
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
@@ -59,6 +58,7 @@ from remedy.supervisor.job_state import (
     Started,
     TransitionError,
 )
+from remedy.supervisor.journals import goodput_of, last_written, read_journal
 from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch
 from remedy.supervisor.notify import NOTIFICATIONS_FILE, Notifier, env_sinks
 from remedy.supervisor.policy_source import (
@@ -148,7 +148,7 @@ class SupervisorActor:
         self.spec = RunSpec(**spec)
         configure_logging(verbose=self.spec.verbose)
         self.run_dir = RunDir(self.spec.run_dir, self.spec.run_id)
-        journal = control_state.read_journal(self.run_dir.path / "journal.wal")
+        journal = read_journal(self.run_dir.path / "journal.wal")
         lives = [r for r in journal if r.get("type") == "supervisor_started"]
         # 1 for a new run; one more for each time Ray restarted this supervisor.
         self.incarnation = 1 + max((int(r.get("incarnation", 1)) for r in lives), default=0)
@@ -163,7 +163,7 @@ class SupervisorActor:
         self.controller = Controller(
             engine,
             world_size=self.spec.workers,
-            run_dir=self.run_dir,
+            journal=journal_to(self.run_dir),
             group_action=self._group_action,
             # Where a `notify` decision's effect is carried out: logged, and queued for
             # the policy's sinks and REMEDY_NOTIFY_WEBHOOK (see `supervisor.notify`).
@@ -255,10 +255,10 @@ class SupervisorActor:
         for record in tail:
             if record.get("type") == "job_state" and isinstance(record.get("to"), dict):
                 self.job.state = JobState.from_dict(record["to"])
-        c.restore_decisions(control_state.read_journal(self.run_dir.path / "decisions.jsonl"))
+        c.restore_decisions(read_journal(self.run_dir.path / "decisions.jsonl"))
         # The goodput ledger from the journals; the outage, from when the supervisor that
         # died last wrote something (a report's metrics, a journal record) until now.
-        c.goodput = GoodputLedger.replay(self.run_dir.path)
+        c.goodput = goodput_of(self.run_dir.path)
         heard = [last_written(self.run_dir.path / n) for n in ("metrics.jsonl", "journal.wal")]
         back = time.time()
         down_since = max((t for t in heard if t is not None), default=back)
@@ -657,7 +657,7 @@ class SupervisorActor:
 
     def outages(self) -> list[dict[str, Any]]:
         """The supervisor's outages so far, merged from every watcher's notes in the journal."""
-        journal = control_state.read_journal(self.run_dir.path / "journal.wal")
+        journal = read_journal(self.run_dir.path / "journal.wal")
         return liveness.merge_outages(
             [r["note"] for r in journal if r.get("type") == "supervisor_outage"]
         )

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from remedy.supervisor import registry
-from remedy.supervisor.core.control_state import read_journal
 from remedy.supervisor.display import decision_line, make_display
+from remedy.supervisor.journals import read_journal
 from remedy.supervisor.run_access import (
     AccessError,
     RunRef,

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remedy.supervisor.core.control_state import read_journal
-from remedy.supervisor.core.goodput import GoodputLedger
 from remedy.supervisor.exceptions import SupervisorError
+from remedy.supervisor.journals import goodput_of, read_journal
 from remedy.supervisor.report_files import read_records, read_run_dir
 from remedy.workers.rundir import metrics_paths
 
@@ -122,7 +121,7 @@ def derive_summary(
         (m for m in metrics if m.get("rank", 0) == 0), key=lambda m: int(m.get("tick", 0))
     )
     # The lead's records in the order they were run (a full-group restart sets ticks back).
-    ledger = GoodputLedger.replay(path, metrics=metrics, anomalies=anomalies)
+    ledger = goodput_of(path, metrics=metrics, anomalies=anomalies)
     completed = ledger.steps if ledger.executed else int(lead[-1]["step"]) + 1 if lead else 0
     executed = int(lead[-1].get("tick", lead[-1]["step"])) + 1 if lead else 0
     wall = _wall_s(metrics)

@@ -309,13 +309,15 @@ class Guard:
     def _local_reporter(self, ctx: WorkerContext) -> Reporter:
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - single-process mode only
         from remedy.supervisor.core.control import Controller  # noqa: PLC0415
+        from remedy.supervisor.core.effects import journal_to  # noqa: PLC0415
         from remedy.workers.metrics import standalone_metrics  # noqa: PLC0415
         from remedy.workers.rundir import RunDir  # noqa: PLC0415
 
         engine = Engine(load_policy(self.config.policy or "default"), run_id=ctx.run_id)
         run_dir = RunDir(ctx.run_dir, ctx.run_id) if ctx.run_dir is not None else None
         metrics = standalone_metrics(ctx.run_id, run_dir.checkpoints if run_dir else None)
-        return LocalReporter(Controller(engine, world_size=1, run_dir=run_dir), metrics=metrics)
+        journal = journal_to(run_dir) if run_dir is not None else None
+        return LocalReporter(Controller(engine, world_size=1, journal=journal), metrics=metrics)
 
     # ------------------------------------------------------------------ loop
     def __iter__(self) -> Iterator[Any]:

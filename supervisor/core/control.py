@@ -38,12 +38,21 @@ from remedy.policies import (
     IncidentMerger,
 )
 from remedy.supervisor.core import control_state
-from remedy.supervisor.core.effects import Notify, NotifyCarrier, log_notify
+from remedy.supervisor.core.effects import (
+    AnomalyRecord,
+    DecisionRecord,
+    Journal,
+    JournalCarrier,
+    MetricRecords,
+    Notify,
+    NotifyCarrier,
+    WalRecord,
+    log_notify,
+)
 from remedy.supervisor.core.goodput import REWINDING_ACTIONS, GoodputLedger
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
+from remedy.supervisor.core.straggler import StragglerWatch
 from remedy.workers.commands import Command, Outcome
-from remedy.workers.detectors.straggler import StragglerWatch
-from remedy.workers.rundir import RunDir
 
 log = structlog.get_logger("remedy.control")
 
@@ -185,7 +194,7 @@ class Controller:
         engine: Engine,
         *,
         world_size: int,
-        run_dir: RunDir | None = None,
+        journal: JournalCarrier | None = None,
         group_action: GroupActionHook | None = None,
         command_lead: int = 1,
         straggler: StragglerWatch | _Default | None = _Default.TOKEN,
@@ -197,6 +206,8 @@ class Controller:
         """`straggler`: the slow-rank watch; by default a `StragglerWatch()` when
         `world_size > 1`, none for one rank; `None` turns it off. `limits`:
         how much a report batch may carry (`report_validation.Limits`);
+        `journal`: carries out what the controller journals (`effects.Journal`,
+        e.g. `effects.journal_to(run_dir)`; None: kept nowhere but in `decisions`);
         `clock`: wall time, for how far ahead a report may run; `notify`: carries
         out a `notify` decision's `effects.Notify` (by default, a log line); `node_of`:
         the node a rank runs on, stamped on its anomalies (`details["node"]`, what
@@ -206,7 +217,7 @@ class Controller:
         self.node_of = node_of
         self.notify = notify
         self.world_size = world_size
-        self.run_dir = run_dir
+        self.journal = journal
         self.group_action = group_action
         self.command_lead = command_lead
         self.pending: dict[str, _Pending] = {}
@@ -298,8 +309,8 @@ class Controller:
         self.rows.took(rank, self.step_of[rank], mark)
         for record in report.metrics:
             self._metrics(rank, record)
-        if self.run_dir is not None and write_metrics:
-            self.run_dir.metrics_many(report.metrics)
+        if write_metrics and report.metrics:
+            self._emit(MetricRecords(report.metrics))
         for outcome in report.outcomes:
             self._outcome(outcome)
         for ev in report.events:
@@ -383,8 +394,8 @@ class Controller:
         self.changes += 1
         self.anomaly_counts[ev.kind] += 1
         self.goodput.event(ev.step, ev.kind)
-        if self.run_dir is not None:
-            self.run_dir.anomaly(self._stamped(ev).to_dict())
+        if self.journal is not None:
+            self._emit(AnomalyRecord(self._stamped(ev).to_dict()))
 
     def _metrics(self, rank: int, record: Any) -> None:
         if not isinstance(record, dict):
@@ -489,11 +500,10 @@ class Controller:
             d.action in REWINDING_ACTIONS
         ):  # the ranks' next rewind is this one's: its steps are lost to it
             self.goodput.expect_rewind(self._clock(), d.anomaly.kind)
-        if self.run_dir is not None:
-            self.run_dir.wal(
-                {"type": "decided", "decision": d.to_dict(), "command": command.to_dict()}
-            )
-        self.pending[d.decision_id] = _Pending(d, command, targets, time.time())
+        self._emit(
+            WalRecord({"type": "decided", "decision": d.to_dict(), "command": command.to_dict()})
+        )
+        self.pending[d.decision_id] = _Pending(d, command, targets, self._clock())
 
     def _supervisor_action(self, d: Decision) -> None:
         if d.action == "notify":
@@ -504,16 +514,14 @@ class Controller:
             self._resolve_now(d, *self.notify(effect))
         elif d.action == "abort":
             self.abort_reason = str(d.params.get("reason") or d.reason)
-            if self.run_dir is not None:
-                self.run_dir.wal({"type": "decided", "decision": d.to_dict(), "command": None})
+            self._emit(WalRecord({"type": "decided", "decision": d.to_dict(), "command": None}))
             self._resolve_now(d, "applied", "run aborted")
             # Ranks stop at their next boundary.
             self._dispatch_stop(d)
         elif self.group_action is None:
             self._resolve_now(d, "failed", f"{d.action} needs a worker group; none is attached")
         else:
-            if self.run_dir is not None:
-                self.run_dir.wal({"type": "decided", "decision": d.to_dict(), "command": None})
+            self._emit(WalRecord({"type": "decided", "decision": d.to_dict(), "command": None}))
             result = self.group_action(d)
             if result is None:
                 self.deferred[d.decision_id] = d
@@ -536,9 +544,8 @@ class Controller:
             return False
         self.stop_reason = reason
         step = max(self.step_of.values(), default=0)
-        run_id = self.run_dir.run_id if self.run_dir is not None else self.engine.run_id
         d = Decision(
-            decision_id=f"{run_id}-operator",
+            decision_id=f"{self.engine.run_id}-operator",
             step=step,
             ranks=tuple(range(self.world_size)),
             rule="remedy stop",
@@ -564,8 +571,7 @@ class Controller:
         if d.action == "restart_rank" and outcome == "applied":
             for rank in d.ranks:
                 self.forget_rank(rank)
-        if self.run_dir is not None:
-            self.run_dir.wal({"type": "resolved", "decision_id": decision_id, "outcome": outcome})
+        self._emit(WalRecord({"type": "resolved", "decision_id": decision_id, "outcome": outcome}))
         self._journal(d, outcome, detail=detail, **extra)
         self.handle(
             self.engine.record_outcome(decision_id, outcome, tick=self._tick(), detail=detail)
@@ -614,7 +620,7 @@ class Controller:
             apply_at_tick=self._tick(),
             seq=self._seq,
         )
-        self.pending[cmd.decision_id] = _Pending(d, cmd, set(range(self.world_size)), time.time())
+        self.pending[cmd.decision_id] = _Pending(d, cmd, set(range(self.world_size)), self._clock())
 
     def _resolve_now(self, d: Decision, outcome: str, detail: str) -> None:
         self._journal(d, outcome, detail=detail)
@@ -668,8 +674,9 @@ class Controller:
         d = pending.decision
         first = next(iter(failed), None) or pending.outcomes[min(pending.outcomes)]
         outcome = "failed" if failed else "applied"
-        if self.run_dir is not None:
-            self.run_dir.wal({"type": "resolved", "decision_id": d.decision_id, "outcome": outcome})
+        self._emit(
+            WalRecord({"type": "resolved", "decision_id": d.decision_id, "outcome": outcome})
+        )
         follow = self.engine.record_outcome(
             d.decision_id, outcome, tick=self._tick(), detail=first.detail
         )
@@ -681,7 +688,7 @@ class Controller:
             result=first.result,
             applied_at_step=first.step,
             apply_at_step=pending.command.apply_at_step,
-            latency_s=round(time.time() - pending.dispatched_at, 4),
+            latency_s=round(self._clock() - pending.dispatched_at, 4),
             attempts=first.attempts,
         )
         if failed and d.ends_chain_on_failure:
@@ -728,7 +735,7 @@ class Controller:
             apply_at_tick=self._tick(),
             seq=self._seq,
         )
-        self.pending[cmd.decision_id] = _Pending(d, cmd, set(pending.targets), time.time())
+        self.pending[cmd.decision_id] = _Pending(d, cmd, set(pending.targets), self._clock())
         self.changes += 1
 
     def _drop_rest_of_chain(self, failed: Decision) -> None:
@@ -781,8 +788,11 @@ class Controller:
         self.outcome_counts[outcome] += 1
         if outcome == "applied":
             self.action_counts[d.action] += 1
-        if self.run_dir is not None:
-            self.run_dir.decision(record)
+        self._emit(DecisionRecord(record))
+
+    def _emit(self, effect: Journal) -> None:
+        if self.journal is not None:
+            self.journal(effect)
 
     # ---------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:

@@ -21,11 +21,8 @@ redone when the outcome it came with is re-sent. Nothing here touches Ray.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from collections import Counter, deque
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from remedy.policies import AnomalyEvent, Decision
@@ -234,23 +231,6 @@ def replay_tail(c: Controller, tail: list[dict[str, Any]]) -> list[str]:
         if decision_id not in c.pending and decision_id not in c._closed:
             abandoned.append(decision_id)
     return abandoned
-
-
-def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every whole record of a journal; a torn or corrupt line (a crash mid-write) is skipped."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    out: list[dict[str, Any]] = []
-    with open(p, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                out.append(record)
-    return out
 
 
 def split_at_last_state(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[Any]]:

@@ -4,13 +4,23 @@ The Controller decides; whoever runs it (the supervisor actor, or a Guard
 alone) carries the effect out and says how it went. `Notify` is a person
 to be told: the default sink logs it; a shell may send it on (a webhook, an
 alert manager) and return what happened.
+
+The core writes no file itself. What it journals leaves as `Journal`
+effects, carried out in the order they are emitted and before the call
+that emitted them returns (`journal_to` writes them into a run directory):
+
+- `WalRecord`: a write-ahead record for `journal.wal`, fsynced; a decision
+  is recorded before its command can reach a rank, its resolution after;
+- `DecisionRecord`: one line of `decisions.jsonl` (a decision with its outcome);
+- `AnomalyRecord`: one line of `anomalies.jsonl`;
+- `MetricRecords`: the step records of one report, for `metrics.jsonl`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -41,3 +51,62 @@ def log_notify(effect: Notify) -> tuple[str, str]:
     node = effect.decision.anomaly.node if effect.decision is not None else None
     log.warning("notify", rule=effect.rule, reason=effect.reason, message=effect.message, node=node)
     return "applied", "notification logged"
+
+
+@dataclass(frozen=True, slots=True)
+class WalRecord:
+    """Append `record` to the write-ahead journal (`journal.wal`)."""
+
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """Append a decision with its outcome to `decisions.jsonl`."""
+
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AnomalyRecord:
+    """Append an anomaly to `anomalies.jsonl`."""
+
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricRecords:
+    """Append one report's step records to `metrics.jsonl`."""
+
+    records: list[dict[str, Any]]
+
+
+Journal = WalRecord | DecisionRecord | AnomalyRecord | MetricRecords
+# Carries out one `Journal` effect before returning.
+JournalCarrier = Callable[[Journal], None]
+
+
+class JournalFiles(Protocol):
+    """The journals of a run directory (`workers.rundir.RunDir`)."""
+
+    def wal(self, record: dict[str, Any]) -> None: ...
+    def decision(self, record: dict[str, Any]) -> None: ...
+    def anomaly(self, record: dict[str, Any]) -> None: ...
+    def metrics_many(self, records: list[dict[str, Any]]) -> None: ...
+
+
+def journal_to(files: JournalFiles) -> JournalCarrier:
+    """A carrier that writes each `Journal` effect into `files`, in the order emitted."""
+
+    def carry(effect: Journal) -> None:
+        match effect:
+            case WalRecord(record):
+                files.wal(record)
+            case DecisionRecord(record):
+                files.decision(record)
+            case AnomalyRecord(record):
+                files.anomaly(record)
+            case MetricRecords(records):
+                files.metrics_many(records)
+
+    return carry

@@ -30,18 +30,13 @@ run without a summary.
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import statistics
 from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from pathlib import Path
 from typing import Any
-
-from remedy.supervisor.core.control_state import read_journal
-from remedy.workers.rundir import metrics_paths
 
 # A rewind whose cause the ledger was not told (a rewind by an action it does not know).
 UNATTRIBUTED = "unattributed"
@@ -318,22 +313,22 @@ class GoodputLedger:
     @classmethod
     def replay(
         cls,
-        path: str | Path,
+        wal: Iterable[Mapping[str, Any]],
         *,
-        metrics: Iterable[Mapping[str, Any]] | None = None,
-        anomalies: Iterable[Mapping[str, Any]] | None = None,
+        metrics: Iterable[Mapping[str, Any]],
+        anomalies: Iterable[Mapping[str, Any]],
         lead: int = 0,
     ) -> GoodputLedger:
-        """The ledger of the run in `path`, rebuilt from its journals.
+        """The ledger of a run, rebuilt from the records of its journals (read by the shell:
+        `supervisor.journals.goodput_of`).
 
         Rewind causes come from journal.wal (rollbacks decided, full-group
         restarts), disruptions from the supervisor's own anomalies (a rank lost)
-        and its restarts; `metrics`/`anomalies` may be given when already read.
+        and its restarts.
         """
-        p = Path(path)
         ledger = cls(lead)
-        for r in read_journal(p / "journal.wal"):
-            at = _ts(r.get("ts"))
+        for r in wal:
+            at = ts_of(r.get("ts"))
             if at is None:
                 continue
             kind = r.get("type")
@@ -346,13 +341,11 @@ class GoodputLedger:
                 ledger.expect_rewind(at, str(r.get("cause", UNATTRIBUTED)))
             elif kind == "supervisor_restored" and isinstance(r.get("outage"), dict):
                 ledger.outage(r["outage"])
-        events = list(anomalies) if anomalies is not None else _jsonl(p / "anomalies.jsonl")
+        events = list(anomalies)
         for ev in events:
             at = when(ev.get("ts"))
             if ev.get("source") == "supervisor" and at is not None:
                 ledger.disrupted(at, str(ev.get("kind")))
-        if metrics is None:
-            metrics = [m for path in metrics_paths(p) for m in _jsonl(path)]
         for rec in metrics:
             rank = rec.get("rank")
             if type(rank) is int:
@@ -374,10 +367,10 @@ def when(value: Any) -> float | None:
     journals write it (anomalies.jsonl stamps each line with its own)."""
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
-    return _ts(value)
+    return ts_of(value)
 
 
-def _ts(value: Any) -> float | None:
+def ts_of(value: Any) -> float | None:
     """A journal line's `ts` (ISO 8601, as structlog writes it) in seconds since the epoch."""
     if not isinstance(value, str):
         return None
@@ -385,27 +378,3 @@ def _ts(value: Any) -> float | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [r for r in read_journal(path) if isinstance(r, dict)]
-
-
-def last_written(path: str | Path) -> float | None:
-    """The `ts` of the last whole line of a journal (when its writer was last heard of)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - 65536))
-            tail = fh.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(tail):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and (at := _ts(record.get("ts"))) is not None:
-            return at
-    return None

@@ -16,7 +16,7 @@ import pytest
 
 from remedy.policies import AnomalyEvent, Decision, Engine, NotifySink, load_policy_text
 from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import Notify
+from remedy.supervisor.core.effects import Notify, journal_to
 from remedy.supervisor.notify import NOTIFY_WEBHOOK_ENV, QUEUE_SIZE, Notifier, env_sinks
 from remedy.workers.rundir import RunDir, read_jsonl
 
@@ -342,7 +342,9 @@ def test_the_controller_hands_notify_decisions_to_its_hook(tmp_path: Path, sink:
         assert effect.decision is not None
         return "applied", n.submit(effect.decision, {})
 
-    controller = Controller(engine, world_size=1, run_dir=RunDir(tmp_path, "r"), notify=carry)
+    controller = Controller(
+        engine, world_size=1, journal=journal_to(RunDir(tmp_path, "r")), notify=carry
+    )
     ev = AnomalyEvent("data_stall", 0, 5, value=3.0, threshold=1.0).to_dict()
     controller.ingest({"rank": 0, "step": 5, "events": [ev], "metrics": []})
     (line,) = deliveries(tmp_path / "notifications.jsonl", 1)

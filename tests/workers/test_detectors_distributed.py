@@ -18,11 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from remedy.supervisor.core.straggler import StragglerWatch, find_stragglers
 from remedy.workers.detectors import (
     CollectiveSlowDetector,
     CollectiveTimer,
-    StragglerWatch,
-    find_stragglers,
     install_collective_timer,
 )
 from remedy.workers.detectors.testing import run_guarded, step_stats

@@ -4,8 +4,8 @@ Every detector is a small object with a `name`, `observe(stats)` and
 `reset()` (some also `inspect_batch(batch)`); every threshold is a dataclass
 field with a default, so `GuardConfig(detectors=[...])` can change any of
 them. `default_detectors()` is the suite a Guard runs when told nothing.
-`StragglerWatch` is not among them: it judges all ranks together and runs
-in the supervisor.
+The straggler check is not among them: it judges all ranks together and
+runs in the supervisor (`remedy.supervisor.core.straggler`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from remedy.workers.detectors.memory import (
 from remedy.workers.detectors.numerics import GradNormDetector, NonFiniteDetector
 from remedy.workers.detectors.padding import PaddingRatioDetector
 from remedy.workers.detectors.scaler import ScalerCollapseDetector, ScalerOverflowDetector
-from remedy.workers.detectors.straggler import StragglerWatch, find_stragglers
 from remedy.workers.detectors.update_stall import UpdateStallDetector
 
 if TYPE_CHECKING:
@@ -60,11 +59,9 @@ __all__ = [
     "PaddingRatioDetector",
     "ScalerCollapseDetector",
     "ScalerOverflowDetector",
-    "StragglerWatch",
     "UpdateStallDetector",
     "default_detectors",
     "event",
-    "find_stragglers",
     "install_collective_timer",
 ]
 

@@ -9,7 +9,7 @@ import pytest
 
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
 from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import Notify
+from remedy.supervisor.core.effects import Notify, journal_to
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """
@@ -34,7 +34,7 @@ rules:
 @pytest.fixture
 def controller(tmp_path: Path) -> Controller:
     engine = Engine(load_policy_text(POLICY, "control.yaml"), run_id="r")
-    c = Controller(engine, world_size=2, run_dir=RunDir(tmp_path, "r"))
+    c = Controller(engine, world_size=2, journal=journal_to(RunDir(tmp_path, "r")))
     # These tests are about validation, journaling and dispatch, not about merging one
     # incident across ranks (tests/policies/test_incidents.py): an incident is decided on its
     # first report instead of waiting for the other rank's report of its tick.
@@ -139,7 +139,7 @@ def test_notify_goes_to_the_sink_the_shell_gives(tmp_path: Path) -> None:
         return "failed", "webhook answered 503"
 
     engine = Engine(load_policy_text(POLICY, "control.yaml"), run_id="r")
-    c = Controller(engine, world_size=2, run_dir=RunDir(tmp_path, "r"), notify=sink)
+    c = Controller(engine, world_size=2, journal=journal_to(RunDir(tmp_path, "r")), notify=sink)
     stall = AnomalyEvent("data_stall", 1, 9, value=3.0, threshold=2.5).to_dict()
     c.ingest({"rank": 1, "step": 9, "events": [stall]})
     [effect] = sent
@@ -210,7 +210,7 @@ def test_a_rank_with_reports_still_on_their_way_holds_the_incident(tmp_path: Pat
     c = Controller(
         Engine(load_policy_text(policy, "control.yaml"), run_id="r"),
         world_size=2,
-        run_dir=RunDir(tmp_path, "r"),
+        journal=journal_to(RunDir(tmp_path, "r")),
     )
     grad = AnomalyEvent("nonfinite_grad", 1, 7, tick=7, value=float("nan"), severity="critical")
     c.ingest({"rank": 1, "step": 8, "tick": 8, "events": [grad.to_dict()]})

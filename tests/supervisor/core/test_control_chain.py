@@ -6,6 +6,7 @@ from pathlib import Path
 
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
 from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.effects import journal_to
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """
@@ -24,7 +25,7 @@ rules:
 def test_failed_step_with_next_is_journaled_failed_and_rest_runs_once(tmp_path: Path) -> None:
     """checkpoint_now fails: journaled `failed`, rollback still dispatched, notify applied once."""
     engine = Engine(load_policy_text(POLICY, "chain.yaml"), run_id="r")
-    controller = Controller(engine, world_size=1, run_dir=RunDir(tmp_path, "r"))
+    controller = Controller(engine, world_size=1, journal=journal_to(RunDir(tmp_path, "r")))
     event = AnomalyEvent("loss_spike", 0, 5, value=9.0).to_dict()
     commands = controller.ingest({"rank": 0, "step": 5, "tick": 5, "events": [event]})
     assert [c["action"] for c in commands] == ["checkpoint_now", "rollback"]

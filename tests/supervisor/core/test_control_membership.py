@@ -9,6 +9,7 @@ import pytest
 
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
 from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.effects import journal_to
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """
@@ -35,7 +36,9 @@ def controller(tmp_path: Path, deferred: list[Decision]) -> Controller:
         deferred.append(d)  # carried out asynchronously, like the supervisor's restart
 
     engine = Engine(load_policy_text(POLICY, "membership.yaml"), run_id="r")
-    c = Controller(engine, world_size=4, run_dir=RunDir(tmp_path, "r"), group_action=group_action)
+    c = Controller(
+        engine, world_size=4, journal=journal_to(RunDir(tmp_path, "r")), group_action=group_action
+    )
     # Not a test of merging one incident across ranks (tests/policies/test_incidents.py,
     # test_restore_table.py): an incident is decided on its first report.
     c.incidents.hold_s = 0.0

@@ -13,6 +13,7 @@ from typing import Any
 
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
 from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.effects import journal_to
 from remedy.workers.replay import classify
 from remedy.workers.rundir import RunDir, read_jsonl
 
@@ -45,7 +46,7 @@ def _controller(tmp: Path, restarts: list[Decision]) -> Controller:
         return None  # under way; resolved later
 
     engine = Engine(load_policy_text(POLICY, "p.yaml"), run_id="r")
-    return Controller(engine, world_size=2, run_dir=RunDir(tmp, "r"), group_action=group_action,
+    return Controller(engine, world_size=2, journal=journal_to(RunDir(tmp, "r")), group_action=group_action,
                       node_of=NODES.get)  # fmt: skip
 
 

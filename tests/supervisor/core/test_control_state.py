@@ -12,6 +12,8 @@ import pytest
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller, Outcomes
+from remedy.supervisor.core.effects import WalRecord, journal_to
+from remedy.supervisor.journals import read_journal
 from remedy.workers.commands import Outcome
 from remedy.workers.rundir import RunDir, read_jsonl
 
@@ -33,7 +35,7 @@ rules:
 
 def _controller(run_dir: Path, incarnation: int = 1) -> Controller:
     engine = Engine(load_policy_text(POLICY, "state.yaml"), run_id="r", incarnation=incarnation)
-    c = Controller(engine, world_size=2, run_dir=RunDir(run_dir, "r"))
+    c = Controller(engine, world_size=2, journal=journal_to(RunDir(run_dir, "r")))
     # Not a test of merging one incident across ranks (tests/policies/test_incidents.py,
     # test_restore_table.py): an incident is decided on its first report.
     c.incidents.hold_s = 0.0
@@ -129,10 +131,10 @@ def test_decision_after_the_last_state_record_is_abandoned_and_its_number_never_
     """A decided record in the tail went to no rank: abandoned; the re-sent batch decides anew under a new id."""
     c = _controller(tmp_path)
     c.ingest(_batch(0, 1))
-    c.run_dir.wal({"type": control_state.STATE, "controller": c.state_dict()})  # type: ignore[union-attr]
+    c.journal(WalRecord({"type": control_state.STATE, "controller": c.state_dict()}))  # type: ignore[misc]
     lost = c.ingest(_batch(0, 5, _nan(0, 5)))  # decided, then the supervisor died before replying
     lost_ids = {cmd["decision_id"] for cmd in lost}
-    records = control_state.read_journal(tmp_path / "journal.wal")
+    records = read_journal(tmp_path / "journal.wal")
     state, tail = control_state.split_at_last_state(records)
     assert state is not None and [r["type"] for r in tail] == ["decided", "decided"]
     restored = _restored(tmp_path, state["controller"])
@@ -170,12 +172,10 @@ def test_torn_last_journal_line_is_skipped(tmp_path: Path) -> None:
     """A crash mid-write leaves half a line: the reader skips it and finds the state record before it."""
     c = _controller(tmp_path)
     c.ingest(_batch(0, 1))
-    c.run_dir.wal({"type": control_state.STATE, "controller": c.state_dict()})  # type: ignore[union-attr]
+    c.journal(WalRecord({"type": control_state.STATE, "controller": c.state_dict()}))  # type: ignore[misc]
     with open(tmp_path / "journal.wal", "a", encoding="utf-8") as fh:
         fh.write('{"type": "decided", "decis')
-    state, tail = control_state.split_at_last_state(
-        control_state.read_journal(tmp_path / "journal.wal")
-    )
+    state, tail = control_state.split_at_last_state(read_journal(tmp_path / "journal.wal"))
     assert state is not None and tail == []
 
 

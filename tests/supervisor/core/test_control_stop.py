@@ -9,13 +9,16 @@ import pytest
 
 from remedy.policies import Engine, load_policy
 from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.effects import journal_to
 from remedy.workers.rundir import RunDir, read_jsonl
 
 
 @pytest.fixture
 def controller(tmp_path: Path) -> Controller:
     return Controller(
-        Engine(load_policy("default"), run_id="r"), world_size=2, run_dir=RunDir(tmp_path, "r")
+        Engine(load_policy("default"), run_id="r"),
+        world_size=2,
+        journal=journal_to(RunDir(tmp_path, "r")),
     )
 
 

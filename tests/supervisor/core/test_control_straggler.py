@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy
 from remedy.supervisor.core.control import Controller
-from remedy.workers.detectors import StragglerWatch
+from remedy.supervisor.core.effects import journal_to
+from remedy.supervisor.core.straggler import StragglerWatch
 from remedy.workers.rundir import RunDir, read_jsonl
 
 FAST_S = 0.1
@@ -24,7 +25,9 @@ Times = Callable[[int, int], dict[str, Any]]  # (rank, step) -> the timing field
 
 def make_controller(tmp_path: Path, world_size: int, **kwargs: Any) -> Controller:
     engine = Engine(load_policy("default"), run_id="r")
-    return Controller(engine, world_size=world_size, run_dir=RunDir(tmp_path, "r"), **kwargs)
+    return Controller(
+        engine, world_size=world_size, journal=journal_to(RunDir(tmp_path, "r")), **kwargs
+    )
 
 
 def wall(slow: int | None) -> Times:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from remedy.supervisor.core.goodput import REWINDING_ACTIONS, UNATTRIBUTED, GoodputLedger
+from remedy.supervisor.journals import goodput_of
 
 STEP_S = 0.1
 
@@ -160,7 +161,7 @@ def test_replay_from_the_run_directory_matches_the_live_ledger(tmp_path: Path) -
          "decision": {"action": "rollback", "anomaly": {"kind": "loss_spike"}}},
     ])  # fmt: skip
     _jsonl(tmp_path / "anomalies.jsonl", [])
-    again = GoodputLedger.replay(tmp_path)
+    again = goodput_of(tmp_path)
     kw = {"started": 1000.0, "ended": t, "completed": 10}
     assert again.summary(**kw) == live.summary(**kw)
     assert row(live.summary(**kw), "discarded_steps", "loss_spike")["steps"] == 6
@@ -174,5 +175,5 @@ def test_replay_reads_a_lost_rank_from_anomalies_jsonl_stamped_in_iso(tmp_path: 
     _jsonl(tmp_path / "anomalies.jsonl", [
         {"kind": "rank_hang", "source": "supervisor", "step": 2, "ts": "1970-01-01T00:16:41.500000Z"},
     ])  # fmt: skip
-    s = GoodputLedger.replay(tmp_path).summary(started=1000.0, ended=1003.3, completed=3)
+    s = goodput_of(tmp_path).summary(started=1000.0, ended=1003.3, completed=3)
     assert row(s, "stalled", "rank_hang")["seconds"] == pytest.approx(3.0)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
 from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.effects import journal_to
 from remedy.supervisor.core.report_validation import MAX_INT, Limits, _bounded
 from remedy.workers.rundir import RunDir, read_jsonl
 
@@ -32,7 +33,9 @@ rules:
 
 def make(tmp_path: Path, world_size: int = 1, **kwargs: Any) -> Controller:
     engine = Engine(load_policy_text(POLICY, "validation.yaml"), run_id="r")
-    return Controller(engine, world_size=world_size, run_dir=RunDir(tmp_path, "r"), **kwargs)
+    return Controller(
+        engine, world_size=world_size, journal=journal_to(RunDir(tmp_path, "r")), **kwargs
+    )
 
 
 def nan(rank: int = 0, step: int = 5, **fields: Any) -> dict[str, Any]:

@@ -14,6 +14,8 @@ import pytest
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.effects import WalRecord, journal_to
+from remedy.supervisor.journals import read_journal
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """
@@ -60,7 +62,10 @@ class Shell:
         self.restarts: list[str] = []  # group actions handed to "the worker group"
         engine = Engine(load_policy_text(POLICY, "t.yaml"), run_id="r", incarnation=incarnation)
         self.c = Controller(
-            engine, world_size=WORLD, run_dir=RunDir(run_dir, "r"), group_action=self._group
+            engine,
+            world_size=WORLD,
+            journal=journal_to(RunDir(run_dir, "r")),
+            group_action=self._group,
         )
         self._changes = -1
 
@@ -70,15 +75,15 @@ class Shell:
     def keep_state(self) -> None:
         if self.c.changes != self._changes:
             state = json.loads(json.dumps(self.c.state_dict(), default=str))
-            assert self.c.run_dir is not None
-            self.c.run_dir.wal({"type": control_state.STATE, "controller": state})
+            assert self.c.journal is not None
+            self.c.journal(WalRecord({"type": control_state.STATE, "controller": state}))
             self._changes = self.c.changes
 
     @classmethod
     def restored(cls, run_dir: Path, incarnation: int) -> Shell:
         """A new supervisor from the journal: last state record, the tail, decisions.jsonl."""
         shell = cls(run_dir, incarnation)
-        journal = control_state.read_journal(run_dir / "journal.wal")
+        journal = read_journal(run_dir / "journal.wal")
         state, tail = control_state.split_at_last_state(journal)
         if state is not None:
             shell.c.load_state_dict(state["controller"])
@@ -138,7 +143,7 @@ def _run(tmp: Path, flow: Flow, crash_at: int | None) -> tuple[Shell, list[Rank]
             replies = shell.c.ingest(batch)
             shell.keep_state()  # before the reply leaves
             rank.take(replies, step)
-            now = len(control_state.read_journal(tmp / "journal.wal"))
+            now = len(read_journal(tmp / "journal.wal"))
             if crash_at is not None and writes < crash_at <= now and not crashes:
                 crashes += 1
                 shell = Shell.restored(tmp, 2)
