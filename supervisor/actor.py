@@ -45,11 +45,7 @@ from remedy.supervisor.agent_hang import Sightings
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import Notify, journal_to, log_notify
-from remedy.supervisor.core.run_state import RunState, StateLog
-from remedy.supervisor.exceptions import Unauthorized
-from remedy.supervisor.feed import Feed
-from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
-from remedy.supervisor.job_state import (
+from remedy.supervisor.core.job_state import (
     AbortRequested,
     JobState,
     JobStateMachine,
@@ -58,6 +54,10 @@ from remedy.supervisor.job_state import (
     Started,
     TransitionError,
 )
+from remedy.supervisor.core.run_state import RunState, StateLog
+from remedy.supervisor.exceptions import Unauthorized
+from remedy.supervisor.feed import Feed
+from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.supervisor.journals import goodput_of, last_written, read_journal
 from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch
 from remedy.supervisor.notify import NOTIFICATIONS_FILE, Notifier, env_sinks

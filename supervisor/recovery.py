@@ -62,15 +62,15 @@ from remedy.policies import AnomalyEvent, Decision
 from remedy.supervisor import placement, waits
 from remedy.supervisor.agent import agent_name
 from remedy.supervisor.core import restart
-from remedy.supervisor.core.restart import RestartState
-from remedy.supervisor.exceptions import SupervisorError
-from remedy.supervisor.job_state import (
+from remedy.supervisor.core.job_state import (
     Phase,
     RanksBack,
     RanksLost,
     RanksUnreplaced,
     Regrouped,
 )
+from remedy.supervisor.core.restart import RestartState
+from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.spec import NAMESPACE
 from remedy.workers.checkpoint_store import checkpoint_tick, committed_steps
 
@@ -79,8 +79,8 @@ if TYPE_CHECKING:
 
     from remedy.supervisor.agent_hang import Sightings
     from remedy.supervisor.core.control import Controller
+    from remedy.supervisor.core.job_state import JobStateMachine
     from remedy.supervisor.hang_watch import HangWatch
-    from remedy.supervisor.job_state import JobStateMachine
     from remedy.supervisor.node_watch import DeadNode
     from remedy.supervisor.rank_slots import RankSlots
     from remedy.supervisor.spec import RunSpec

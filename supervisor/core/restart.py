@@ -13,7 +13,7 @@ decided here, and only here; `supervisor.recovery.Recovery` carries each
 effect out (Ray calls, pings, timers) and feeds back what happened.
 
 No Ray, no torch, no I/O and no clock. The job's phase is the job state
-machine's (`supervisor.job_state.transition`): the machine hands its inputs
+machine's (`supervisor.core.job_state.transition`): the machine hands its inputs
 on as `Job` effects, computing the same transition to know where the job
 goes. `RestartState` is part of the supervisor's state record, written
 before each effect is carried out, so a supervisor killed at any point of a
@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from remedy.supervisor.job_state import (
+from remedy.supervisor.core.job_state import (
     MAX_TARGETED_ATTEMPTS,
     Input,
     JobState,

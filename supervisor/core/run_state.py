@@ -48,8 +48,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from remedy.supervisor.core.job_state import JobState
 from remedy.supervisor.core.restart import RestartState, Stage
-from remedy.supervisor.job_state import JobState
 
 STATE = "state"
 DELTA = "state_delta"

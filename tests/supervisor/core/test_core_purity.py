@@ -35,7 +35,6 @@ rules:
 ALLOWED = {
     "remedy",
     "remedy.supervisor",
-    "remedy.supervisor.job_state",
     "remedy.workers",  # the package only: its names load on first use
     "remedy.workers.commands",  # the command and outcome records ranks and core exchange
 }

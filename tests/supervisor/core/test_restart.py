@@ -10,6 +10,14 @@ from typing import Any
 import pytest
 
 from remedy.supervisor.core import restart
+from remedy.supervisor.core.job_state import (
+    JobState,
+    Phase,
+    RanksLost,
+    Regrouped,
+    RestartFailed,
+    transition,
+)
 from remedy.supervisor.core.restart import (
     AllFailed,
     AllRestarted,
@@ -33,14 +41,6 @@ from remedy.supervisor.core.restart import (
     Stage,
     Stepped,
     Waited,
-)
-from remedy.supervisor.job_state import (
-    JobState,
-    Phase,
-    RanksLost,
-    Regrouped,
-    RestartFailed,
-    transition,
 )
 
 WORLD = 4

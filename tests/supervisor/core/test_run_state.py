@@ -12,6 +12,7 @@ import pytest
 from remedy.policies import Engine, load_policy
 from remedy.supervisor.core import restart
 from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.job_state import JobState, Phase
 from remedy.supervisor.core.restart import RestartState, Stage
 from remedy.supervisor.core.run_state import (
     DELTA,
@@ -24,7 +25,6 @@ from remedy.supervisor.core.run_state import (
     fold,
     migrate,
 )
-from remedy.supervisor.job_state import JobState, Phase
 from remedy.supervisor.rank_slots import RankSlots
 
 # A `state` line of journal.wal written by remedy at 08a4111 (schema 1): a 2-rank run of

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from remedy.supervisor.job_state import (
+from remedy.supervisor.core.job_state import (
     AbortRequested,
     JobState,
     JobStateMachine,
