@@ -166,7 +166,7 @@ class LoopGuard:
         engine = Engine(rules, run_id=run_id)
         run_dir = RunDir(self.run_dir, run_id) if self.run_dir is not None else None
         journal = journal_to(run_dir) if run_dir is not None else None
-        return LocalReporter(Controller(engine, world_size=1, journal=journal))
+        return LocalReporter(Controller(engine, world_size=1, journal=journal), run_dir=run_dir)
 
     def attach(self, optimizer: Any, scheduler: Any = None, scaler: Any = None) -> None:
         """The loop's optimizer, LR scheduler and GradScaler, once the framework has made them."""

@@ -17,6 +17,16 @@ step records to its own metrics file
   rank report. It carries the ranks' outcomes too; a batch with outcomes is
   answered once the digest that carried them is acknowledged.
 
+It carries out the node-local effect of a restart: the supervisor's order to
+kill one of its ranks (`kill_rank`) is a SIGKILL by pid from here, at once.
+Ray's own kill of a process on another node (`ray.kill`) goes through that
+node's raylet, which waits its `kill_worker_timeout_milliseconds` (5 s by
+default) for a stopped (hung) process before it kills it, and the peers
+blocked in a collective with it stay blocked until its sockets close. The
+agent kills only a Ray worker of its own node whose process title names the
+actor it was ordered to kill, so a pid reused by another process is left
+alone.
+
 It also watches its ranks for hangs with the supervisor's `HangWatch`, fed
 by each report as it comes: when it suspects one it pings its ranks and,
 if one is still stalled, sends the sightings upward at once (`hang_seen`);
@@ -51,6 +61,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -66,6 +77,7 @@ from remedy.supervisor.exceptions import WaitTimeout
 from remedy.supervisor.hang_watch import DEAD, HangWatchConfig
 from remedy.supervisor.pings import ping_actors
 from remedy.supervisor.spec import NAMESPACE, supervisor_name
+from remedy.workers import process_faults
 from remedy.workers.logs import configure_logging
 from remedy.workers.metrics import RayBackend, RunMetrics
 from remedy.workers.rundir import RunDir
@@ -153,6 +165,21 @@ def launch_agents(
     return handles
 
 
+def _not_this_actor(pid: int, name: str) -> str | None:
+    """None if `pid` is a Ray worker of this agent's node whose process title names actor
+    `name`; else why not."""
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "gone"
+    if not name or f"::{name}:" not in title:
+        return f"refused: process {pid} is not actor {name} ({title[:80]!r})"
+    here = process_faults.raylet_of(os.getpid())
+    if here is None or process_faults.raylet_of(pid) != here:
+        return f"refused: process {pid} is not a Ray worker of this node"
+    return None
+
+
 def alive_nodes() -> list[str]:
     """The ids of the Ray cluster's live nodes."""
     return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
@@ -213,6 +240,7 @@ class NodeAgent:
         self._tasks: set[asyncio.Task[None]] = set()  # those look-ups and more (held until done)
         self.pings_sent = 0  # rank pings this agent sent
         self.sightings_sent = 0  # `hang_seen` calls made
+        self.kills = 0  # rank processes this agent killed on the supervisor's order
         # This agent's watch on the supervisor's answers (`supervisor.liveness`).
         self.watch = liveness.SilenceWatch(
             f"agent {self.core.node}",
@@ -295,7 +323,30 @@ class NodeAgent:
             "pid": os.getpid(),
             "pings_sent": self.pings_sent,
             "sightings_sent": self.sightings_sent,
+            "kills": self.kills,
         }
+
+    # ---------------------------------------------------------------- kills
+    async def kill_rank(self, token: Any, pid: int, name: str) -> str:
+        """The supervisor's order: SIGKILL the process `pid` of rank actor `name` on this node.
+
+        Returns "killed", "gone" (no such process), or why it was refused: a
+        wrong token, or a process that is not a Ray worker of this node titled
+        with `name` (the pid was reused, or names another node's process).
+        """
+        if token != self._token:
+            return "refused: wrong token"
+        why = _not_this_actor(pid, name)
+        if why is not None:
+            log.warning("kill_refused", pid=pid, actor=name, reason=why)
+            return why
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return "gone"
+        self.kills += 1
+        log.warning("rank_killed", pid=pid, actor=name)
+        return "killed"
 
     # ---------------------------------------------------------------- hangs
     async def ping_ranks(self, token: Any) -> list[dict[str, Any]]:

@@ -78,7 +78,9 @@ from remedy.workers.stats import StepStats
 from remedy.workers.step_executor import LossFn, StepExecutor, StepSettings
 
 if TYPE_CHECKING:
+    from remedy.supervisor.core.control import Controller
     from remedy.workers.checkpoint_store import CheckpointStore
+    from remedy.workers.rundir import RunDir
     from remedy.workers.shard_mirror import ShardMirror
 
 log = structlog.get_logger("remedy.guard")
@@ -317,7 +319,9 @@ class Guard:
         run_dir = RunDir(ctx.run_dir, ctx.run_id) if ctx.run_dir is not None else None
         metrics = standalone_metrics(ctx.run_id, run_dir.checkpoints if run_dir else None)
         journal = journal_to(run_dir) if run_dir is not None else None
-        return LocalReporter(Controller(engine, world_size=1, journal=journal), metrics=metrics)
+        return LocalReporter(
+            Controller(engine, world_size=1, journal=journal), run_dir=run_dir, metrics=metrics
+        )
 
     # ------------------------------------------------------------------ loop
     def __iter__(self) -> Iterator[Any]:
@@ -1005,8 +1009,13 @@ class Guard:
 class LocalReporter:
     """Single-process mode: the controller runs in this process."""
 
-    def __init__(self, controller: Any, *, metrics: Any | None = None) -> None:
+    def __init__(
+        self, controller: Controller, *, run_dir: RunDir | None = None, metrics: Any | None = None
+    ) -> None:
+        """`run_dir`: where the controller's journal goes (its `journal` writes there) and
+        summary.json is written at the end; None: nowhere."""
         self.controller = controller
+        self.run_dir = run_dir
         self.metrics = metrics  # a RunMetrics serving /metrics, when REMEDY_METRICS_PORT is set
         self._inbox: list[dict[str, Any]] = []
         self._started = time.time()
@@ -1028,15 +1037,15 @@ class LocalReporter:
         c.finish()
         if self.metrics is not None:
             self.metrics.goodput(c.goodput, self._started, force=True)
-        if c.run_dir is None:
+        if self.run_dir is None:
             return
         if rank_summary is not None:
-            c.run_dir.write_summary(_local_summary(c, rank_summary, self._started, time.time()))
-        c.run_dir.close()
+            self.run_dir.write_summary(_local_summary(c, rank_summary, self._started, time.time()))
+        self.run_dir.close()
 
 
 def _local_summary(
-    controller: Any, rank: dict[str, Any], started: float, ended: float
+    controller: Controller, rank: dict[str, Any], started: float, ended: float
 ) -> dict[str, Any]:
     """summary.json of a single-process run, in the shape `remedy run` writes (`remedy report`)."""
     c = controller
@@ -1051,7 +1060,7 @@ def _local_summary(
         fallback_skipped=int(rank.get("updates_skipped", 0)),
     )
     return {
-        "run_id": c.run_dir.run_id,
+        "run_id": c.engine.run_id,
         "status": "aborted" if c.abort_reason is not None else rank["status"],
         "abort_reason": c.abort_reason or rank.get("stop_reason"),
         "steps_completed": completed,
