@@ -206,6 +206,7 @@ class SupervisorActor:
         self._recovery_record: dict[str, Any] | None = None  # the restart in progress, if any
         self._ranks_ended = False  # restored after every rank had ended
         self.agent_nodes: list[str] = []  # nodes with an agent of this run (or one starting)
+        self.agent_handles: dict[str, Any] = {}  # node id -> its agent, once started
         self._new_nodes_at = 0.0  # when to look for nodes that joined since (`_agents_for_new`)
         self._agents_starting: set[asyncio.Task[None]] = set()
         self._agent_ranks: dict[str, set[int]] = {}  # agent (node) -> the ranks it sent
@@ -769,6 +770,7 @@ class SupervisorActor:
         group = self.group = WorkerGroup(
             self.spec, supervisor=me, rendezvous=self.rendezvous, slots=self.slots
         )
+        group.agents.update(self.agent_handles)  # they kill their node's ranks by pid
         # A policy that replays: ranks hold at a flagged step's boundary for its decision.
         group.hold_on_flag = self.controller.engine.policy.uses("replay_step")
         self.recovery = Recovery(
@@ -869,6 +871,7 @@ class SupervisorActor:
         await asyncio.wait_for(
             asyncio.gather(*(h.where.remote() for h in handles.values())), AGENT_START_S
         )
+        self.agent_handles.update(handles)
         self.run_dir.wal({"type": "agents_started", "nodes": nodes})
 
     async def _agents_for_new(self) -> None:
@@ -903,6 +906,9 @@ class SupervisorActor:
                 self.agent_nodes.remove(node)
             log.warning("agents_not_started", nodes=nodes, error=repr(exc)[:200])
             return
+        self.agent_handles.update(handles)
+        if self.group is not None:
+            self.group.agents.update(handles)
         log.info("agents_started", nodes=nodes, joined_late=True)
         self.run_dir.wal({"type": "agents_started", "nodes": nodes, "joined_late": True})
 
@@ -1103,6 +1109,8 @@ class SupervisorActor:
             # Rank pings the supervisor sent itself (none behind node agents in steady state).
             "supervisor_pings": self.group.pings_sent if self.group is not None else 0,
             "agent_sighting_calls": self.sightings.calls,  # node agents' ping rounds taken in
+            # Rank processes killed by pid by their node's agent, on the supervisor's order.
+            "agent_kills": self.group.agent_kills if self.group is not None else 0,
             "resumed_from": self.spec.resume or None,
             "supervisor_restarts": self.incarnation - 1,
             "supervisor_outages": outages,

@@ -23,9 +23,9 @@ Ray's own kill of a process on another node (`ray.kill`) goes through that
 node's raylet, which waits its `kill_worker_timeout_milliseconds` (5 s by
 default) for a stopped (hung) process before it kills it, and the peers
 blocked in a collective with it stay blocked until its sockets close. The
-agent kills only a Ray worker of its own node whose process title names the
-actor it was ordered to kill, so a pid reused by another process is left
-alone.
+agent kills only a Ray worker of its own node that started when the rank's
+process did (the start time the rank gave with its pid), so a pid reused by
+another process is left alone.
 
 It also watches its ranks for hangs with the supervisor's `HangWatch`, fed
 by each report as it comes: when it suspects one it pings its ranks and,
@@ -59,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -67,6 +68,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -165,15 +167,16 @@ def launch_agents(
     return handles
 
 
-def _not_this_actor(pid: int, name: str) -> str | None:
-    """None if `pid` is a Ray worker of this agent's node whose process title names actor
-    `name`; else why not."""
+def _not_this_process(pid: int, started: float) -> str | None:
+    """None if `pid` is a Ray worker of this agent's node that started at `started`; else why not."""
     try:
-        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
+        created = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
         return "gone"
-    if not name or f"::{name}:" not in title:
-        return f"refused: process {pid} is not actor {name} ({title[:80]!r})"
+    except psutil.Error as exc:
+        return f"refused: process {pid} cannot be read ({exc})"
+    if not math.isclose(created, started, abs_tol=0.01):
+        return f"refused: process {pid} started at {created:.2f}, not {started:.2f} (pid reused)"
     here = process_faults.raylet_of(os.getpid())
     if here is None or process_faults.raylet_of(pid) != here:
         return f"refused: process {pid} is not a Ray worker of this node"
@@ -327,25 +330,26 @@ class NodeAgent:
         }
 
     # ---------------------------------------------------------------- kills
-    async def kill_rank(self, token: Any, pid: int, name: str) -> str:
-        """The supervisor's order: SIGKILL the process `pid` of rank actor `name` on this node.
+    async def kill_rank(self, token: Any, pid: int, started: float) -> str:
+        """The supervisor's order: SIGKILL the rank process `pid` of this node, which started at
+        `started` (its start time, as psutil reads it: a pid reused since is another process).
 
         Returns "killed", "gone" (no such process), or why it was refused: a
-        wrong token, or a process that is not a Ray worker of this node titled
-        with `name` (the pid was reused, or names another node's process).
+        wrong token, a process that started at another time, or one that is not
+        a Ray worker of this node.
         """
         if token != self._token:
             return "refused: wrong token"
-        why = _not_this_actor(pid, name)
+        why = _not_this_process(pid, started)
         if why is not None:
-            log.warning("kill_refused", pid=pid, actor=name, reason=why)
+            log.warning("kill_refused", pid=pid, reason=why)
             return why
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return "gone"
         self.kills += 1
-        log.warning("rank_killed", pid=pid, actor=name)
+        log.warning("rank_killed", pid=pid)
         return "killed"
 
     # ---------------------------------------------------------------- hangs

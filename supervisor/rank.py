@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 import torch
 import torch.distributed as dist
@@ -101,9 +102,17 @@ class RankActor:
         return self.membership.status()
 
     @ray.method(concurrency_group=CONTROL)
-    def where(self) -> tuple[str, int, str]:
-        """(node address, pid, Ray node id) of this actor's process: a fast kill, and its node."""
-        return ray.util.get_node_ip_address(), os.getpid(), ray.get_runtime_context().get_node_id()
+    def where(self) -> tuple[str, int, str, float]:
+        """(node address, pid, Ray node id, the process's start time) of this actor's process:
+        a fast kill that cannot hit a reused pid, and its node."""
+        return (
+            ray.util.get_node_ip_address(),
+            os.getpid(),
+            ray.get_runtime_context().get_node_id(),
+            # Read here, in the actor's process: a module-level value may come from the
+            # process that pickled this class.
+            psutil.Process().create_time(),
+        )
 
     @ray.method(concurrency_group=CONTROL)
     def regroup(

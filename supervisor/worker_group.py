@@ -108,6 +108,7 @@ class WorkerGroup:
         self.generation = 0
         self.actors: dict[int, Any] = {}
         self.pids: dict[int, tuple[str, int]] = {}  # rank -> (node address, pid)
+        self.started: dict[int, float] = {}  # rank -> its process's start time (psutil)
         self.spares: list[Any] = []
         self.names: dict[int, str] = {}  # rank -> the name of the actor that is it now
         self.pings_sent = 0  # rank pings this supervisor sent (hang checks and restarts)
@@ -128,6 +129,9 @@ class WorkerGroup:
         self.dead_nodes: set[str] = set()
         self.spare_nodes: dict[str, str | None] = {}
         self.used_nodes: set[str] = set()  # every node an actor of this group was placed on
+        # Under node agents: node id -> its agent, which kills a rank of its node by pid.
+        self.agents: dict[str, Any] = {}
+        self.agent_kills = 0  # kills of ranks ordered through their node's agent
 
     @property
     def store_addr(self) -> tuple[str, int]:
@@ -360,6 +364,7 @@ class WorkerGroup:
         for rank, answer in zip(ranks, found, strict=True):
             node, pid = answer[0], answer[1]
             self.pids[rank] = (node, pid)
+            self.started[rank] = float(answer[3]) if len(answer) > 3 else 0.0
             self.slots.slots[rank].pid = pid
             if len(answer) > 2:  # an actor of an older version says no node id
                 self.slots.slots[rank].node = str(answer[2])
@@ -393,14 +398,27 @@ class WorkerGroup:
         return await ping_actors(chosen, timeout_s, patience=patience)
 
     def kill(self, rank: int) -> None:
-        """Kill `rank`'s process now: by pid on this node, and through Ray everywhere."""
+        """Kill `rank`'s process now: by pid, from this process on the supervisor's own node and
+        by the node's agent on another (`NodeAgent.kill_rank`); through Ray everywhere.
+
+        Ray's kill of a process on another node waits that node's raylet's
+        `kill_worker_timeout_milliseconds` (5 s by default) for a stopped (hung)
+        one, and its peers stay blocked in their collective until it is gone.
+        """
         actor = self.actors.pop(rank, None)
         self.adopted.discard(rank)
         for ref, (r, _inc) in self._refs.items():
             if r == rank:
                 self._retired.add(ref)
         where = self.pids.pop(rank, None)
-        if where is not None and where[0] == self._node:
+        slot = self.slots.slots.get(rank)
+        node = slot.node if slot is not None else None
+        agent = self.agents.get(node) if node is not None and node != self.home else None
+        started = self.started.pop(rank, 0.0)
+        if where is not None and agent is not None and started:
+            agent.kill_rank.remote(self.spec.token, where[1], started)
+            self.agent_kills += 1
+        elif where is not None and (node == self.home or (node is None and where[0] == self._node)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(where[1], signal.SIGKILL)
         if actor is not None:

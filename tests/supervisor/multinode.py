@@ -164,9 +164,16 @@ def _start_worker(head: Head, root: Path, name: str, cpus: int) -> WorkerNode:
 
 @contextlib.contextmanager
 def local_cluster(
-    root: Path, *, workers: int = 2, head_cpus: int = 2, worker_cpus: int = 2
+    root: Path,
+    *,
+    workers: int = 2,
+    head_cpus: int = 2,
+    worker_cpus: int = 2,
+    system_config: dict[str, object] | None = None,
 ) -> Iterator[Cluster]:
     """A head plus `workers` worker nodes (`w1`, `w2`, ...) under `root`; stops only them.
+
+    `system_config`: the head's Ray settings (default `SYSTEM_CONFIG`).
 
     The head carries `remedy_node_head`; each worker node `remedy_node_w<i>`.
     Returns once Ray lists every node alive, with each node's Ray node id filled in.
@@ -175,7 +182,7 @@ def local_cluster(
         root,
         cpus=head_cpus,
         resources={node_resource("head"): 1},
-        system_config=SYSTEM_CONFIG,
+        system_config=SYSTEM_CONFIG if system_config is None else system_config,
     ) as head:
         cluster = Cluster(head)
         try:

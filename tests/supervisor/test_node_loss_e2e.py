@@ -174,6 +174,8 @@ def test_a_hang_on_one_node_is_found_by_the_agents_with_node_agents_on(
     assert restart["anomaly"]["kind"] == "rank_hang"
     assert restart["anomaly"]["details"]["found_by"] == "agent", restart["anomaly"]
     assert [r["steps_completed"] for r in summary["ranks"]] == [STEPS] * 4
+    # The hung process (on a worker node) was killed by pid by its node's agent.
+    assert summary["agent_kills"] == 1, summary["agent_kills"]
 
 
 def _wait_for(what: str, found: Callable[[], Any], timeout_s: float) -> Any:
