@@ -814,7 +814,7 @@ class SupervisorActor:
                     self.recovery.resume(d)
             self.write_state()
             next_poll = 0.0
-            while group.run_refs() or group.adopted:
+            while group.run_refs() or group.adopted or self.recovery.running():
                 running = group.run_refs()
                 ready, _ = ray.wait(running, num_returns=len(running), timeout=0)
                 for ref in ready:

@@ -446,6 +446,11 @@ class Recovery:
         c.ingest({"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]})
         self._if_unreplaced(rank, kind, reason, c.decisions[answered:])
 
+    def running(self) -> bool:
+        """A restart is being carried out: the run goes on while it does, even with no rank's
+        process left (a node that held every rank was lost; the restart starts them anew)."""
+        return self._task is not None and not self._task.done()
+
     def _under_way(self) -> bool:
         """A restart is decided (it may not have begun yet) or running."""
         c = self.controller

@@ -108,9 +108,11 @@ class Regrouped:
 
 @dataclass(frozen=True, slots=True)
 class RestartFailed:
-    """The targeted (or full-group) restart in progress did not work."""
+    """The targeted (or full-group) restart in progress did not work; `final`: no targeted
+    attempt can (no healthy rank is left to take the state from)."""
 
     reason: str
+    final: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,9 +233,19 @@ def transition(
                 JobState(Phase.RUNNING, generation),
                 f"{how} formed generation {generation}{detail}; training",
             )
-        case RestartFailed(reason):
+        case RestartFailed(reason, final):
             if state.phase is Phase.RECOVERING:
                 attempts = state.attempts + 1
+                if final:
+                    return (
+                        replace(
+                            state, phase=Phase.RESTARTING_ALL, attempts=attempts, reason=reason
+                        ),
+                        (
+                            f"a targeted restart cannot work ({reason}); restarting the whole "
+                            "group from the last checkpoint every rank committed"
+                        ),
+                    )
                 if attempts < max_targeted:
                     return (
                         replace(state, attempts=attempts, reason=reason),

@@ -23,9 +23,12 @@ restart finds where it stood and goes on from there (`Resume`).
                ^                 ^       | failed
                |  ranks joined   |       v
                +---------------- backoff +        (attempts left)
-                                         | no attempts left
+                                         | no attempts left, or no survivor
                                          v
                                         all -> done                 (every rank from a checkpoint)
+
+With no healthy rank left to take the state from (a node that held every
+rank), no targeted attempt can work: the whole group restarts at once.
 """
 
 from __future__ import annotations
@@ -380,12 +383,12 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
         case Checked(blocked, joined):
             st = replace(st, ranks=_union(st.ranks, joined), blocked=())
             if not st.live:
-                return _failed(replace(s, state=st), NO_SOURCE, cause, k)
+                return _failed(replace(s, state=st), NO_SOURCE, cause, k, final=True)
             if blocked:
                 s = s.job_input(RanksLost(frozenset(blocked), STILL_BLOCKED), k)
                 st = replace(st, ranks=_union(st.ranks, blocked), blocked=tuple(blocked))
                 if not st.live:
-                    return _failed(replace(s, state=st), NONE_RECOVERED, cause, k)
+                    return _failed(replace(s, state=st), NONE_RECOVERED, cause, k, final=True)
             st = replace(st, stage=Stage.LAUNCH)
             return s.then(st, Launch(st.ranks, min(st.live)))
         case Launched(info):
@@ -435,17 +438,18 @@ def _next_attempt(s: _Step, cause: str, k: int) -> _Step:
     if s.job.phase is not Phase.RECOVERING:
         return _over(s, _not_now(s.job))
     if not st.live:
-        return _failed(s, NO_SOURCE, cause, k)
+        return _failed(s, NO_SOURCE, cause, k, final=True)
     if st.first:
         return s.then(replace(st, stage=Stage.KILL), Kill(st.ranks, tuple(st.live)))
     st = replace(st, stage=Stage.LAUNCH)
     return s.then(st, Launch(st.ranks, min(st.live), retry=True))
 
 
-def _failed(s: _Step, reason: str, cause: str, k: int) -> _Step:
-    """An attempt failed: one failed attempt for the job; the next one launches again, after a pause."""
+def _failed(s: _Step, reason: str, cause: str, k: int, *, final: bool = False) -> _Step:
+    """An attempt failed: one failed attempt for the job; the next one launches again, after a
+    pause. `final`: no survivor is left to take the state from, so the whole group restarts."""
     why = f"targeted restart failed: {reason}"
-    s = s.job_input(RestartFailed(reason), k)
+    s = s.job_input(RestartFailed(reason, final), k)
     st = replace(s.state, first=False, why=why)
     if s.job.phase is Phase.RECOVERING:
         return s.then(replace(st, stage=Stage.BACKOFF), Backoff(s.job.attempts))

@@ -221,3 +221,40 @@ def test_a_node_that_joins_during_the_run_gets_an_agent_and_the_lost_ranks_repor
     _, metrics = agent_files(tmp_path, joined.node_id)
     through = {m["rank"] for m in read_jsonl(tmp_path / metrics) if "rank" in m}
     assert through == set(lost["ranks"]), through
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_node_that_held_every_rank_is_lost_and_the_whole_group_restarts_elsewhere(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Two ranks packed on one worker node, durable checkpoints every 5 steps; kill_node at step
+    15 leaves no survivor to take the state from. The whole group restarts at once (no targeted
+    attempt) on the other worker node from the newest checkpoint both ranks committed, and the
+    run completes with the parameters of a fault-free run."""
+    cluster.replace_dead_workers()
+    argv = [*ARGS, "--checkpoint-every", "5"]
+    spec = {"workers": 2, "placement": "pack", "argv": argv, "spares": 2}
+    clean = supervised(cluster, tmp_path_factory.mktemp("packed-clean"), **spec)
+    assert clean["status"] == "completed", clean
+    [digest] = {r["result"]["params_digest"] for r in clean["ranks"]}
+    run_dir = tmp_path_factory.mktemp("packed")
+    fault = {"kind": "kill_node", "at_step": KILL_STEP, "rank": 1}
+    summary = supervised(cluster, run_dir, faults=[fault], **spec)
+    assert summary["status"] == "completed", summary
+    assert [r["steps_completed"] for r in summary["ranks"]] == [STEPS] * 2
+    assert {r["result"]["params_digest"] for r in summary["ranks"]} == {digest}
+    wal = read_jsonl(run_dir / "journal.wal")
+    [kill] = [r for r in wal if r.get("type") == "chaos_kill_node"]
+    assert kill["ranks"] == [0, 1], kill
+    states = [(r["input"], r["to"]["phase"]) for r in wal if r.get("type") == "job_state"]
+    assert states[:3] == [
+        ("Started", "running"),
+        ("RanksLost", "recovering"),
+        ("RestartFailed", "restarting-all"),  # at once: no survivor to take the state from
+    ], states
+    assert states[-2:] == [("Regrouped", "running"), ("RanksEnded", "finished")], states
+    [full] = [r for r in wal if r.get("type") == "full_restart"]
+    assert full["resume_step"] in (10, 15), full  # the newest both committed before the kill
+    survivor = next(w.node_id[:8] for w in cluster.workers if w.node_id != kill["node_id"])
+    assert {n.split("@")[0] for n in summary["nodes"].values()} == {survivor}

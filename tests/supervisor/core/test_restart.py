@@ -98,12 +98,23 @@ def test_blocked_survivors_and_ranks_lost_meanwhile_are_replaced_too() -> None:
     assert st.launched is not None and st.launched["blocked"] == [1]
 
 
-def test_no_survivor_left_is_a_failed_attempt() -> None:
+def test_no_survivor_left_restarts_the_whole_group_at_once() -> None:
+    """Every survivor still blocked: no rank can give the state, so no targeted attempt can
+    work; the whole group restarts from the last checkpoint without a back-off."""
     st, job, _ = _run(RestartState("d1", WORLD), RUNNING, Begin((3,), "hang"))
     st, job, _ = _run(st, job, restart.Killed(5))
     st, job, fx = _run(st, job, Checked(blocked=(0, 1, 2)))
-    assert Job(RestartFailed(restart.NONE_RECOVERED)) in fx and _acts(fx) == [Backoff(1)]
+    assert Job(RestartFailed(restart.NONE_RECOVERED, final=True)) in fx
+    assert _acts(fx) == [RestartAll("rank_hang")] and job.phase is Phase.RESTARTING_ALL
     assert job.attempts == 1 and st.why == f"targeted restart failed: {restart.NONE_RECOVERED}"
+
+
+def test_every_rank_lost_restarts_the_whole_group_at_once() -> None:
+    """A node that held every rank: the decision's ranks are the whole world."""
+    st, job, fx = _run(RestartState("d1", WORLD), RUNNING, Begin((0, 1, 2, 3), "node lost"))
+    assert Job(RestartFailed(restart.NO_SOURCE, final=True)) in fx
+    assert _acts(fx) == [RestartAll("rank_hang")] and job.phase is Phase.RESTARTING_ALL
+    assert st.stage is Stage.ALL
 
 
 def test_a_failed_attempt_launches_again_after_a_pause() -> None:
