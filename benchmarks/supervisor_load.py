@@ -446,7 +446,8 @@ def profile(ranks: int, seconds: float, cfg: dict[str, float]) -> None:
         by_name[key] = max(by_name.get(key, 0.0), ct)
     stages = ["actor.report", "rank_slots.accept", "feed.observe", "metrics.observe",
               "metrics._checkpoint_age", "control.ingest", "report_validation.validate_batch",
-              "control._metrics", "rundir.metrics_many", "rundir.anomaly", "rundir.decision",
+              "control._metrics", "straggler.add", "rundir.metrics_many", "rundir.anomaly",
+              "rundir.decision",
               "control._check_stragglers", "straggler.find_stragglers", "_engine.decide",
               "control.commands_for", "feed.decisions", "metrics.decisions", "hang_watch.beat",
               "metrics.set", "metrics.inc"]  # fmt: skip

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import math
 import operator
 import time
 from collections import Counter, deque
@@ -51,7 +50,7 @@ from remedy.supervisor.core.effects import (
 )
 from remedy.supervisor.core.goodput import REWINDING_ACTIONS, GoodputLedger
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
-from remedy.supervisor.core.straggler import StragglerWatch
+from remedy.supervisor.core.straggler import StepTimes, StragglerWatch
 from remedy.workers.commands import Command, Outcome
 
 log = structlog.get_logger("remedy.control")
@@ -76,15 +75,6 @@ class _Default(enum.Enum):
     """Marks an argument left out, where `None` means "off"."""
 
     TOKEN = 0
-
-
-@dataclass(slots=True)
-class _RankTimes:
-    """One rank's recent compute times and the newest step they reach."""
-
-    times: deque[float]
-    step: int
-    tick: int
 
 
 class Outcomes(dict[int, Outcome]):
@@ -255,12 +245,8 @@ class Controller:
         self.deferred: dict[str, Decision] = {}  # group actions under way
         if isinstance(straggler, _Default):
             straggler = StragglerWatch() if world_size > 1 else None
-        self.straggler = straggler
-        self._times: dict[int, _RankTimes] = {}
-        self._newest_steps: Counter[int] = Counter()  # ranks at each `_RankTimes.step`
-        self._times_len = max(straggler.window, straggler.min_samples) if straggler else 0
-        self._new_times = False  # samples arrived since the last check
-        self._checked_step: int | None = None  # the newest step at the last check
+        # Each rank's recent compute times for the slow-rank watch (none without a watch).
+        self.step_times = StepTimes(straggler) if straggler is not None else None
         self.incidents = IncidentMerger(world_size)
         # Ranks some of whose earlier reports have not come yet (Ray delivers an async
         # actor's calls in no set order, and retries them out of order after a restart):
@@ -322,7 +308,7 @@ class Controller:
             else self.tick_of
         )
         events = self.incidents.offer(report.events, ticks=ticks, now=now)
-        if self._new_times:
+        if self.step_times is not None and self.step_times.fresh:
             events += self._check_stragglers()
         if events:
             self._decide(events, now)
@@ -404,73 +390,27 @@ class Controller:
         loss = record.get("loss")
         if isinstance(loss, int | float) and not isinstance(loss, bool):
             self.recent_loss.setdefault(rank, deque(maxlen=10)).append(float(loss))
-        if self.straggler is not None:
-            self._step_time(rank, record)
+        if self.step_times is not None:
+            self.step_times.add(rank, record)
 
     # ------------------------------------------------------------ stragglers
-    def _step_time(self, rank: int, record: dict[str, Any]) -> None:
-        """Keep the record's compute time for the straggler watch; skip it if malformed."""
-        step = record.get("step")
-        seconds = _seconds(record.get("step_time_s"))
-        if type(step) is not int or seconds is None:
-            return
-        waited = record.get("collective_s")
-        if waited is not None:
-            waited = _seconds(waited)
-            if waited is None:
-                return
-            # Under synchronous DDP every rank waits in the all-reduce for the
-            # slowest, so wall step times even out; the time outside collectives
-            # tells who is slow. Bucket all-reduces can overlap, so their sum may
-            # pass the wall time: that rank spent its whole step waiting.
-            seconds = max(seconds - waited, 0.0)
-        tick = record.get("tick")
-        if type(tick) is not int:
-            tick = step
-        times = self._times.get(rank)
-        if times is None or tick < times.tick:
-            # Ticks only grow within a process: a smaller one is a restarted rank,
-            # whose history describes a process that is gone.
-            if times is not None:
-                self._uncount_step(times.step)
-            times = self._times[rank] = _RankTimes(deque(maxlen=self._times_len), step, tick)
-            self._newest_steps[step] += 1
-        times.times.append(seconds)
-        # The newest record, not the largest step: steps go back after a rollback.
-        if times.step != step:
-            self._uncount_step(times.step)
-            self._newest_steps[step] += 1
-        times.step, times.tick = step, tick
-        self._new_times = True
+    @property
+    def straggler(self) -> StragglerWatch | None:
+        """The slow-rank watch, if on."""
+        return self.step_times.watch if self.step_times is not None else None
 
     def _check_stragglers(self) -> list[AnomalyEvent]:
         """Run the watch once per distinct newest step across ranks; record what it finds."""
-        self._new_times = False
-        # Ranks sit at a few distinct steps: this is no max over every rank per batch.
-        newest = max(self._newest_steps, default=None)
-        if self.straggler is None or newest is None or newest == self._checked_step:
-            return []
-        self._checked_step = newest
-        # Stamped with the step every rank has reached, so the event is not ahead of any.
-        events = self.straggler.check(
-            {rank: list(t.times) for rank, t in self._times.items()},
-            step=min(t.step for t in self._times.values()),
-            tick=min(t.tick for t in self._times.values()),
-        )
+        assert self.step_times is not None
+        events = self.step_times.check()
         for ev in events:
             self._record(ev)
         return events
 
     def forget_rank(self, rank: int) -> None:
         """Drop a rank's step-time history (a replaced rank is a new process)."""
-        times = self._times.pop(rank, None)
-        if times is not None:
-            self._uncount_step(times.step)
-
-    def _uncount_step(self, step: int) -> None:
-        self._newest_steps[step] -= 1
-        if not self._newest_steps[step]:
-            del self._newest_steps[step]
+        if self.step_times is not None:
+            self.step_times.forget(rank)
 
     # ------------------------------------------------------------- decisions
     def handle(self, decisions: Iterable[Decision]) -> None:
@@ -824,17 +764,6 @@ class Controller:
     def final_loss(self, rank: int = 0) -> float | None:
         losses = self.recent_loss.get(rank)
         return sum(losses) / len(losses) if losses else None
-
-
-def _seconds(value: Any) -> float | None:
-    """A duration from untrusted input: a finite, non-negative number, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        seconds = float(value)
-    except OverflowError:  # an int too large for a float
-        return None
-    return seconds if 0.0 <= seconds < math.inf else None  # NaN fails both
 
 
 def replay_event(verdict: Any, tick: int, now: float, d: Decision) -> AnomalyEvent | None:

@@ -20,10 +20,13 @@ who is slow, not just that everyone is.
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 import time
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from remedy.policies import AnomalyEvent
 
@@ -126,3 +129,108 @@ class StragglerWatch:
 
     def reset(self) -> None:
         self._streak.clear()
+
+
+@dataclass(slots=True)
+class _RankTimes:
+    """One rank's recent compute times and the newest step they reach."""
+
+    times: deque[float]
+    step: int
+    tick: int
+
+
+class StepTimes:
+    """Each rank's recent compute times, fed from its step records, for a `StragglerWatch`.
+
+    The watch runs once per distinct newest step across ranks (`check`), not
+    per batch: ranks sit at a few distinct steps, counted as they move, so
+    finding the newest is no max over every rank.
+    """
+
+    def __init__(self, watch: StragglerWatch) -> None:
+        self.watch = watch
+        self._times: dict[int, _RankTimes] = {}
+        self._newest_steps: Counter[int] = Counter()  # ranks at each `_RankTimes.step`
+        self._len = max(watch.window, watch.min_samples)
+        self.fresh = False  # samples arrived since the last check
+        self._checked_step: int | None = None  # the newest step at the last check
+
+    def add(self, rank: int, record: dict[str, Any]) -> None:
+        """Keep the record's compute time; skip it if malformed."""
+        step = record.get("step")
+        seconds = seconds_of(record.get("step_time_s"))
+        if type(step) is not int or seconds is None:
+            return
+        waited = record.get("collective_s")
+        if waited is not None:
+            waited = seconds_of(waited)
+            if waited is None:
+                return
+            # Under synchronous DDP every rank waits in the all-reduce for the
+            # slowest, so wall step times even out; the time outside collectives
+            # tells who is slow. Bucket all-reduces can overlap, so their sum may
+            # pass the wall time: that rank spent its whole step waiting.
+            seconds = max(seconds - waited, 0.0)
+        tick = record.get("tick")
+        if type(tick) is not int:
+            tick = step
+        times = self._times.get(rank)
+        if times is None or tick < times.tick:
+            # Ticks only grow within a process: a smaller one is a restarted rank,
+            # whose history describes a process that is gone.
+            if times is not None:
+                self._uncount(times.step)
+            times = self._times[rank] = _RankTimes(deque(maxlen=self._len), step, tick)
+            self._newest_steps[step] += 1
+        times.times.append(seconds)
+        # The newest record, not the largest step: steps go back after a rollback.
+        if times.step != step:
+            self._uncount(times.step)
+            self._newest_steps[step] += 1
+        times.step, times.tick = step, tick
+        self.fresh = True
+
+    def check(self) -> list[AnomalyEvent]:
+        """The watch's verdict once per distinct newest step; [] otherwise."""
+        self.fresh = False
+        newest = max(self._newest_steps, default=None)
+        if newest is None or newest == self._checked_step:
+            return []
+        self._checked_step = newest
+        # Stamped with the step every rank has reached, so the event is not ahead of any.
+        return self.watch.check(
+            {rank: list(t.times) for rank, t in self._times.items()},
+            step=min(t.step for t in self._times.values()),
+            tick=min(t.tick for t in self._times.values()),
+        )
+
+    def forget(self, rank: int) -> None:
+        """Drop a rank's history (a replaced rank is a new process)."""
+        times = self._times.pop(rank, None)
+        if times is not None:
+            self._uncount(times.step)
+
+    def newest_steps(self) -> Counter[int]:
+        """How many ranks sit at each newest step (for tests of the bookkeeping)."""
+        return Counter(self._newest_steps)
+
+    def steps(self) -> list[int]:
+        """Each rank's newest step, in rank order of arrival."""
+        return [t.step for t in self._times.values()]
+
+    def _uncount(self, step: int) -> None:
+        self._newest_steps[step] -= 1
+        if not self._newest_steps[step]:
+            del self._newest_steps[step]
+
+
+def seconds_of(value: Any) -> float | None:
+    """A duration from untrusted input: a finite, non-negative number, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    return seconds if 0.0 <= seconds < math.inf else None  # NaN fails both

@@ -267,8 +267,10 @@ def test_newest_step_counts_follow_every_rank(moves: list[tuple[int, int, int, b
         if forget:
             controller.forget_rank(rank)
             continue
-        controller._step_time(rank, {"step": step, "tick": tick, "step_time_s": FAST_S})
-        steps = [t.step for t in controller._times.values()]
-        assert +controller._newest_steps == Counter(steps)
-        assert max(controller._newest_steps) == max(steps)
-    assert sum(controller._newest_steps.values()) == len(controller._times)
+        assert controller.step_times is not None
+        controller.step_times.add(rank, {"step": step, "tick": tick, "step_time_s": FAST_S})
+        steps = controller.step_times.steps()
+        assert +controller.step_times.newest_steps() == Counter(steps)
+        assert max(controller.step_times.newest_steps()) == max(steps)
+    assert controller.step_times is not None
+    assert sum(controller.step_times.newest_steps().values()) == len(controller.step_times.steps())
