@@ -289,11 +289,11 @@ def test_default_suite_is_complete_and_configurable() -> None:
         ANOMALY_KINDS
     )
     # Raised elsewhere: the OOM path, a checksum failure and a failed checkpoint write by the
-    # Guard, KV fragmentation by user code, lost ranks and nodes by the supervisor, diverged replicas
-    # by the Guard's replica check, a replay's answer by the replay (workers.replicas,
-    # workers.replay).
+    # Guard, KV fragmentation by user code, lost ranks and nodes and stragglers by the supervisor
+    # (supervisor.core.straggler), diverged replicas by the Guard's replica check, a replay's
+    # answer by the replay (workers.replicas, workers.replay).
     elsewhere = {"oom", "kv_fragmentation", "rank_hang", "rank_dead", "node_lost", "checkpoint_corrupt",
                  "checkpoint_write_failed", "replica_divergence", "replay_reproducible",
-                 "replay_transient", "replay_rank_specific"}  # fmt: skip
+                 "replay_transient", "replay_rank_specific", "straggler"}  # fmt: skip
     expected = set(ANOMALY_KINDS) - elsewhere
     assert raised == expected
