@@ -103,9 +103,6 @@ BLOCKED_GRACE_S = 0.3
 # before it counts as blocked (a restarted supervisor's first calls are slow),
 # and every survivor gets when none has caught the error yet.
 SILENT_GRACE_S = 5.0
-# How long the survivors' check waits for the killed processes to be gone: a kill through
-# Ray of a stopped process on another node waits its raylet's kill timeout (5 s by default).
-KILL_WAIT_S = 10.0
 # How long the survivors' control threads get to abort their NCCL communicators.
 ABORT_S = 10.0
 # No second ping round for the same stall sooner than this.
@@ -803,16 +800,7 @@ class Recovery:
         }
 
     async def _check_survivors(self, live: list[int]) -> restart.Checked:
-        """Survivors still blocked in the broken collective, and ranks lost meanwhile: both killed.
-
-        The survivors are judged once the killed processes are gone: a peer blocked on a
-        stopped process that Ray has not killed yet is not blocked on another survivor.
-        """
-        lost = [r for r in range(self.spec.workers) if r not in live]
-        still = await self.group.gone(lost, KILL_WAIT_S)
-        if still:
-            log.warning("killed_ranks_not_gone", ranks=still, waited_s=KILL_WAIT_S)
-        self._marks["lost_gone"] = time.time()
+        """Survivors still blocked in the broken collective, and ranks lost meanwhile: both killed."""
         blocked = await self._blocked(live)
         self._marks["survivors_checked"] = time.time()
         joined = [r for r in live if r in self._joining]

@@ -118,7 +118,6 @@ class WorkerGroup:
         self.adopted: set[int] = set()
         self._refs: dict[ray.ObjectRef, tuple[int, int]] = {}  # run ref -> (rank, incarnation)
         self._retired: set[ray.ObjectRef] = set()  # runs of processes remedy killed itself
-        self._killed: dict[int, ray.ObjectRef] = {}  # rank -> the run of its last killed process
         self._node = ray.util.get_node_ip_address()
         # The ranks hold at a flagged step's boundary for its decision (workers.flag_hold).
         self.hold_on_flag = False
@@ -408,49 +407,22 @@ class WorkerGroup:
         """
         actor = self.actors.pop(rank, None)
         self.adopted.discard(rank)
+        for ref, (r, _inc) in self._refs.items():
+            if r == rank:
+                self._retired.add(ref)
         where = self.pids.pop(rank, None)
         slot = self.slots.slots.get(rank)
         node = slot.node if slot is not None else None
         agent = self.agents.get(node) if node is not None and node != self.home else None
         started = self.started.pop(rank, 0.0)
-        by_pid = where is not None
         if where is not None and agent is not None and started:
             agent.kill_rank.remote(self.spec.token, where[1], started)
             self.agent_kills += 1
         elif where is not None and (node == self.home or (node is None and where[0] == self._node)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(where[1], signal.SIGKILL)
-        else:
-            by_pid = False
-        self._killed.pop(rank, None)
-        for ref, (r, _inc) in self._refs.items():
-            if r == rank:
-                self._retired.add(ref)
-                if not by_pid:  # through Ray alone: `gone` waits for its death
-                    self._killed[rank] = ref
         if actor is not None:
             ray.kill(actor, no_restart=True)
-
-    async def gone(self, ranks: list[int], timeout_s: float) -> list[int]:
-        """Wait until the processes of `ranks` last killed through Ray alone are gone (their
-        runs end with the actor's death), at most `timeout_s`; the ranks whose process may
-        still be there. A process killed by pid is gone at once and not waited for.
-
-        A kill through Ray of a stopped process on another node takes that node's
-        raylet's kill timeout (5 s by default); its peers stay blocked until then.
-        """
-        runs = {r: self._killed[r] for r in ranks if r in self._killed}
-
-        async def end(ref: ray.ObjectRef) -> None:
-            with contextlib.suppress(Exception):  # its death is the answer
-                await ref
-
-        tasks = {r: asyncio.ensure_future(end(ref)) for r, ref in runs.items()}
-        if tasks:
-            await asyncio.wait(tasks.values(), timeout=timeout_s)
-        for task in tasks.values():
-            task.cancel()
-        return sorted(r for r, t in tasks.items() if not t.done() or t.cancelled())
 
     async def replace(self, ranks: list[int], *, source: int) -> dict[str, Any]:
         """Kill `ranks`, start their replacements in the next generation, order survivors to regroup."""
