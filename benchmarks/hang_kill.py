@@ -40,28 +40,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.supervisor.multinode import HEALTH_CHECK, Cluster, local_cluster  # noqa: E402
+from benchmarks.node_loss import run  # noqa: E402
+from tests.supervisor.multinode import HEALTH_CHECK, local_cluster  # noqa: E402
 
-TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
 KILL_STEP = 15
 VICTIM = 1
-
-
-def run(cluster: Cluster, run_dir: Path, steps: int, **spec: Any) -> dict[str, Any]:
-    """One 4-rank supervised run on `cluster`, driven from a process of its own; its summary."""
-    args = ["--steps", str(steps), "--layers", "1", "--width", "32", "--batch-size", "4",
-            "--block-size", "32", "--sample-every", "0"]  # fmt: skip
-    fields = {"target": TARGET, "workers": 4, "run_dir": str(run_dir), "argv": args,
-              "threads_per_rank": 1, "hang_watch": {"first_step_s": 4.0}, **spec}  # fmt: skip
-    out = cluster.head.run(
-        sys.executable, "-m", "tests.supervisor.cluster_run", cluster.head.address,
-        json.dumps(fields), timeout=900, cwd=REPO,
-    )  # fmt: skip
-    line = next((x for x in out.stdout.splitlines() if x.startswith("SUMMARY ")), None)
-    if line is None:
-        raise RuntimeError(f"the run printed no summary: {out.stderr[-3000:]}")
-    summary: dict[str, Any] = json.loads(line.removeprefix("SUMMARY "))
-    return summary
 
 
 def measure(summary: dict[str, Any]) -> dict[str, Any]:
@@ -96,7 +79,7 @@ def main() -> None:
             for row in rows:
                 summary = run(
                     cluster, root / f"{row}-{i}", args.steps, spares=2, faults=[fault],
-                    node_agents=row,
+                    node_agents=row, hang_watch={"first_step_s": 4.0},
                 )  # fmt: skip
                 got = measure(summary)
                 rows[row].append(got)

@@ -144,18 +144,10 @@ def _journaled_decisions(ref: RunRef) -> list[dict[str, Any]]:
     """decisions.jsonl of the run, in decision order; unreadable lines skipped."""
     if ref.run_dir is None:
         return []
-    out = []
     try:
-        text = (ref.run_dir / "decisions.jsonl").read_text(encoding="utf-8", errors="replace")
+        out = read_journal(ref.run_dir / "decisions.jsonl")
     except OSError:
         return []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
     return sorted(out, key=lambda d: str(d.get("decision_id", "")))
 
 
