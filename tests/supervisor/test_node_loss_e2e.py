@@ -247,13 +247,14 @@ def test_a_node_that_held_every_rank_is_lost_and_the_whole_group_restarts_elsewh
     wal = read_jsonl(run_dir / "journal.wal")
     [kill] = [r for r in wal if r.get("type") == "chaos_kill_node"]
     assert kill["ranks"] == [0, 1], kill
-    states = [(r["input"], r["to"]["phase"]) for r in wal if r.get("type") == "job_state"]
-    assert states[:3] == [
-        ("Started", "running"),
-        ("RanksLost", "recovering"),
-        ("RestartFailed", "restarting-all"),  # at once: no survivor to take the state from
-    ], states
-    assert states[-2:] == [("Regrouped", "running"), ("RanksEnded", "finished")], states
+    states = [r for r in wal if r.get("type") == "job_state"]
+    # The ranks may be found lost one by one (their own deaths) or together (the node's).
+    phases = [r["to"]["phase"] for r in states]
+    phases = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
+    assert phases == ["running", "recovering", "restarting-all", "running", "finished"], states
+    # At once: one failed targeted restart (no survivor to take the state from), no retries.
+    [failed] = [r for r in states if r["input"] == "RestartFailed"]
+    assert failed["to"]["attempts"] == 1 and "cannot work" in failed["reason"], failed
     [full] = [r for r in wal if r.get("type") == "full_restart"]
     assert full["resume_step"] in (10, 15), full  # the newest both committed before the kill
     survivor = next(w.node_id[:8] for w in cluster.workers if w.node_id != kill["node_id"])
