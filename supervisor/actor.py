@@ -814,7 +814,7 @@ class SupervisorActor:
                     self.recovery.resume(d)
             self.write_state()
             next_poll = 0.0
-            while group.run_refs() or group.adopted or self.recovery.running():
+            while group.run_refs() or group.adopted or self._restart_pending():
                 running = group.run_refs()
                 ready, _ = ray.wait(running, num_returns=len(running), timeout=0)
                 for ref in ready:
@@ -1022,6 +1022,18 @@ class SupervisorActor:
         if result.get("status") == "failed" and self.recovery is not None:
             self.recovery.replacement_failed(rank, str(result.get("error")))
         self.slots.end(rank)
+
+    def _restart_pending(self) -> bool:
+        """A restart runs while no rank's process does (a node that held every rank was lost):
+        the loop goes on until it starts the new ones. Not once every rank completed the run:
+        a restart still waiting on the group then ends with it (`Recovery.settle`)."""
+        if self.recovery is None or not self.recovery.running():
+            return False
+        results = self.rank_results
+        return not (
+            len(results) == self.spec.workers
+            and all(r.get("status") == "completed" for r in results.values())
+        )
 
     def _abort_if_asked(self) -> None:
         """An operator's stop or the policy's abort: the job is aborting (journaled once, with
