@@ -770,7 +770,7 @@ class SupervisorActor:
         group = self.group = WorkerGroup(
             self.spec, supervisor=me, rendezvous=self.rendezvous, slots=self.slots
         )
-        group.agents.update(self.agent_handles)  # they kill their node's ranks by pid
+        group.agents = self.agent_handles  # they kill their node's ranks by pid
         # A policy that replays: ranks hold at a flagged step's boundary for its decision.
         group.hold_on_flag = self.controller.engine.policy.uses("replay_step")
         self.recovery = Recovery(
@@ -906,9 +906,7 @@ class SupervisorActor:
                 self.agent_nodes.remove(node)
             log.warning("agents_not_started", nodes=nodes, error=repr(exc)[:200])
             return
-        self.agent_handles.update(handles)
-        if self.group is not None:
-            self.group.agents.update(handles)
+        self.agent_handles.update(handles)  # the group's too: it holds this dict
         log.info("agents_started", nodes=nodes, joined_late=True)
         self.run_dir.wal({"type": "agents_started", "nodes": nodes, "joined_late": True})
 

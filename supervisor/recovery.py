@@ -13,7 +13,7 @@ of them in the next generation, order the survivors to regroup from the
 lowest healthy rank's state, and wait until every rank has completed a
 step in the new generation. A replacement that fails is launched again,
 with jittered back-off, into the generation after the failed one over a new
-rendezvous store (`WorkerGroup.relaunch`), up to
+rendezvous store (`WorkerGroup.replace`), up to
 `RunSpec.max_targeted_restarts` attempts (0: none); then the job state
 machine moves to restarting-all and `_restart_all` kills every rank and
 starts the whole group afresh in the next generation, warm spares first,
@@ -738,12 +738,11 @@ class Recovery:
             case restart.CheckSurvivors(live):
                 return await self._check_survivors(list(live))
             case restart.Launch(ranks, source, retry):
-                if not retry:
-                    info = await self.group.replace(list(ranks), source=source)
-                    self._marks["launched"] = time.time()
-                else:
+                if retry:
                     self._replacing_now(ranks)
-                    info = await self.group.relaunch(list(ranks), source=source)
+                info = await self.group.replace(list(ranks), source=source, retry=retry)
+                if not retry:
+                    self._marks["launched"] = time.time()
                 return restart.Launched(info)
             case restart.AwaitSteps(past, ranks, live, fresh):
                 if machine.first and not fresh:

@@ -107,8 +107,8 @@ class WorkerGroup:
         self.slots = slots
         self.generation = 0
         self.actors: dict[int, Any] = {}
-        self.pids: dict[int, tuple[str, int]] = {}  # rank -> (node address, pid)
-        self.started: dict[int, float] = {}  # rank -> its process's start time (psutil)
+        # rank -> (node address, pid, the process's start time as psutil reads it; 0.0: unknown)
+        self.pids: dict[int, tuple[str, int, float]] = {}
         self.spares: list[Any] = []
         self.names: dict[int, str] = {}  # rank -> the name of the actor that is it now
         self.pings_sent = 0  # rank pings this supervisor sent (hang checks and restarts)
@@ -363,8 +363,7 @@ class WorkerGroup:
             ) from None
         for rank, answer in zip(ranks, found, strict=True):
             node, pid = answer[0], answer[1]
-            self.pids[rank] = (node, pid)
-            self.started[rank] = float(answer[3]) if len(answer) > 3 else 0.0
+            self.pids[rank] = (node, pid, float(answer[3]) if len(answer) > 3 else 0.0)
             self.slots.slots[rank].pid = pid
             if len(answer) > 2:  # an actor of an older version says no node id
                 self.slots.slots[rank].node = str(answer[2])
@@ -414,9 +413,8 @@ class WorkerGroup:
         slot = self.slots.slots.get(rank)
         node = slot.node if slot is not None else None
         agent = self.agents.get(node) if node is not None and node != self.home else None
-        started = self.started.pop(rank, 0.0)
-        if where is not None and agent is not None and started:
-            agent.kill_rank.remote(self.spec.token, where[1], started)
+        if where is not None and agent is not None and where[2]:
+            agent.kill_rank.remote(self.spec.token, where[1], where[2])
             self.agent_kills += 1
         elif where is not None and (node == self.home or (node is None and where[0] == self._node)):
             with contextlib.suppress(ProcessLookupError):
@@ -424,8 +422,17 @@ class WorkerGroup:
         if actor is not None:
             ray.kill(actor, no_restart=True)
 
-    async def replace(self, ranks: list[int], *, source: int) -> dict[str, Any]:
-        """Kill `ranks`, start their replacements in the next generation, order survivors to regroup."""
+    async def replace(
+        self, ranks: list[int], *, source: int, retry: bool = False
+    ) -> dict[str, Any]:
+        """Kill `ranks`, start their replacements in the next generation, order survivors to regroup.
+
+        `retry`: after a failed attempt, with new actors (not spares) over a new
+        store. The failed generation is abandoned, not formed again: its
+        rendezvous keys name processes that are gone, and survivors that formed
+        it with a replacement that then died wait for an order past it. Closing
+        its store frees any survivor still blocked in its rendezvous.
+        """
         t0 = time.perf_counter()
         # Each replacement goes to another node than the one its rank was lost on.
         old = {r: self.slots.slots[r].node for r in ranks}
@@ -433,57 +440,26 @@ class WorkerGroup:
             self.kill(rank)
         if len(self.cluster) > 1:
             self.refresh_nodes()
+        if retry:
+            self.rendezvous.renew()
         self.generation += 1
-        generation = self.generation
         how: dict[int, str] = {}
-        new: list[int] = []
         skipped: list[str] = []
         for rank in ranks:
             self.slots.replace(rank)
             avoid = {n for n in [old[rank]] if n is not None}
-            (actor, name), how[rank] = await self._spare_or_new(rank, skipped, avoid)
-            self._launch(rank, actor, name, generation=generation, adopt_from=source)
-            new.append(rank)
-        self._order_regroup(new, source)
-        await self._learn_pids(new)
-        return {
-            "generation": generation,
-            "source": source,
-            "replacements": {str(r): how[r] for r in ranks},
-            "skipped_spares": skipped,
-            "launch_s": round(time.perf_counter() - t0, 4),
-        }
-
-    async def relaunch(self, ranks: list[int], *, source: int) -> dict[str, Any]:
-        """After a failed attempt: new actors for `ranks` in the next generation, over a new store.
-
-        The failed generation is abandoned, not formed again: its rendezvous keys
-        name processes that are gone, and survivors that formed it with a
-        replacement that then died wait for an order past it. Closing its store
-        frees any survivor still blocked in its rendezvous; every survivor is
-        ordered to form the next generation over the new store.
-        """
-        t0 = time.perf_counter()
-        if len(self.cluster) > 1:
-            self.refresh_nodes()
-        old = {r: self.slots.slots[r].node for r in ranks}
-        for rank in ranks:
-            self.kill(rank)
-        self.rendezvous.renew()
-        self.generation += 1
-        for rank in ranks:
-            self.slots.replace(rank)
-            avoid = {n for n in [old[rank]] if n is not None}
-            self._launch(
-                rank, *self._new_rank(rank, avoid=avoid), generation=self.generation,
-                adopt_from=source,
-            )  # fmt: skip
+            if retry:
+                (actor, name), how[rank] = self._new_rank(rank, avoid=avoid), "new actor"
+            else:
+                (actor, name), how[rank] = await self._spare_or_new(rank, skipped, avoid)
+            self._launch(rank, actor, name, generation=self.generation, adopt_from=source)
         self._order_regroup(ranks, source)
         await self._learn_pids(ranks)
         return {
             "generation": self.generation,
             "source": source,
-            "replacements": {str(r): "new actor" for r in ranks},
+            "replacements": {str(r): how[r] for r in ranks},
+            "skipped_spares": skipped,
             "launch_s": round(time.perf_counter() - t0, 4),
         }
 
