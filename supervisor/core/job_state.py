@@ -9,7 +9,7 @@ restarted supervisor could rebuild the state from the last journaled
 record (`JobState.to_dict` / `from_dict`).
 
     starting -> running(g) -> recovering(g, lost, reason) -> running(g+1)
-                   |              | K failed targeted restarts
+                   |              | K failed targeted restarts, or no survivor left
                    | K = 0        v
                    +------> restarting-all(g) -> running(g+1)   (every rank from a checkpoint)
                                   | failed again
@@ -236,17 +236,7 @@ def transition(
         case RestartFailed(reason, final):
             if state.phase is Phase.RECOVERING:
                 attempts = state.attempts + 1
-                if final:
-                    return (
-                        replace(
-                            state, phase=Phase.RESTARTING_ALL, attempts=attempts, reason=reason
-                        ),
-                        (
-                            f"a targeted restart cannot work ({reason}); restarting the whole "
-                            "group from the last checkpoint every rank committed"
-                        ),
-                    )
-                if attempts < max_targeted:
+                if attempts < max_targeted and not final:
                     return (
                         replace(state, attempts=attempts, reason=reason),
                         (
@@ -254,11 +244,16 @@ def transition(
                             "trying again"
                         ),
                     )
+                why = (
+                    f"a targeted restart cannot work ({reason})"
+                    if final
+                    else f"targeted restart failed {attempts} times ({reason})"
+                )
                 return (
                     replace(state, phase=Phase.RESTARTING_ALL, attempts=attempts, reason=reason),
                     (
-                        f"targeted restart failed {attempts} times ({reason}); restarting the "
-                        "whole group from the last checkpoint every rank committed"
+                        f"{why}; restarting the whole group from the last checkpoint every rank "
+                        "committed"
                     ),
                 )
             if state.phase is Phase.RESTARTING_ALL:

@@ -6,8 +6,8 @@ the next generation from the lowest healthy rank's state, and wait until
 every rank stepped in it. A failed attempt is launched again, after a
 jittered back-off, into the generation after the failed one (over a new
 rendezvous store: the failed generation's keys name processes that are
-gone, and survivors that formed it wait for an order past it); after `max_targeted_restarts` failed
-attempts the whole group restarts from the last checkpoint every rank
+gone, and survivors that formed it wait for an order past it); after
+`max_targeted_restarts` failed attempts the whole group restarts from the last checkpoint every rank
 committed; if that fails too, the run ends. Which of these comes next is
 decided here, and only here; `supervisor.recovery.Recovery` carries each
 effect out (Ray calls, pings, timers) and feeds back what happened.
