@@ -257,5 +257,8 @@ def test_a_node_that_held_every_rank_is_lost_and_the_whole_group_restarts_elsewh
     assert failed["to"]["attempts"] == 1 and "cannot work" in failed["reason"], failed
     [full] = [r for r in wal if r.get("type") == "full_restart"]
     assert full["resume_step"] in (10, 15), full  # the newest both committed before the kill
-    survivor = next(w.node_id[:8] for w in cluster.workers if w.node_id != kill["node_id"])
-    assert {n.split("@")[0] for n in summary["nodes"].values()} == {survivor}
+    # On the worker nodes left (one, or more where an earlier test added a node): none on the
+    # killed node, none on the head.
+    left = {w.node_id[:8] for w in cluster.workers if w.node_id != kill["node_id"]}
+    on = {n.split("@")[0] for n in summary["nodes"].values()}
+    assert on and on <= left, (on, left)
