@@ -59,7 +59,8 @@ from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.supervisor.journals import goodput_of, last_written, read_journal
-from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch
+from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch, verdict_window_s
+from remedy.supervisor.node_watch import POLL_S as NODE_POLL_S
 from remedy.supervisor.notify import NOTIFICATIONS_FILE, Notifier, env_sinks
 from remedy.supervisor.policy_source import (
     PolicyWatch,
@@ -574,12 +575,16 @@ class SupervisorActor:
             self._outage_notes(batch.pop("outages"))
         # The rank's loop is done: it takes no more steps, so no progress is to be waited for.
         ending = isinstance(batch, dict) and batch.pop("ending", None) is True
+        # The rank's collective has just failed: a peer may be gone (`Recovery.alarm`).
+        failed = isinstance(batch, dict) and batch.pop("collective_failed", None) is True
         # Ranks whose earlier reports are still on their way: an incident of theirs may be too.
         self.controller.incomplete = self.slots.incomplete()
         commands = self.controller.ingest(batch, write_metrics=write_metrics)
         report = self.controller.last_report
         if report is not None and ending:
             self.watch.forget(report.rank)
+        if report is not None and failed and self.recovery is not None:
+            self.recovery.alarm(report.rank)
         if report is not None:
             valid = report.as_batch()
             self.feed.observe(valid)
@@ -835,6 +840,7 @@ class SupervisorActor:
                 else:
                     self._keep_state()
                 await asyncio.sleep(POLL_S)
+            await self._node_verdicts(group)
             await self.recovery.settle(self.rank_results)
             # Before the ranks are killed: a supervisor restarted from here on finishes
             # from these results instead of looking for the actors.
@@ -853,6 +859,31 @@ class SupervisorActor:
         dead = await self.node_watch.new_dead(group.watched_nodes(), now=now)
         if dead:
             self.recovery.nodes_lost(dead)
+
+    async def _node_verdicts(self, group: WorkerGroup) -> None:
+        """The run ended soon after a node's ranks were all found lost: wait for Ray's
+        verdict on that node, at most its health-check time (`node_watch.verdict_window_s`),
+        so the journal says whether the node was lost (`node_lost`) and why.
+
+        A peer's failed collective finds a dead node's ranks gone and has them
+        replaced within a second; Ray's GCS calls the node dead after its
+        health checks fail (1.5 s on the test clusters, 15 s or more with Ray's
+        defaults), and a run that ends first would not say so otherwise.
+        """
+        if self.recovery is None or len(group.cluster) <= 1:
+            return
+        waiting = self.recovery.silent_nodes() - self.node_watch.reported
+        if not waiting:
+            return
+        window = verdict_window_s()
+        deadline = time.monotonic() + window
+        while waiting and time.monotonic() < deadline:
+            await self.check_nodes(group, now=True)
+            waiting -= self.node_watch.reported
+            if waiting:
+                await asyncio.sleep(NODE_POLL_S)
+        if waiting:
+            log.info("node_verdict_not_given", nodes=sorted(waiting), waited_s=round(window, 1))
 
     async def _start_agents(self) -> None:
         """Resolve `node_agents` (auto: on with more than one node) and start them if on.

@@ -11,6 +11,8 @@ number, deduplicated by (rank, incarnation, seq)), validation of every item
   the batch (and sends it again) until the supervisor has it; and for a batch
   of a rank `holding` at a flagged step's boundary (`workers.flag_hold`),
   which waits for the supervisor to have every rank's report of that step;
+  and for a batch that says its rank's collective failed (`collective_failed`),
+  on which the supervisor looks for the lost peer at once;
 - one *digest* per interval, one item per rank that reported meanwhile: its
   newest step and tick, its median compute time over the interval (the
   straggler watch's input), its newest loss, its outcomes, and every batch
@@ -172,9 +174,13 @@ class AgentCore:
         self._merge(report, incarnation, seq, batch)
         holding = batch.get("holding")
         holding = holding if type(holding) is int and 0 <= holding < 2**53 else None
-        if report.events or holding is not None:
+        # A rank whose collective failed goes up at once: the supervisor pings the group.
+        failed = batch.get("collective_failed") is True
+        if report.events or holding is not None or failed:
             item = self._item(self._pending.pop(rank))
             item["events"] = [ev.to_dict() for ev in report.events]
+            if failed:
+                item["collective_failed"] = True
             return Taken(True, item, metrics=tuple(report.metrics), holding=holding)
         return Taken(True, metrics=tuple(report.metrics), held=bool(report.outcomes))
 

@@ -87,6 +87,9 @@ class HangWatch:
     def __init__(self, config: HangWatchConfig | None = None) -> None:
         self.config = config or HangWatchConfig()
         self._ranks: dict[int, _Rank] = {}
+        # When a rank said its collective failed, until a ping round after it is judged
+        # (`alarm`); None: no alarm.
+        self.alarmed_at: float | None = None
 
     def started(self, rank: int, now: float) -> None:
         """A process (re)started for `rank`: a fresh history with the start-up allowance."""
@@ -156,12 +159,32 @@ class HangWatch:
             base = max(base, c.first_step_s)
         return base
 
+    def alarm(self, now: float) -> None:
+        """A rank's collective failed at `now`: every rank that has not moved since is a
+        suspect until `clear_alarm`, whatever its timeout. A peer killed with its node
+        fails its group's collective at once, and the ping round that follows finds
+        it gone, where its silence would take `floor_s` or more to be suspected."""
+        if self.alarmed_at is None:
+            self.alarmed_at = now
+
+    def clear_alarm(self, judged_from: float) -> None:
+        """A ping round started at `judged_from` was judged: an alarm raised before it is done."""
+        if self.alarmed_at is not None and self.alarmed_at <= judged_from:
+            self.alarmed_at = None
+
+    def alarmed(self, rank: int) -> bool:
+        """Whether `rank` is a suspect by the alarm alone (it has not moved since)."""
+        r = self._ranks.get(rank)
+        return self.alarmed_at is not None and r is not None and r.since <= self.alarmed_at
+
     def suspects(self, now: float) -> list[int]:
-        """Ranks whose progress is older than their timeout."""
+        """Ranks whose progress is older than their timeout, or than the alarm (`alarm`)."""
+        alarm = self.alarmed_at
         return sorted(
             rank
             for rank, r in self._ranks.items()
-            if now > r.busy_until and now - r.since > self.timeout(rank)
+            if now > r.busy_until
+            and (now - r.since > self.timeout(rank) or (alarm is not None and r.since <= alarm))
         )
 
     def age(self, rank: int, now: float) -> float:

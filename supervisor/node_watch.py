@@ -59,6 +59,21 @@ def dead_in(listing: list[dict[str, Any]], watched: set[str]) -> list[DeadNode]:
     ]
 
 
+def verdict_window_s() -> float:
+    """How long Ray's GCS may take to call a node that stopped answering dead, from this
+    cluster's own settings: `health_check_failure_threshold` checks, each `health_check_period_ms`
+    apart and given up after `health_check_timeout_ms` (65 s with Ray's defaults; a raylet
+    that is gone refuses each check at once, and is called dead after about threshold x period)."""
+    try:
+        config = ray._raylet.Config  # type: ignore[attr-defined]
+        period_ms = float(config.health_check_period_ms())
+        timeout_ms = float(config.health_check_timeout_ms())
+        threshold = float(config.health_check_failure_threshold())
+    except (AttributeError, TypeError, ValueError):  # a Ray without these: its defaults
+        period_ms, timeout_ms, threshold = 3000.0, 10000.0, 5.0
+    return threshold * (period_ms + timeout_ms) / 1000.0 + 1.0
+
+
 class NodeWatch:
     """Reads Ray's node table now and then; reports each node of the run found dead once."""
 

@@ -172,6 +172,7 @@ class Recovery:
         self._detected_at: dict[int, float] = {}
         self._failed: dict[int, str] = {}  # replacement rank -> why it failed
         self._next_ping = 0.0
+        self._alarm_rank = -1  # the rank whose failed collective raised the watch's alarm
         self._judged = -1  # the agents' sightings (their version) last judged
         self._task: asyncio.Task[None] | None = None
         self._restarting: set[int] = set()  # every rank, while a full-group restart runs
@@ -189,15 +190,35 @@ class Recovery:
         # dead after its ranks were found lost on their own (and perhaps replaced already)
         # still names them (`nodes_lost`).
         self._lost_on: dict[int, tuple[str, float]] = {}
+        # node -> the ranks it held when the first of them was found lost (`silent_nodes`).
+        self._held: dict[str, set[int]] = {}
 
     # ------------------------------------------------------------- detection
     async def check_hangs(self) -> None:
         """Name hung and dead ranks: by the agents' sightings under node agents, else by
-        pinging every rank when the hang watch suspects one."""
-        if self.spec.node_agents == "on":
+        pinging every rank when the hang watch suspects one; after an alarm (`alarm`),
+        by pinging every rank at once either way."""
+        if self.spec.node_agents == "on" and self.watch.alarmed_at is None:
             await self._check_by_agents()
         else:
             await self._check_by_pings()
+
+    def alarm(self, rank: int) -> None:
+        """`rank` said its collective failed: ping every rank now (`HangWatch.alarm`).
+
+        A peer whose process or node is gone fails its group's collectives at
+        once, and the survivors say so in the report they send before waiting
+        for an order. Its silence would take the hang watch's timeout (`floor_s`,
+        0.5 s at least) and the ping round that confirms it; the alarm starts that
+        round now. A restart under way has its own checks: an alarm then is left.
+        """
+        if self._under_way() or self.watch.alarmed_at is not None:
+            return
+        self.watch.alarm(time.monotonic())
+        self._alarm_rank = rank
+        self._next_ping = 0.0
+        self._suspected_at = time.time()
+        log.info("collective_failed_alarm", rank=rank)
 
     def _incarnation(self, rank: int) -> int:
         slot = self.slots.slots.get(rank)
@@ -332,16 +353,25 @@ class Recovery:
             watch.answered(rank, p, answered)
         # Judged against who is still stalled after the ping (reports may have come meanwhile).
         verdict = watch.judge(pings, watch.suspects(answered), now=answered)
+        alarmed = {
+            r for r in verdict.hung if watch.alarmed(r) and watch.age(r, now) <= watch.timeout(r)
+        }
+        watch.clear_alarm(now)
         if verdict.hung or verdict.dead:
             # Their node may be what died: its loss is then reported first, for all its
             # ranks at once, and their own losses below are parts of it (reported once).
             await self.check_nodes(self.group, now=True)
         for rank in verdict.hung:
             age = self.watch.age(rank, now)
+            why = (
+                f"after rank {self._alarm_rank}'s collective failed"
+                if rank in alarmed
+                else f"(timeout {self.watch.timeout(rank):.2f}s)"
+            )
             self.lost(rank, "rank_hang", (
-                f"rank {rank} made no progress for {age:.2f}s "
-                f"(timeout {self.watch.timeout(rank):.2f}s) and {verdict.reason}"
-            ), details={"age_s": round(age, 3), "timeout_s": round(self.watch.timeout(rank), 3)},
+                f"rank {rank} made no progress for {age:.2f}s {why} and {verdict.reason}"
+            ), details={"age_s": round(age, 3), "timeout_s": round(self.watch.timeout(rank), 3),
+                        **({"alarm_rank": self._alarm_rank} if rank in alarmed else {})},
                 incarnation=pinged.get(rank))  # fmt: skip
         for rank in verdict.dead:
             self.lost(
@@ -381,6 +411,17 @@ class Recovery:
                     "node": name, "node_id": node.node_id, "node_ranks": ranks,
                 })  # fmt: skip
 
+    def silent_nodes(self) -> set[str]:
+        """Nodes every rank of which was found lost in the last `NODE_LOSS_WINDOW_S`: what a
+        node's death looks like before Ray's verdict on it (a peer's failed collective finds
+        its ranks gone in well under a second; the GCS takes its health-check time)."""
+        now = time.time()
+        lost: dict[str, set[int]] = {}
+        for r, (node, at) in self._lost_on.items():
+            if now - at <= NODE_LOSS_WINDOW_S:
+                lost.setdefault(node, set()).add(r)
+        return {node for node, ranks in lost.items() if self._held.get(node, set()) <= ranks}
+
     def lost(
         self,
         rank: int,
@@ -408,6 +449,8 @@ class Recovery:
         node = self.slots.slots[rank].node
         if node is not None:
             self._lost_on[rank] = (node, time.time())
+            held = self._held.setdefault(node, set())
+            held.update(self.slots.on_node(node, lost_too=True), (rank,))
         if self._replacing(rank):
             self.replacement_failed(rank, reason)
             return

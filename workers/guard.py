@@ -798,9 +798,14 @@ class Guard:
         ]
 
     # ------------------------------------------------------------- reporting
-    def send_report(self) -> None:
-        """Report now, news or not (a rank that has just joined says so at once)."""
-        self._send(force=True)
+    def send_report(self, *, collective_failed: bool = False) -> None:
+        """Report now, news or not (a rank that has just joined says so at once).
+
+        `collective_failed`: this rank's collective has just failed (a peer's process
+        or node is gone, most often), which the report says: the supervisor then pings
+        every rank at once instead of waiting for the lost one's silence to time out.
+        """
+        self._send(force=True, collective_failed=collective_failed)
 
     def report_soon(self) -> None:
         """Let the next report go out at once, whatever the heartbeat period."""
@@ -822,6 +827,7 @@ class Guard:
         wait: bool = False,
         ending: bool = False,
         holding: int | None = None,
+        collective_failed: bool = False,
     ) -> None:
         # `ending`: the loop is done, this rank takes no more steps (the hang watch stops
         # expecting progress from it). `holding`: the tick of a flagged step this rank
@@ -829,6 +835,8 @@ class Guard:
         extra: dict[str, Any] = {"ending": True} if ending else {}
         if holding is not None:
             extra["holding"] = holding
+        if collective_failed:
+            extra["collective_failed"] = True
         self.outbox.send(
             step=self.step_count,
             tick=self.tick,

@@ -251,7 +251,9 @@ class Membership:
         )
         # The steps run since the last report reach the supervisor now: this process
         # may be killed while it waits (a full-group restart), and they were executed.
-        guard.send_report()
+        # The report says the collective failed: the supervisor looks for the lost peer
+        # at once, where its silence would take the hang watch's timeout to show.
+        guard.send_report(collective_failed=True)
         generation, source, store_addr = self._next_order()
         self.timeline["order"] = time.time()
         if in_step and self._mark is not None:

@@ -51,6 +51,9 @@ BATCH_FIELDS = frozenset(
         "holding",
         # A node agent's first digest after a restart (`supervisor.agent`): read by the supervisor.
         "resync",
+        # The rank's collective has just failed (`workers.membership`): the supervisor pings
+        # every rank at once (`Recovery.alarm`).
+        "collective_failed",
     }
 )
 

@@ -177,3 +177,17 @@ def test_the_digest_period_keeps_the_supervisors_digest_calls_bounded() -> None:
     assert [digest_period(n) for n in (0, 1, 64, 128)] == [0.5] * 4
     assert (digest_period(512), digest_period(2048)) == (2.0, 8.0)
     assert all(n / digest_period(n) <= DIGEST_CALLS_PER_S for n in (1, 100, 300, 5000))
+
+
+def test_a_failed_collective_goes_up_at_once_and_says_so() -> None:
+    """A rank whose collective failed: an immediate item with the flag (the supervisor pings
+    the group on it); the flag is not carried into the rank's next digest item."""
+    agent = core()
+    agent.take(batch(4, 1))
+    taken = agent.take(batch(4, 2, collective_failed=True))
+    assert taken.ok and taken.item is not None
+    assert taken.item["collective_failed"] is True and taken.item["seqs"] == [1, 2]
+    assert agent.rejected == {} or sum(agent.rejected.values()) == 0
+    agent.take(batch(4, 3))
+    (item,) = agent.digest()
+    assert "collective_failed" not in item

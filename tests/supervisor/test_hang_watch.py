@@ -117,3 +117,35 @@ def test_an_allowance_ends_when_settled() -> None:
     assert watch.suspects(now + 1.0) == []
     watch.settle(0)
     assert watch.suspects(now + 1.0) == [0]
+
+
+def test_an_alarm_makes_every_rank_that_has_not_moved_since_a_suspect() -> None:
+    """A rank's failed collective: its peers are suspects at once, far inside their timeout,
+    until a ping round started after the alarm is judged; a rank that moves since is not."""
+    watch = HangWatch(CFG)
+    now = max(_running(watch, r, step_s=0.01) for r in range(3))
+    assert watch.suspects(now + 0.05) == []
+    watch.alarm(now + 0.05)
+    watch.beat(2, 10, now + 0.06, [0.01])  # moved after the alarm
+    assert watch.suspects(now + 0.07) == [0, 1]
+    assert watch.alarmed(0) and not watch.alarmed(2)
+    watch.alarm(now + 0.08)  # a second survivor's report: the same alarm
+    assert watch.alarmed_at == now + 0.05
+    watch.clear_alarm(now + 0.04)  # a round started before it does not end it
+    assert watch.suspects(now + 0.09) == [0, 1]
+    watch.clear_alarm(now + 0.07)
+    assert watch.alarmed_at is None and watch.suspects(now + 0.1) == []
+
+
+def test_an_alarm_round_names_only_the_rank_that_does_not_answer() -> None:
+    """Survivors waiting for an order answer the ping; the gone peer is named, within its
+    timeout, and an allowance (a rank adopting state) still holds."""
+    watch = HangWatch(CFG)
+    now = max(_running(watch, r, step_s=0.01) for r in range(4))
+    watch.allow(3, 5.0, now)
+    watch.alarm(now + 0.02)
+    suspects = watch.suspects(now + 0.3)
+    assert suspects == [0, 1, 2]
+    waiting = {"tick": 9, "phase": "recovering"}
+    verdict = watch.judge({0: waiting, 1: NO_ANSWER, 2: waiting, 3: waiting}, suspects, now + 0.3)
+    assert verdict.hung == [1] and verdict.dead == []
