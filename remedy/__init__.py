@@ -12,8 +12,9 @@ first use, so `import remedy.policies` pulls in neither torch nor Ray.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from remedy._lazy import exports
 
 if TYPE_CHECKING:
     from remedy.policies import AnomalyEvent, Decision, Engine, PolicyError, load_policy
@@ -55,14 +56,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'remedy' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = exports("remedy", _EXPORTS, globals())

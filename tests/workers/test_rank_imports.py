@@ -38,3 +38,24 @@ def test_remedy_does_not_import_dtensor_or_dcp_until_a_sharded_model_needs_them(
 def test_is_dtensor_is_false_for_plain_tensors_without_importing_dtensor() -> None:
     assert not is_dtensor(torch.zeros(2))
     assert not is_dtensor(object())
+
+
+@pytest.mark.timeout(120)
+def test_a_ranks_process_does_not_import_the_policy_loader_or_engine() -> None:
+    """A cold replacement rank's imports are on the critical path of its restart: it takes the
+    anomaly records (`remedy.policies._events`) without the policy language's loader, models
+    and engine (about 0.4 s of imports here), which only the supervisor and single-process
+    mode run."""
+    heavy = ("remedy.policies._loader", "remedy.policies._model", "remedy.policies._engine")
+    code = (
+        "import json, sys\n"
+        "import remedy.supervisor.rank, remedy.workers.guard\n"
+        f"print(json.dumps([m in sys.modules for m in {heavy!r}]))\n"
+        "from remedy.policies import Engine, load_policy_text  # single-process mode's\n"
+        f"print(json.dumps([m in sys.modules for m in {heavy!r}]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=100
+    ).stdout.splitlines()
+    assert json.loads(out[0]) == [False, False, False]
+    assert json.loads(out[1]) == [True, True, True]

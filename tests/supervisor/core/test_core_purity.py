@@ -34,6 +34,7 @@ rules:
 # What importing every module of the core may bring in from remedy besides the core itself.
 ALLOWED = {
     "remedy",
+    "remedy._lazy",  # the packages' names loaded on first use
     "remedy.supervisor",
     "remedy.workers",  # the package only: its names load on first use
     "remedy.workers.commands",  # the command and outcome records ranks and core exchange
