@@ -257,6 +257,7 @@ def _profile_off(self: Any) -> str:
     out = io.StringIO()
     stats = pstats.Stats(self._bench_profile, stream=out)
     stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(45)
     stats.print_callers("recv|_record|write|wal")
     return out.getvalue()
 

@@ -112,6 +112,10 @@ PING_EVERY_S = 0.25
 AGENT_QUIET_S = 5.0
 # How long an agent asked to ping its ranks may take beyond the ping's own timeout.
 AGENT_ASK_S = 1.0
+# Under node agents, a failed collective's alarm (`Recovery.alarm`) has the supervisor ping
+# every rank itself only up to this many ranks: one Ray call each, ~1 ms of its CPU apiece.
+# Larger runs leave the lost peer to the agents' hang watch and Ray's node verdict.
+ALARM_DIRECT_MAX = 256
 # A rank found lost this long before Ray calls its node dead is counted among the
 # node's lost ranks (Ray's verdict takes the GCS's health-check time, 15 s by default).
 NODE_LOSS_WINDOW_S = 60.0
@@ -211,8 +215,12 @@ class Recovery:
         for an order. Its silence would take the hang watch's timeout (`floor_s`,
         0.5 s at least) and the ping round that confirms it; the alarm starts that
         round now. A restart under way has its own checks: an alarm then is left.
+        Under node agents the supervisor pings every rank itself for it only up to
+        `ALARM_DIRECT_MAX` ranks.
         """
         if self._under_way() or self.watch.alarmed_at is not None:
+            return
+        if self.spec.node_agents == "on" and self.spec.workers > ALARM_DIRECT_MAX:
             return
         self.watch.alarm(time.monotonic())
         self._alarm_rank = rank

@@ -54,7 +54,9 @@ def dump(c: Controller) -> dict[str, Any]:
                 "decision": p.decision.to_dict(),
                 "command": p.command.to_dict(),
                 # Every rank, for almost every command: one word instead of world_size numbers.
-                "targets": ALL if p.targets == set(range(c.world_size)) else sorted(p.targets),
+                # Targets are every rank less those lost since (`drop_rank`): a full count is
+                # all of them, told without building a set of the world for each record.
+                "targets": ALL if len(p.targets) == c.world_size else sorted(p.targets),
                 "outcomes": _grouped(p.outcomes),
                 "dropped": sorted(p.dropped),
                 "dispatched_at": p.dispatched_at,
