@@ -130,6 +130,7 @@ class AgentCore:
         self.watch = HangWatch(hang_watch)
         self.suspected_at = 0.0  # when the current stall was first suspected (0: none)
         self._next_ping = 0.0
+        self._round_at = 0.0  # when the latest ping round was found due (this clock)
 
     # ------------------------------------------------------------- reports
     def take(self, batch: Any) -> Taken:
@@ -176,6 +177,11 @@ class AgentCore:
         holding = holding if type(holding) is int and 0 <= holding < 2**53 else None
         # A rank whose collective failed goes up at once: the supervisor pings the group.
         failed = batch.get("collective_failed") is True
+        if failed:
+            # This node's ranks are pinged at once, and the round's sightings go up: the
+            # supervisor then pings only the ranks no agent answered for (a lost node's).
+            self.watch.alarm(now)
+            self._next_ping = 0.0
         if report.events or holding is not None or failed:
             item = self._item(self._pending.pop(rank))
             item["events"] = [ev.to_dict() for ev in report.events]
@@ -332,6 +338,7 @@ class AgentCore:
         if now < self._next_ping:
             return False
         self._next_ping = now + AGENT_PING_EVERY_S
+        self._round_at = now
         return True
 
     def sightings(self, pings: dict[int, Any], pinged_at: float) -> list[dict[str, Any]]:
@@ -356,6 +363,7 @@ class AgentCore:
         for rank, p in pings.items():
             if p == DEAD:
                 self.watch.forget(rank)
+        self.watch.clear_alarm(self._round_at)  # a failed collective's alarm: answered
         return items
 
     def replaced(self, rank: int) -> None:

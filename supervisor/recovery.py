@@ -112,10 +112,11 @@ PING_EVERY_S = 0.25
 AGENT_QUIET_S = 5.0
 # How long an agent asked to ping its ranks may take beyond the ping's own timeout.
 AGENT_ASK_S = 1.0
-# Under node agents, a failed collective's alarm (`Recovery.alarm`) has the supervisor ping
-# every rank itself only up to this many ranks: one Ray call each, ~1 ms of its CPU apiece.
-# Larger runs leave the lost peer to the agents' hang watch and Ray's node verdict.
-ALARM_DIRECT_MAX = 256
+# Under node agents, how long after a failed collective's alarm (`Recovery.alarm`) the
+# supervisor waits for the agents' sightings before pinging the ranks none answered for: an
+# agent pings its ranks within `agent.HANG_CHECK_S` of their report, and live ranks answer
+# in milliseconds.
+ALARM_GRACE_S = 0.15
 # A rank found lost this long before Ray calls its node dead is counted among the
 # node's lost ranks (Ray's verdict takes the GCS's health-check time, 15 s by default).
 NODE_LOSS_WINDOW_S = 60.0
@@ -200,9 +201,9 @@ class Recovery:
     # ------------------------------------------------------------- detection
     async def check_hangs(self) -> None:
         """Name hung and dead ranks: by the agents' sightings under node agents, else by
-        pinging every rank when the hang watch suspects one; after an alarm (`alarm`),
-        by pinging every rank at once either way."""
-        if self.spec.node_agents == "on" and self.watch.alarmed_at is None:
+        pinging every rank when the hang watch suspects one; after an alarm (`alarm`), at
+        once."""
+        if self.spec.node_agents == "on":
             await self._check_by_agents()
         else:
             await self._check_by_pings()
@@ -215,12 +216,11 @@ class Recovery:
         for an order. Its silence would take the hang watch's timeout (`floor_s`,
         0.5 s at least) and the ping round that confirms it; the alarm starts that
         round now. A restart under way has its own checks: an alarm then is left.
-        Under node agents the supervisor pings every rank itself for it only up to
-        `ALARM_DIRECT_MAX` ranks.
+        Under node agents, each agent whose ranks said so pings them itself and
+        sends its sightings; the supervisor pings only the ranks no agent has
+        answered for `ALARM_GRACE_S` after the alarm (a lost node's).
         """
         if self._under_way() or self.watch.alarmed_at is not None:
-            return
-        if self.spec.node_agents == "on" and self.spec.workers > ALARM_DIRECT_MAX:
             return
         self.watch.alarm(time.monotonic())
         self._alarm_rank = rank
@@ -248,6 +248,12 @@ class Recovery:
         stalled = {
             r: s for r, s in sightings.stalled(now, self._incarnation).items() if watch.knows(r)
         }
+        alarm = watch.alarmed_at
+        if alarm is not None:
+            if now - alarm < ALARM_GRACE_S:
+                return  # the agents' sightings are on their way
+            await self._judge_alarm(alarm)
+            return
         if not stalled:
             seen = sightings.fresh(now, self._incarnation)
             unseen = [
@@ -309,6 +315,47 @@ class Recovery:
                       incarnation=s.incarnation if s is not None else pinged.get(rank))  # fmt: skip
         if verdict.hung or verdict.dead:
             sightings.clear()  # the next stall is judged on sightings taken after this one
+
+    async def _judge_alarm(self, alarm: float) -> None:
+        """Under node agents, `ALARM_GRACE_S` after a failed collective's alarm: the ranks no
+        agent has answered for since are pinged by the supervisor (a lost node's ranks, whose
+        agent is gone with them), and every rank is judged on the agents' sightings and those
+        pings (`HangWatch.alarm`)."""
+        watch, sightings = self.watch, self.sightings
+        now = time.monotonic()
+        ranks = list(self.group.actors)
+        fresh = {r: s for r, s in sightings.fresh(now, self._incarnation).items()
+                 if s.received >= alarm}  # fmt: skip
+        missing = [r for r in ranks if r not in fresh]
+        pinged = {r: self._incarnation(r) for r in missing}
+        self._ping_started = time.time()
+        cfg = watch.config
+        direct = await self.group.ping_all(
+            cfg.ping_timeout_s, missing, patience=cfg.ping_patience
+        ) if missing else {}  # fmt: skip
+        answered = time.monotonic()
+        for rank, p in direct.items():
+            watch.answered(rank, p, answered)
+        pings = {**{r: s.ping for r, s in fresh.items()}, **direct}
+        verdict = watch.judge(pings, watch.suspects(answered), now=answered)
+        watch.clear_alarm(now)
+        if verdict.hung or verdict.dead:
+            await self.check_nodes(self.group, now=True)
+        for rank in verdict.hung + verdict.dead:
+            s = fresh.get(rank)
+            seen_by = "the supervisor" if s is None else "its node's agent"
+            gone = rank in verdict.dead
+            self.lost(
+                rank, "rank_dead" if gone else "rank_hang",
+                f"rank {rank} {'is gone' if gone else 'did not answer a ping'} after rank "
+                f"{self._alarm_rank}'s collective failed, as {seen_by} saw",
+                details={"found_by": "supervisor" if s is None else "agent",
+                         "alarm_rank": self._alarm_rank,
+                         **({} if s is None else {"agent_node": s.node})},
+                incarnation=s.incarnation if s is not None else pinged.get(rank),
+            )  # fmt: skip
+        if verdict.hung or verdict.dead:
+            sightings.clear()
 
     async def _ask_agents(self, ranks: list[int]) -> None:
         """The agents of `ranks`' nodes ping their ranks now; their sightings are taken.

@@ -180,3 +180,26 @@ def test_sightings_that_are_not_plain_bounded_data_are_refused() -> None:
     assert sup.add("a", "not a list", 0.0) == [] and sup.refused == len(bad) + 1
     [taken] = sup.add("a", [good], 0.0)
     assert taken.ping is NO_ANSWER and taken.stalled
+
+
+def test_a_failed_collective_makes_the_agent_ping_its_ranks_at_once() -> None:
+    """A rank's report says its collective failed: a ping of this node's ranks is due at once,
+    far inside their timeout and the pacing of the last round; the ranks that have not moved
+    since are sighted stalled (so the sightings go up), and the round ends the alarm."""
+    clock = Clock()
+    core = agent(clock)
+    steps_to(core, clock, 0, 10)
+    steps_to(core, clock, 1, 10, seq0=1)
+    clock.t += 0.6
+    assert core.ping_due()  # an ordinary round: the next one is paced
+    assert core.take(report(0, 11, 11)).ok and core.take(report(1, 11, 11)).ok
+    assert not core.ping_due()
+    clock.t += 0.02
+    assert core.take(report(1, 12, 11, collective_failed=True)).ok
+    assert core.ping_due()
+    waiting = {"phase": "recovering", "tick": 11, "step": 11}
+    items = core.sightings({0: waiting, 1: waiting}, clock.t)
+    assert [i["stalled"] for i in items] == [True, True]
+    assert core.watch.alarmed_at is None
+    clock.t += 0.01
+    assert not core.ping_due()
