@@ -18,21 +18,26 @@ from remedy.workers.sharding import is_dtensor
 HEAVY = ("torch.distributed.tensor", "torch.distributed.checkpoint")
 
 
-@pytest.mark.timeout(120)
-def test_remedy_does_not_import_dtensor_or_dcp_until_a_sharded_model_needs_them() -> None:
-    code = (
-        "import json, sys\n"
-        "import remedy.supervisor.actor, remedy.supervisor.agent, remedy.supervisor.rank\n"
-        "import remedy.workers.guard, remedy.workers.checkpoint_store\n"
-        f"print(json.dumps([m in sys.modules for m in {HEAVY!r}]))\n"
-        "from remedy.workers import dcp_store  # what a sharded model's checkpoints use\n"
-        f"print(json.dumps([m in sys.modules for m in {HEAVY!r}]))\n"
-    )
+def loaded(modules: tuple[str, ...], first: str, then: str) -> tuple[list[bool], list[bool]]:
+    """Which of `modules` a fresh process has loaded after the imports `first`, then after `then`."""
+    check = f"print(json.dumps([m in sys.modules for m in {modules!r}]))\n"
+    code = f"import json, sys\n{first}\n{check}{then}\n{check}"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=100
     ).stdout.splitlines()
-    assert json.loads(out[0]) == [False, False]
-    assert json.loads(out[1]) == [True, True]
+    return json.loads(out[0]), json.loads(out[1])
+
+
+@pytest.mark.timeout(120)
+def test_remedy_does_not_import_dtensor_or_dcp_until_a_sharded_model_needs_them() -> None:
+    before, after = loaded(
+        HEAVY,
+        "import remedy.supervisor.actor, remedy.supervisor.agent, remedy.supervisor.rank\n"
+        "import remedy.workers.guard, remedy.workers.checkpoint_store",
+        "from remedy.workers import dcp_store  # what a sharded model's checkpoints use",
+    )
+    assert before == [False, False]
+    assert after == [True, True]
 
 
 def test_is_dtensor_is_false_for_plain_tensors_without_importing_dtensor() -> None:
@@ -46,16 +51,10 @@ def test_a_ranks_process_does_not_import_the_policy_loader_or_engine() -> None:
     anomaly records (`remedy.policies._events`) without the policy language's loader, models
     and engine (about 0.4 s of imports here), which only the supervisor and single-process
     mode run."""
-    heavy = ("remedy.policies._loader", "remedy.policies._model", "remedy.policies._engine")
-    code = (
-        "import json, sys\n"
-        "import remedy.supervisor.rank, remedy.workers.guard\n"
-        f"print(json.dumps([m in sys.modules for m in {heavy!r}]))\n"
-        "from remedy.policies import Engine, load_policy_text  # single-process mode's\n"
-        f"print(json.dumps([m in sys.modules for m in {heavy!r}]))\n"
+    before, after = loaded(
+        ("remedy.policies._loader", "remedy.policies._model", "remedy.policies._engine"),
+        "import remedy.supervisor.rank, remedy.workers.guard",
+        "from remedy.policies import Engine, load_policy_text  # single-process mode's",
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=100
-    ).stdout.splitlines()
-    assert json.loads(out[0]) == [False, False, False]
-    assert json.loads(out[1]) == [True, True, True]
+    assert before == [False, False, False]
+    assert after == [True, True, True]
