@@ -442,12 +442,16 @@ def replay_through_agents(ranks: int, seconds: int, args: Any, spec: Any) -> Non
     sup = SupervisorActor.__ray_actor_class__(spec.to_dict())  # type: ignore[attr-defined]
     write_state = sup.write_state
     spent = {"calls": 0, "report_many": 0.0, "write_state": 0.0, "writes": 0}
+    reply_waits: list[float] = []  # the records a reply waited for, each one's CPU time
 
-    def timed_write() -> None:
+    def timed_write(*, before_reply: bool = False) -> None:
         t = time.thread_time()
-        write_state()
-        spent["write_state"] += time.thread_time() - t
+        write_state(before_reply=before_reply)
+        took = time.thread_time() - t
+        spent["write_state"] += took
         spent["writes"] += 1
+        if before_reply:
+            reply_waits.append(took)
 
     sup.write_state = timed_write
     rpn = args.ranks_per_node
@@ -484,3 +488,9 @@ def replay_through_agents(ranks: int, seconds: int, args: Any, spec: Any) -> Non
           f"{spent['writes']} ({spent['write_state'] / max(spent['writes'], 1) * 1e3:.1f} ms "
           f"each, {spent['write_state'] / spent['report_many']:.0%} of it); Ray's per-call "
           f"handling comes on top")  # fmt: skip
+    if reply_waits:
+        ordered = sorted(reply_waits)
+        print(f"state records a reply waited for: {len(ordered)}, median "
+              f"{ordered[len(ordered) // 2] * 1e3:.1f} ms, slowest {ordered[-1] * 1e3:.1f} ms "
+              f"(full records only bound the journal's tail and are written off the reply "
+              f"path)")  # fmt: skip

@@ -299,8 +299,12 @@ class SupervisorActor:
             summary = {"run_id": self.spec.run_id, "status": ended.get("status", "failed")}
         return summary
 
-    def write_state(self) -> None:
-        """A state record in journal.wal: what a restarted supervisor resumes from."""
+    def write_state(self, *, before_reply: bool = False) -> None:
+        """A state record in journal.wal: what a restarted supervisor resumes from.
+
+        `before_reply`: a call waits for it, so a full record that only bounds the
+        journal's tail is put off to the loop's next pass (`StateLog.entry`).
+        """
         c = self.controller
         group = self.group
         state = RunState(
@@ -314,14 +318,14 @@ class SupervisorActor:
             crashed=tuple(sorted(self._crashed)),
             last_seq=self.slots.seqs(),
         )
-        self.run_dir.wal(self._state_log.entry(state.to_record()))
+        self.run_dir.wal(self._state_log.entry(state.to_record(), defer_full=before_reply))
         self._state_changes = c.changes
         self._state_at = time.monotonic()
 
-    def _keep_state(self) -> None:
+    def _keep_state(self, *, before_reply: bool = False) -> None:
         """A state record if the controller promised something new since the last one."""
         if self.controller.changes != self._state_changes:
-            self.write_state()
+            self.write_state(before_reply=before_reply)
 
     def crash_point(self, point: str) -> None:
         """Chaos: SIGKILL this process at `point` if the spec asks for it (once per run).
@@ -442,7 +446,7 @@ class SupervisorActor:
                 return self.controller.commands_for(batch["rank"])
             return []
         commands = self._ingest(batch, write_metrics=True, gauges=True)
-        self._keep_state()  # before the reply: no rank holds a command the journal lacks
+        self._keep_state(before_reply=True)  # no rank holds a command the journal lacks
         holding = batch.get("holding") if isinstance(batch, dict) else None
         if self.controller.last_report is not None and _a_tick(holding):
             # A rank holding at a flagged step's boundary (workers.flag_hold): say whether
@@ -556,7 +560,7 @@ class SupervisorActor:
             def flush() -> None:
                 self._committing = None
                 try:
-                    self._keep_state()
+                    self._keep_state(before_reply=True)
                 except Exception as exc:  # the waiting calls fail; their senders send again
                     done.set_exception(exc)
                 else:
@@ -835,7 +839,8 @@ class SupervisorActor:
                     self.recovery.check_back()
                 self._abort_if_asked()
                 await self._watch_policy()
-                if time.monotonic() - self._state_at >= STATE_EVERY_S:
+                due = time.monotonic() - self._state_at >= STATE_EVERY_S
+                if due or self._state_log.full_due:  # a full record put off by a reply
                     self.write_state()
                 else:
                     self._keep_state()

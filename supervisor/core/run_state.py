@@ -244,9 +244,19 @@ class StateLog:
         self._deltas = 0
         self._written = 0  # per-rank entries written in deltas since the full record
         self._full_size = 0  # per-rank entries in the full record
+        # A full record is due to bound the tail a restore folds, and was put off (`entry`).
+        self.full_due = False
 
-    def entry(self, record: dict[str, Any]) -> dict[str, Any]:
-        """What to write for `record` (a `RunState.to_record()`)."""
+    def entry(self, record: dict[str, Any], *, defer_full: bool = False) -> dict[str, Any]:
+        """What to write for `record` (a `RunState.to_record()`).
+
+        `defer_full`: a record written before a reply (a rank waits for it) is a
+        delta even when one of the bounds above asks for a full record, which is
+        then `full_due` for the next record written without it (the supervisor's
+        loop writes it within `POLL_S`): at 4,096 ranks a full record takes tens of
+        milliseconds, which a decision's reply would otherwise wait for. Only the
+        first record, and one whose per-rank maps changed shape, are full anyway.
+        """
         ranks = {}
         for section, key in PER_RANK:
             entries = _entries(record, section, key)
@@ -254,11 +264,9 @@ class StateLog:
                 ranks[_path(section, key)] = entries
         sections = self._sections(record)
         text = {path: _encoded(value) for path, value in sections}
-        if (
-            self._last_ranks is None
-            or self._deltas >= FULL_EVERY
-            or set(ranks) != set(self._last_ranks)
-        ):
+        if self._last_ranks is None or set(ranks) != set(self._last_ranks):
+            return self._full(record, ranks, text)
+        if (self.full_due or self._deltas >= FULL_EVERY) and not defer_full:
             return self._full(record, ranks, text)
         changed: dict[str, dict[str, Any]] = {}
         patches: dict[str, dict[str, dict[str, Any]]] = {}
@@ -274,8 +282,14 @@ class StateLog:
                 patches[path] = patch
             if diff:
                 changed[path] = diff
-        if self._written + count > DELTA_ENTRIES_PER_FULL * self._full_size:
-            return self._full(record, ranks, text)
+        if (
+            self.full_due
+            or self._deltas >= FULL_EVERY
+            or (self._written + count > DELTA_ENTRIES_PER_FULL * self._full_size)
+        ):
+            if not defer_full:
+                return self._full(record, ranks, text)
+            self.full_due = True
         sets = {path: value for path, value in sections if self._last_text.get(path) != text[path]}
         unset = sorted(self._last_text.keys() - text.keys())
         self._last_ranks, self._last_text = ranks, text
@@ -294,6 +308,7 @@ class StateLog:
         self._last_ranks, self._last_text = ranks, text
         self._deltas = self._written = 0
         self._full_size = sum(len(e) for e in ranks.values())
+        self.full_due = False
         return record
 
     @staticmethod

@@ -168,6 +168,32 @@ def test_deltas_fold_back_to_every_record_written() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_full_record_put_off_by_a_reply_is_written_next_and_every_record_folds_back() -> None:
+    """Records written before a reply (`defer_full`) are deltas even past the bounds, which
+    leaves a full record due; the next record written without it is that full record. The
+    journal folds back to every record either way."""
+    rng = random.Random(11)
+    log, journal, record = StateLog(), [], None
+    deferred_past_bound = 0
+    for i in range(400):
+        record = _record(16, rng, record)
+        # The group's per-rank map stays: a map that comes or goes needs a full record anyway.
+        record["group"] = record["group"] or {"generation": 1, "names": {"0": "a"}}
+        before_reply = rng.random() < 0.8
+        was_due = log.full_due
+        entry = json.loads(json.dumps(log.entry(record, defer_full=before_reply)))
+        if i > 0 and before_reply:
+            assert entry["type"] == DELTA, i  # a reply never waits for a full record
+            deferred_past_bound += log.full_due
+        if was_due and not before_reply:
+            assert entry["type"] == STATE and not log.full_due, i
+        journal.append(entry)
+        state, _ = fold(journal)
+        assert state == record, i
+    assert deferred_past_bound > 0  # the bounds were reached while replies were waiting
+
+
+@pytest.mark.timeout(60)
 def test_a_delta_holds_only_what_changed() -> None:
     """4,096 ranks, ten of them moved: the delta is a small fraction of the full record."""
     rng = random.Random(1)
