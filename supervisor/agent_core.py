@@ -333,6 +333,7 @@ class AgentCore:
         now = self._clock()
         if not self.watch.suspects(now):
             self.suspected_at = 0.0
+            self.watch.clear_alarm(now)  # every rank moved since: nothing is left to look for
             return False
         self.suspected_at = self.suspected_at or now
         if now < self._next_ping:

@@ -390,6 +390,7 @@ class Recovery:
         suspects = self.watch.suspects(now)
         if not suspects:
             self._suspected_at = 0.0
+            self.watch.clear_alarm(now)  # every rank moved since: nothing is left to look for
             return
         self._suspected_at = self._suspected_at or time.time()
         if now < self._next_ping:

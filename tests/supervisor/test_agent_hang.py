@@ -203,3 +203,18 @@ def test_a_failed_collective_makes_the_agent_ping_its_ranks_at_once() -> None:
     assert core.watch.alarmed_at is None
     clock.t += 0.01
     assert not core.ping_due()
+
+
+def test_an_alarm_the_ranks_moved_past_is_dropped_and_the_next_one_pings() -> None:
+    """The agent's alarm whose ranks all reported since (nothing to ping for) is dropped when
+    the watch is next looked at, so a later failed collective pings at once again."""
+    clock = Clock()
+    core = agent(clock)
+    steps_to(core, clock, 0, 10)
+    assert core.take(report(0, 11, 10, collective_failed=True)).ok
+    clock.t += 0.01
+    assert core.take(report(0, 12, 11)).ok  # moved on before the agent looked
+    assert not core.ping_due() and core.watch.alarmed_at is None
+    clock.t += 0.01
+    assert core.take(report(0, 13, 11, collective_failed=True)).ok
+    assert core.ping_due()

@@ -149,3 +149,17 @@ def test_an_alarm_round_names_only_the_rank_that_does_not_answer() -> None:
     waiting = {"tick": 9, "phase": "recovering"}
     verdict = watch.judge({0: waiting, 1: NO_ANSWER, 2: waiting, 3: waiting}, suspects, now + 0.3)
     assert verdict.hung == [1] and verdict.dead == []
+
+
+def test_an_alarm_every_rank_moved_past_is_cleared_so_the_next_one_counts() -> None:
+    """A failed collective whose ranks all moved on before any round (a false alarm) suspects
+    nobody; cleared then, it does not stand in the way of the next rank's alarm."""
+    watch = HangWatch(CFG)
+    now = max(_running(watch, r, step_s=0.01) for r in range(2))
+    watch.alarm(now)
+    for r in range(2):
+        watch.beat(r, 10, now + 0.01, [0.01])
+    assert watch.suspects(now + 0.02) == []
+    watch.clear_alarm(now + 0.02)
+    watch.alarm(now + 0.5)
+    assert watch.alarmed_at == now + 0.5 and watch.suspects(now + 0.51) == [0, 1]
