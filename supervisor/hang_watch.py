@@ -172,10 +172,16 @@ class HangWatch:
         if self.alarmed_at is not None and self.alarmed_at <= judged_from:
             self.alarmed_at = None
 
-    def alarmed(self, rank: int) -> bool:
-        """Whether `rank` is a suspect by the alarm alone (it has not moved since)."""
+    def alarmed(self, rank: int, now: float) -> bool:
+        """Whether `rank` is a suspect at `now` by the alarm alone: it has not moved since,
+        and its own timeout has not run out."""
         r = self._ranks.get(rank)
-        return self.alarmed_at is not None and r is not None and r.since <= self.alarmed_at
+        return (
+            self.alarmed_at is not None
+            and r is not None
+            and r.since <= self.alarmed_at
+            and now - r.since <= self.timeout(rank)
+        )
 
     def suspects(self, now: float) -> list[int]:
         """Ranks whose progress is older than their timeout, or than the alarm (`alarm`)."""

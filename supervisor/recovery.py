@@ -245,15 +245,14 @@ class Recovery:
         """
         now = time.monotonic()
         watch, sightings = self.watch, self.sightings
+        alarm = watch.alarmed_at
+        if alarm is not None:
+            if now - alarm >= ALARM_GRACE_S:  # else the agents' sightings are on their way
+                await self._judge_alarm(alarm)
+            return
         stalled = {
             r: s for r, s in sightings.stalled(now, self._incarnation).items() if watch.knows(r)
         }
-        alarm = watch.alarmed_at
-        if alarm is not None:
-            if now - alarm < ALARM_GRACE_S:
-                return  # the agents' sightings are on their way
-            await self._judge_alarm(alarm)
-            return
         if not stalled:
             seen = sightings.fresh(now, self._incarnation)
             unseen = [
@@ -409,9 +408,7 @@ class Recovery:
             watch.answered(rank, p, answered)
         # Judged against who is still stalled after the ping (reports may have come meanwhile).
         verdict = watch.judge(pings, watch.suspects(answered), now=answered)
-        alarmed = {
-            r for r in verdict.hung if watch.alarmed(r) and watch.age(r, now) <= watch.timeout(r)
-        }
+        alarmed = {r for r in verdict.hung if watch.alarmed(r, now)}
         watch.clear_alarm(now)
         if verdict.hung or verdict.dead:
             # Their node may be what died: its loss is then reported first, for all its

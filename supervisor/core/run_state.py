@@ -266,7 +266,8 @@ class StateLog:
         text = {path: _encoded(value) for path, value in sections}
         if self._last_ranks is None or set(ranks) != set(self._last_ranks):
             return self._full(record, ranks, text)
-        if (self.full_due or self._deltas >= FULL_EVERY) and not defer_full:
+        due = self.full_due or self._deltas >= FULL_EVERY
+        if due and not defer_full:
             return self._full(record, ranks, text)
         changed: dict[str, dict[str, Any]] = {}
         patches: dict[str, dict[str, dict[str, Any]]] = {}
@@ -282,11 +283,7 @@ class StateLog:
                 patches[path] = patch
             if diff:
                 changed[path] = diff
-        if (
-            self.full_due
-            or self._deltas >= FULL_EVERY
-            or (self._written + count > DELTA_ENTRIES_PER_FULL * self._full_size)
-        ):
+        if due or self._written + count > DELTA_ENTRIES_PER_FULL * self._full_size:
             if not defer_full:
                 return self._full(record, ranks, text)
             self.full_due = True

@@ -128,7 +128,7 @@ def test_an_alarm_makes_every_rank_that_has_not_moved_since_a_suspect() -> None:
     watch.alarm(now + 0.05)
     watch.beat(2, 10, now + 0.06, [0.01])  # moved after the alarm
     assert watch.suspects(now + 0.07) == [0, 1]
-    assert watch.alarmed(0) and not watch.alarmed(2)
+    assert watch.alarmed(0, now + 0.07) and not watch.alarmed(2, now + 0.07)
     watch.alarm(now + 0.08)  # a second survivor's report: the same alarm
     assert watch.alarmed_at == now + 0.05
     watch.clear_alarm(now + 0.04)  # a round started before it does not end it
