@@ -445,6 +445,10 @@ class SupervisorActor:
                 # so answer again with what the rank still owes.
                 return self.controller.commands_for(batch["rank"])
             return []
+        if isinstance(batch, dict):
+            self._answered_below(
+                batch.get("rank"), batch.get("seq"), batch.pop("unanswered_from", None)
+            )
         commands = self._ingest(batch, write_metrics=True, gauges=True)
         self._keep_state(before_reply=True)  # no rank holds a command the journal lacks
         holding = batch.get("holding") if isinstance(batch, dict) else None
@@ -502,19 +506,25 @@ class SupervisorActor:
                 continue
             if not seqs and not self.slots.accept(rank, incarnation, None):
                 continue
-            if item.pop("resync", None) is True and fresh:
-                # The agent's first digest after Ray restarted it: every batch it took again
-                # is in, so the numbers still missing below its newest died with the old one
-                # (step records only: it wrote them to its file, and held back the answer
-                # to any batch with events or outcomes until they were sent on).
-                lost = self.slots.give_up_gaps(rank, max(fresh))
-                if lost:
-                    self.run_dir.wal({"type": "agent_resync", "node": str(node)[:64],
-                                      "rank": rank, "digests_lost": lost})  # fmt: skip
+            newest = max((s for s in seqs[:MAX_ITEM_SEQS] if type(s) is int), default=None)
+            below = item.pop("unanswered_from", None)
+            self._answered_below(rank, newest, below, node=str(node)[:64])
             self._ingest(item, write_metrics=False, gauges=False)
             answer.add(rank)
         await self._commit()  # before the reply: no rank holds a command the journal lacks
         return {rank: self.controller.commands_for(rank) for rank in sorted(answer)}
+
+    def _answered_below(self, rank: Any, seq: Any, below: Any, *, node: str | None = None) -> None:
+        """The rank says every batch number below `below` was answered: stop awaiting the ones
+        this supervisor lacks (`RankSlots.answered_below`). Only a node agent that answered
+        them and died before sending them on leaves any (step records only: it wrote those to
+        its metrics file, and answers a batch with events or outcomes only once it is sent on),
+        or a report that failed at the rank and went out again under a new number."""
+        if type(rank) is not int or rank not in self.slots.slots:
+            return
+        lost = self.slots.answered_below(rank, seq, below)
+        if lost:
+            self.run_dir.wal({"type": "batches_lost", "rank": rank, "node": node, "count": lost})
 
     async def hang_seen(self, token: Any, node: Any, items: Any) -> None:
         """A node agent suspected one of its ranks and pinged its ranks: what it saw.

@@ -49,9 +49,11 @@ report. The agent is named per run and node (`agent_name`), pinned to its
 node (node affinity) and restarted by Ray after a crash (`max_restarts=-1`,
 with the ranks' calls retried against the new instance). Its state record
 (`agent-<node>.json` in the run directory, replaced atomically after every
-digest) holds its ranks' slots and last steps; a restarted agent rebuilds
-itself from it, and whatever it takes twice is a duplicate by batch number
-at the supervisor, whose slots decide exactly-once.
+digest) holds its ranks' slots and last steps, a batch number the supervisor
+has not acknowledged counting as not taken. A restarted agent rebuilds itself
+from it and takes the calls Ray retries against it again; whatever reaches the
+supervisor twice is a duplicate by batch number there, whose slots decide
+exactly-once.
 """
 
 from __future__ import annotations
@@ -290,6 +292,7 @@ class NodeAgent:
             # Events and outcomes: the supervisor has them before the rank is answered, so
             # a rank whose call fails here (`WaitTimeout` included) sends them again.
             replies = await self._up([taken.item])
+            self.core.delivered([taken.item])
             self.core.answered(replies)
         elif taken.held:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -543,6 +546,7 @@ class NodeAgent:
         if items:
             try:
                 self.core.answered(await self._up(items))
+                self.core.delivered(items)
             except (ray.exceptions.RayError, WaitTimeout) as exc:
                 log.warning("digest_failed", error=str(exc)[:300])
                 self.core.put_back(items)

@@ -56,7 +56,7 @@ from typing import Any
 from remedy.supervisor.agent_hang import AGENT_PING_EVERY_S, sighting_items
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
-from remedy.supervisor.rank_slots import RankSlots, Slot, SlotState
+from remedy.supervisor.rank_slots import RankSlots, Slot, SlotState, unanswered_from
 
 # Keys of a step record the supervisor reads (controller, goodput, displays); the rest
 # stays in the agent's metrics file.
@@ -76,6 +76,8 @@ class _Pending:
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     outages: list[Any] = field(default_factory=list)
     ending: bool = False
+    # The highest `unanswered_from` of the batches merged (`supervisor.reporter`).
+    unanswered_from: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +123,10 @@ class AgentCore:
         self._pending: dict[int, _Pending] = {}
         self._commands: dict[int, list[dict[str, Any]]] = {}
         self.taken = 0  # batches counted
-        # Restored after a restart: the next digest marks each item `resync` (the supervisor
-        # stops awaiting batches that died with the old agent).
-        self.resync = False
+        # Per rank, the batch numbers taken that the supervisor has not acknowledged yet: the
+        # state record counts them as not taken (`record`), so that when Ray retries their
+        # calls against a restarted agent, it takes them again and sends them on.
+        self._unsent: dict[int, set[int]] = {}
         self.changed = False  # slots moved since the last `record()`
         # The supervisor's hang watch over this node's ranks, on this object's clock, fed by
         # each report as it comes (`supervisor.agent_hang`: the agent pings when it suspects).
@@ -149,6 +152,7 @@ class AgentCore:
         duplicates = self.slots.refused_duplicate
         if not self.slots.accept(rank, incarnation, seq):
             return Taken(False, duplicate=self.slots.refused_duplicate > duplicates)
+        self.slots.answered_below(rank, seq, batch.get("unanswered_from"))
         now = self._clock()
         last = self._marks.get(rank)
         if last is None:
@@ -226,6 +230,7 @@ class AgentCore:
             self._marks.pop(rank, None)
             self._tick_counts.pop(rank, None)
             self._pending.pop(rank, None)
+            self._unsent.pop(rank, None)
 
     def _merge(self, report: Report, incarnation: Any, seq: Any, batch: dict[str, Any]) -> _Pending:
         """Fold a valid report into the rank's pending item (newest header, every seq)."""
@@ -250,6 +255,10 @@ class AgentCore:
             pending.header = header
         if type(seq) is int:
             pending.seqs.append(seq)
+            self._unsent.setdefault(report.rank, set()).add(seq)
+        below = unanswered_from(seq, batch.get("unanswered_from"))
+        if below is not None:
+            pending.unanswered_from = max(below, pending.unanswered_from or 0)
         pending.metrics.extend(report.metrics)
         pending.outcomes.extend(o.to_dict() for o in report.outcomes)
         if isinstance(batch.get("outages"), list):
@@ -270,17 +279,23 @@ class AgentCore:
             item["outages"] = list(pending.outages)
         if pending.ending:
             item["ending"] = True
+        if pending.unanswered_from is not None:
+            item["unanswered_from"] = pending.unanswered_from
         return item
 
     def digest(self) -> list[dict[str, Any]]:
         """One item per rank that reported since the last digest; empties the pending set."""
         items = [self._item(p) for p in self._pending.values()]
         self._pending.clear()
-        if self.resync and items:
-            self.resync = False
-            for item in items:
-                item["resync"] = True
         return items
+
+    def delivered(self, items: list[dict[str, Any]]) -> None:
+        """The supervisor acknowledged `items` (a digest or an immediate item): its numbers
+        are no longer at risk if this agent dies."""
+        for item in items:
+            unsent = self._unsent.get(item["rank"])
+            if unsent is not None:
+                unsent.difference_update(item["seqs"])
 
     def put_back(self, items: list[dict[str, Any]]) -> None:
         """A digest whose call failed: its items go out again with the next one.
@@ -292,11 +307,11 @@ class AgentCore:
             rank = item["rank"]
             newer = self._pending.get(rank)
             header = {k: v for k, v in item.items() if k not in _BODY}
-            self.resync = self.resync or bool(item.get("resync"))
             back = _Pending(header, list(item["seqs"]), [], list(item.get("outages", [])))
             back.ending = bool(item.get("ending"))
             back.metrics = list(item["metrics"])
             back.outcomes = list(item["outcomes"])
+            back.unanswered_from = item.get("unanswered_from")
             if newer is not None:
                 back.header = newer.header
                 back.seqs += newer.seqs
@@ -304,6 +319,10 @@ class AgentCore:
                 back.outcomes += newer.outcomes
                 back.outages += newer.outages
                 back.ending = back.ending or newer.ending
+                back.unanswered_from = max(
+                    (b for b in (back.unanswered_from, newer.unanswered_from) if b is not None),
+                    default=None,
+                )
             self._pending[rank] = back
 
     # ------------------------------------------------------------ commands
@@ -375,9 +394,12 @@ class AgentCore:
     def record(self) -> dict[str, Any]:
         """The state record a restarted agent rebuilds from (`from_record`)."""
         self.changed = False
+        slots = self.slots.records()
+        for r in slots:  # a number not acknowledged upward counts as not taken
+            r["gaps"] = sorted({*r["gaps"], *self._unsent.get(r["rank"], ())})
         return {
             "node": self.node,
-            "slots": self.slots.records(),
+            "slots": slots,
             "marks": {str(r): [m.step, m.tick] for r, m in self._marks.items()},
         }
 
@@ -393,7 +415,6 @@ class AgentCore:
         for rank, (step, tick) in record.get("marks", {}).items():
             self._marks[int(rank)] = RankMark(int(step), int(tick), now)
             self.watch.beat(int(rank), int(tick), now)  # watched from its last known tick
-        self.resync = True
 
 
 def _first_mark(batch: dict[str, Any], now: float) -> RankMark:
@@ -402,7 +423,7 @@ def _first_mark(batch: dict[str, Any], now: float) -> RankMark:
     return RankMark(step if type(step) is int else 0, tick if type(tick) is int else 0, now)
 
 
-_BODY = frozenset({"seqs", "events", "outcomes", "metrics", "outages", "ending", "resync"})
+_BODY = frozenset({"seqs", "events", "outcomes", "metrics", "outages", "ending", "unanswered_from"})
 
 
 def digest_metrics(rank: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:

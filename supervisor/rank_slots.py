@@ -176,18 +176,33 @@ class RankSlots:
         else:
             self._incomplete.discard(slot.rank)
 
+    def answered_below(self, rank: int, seq: Any, below: Any) -> int:
+        """A batch `seq` of `rank` says every number below `below` was answered (its
+        `unanswered_from`, `supervisor.reporter`): stop awaiting those still missing.
+
+        Only a node agent that answered a batch and died before sending it on
+        leaves such a number (or a report that failed at the rank, its contents
+        sent again under a new number). A value that is not an int, or above the
+        batch's own number, is refused (counted) and changes nothing. Returns how
+        many numbers were given up.
+        """
+        if below is None:
+            return 0  # a sender that does not say (a single-process Guard, an old client)
+        if unanswered_from(seq, below) is None:
+            self.rejected["batch_unanswered_from"] += 1
+            return 0
+        return self.give_up_gaps(rank, below)
+
     def give_up_gaps(self, rank: int, below: int) -> int:
         """Numbers of `rank` below `below` not taken yet will never come: stop awaiting them.
-
-        A node agent that Ray restarted had acknowledged some batches to the
-        rank without sending them on; they died with it. Returns how many.
-        """
+        Returns how many."""
         slot = self.slots.get(rank)
         if slot is None:
             return 0
         lost = {q for q in slot.gaps if q < below}
-        slot.gaps -= lost
-        self._note_gaps(slot)
+        if lost:  # the common case is none: the slot's record stays as it was
+            slot.gaps -= lost
+            self._note_gaps(slot)
         return len(lost)
 
     def incomplete(self) -> frozenset[int]:
@@ -253,3 +268,10 @@ class RankSlots:
         """rank -> its slot's `last_seq`: the part of the slots that every report moves, as
         plain numbers (`StateLog` compares them by value)."""
         return {rank: s.last_seq for rank, s in self.slots.items()}
+
+
+def unanswered_from(seq: Any, below: Any) -> int | None:
+    """A batch's `unanswered_from` if it can be one: an int, not above the batch's own number."""
+    if type(below) is not int or (type(seq) is int and below > seq):
+        return None
+    return below

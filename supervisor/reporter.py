@@ -15,7 +15,10 @@ dropped first) that goes out as soon as the replies come again. A reply is
 the supervisor's acknowledgement: it journals what a batch carried before
 it answers. A report that fails outright (the supervisor gone for good, or
 a reply lost) puts its events and outcomes back into the held batch, to be
-sent again.
+sent again. Each batch says the lowest number still unanswered
+(`unanswered_from`): a number below it that the supervisor lacks will never
+come (a node agent answered it and died before sending it on, or it failed and
+went out again under a new number), so the supervisor stops awaiting it.
 
 A supervisor that is alive but answers nothing is not restarted by Ray: the
 reporter's `SilenceWatch` (`supervisor.liveness`) counts a report unanswered
@@ -197,6 +200,10 @@ class RayReporter:
         self.seq += 1
         batch["incarnation"] = self.incarnation
         batch["seq"] = self.seq
+        # Every number below this one was answered, or failed and its contents went into a
+        # later batch: one the receiver still lacks will never come (a node agent answered it
+        # and died before sending it on), and the receiver stops awaiting it.
+        batch["unanswered_from"] = min([b["seq"] for _, b, _ in self._in_flight] + [self.seq])
         batch["token"] = self.token
         notes = self.watch.take_notes()
         if notes:  # outages this rank saw end: the supervisor journals them

@@ -49,8 +49,9 @@ BATCH_FIELDS = frozenset(
         # The tick of a flagged step the rank holds for (workers.flag_hold): the reply
         # then says whether every decision on it is taken.
         "holding",
-        # A node agent's first digest after a restart (`supervisor.agent`): read by the supervisor.
-        "resync",
+        # The lowest batch number the rank still awaits an answer to (`supervisor.reporter`):
+        # read by the supervisor's rank slots and a node agent's.
+        "unanswered_from",
         # The rank's collective has just failed (`workers.membership`): the supervisor pings
         # every rank at once (`Recovery.alarm`).
         "collective_failed",

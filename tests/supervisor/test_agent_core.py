@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from remedy.supervisor.agent_core import AgentCore, digest_metrics
+from remedy.supervisor.rank_slots import RankSlots
 
 TOKEN = "t" * 32
 
@@ -153,6 +154,7 @@ def test_a_restarted_agent_rebuilds_from_its_record() -> None:
     agent = core()
     agent.take(batch(4, 1, step=50_000))
     assert agent.take(batch(4, 2, step=50_001)).ok
+    agent.delivered(agent.digest())  # the supervisor has 1 and 2
     record = agent.record()
     reborn = core()
     reborn.restore(record)
@@ -161,13 +163,88 @@ def test_a_restarted_agent_rebuilds_from_its_record() -> None:
     # It measures the next report from rank 4's last step: a jump of a million is refused.
     assert not reborn.take(batch(4, 4, step=1_050_002)).ok
     assert reborn.rejected["batch_step_too_far_ahead"] == 1
-    # Its first digest says it was restarted: the supervisor stops awaiting lost batches.
-    assert all(item["resync"] for item in reborn.digest())
-    reborn.take(batch(4, 5, step=50_003))
-    assert "resync" not in reborn.digest()[0]
     # Without the record the same batch is a first report, and seq 2 is new again.
     fresh = core()
     assert fresh.take(batch(4, 2, step=50_001)).ok
+
+
+class Upstream:
+    """The supervisor's rank slots, as `SupervisorActor.report_many` works them: each item's
+    numbers taken once, then those below its `unanswered_from` no longer awaited."""
+
+    def __init__(self) -> None:
+        self.slots = RankSlots(2)
+        self.lost = 0
+
+    def send(self, items: list[dict[str, Any]]) -> None:
+        for item in items:
+            rank = item["rank"]
+            for seq in item["seqs"]:
+                self.slots.accept(rank, 1, seq)
+            self.lost += self.slots.answered_below(
+                rank, max(item["seqs"]), item.get("unanswered_from")
+            )
+
+
+def test_a_restarted_agent_takes_the_retried_calls_and_nothing_is_awaited_forever() -> None:
+    """SIGKILLed, an agent leaves three kinds of batch: answered and sent on; answered and not
+    sent on (lost with it, step records only); taken but not answered (Ray retries them
+    against the new agent, in any order, also after its first digest). The supervisor takes
+    each retried batch once, as new, and stops awaiting the lost ones once a rank says it had
+    them answered. (Before `unanswered_from` the new agent's first digest gave up every
+    number below its newest, and retried batches arriving after it were refused as
+    duplicates: an anomaly event among them would have been lost.)"""
+    up, old = Upstream(), core()
+    for seq in (1, 2, 3):
+        old.take(batch(0, seq, unanswered_from=seq))
+        old.take(batch(1, seq, unanswered_from=seq))
+    items = old.digest()
+    up.send(items)
+    old.delivered(items)
+    old.take(batch(0, 4, unanswered_from=4))  # answered, then the agent dies: lost
+    # Taken, its item on its way up but not acknowledged when the record is written: the
+    # rank holds it as unanswered and Ray retries it.
+    assert old.take(batch(1, 4, events=1, unanswered_from=4)).item is not None
+    record = old.record()
+    # Killed. Ray retries rank 1's batch 4 and both ranks' batches 5-7 (in flight); each rank
+    # sends 8 meanwhile, and the new agent's first digest goes up between the retries.
+    new = core()
+    new.restore(record)
+    assert new.take(batch(1, 8, unanswered_from=4)).ok
+    assert new.take(batch(0, 8, unanswered_from=5)).ok
+    assert new.take(batch(1, 6, unanswered_from=4)).ok
+    first = new.digest()
+    up.send(first)
+    new.delivered(first)
+    assert up.lost == 1  # rank 0's batch 4: it was answered, and no one has it
+    event = new.take(batch(1, 4, events=1, unanswered_from=4))
+    assert event.item is not None and event.item["events"]  # the event goes up again
+    up.send([event.item])
+    retried = [new.take(batch(r, q, unanswered_from=4 if r else 5)) for r, q in
+               ((0, 7), (1, 5), (0, 5))]  # fmt: skip
+    assert all(t.ok for t in retried), [t for t in retried if not t.ok]
+    up.send(new.digest())
+    assert up.slots.refused_duplicate == 0
+    assert up.slots.incomplete() == {0, 1}  # rank 0's batch 6, rank 1's 7: still on their way
+    assert new.take(batch(1, 7, unanswered_from=4)).ok
+    assert new.take(batch(0, 6, unanswered_from=5)).ok
+    new.take(batch(0, 9, unanswered_from=9))
+    new.take(batch(1, 9, unanswered_from=9))
+    up.send(new.digest())
+    assert up.slots.incomplete() == frozenset()  # nothing is awaited forever
+    assert up.lost == 1 and up.slots.refused_duplicate == 0
+
+
+def test_a_bad_unanswered_from_is_refused_and_counted() -> None:
+    """Not an int, or above the batch's own number: counted, and no number is given up."""
+    slots = RankSlots(1)
+    for seq in (1, 3):
+        slots.accept(0, 1, seq)
+    assert slots.answered_below(0, 3, "2") == 0
+    assert slots.answered_below(0, 3, 4) == 0
+    assert slots.rejected["batch_unanswered_from"] == 2
+    assert slots.answered_below(0, 3, None) == 0  # a sender that does not say
+    assert slots.answered_below(0, 3, 3) == 1 and slots.incomplete() == frozenset()
 
 
 def test_the_digest_period_keeps_the_supervisors_digest_calls_bounded() -> None:

@@ -90,6 +90,9 @@ def test_absent_supervisor_batches_are_held_merged_and_bounded(
     metrics = [m["step"] for b in got for m in b["metrics"]]
     assert metrics == [0, 1, 2, 3, *range(30, 40)]
     assert got[-1]["step"] == 39  # the merged batch has the newest header
+    # Each says the lowest number still unanswered when it went out: 1 while 1-4 were away.
+    assert [b["unanswered_from"] for b in got[:4]] == [1, 1, 1, 1]
+    assert 1 < got[-1]["unanswered_from"] <= 5
     ray.kill(sup)
 
 
@@ -109,6 +112,8 @@ def test_failed_report_sends_its_events_and_outcomes_again(ray_cluster: None) ->
     assert [e["n"] for b in got for e in b["events"]] == [1]
     assert [o["decision_id"] for b in got for o in b["outcomes"]] == ["d1"]
     assert 2 not in [b["seq"] for b in got]
+    # Its contents went out again under a new number: the supervisor stops awaiting 2.
+    assert got[-1]["unanswered_from"] > 2
     ray.kill(sup)
 
 
