@@ -9,6 +9,7 @@ run last and are kept as `Policy.warnings`.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -83,11 +84,38 @@ def diagnose_text(text: str | bytes, filename: str, *, loop: Loop = "guard") -> 
     return cap(sorted(found, key=sort_key))
 
 
+# Policies compiled from a text without an error, newest last: loading is a pure function of
+# (text, file name, loop) and a `Policy` is immutable, so a text loaded again (the bundled
+# policy by every run, hot reload checks, `remedy policy test`) is parsed once. Successes only:
+# hostile texts are not kept.
+_COMPILED: OrderedDict[tuple[str | bytes, str, Loop], Policy] = OrderedDict()
+_COMPILED_MAX = 16
+
+
 def _load(
-    text: str | bytes, filename: str, loop: Loop = "guard"
+    text: object, filename: str, loop: Loop = "guard"
 ) -> tuple[Policy | None, list[Diagnostic]]:
     """The compiled policy and the errors found; None for the policy when it did not
     compile. Steps that `loop` cannot carry out are errors beside a compiled policy."""
+    source = bytes(text) if isinstance(text, bytearray | memoryview) else text
+    if not isinstance(source, str | bytes):  # refused with a diagnostic, never kept
+        return _compile_text(source, filename, loop)
+    key = (source, filename, loop)
+    cached = _COMPILED.get(key)
+    if cached is not None:
+        _COMPILED.move_to_end(key)
+        return cached, []
+    policy, errors = _compile_text(source, filename, loop)
+    if policy is not None and not errors:
+        _COMPILED[key] = policy
+        if len(_COMPILED) > _COMPILED_MAX:
+            _COMPILED.popitem(last=False)
+    return policy, errors
+
+
+def _compile_text(
+    text: object, filename: str, loop: Loop
+) -> tuple[Policy | None, list[Diagnostic]]:
     try:
         if isinstance(text, bytes | bytearray | memoryview):
             text = decode(bytes(text), filename)

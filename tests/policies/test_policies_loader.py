@@ -12,6 +12,7 @@ from remedy.policies import (
     PolicyError,
     bundled_policy_path,
     load_policy,
+    load_policy_bytes,
     load_policy_text,
 )
 
@@ -164,3 +165,28 @@ def test_policy_pickles() -> None:
     copy = pickle.loads(pickle.dumps(policy))
     assert copy == policy
     assert copy.rule("replay-first") == policy.rule("replay-first") is not None
+
+
+def test_a_text_loaded_again_is_compiled_once_and_errors_are_not_kept() -> None:
+    """Loading is a pure function of (text, file name, loop) and a Policy is immutable: the
+    same text loads as the same object (parsed once), bytes and a memoryview of them too;
+    another file name is another policy; a text with errors is refused every time."""
+    from remedy.policies import _loader  # noqa: PLC0415
+
+    text = MINIMAL.replace("minimal", "cached-once")
+    first = load_policy_text(text)
+    assert load_policy_text(text) is first
+    data = text.encode()
+    assert load_policy_bytes(data) is load_policy_bytes(memoryview(data))
+    assert load_policy_text(text, "other.yaml") is not first
+    assert load_policy_text(text, "other.yaml").source_file == "other.yaml"
+    kept = len(_loader._COMPILED)
+    broken = text.replace("steps_back: 50", "steps_back: -1")
+    for _ in range(2):
+        with pytest.raises(PolicyError):
+            load_policy_text(broken)
+    assert len(_loader._COMPILED) == kept
+    for i in range(_loader._COMPILED_MAX + 4):  # bounded: the oldest go first
+        load_policy_text(text.replace("cached-once", f"p{i}"))
+    assert len(_loader._COMPILED) == _loader._COMPILED_MAX
+    assert load_policy_text(text) is not first  # evicted, compiled again
