@@ -77,10 +77,10 @@ from remedy.workers.checkpoint_store import checkpoint_tick, committed_steps
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from remedy.supervisor.agent_hang import Sightings
+    from remedy.supervisor.agent_hang import Sighting, Sightings
     from remedy.supervisor.core.control import Controller
     from remedy.supervisor.core.job_state import JobStateMachine
-    from remedy.supervisor.hang_watch import HangWatch
+    from remedy.supervisor.hang_watch import HangWatch, Verdict
     from remedy.supervisor.node_watch import DeadNode
     from remedy.supervisor.rank_slots import RankSlots
     from remedy.supervisor.spec import RunSpec
@@ -290,28 +290,7 @@ class Recovery:
         self._ping_started = min((used[r].pinged_at for r in pings if r in used), default=0.0)
         suspects = set(stalled) | {r for r in watch.suspects(judged_at) if r in direct}
         verdict = watch.judge({**pings, **direct}, sorted(suspects), now=judged_at)
-        if verdict.hung or verdict.dead:
-            await self.check_nodes(self.group, now=True)
-        for rank in verdict.hung:
-            s = used.get(rank)
-            if s is None:  # pinged by the supervisor: its agent did not answer
-                age, timeout, seen_by = watch.age(rank, now), watch.timeout(rank), "the supervisor"
-                details = {"found_by": "supervisor"}
-            else:
-                age, timeout, seen_by = s.age_s, s.timeout_s, "its node's agent"
-                details = {"found_by": "agent", "agent_node": s.node}
-            self.lost(rank, "rank_hang", (
-                f"rank {rank} made no progress for {age:.2f}s "
-                f"(timeout {timeout:.2f}s) and {verdict.reason}, as {seen_by} saw"
-            ), details={"age_s": round(age, 3), "timeout_s": round(timeout, 3), **details},
-                incarnation=s.incarnation if s is not None else pinged.get(rank))  # fmt: skip
-        for rank in verdict.dead:
-            s = used.get(rank)
-            seen_by = "the supervisor" if s is None else "its node's agent"
-            self.lost(rank, "rank_dead", f"rank {rank}'s process is gone, as {seen_by} saw",
-                      details={"found_by": "supervisor"} if s is None else
-                      {"found_by": "agent", "agent_node": s.node},
-                      incarnation=s.incarnation if s is not None else pinged.get(rank))  # fmt: skip
+        await self._found(verdict, now=now, pinged=pinged, seen=used)
         if verdict.hung or verdict.dead:
             sightings.clear()  # the next stall is judged on sightings taken after this one
 
@@ -337,22 +316,8 @@ class Recovery:
             watch.answered(rank, p, answered)
         pings = {**{r: s.ping for r, s in fresh.items()}, **direct}
         verdict = watch.judge(pings, watch.suspects(answered), now=answered)
+        await self._found(verdict, now=now, pinged=pinged, seen=fresh)
         watch.clear_alarm(now)
-        if verdict.hung or verdict.dead:
-            await self.check_nodes(self.group, now=True)
-        for rank in verdict.hung + verdict.dead:
-            s = fresh.get(rank)
-            seen_by = "the supervisor" if s is None else "its node's agent"
-            gone = rank in verdict.dead
-            self.lost(
-                rank, "rank_dead" if gone else "rank_hang",
-                f"rank {rank} {'is gone' if gone else 'did not answer a ping'} after rank "
-                f"{self._alarm_rank}'s collective failed, as {seen_by} saw",
-                details={"found_by": "supervisor" if s is None else "agent",
-                         "alarm_rank": self._alarm_rank,
-                         **({} if s is None else {"agent_node": s.node})},
-                incarnation=s.incarnation if s is not None else pinged.get(rank),
-            )  # fmt: skip
         if verdict.hung or verdict.dead:
             sightings.clear()
 
@@ -408,28 +373,64 @@ class Recovery:
             watch.answered(rank, p, answered)
         # Judged against who is still stalled after the ping (reports may have come meanwhile).
         verdict = watch.judge(pings, watch.suspects(answered), now=answered)
-        alarmed = {r for r in verdict.hung if watch.alarmed(r, now)}
+        await self._found(verdict, now=now, pinged=pinged)
         watch.clear_alarm(now)
-        if verdict.hung or verdict.dead:
-            # Their node may be what died: its loss is then reported first, for all its
-            # ranks at once, and their own losses below are parts of it (reported once).
-            await self.check_nodes(self.group, now=True)
-        for rank in verdict.hung:
-            age = self.watch.age(rank, now)
-            why = (
-                f"after rank {self._alarm_rank}'s collective failed"
-                if rank in alarmed
-                else f"(timeout {self.watch.timeout(rank):.2f}s)"
-            )
-            self.lost(rank, "rank_hang", (
-                f"rank {rank} made no progress for {age:.2f}s {why} and {verdict.reason}"
-            ), details={"age_s": round(age, 3), "timeout_s": round(self.watch.timeout(rank), 3),
-                        **({"alarm_rank": self._alarm_rank} if rank in alarmed else {})},
-                incarnation=pinged.get(rank))  # fmt: skip
-        for rank in verdict.dead:
+
+    async def _found(
+        self,
+        verdict: Verdict,
+        *,
+        now: float,
+        pinged: dict[int, int],
+        seen: dict[int, Sighting] | None = None,
+    ) -> None:
+        """A ping round's verdict to the policy: each hung or dead rank lost, once, with what
+        was seen of it. Every way of looking for a lost rank (the supervisor's own pings, the
+        agents' sightings, a failed collective's alarm) ends here.
+
+        `pinged`: the incarnation of each rank the supervisor pinged itself; `seen`: under
+        node agents, the sightings judged on (a rank without one was pinged by the
+        supervisor, its agent having said nothing). A rank the alarm alone made a suspect
+        (`HangWatch.alarmed`) is named "after rank R's collective failed". Their node may
+        be what died: its loss is reported first, for all its ranks at once, and their own
+        losses are then parts of it (reported once).
+        """
+        if not (verdict.hung or verdict.dead):
+            return
+        watch = self.watch
+        alarmed = {r for r in verdict.hung + verdict.dead if watch.alarmed(r, now)}
+        await self.check_nodes(self.group, now=True)
+        for rank in verdict.hung + verdict.dead:
+            s = seen.get(rank) if seen is not None else None
+            gone = rank in verdict.dead
+            details: dict[str, Any] = {}
+            if gone:
+                text = f"rank {rank}'s process is gone"
+            else:
+                age, timeout = (
+                    (s.age_s, s.timeout_s)
+                    if s is not None
+                    else (watch.age(rank, now), watch.timeout(rank))
+                )
+                text = f"rank {rank} made no progress for {age:.2f}s"
+                details = {"age_s": round(age, 3), "timeout_s": round(timeout, 3)}
+            if rank in alarmed:
+                text += f" after rank {self._alarm_rank}'s collective failed"
+                details["alarm_rank"] = self._alarm_rank
+            elif not gone:
+                text += f" (timeout {timeout:.2f}s)"
+            if not gone:
+                text += f" and {verdict.reason}"
+            if seen is not None:  # under node agents: who saw it
+                seen_by = "the supervisor" if s is None else "its node's agent"
+                text += f", as {seen_by} saw"
+                details["found_by"] = "supervisor" if s is None else "agent"
+                if s is not None:
+                    details["agent_node"] = s.node
             self.lost(
-                rank, "rank_dead", f"rank {rank}'s process is gone", incarnation=pinged.get(rank)
-            )
+                rank, "rank_dead" if gone else "rank_hang", text, details=details or None,
+                incarnation=s.incarnation if s is not None else pinged.get(rank),
+            )  # fmt: skip
 
     def nodes_lost(self, dead: list[DeadNode]) -> None:
         """Nodes Ray calls dead: every rank on them is lost at once, journaled with the node.
