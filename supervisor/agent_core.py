@@ -153,6 +153,12 @@ class AgentCore:
         if not self.slots.accept(rank, incarnation, seq):
             return Taken(False, duplicate=self.slots.refused_duplicate > duplicates)
         self.slots.answered_below(rank, seq, batch.get("unanswered_from"))
+        below = unanswered_from(seq, batch.get("unanswered_from"))
+        unsent = self._unsent.get(rank)
+        if below is not None and unsent:
+            # Answered at the rank: never retried, so a restarted agent need not take it again
+            # (an item that failed upward leaves its numbers here; they must not pile up).
+            unsent.difference_update([q for q in unsent if q < below])
         now = self._clock()
         last = self._marks.get(rank)
         if last is None:

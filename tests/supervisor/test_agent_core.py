@@ -235,6 +235,20 @@ def test_a_restarted_agent_takes_the_retried_calls_and_nothing_is_awaited_foreve
     assert up.lost == 1 and up.slots.refused_duplicate == 0
 
 
+def test_a_number_the_supervisor_never_acknowledged_leaves_the_record_once_answered() -> None:
+    """An item that failed upward is never acknowledged: its number counts as not taken in
+    the state record (a retried call would be taken again) only until the rank says it had
+    it answered (its contents went out again under a new number)."""
+    agent = core()
+    failed = agent.take(batch(2, 1, events=1, unanswered_from=1))
+    assert failed.item is not None  # its call upward fails: never `delivered`
+    gaps = {r["rank"]: r["gaps"] for r in agent.record()["slots"]}
+    assert gaps[2] == [1]
+    agent.take(batch(2, 2, events=1, unanswered_from=2))  # the rank sent it again, as 2
+    gaps = {r["rank"]: r["gaps"] for r in agent.record()["slots"]}
+    assert gaps[2] == [2]
+
+
 def test_a_bad_unanswered_from_is_refused_and_counted() -> None:
     """Not an int, or above the batch's own number: counted, and no number is given up."""
     slots = RankSlots(1)
