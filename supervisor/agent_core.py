@@ -152,7 +152,7 @@ class AgentCore:
         duplicates = self.slots.refused_duplicate
         if not self.slots.accept(rank, incarnation, seq):
             return Taken(False, duplicate=self.slots.refused_duplicate > duplicates)
-        self.slots.answered_below(rank, seq, batch.get("unanswered_from"))
+        self.slots.answered_below(rank, seq, batch.get("unanswered_from"))  # a bad one counted
         below = unanswered_from(seq, batch.get("unanswered_from"))
         unsent = self._unsent.get(rank)
         if below is not None and unsent:
@@ -182,7 +182,7 @@ class AgentCore:
         self._tick_counts[rank] = report.tick_counts
         self._marks[rank] = RankMark(report.step, report.tick, now)
         self._beat(report, batch, now)
-        self._merge(report, incarnation, seq, batch)
+        self._merge(report, incarnation, seq, below, batch)
         holding = batch.get("holding")
         holding = holding if type(holding) is int and 0 <= holding < 2**53 else None
         # A rank whose collective failed goes up at once: the supervisor pings the group.
@@ -238,8 +238,11 @@ class AgentCore:
             self._pending.pop(rank, None)
             self._unsent.pop(rank, None)
 
-    def _merge(self, report: Report, incarnation: Any, seq: Any, batch: dict[str, Any]) -> _Pending:
-        """Fold a valid report into the rank's pending item (newest header, every seq)."""
+    def _merge(
+        self, report: Report, incarnation: Any, seq: Any, below: int | None, batch: dict[str, Any]
+    ) -> _Pending:
+        """Fold a valid report into the rank's pending item (newest header, every seq, the
+        highest `unanswered_from`: `below`, checked already)."""
         header: dict[str, Any] = {
             "rank": report.rank,
             "step": report.step,
@@ -262,7 +265,6 @@ class AgentCore:
         if type(seq) is int:
             pending.seqs.append(seq)
             self._unsent.setdefault(report.rank, set()).add(seq)
-        below = unanswered_from(seq, batch.get("unanswered_from"))
         if below is not None:
             pending.unanswered_from = max(below, pending.unanswered_from or 0)
         pending.metrics.extend(report.metrics)
