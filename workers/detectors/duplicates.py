@@ -8,13 +8,13 @@ nothing crashes.
 Every `every` batches the detector takes `rows_per_batch` rows at fixed,
 evenly spaced positions (so a batch served twice is sampled the same way
 both times), turns each into a set of `shingle`-token shingles, sketches it
-with a datasketch `MinHash` and asks a `MinHashLSH` index of the last
+with a MinHash signature and asks an LSH index of the last
 `window` sampled rows for rows of Jaccard similarity about `similarity` or
 more. When `min_hits` of the last `recent` sampled rows had such a twin, it
 reports `duplicate_samples`. Shingle hashes are computed for all sampled
 rows at once with numpy; the rows are taken from the batch in
 `inspect_batch` without a host sync and brought over in `observe`, after the
-Guard's sync.
+Guard's sync. The sketches and the index are `detectors.minhash`.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from datasketch import MinHash, MinHashLSH
 
 from remedy.policies import AnomalyEvent
 from remedy.workers.detectors._batch import TokensFn, default_tokens
 from remedy.workers.detectors._robust import Cooldown
 from remedy.workers.detectors.base import event
+from remedy.workers.detectors.minhash import LshIndex, MinHasher
 from remedy.workers.stats import StepStats
 
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -56,10 +56,6 @@ def shingle_hashes(rows: np.ndarray, k: int, pad_id: int | None = None) -> list[
     return [np.unique(h[~p]) for h, p in zip(hashed, all_pad, strict=True)]
 
 
-def _identity(x: Any) -> Any:
-    return x
-
-
 @dataclass
 class DuplicateSamplesDetector:
     """`duplicate_samples`: `min_hits` of the last `recent` sampled rows repeat a recent row."""
@@ -81,12 +77,12 @@ class DuplicateSamplesDetector:
     _batches: int = 0
     _keys: deque[str] = field(default_factory=deque)
     _hits: deque[bool] = field(default_factory=deque)
-    _lsh: MinHashLSH = field(init=False)
-    _perm: Any = field(init=False)
+    _lsh: LshIndex = field(init=False)
+    _hasher: MinHasher = field(init=False)
     _cooldown: Cooldown = field(init=False)
 
     def __post_init__(self) -> None:
-        self._perm = MinHash(num_perm=self.num_perm, seed=self.seed).permutations
+        self._hasher = MinHasher(self.num_perm, self.seed)
         self._cooldown = Cooldown(self.cooldown_steps)
         self.reset()
 
@@ -109,13 +105,7 @@ class DuplicateSamplesDetector:
         for i, hashes in enumerate(shingle_hashes(rows, self.shingle, self.pad_id)):
             if hashes.size == 0:
                 continue
-            sketch = MinHash(
-                num_perm=self.num_perm,
-                permutations=self._perm,
-                scheme="affine32",
-                hashfunc=_identity,
-            )
-            sketch.update_batch(hashes)
+            sketch = self._hasher.sketch(hashes)
             found = self._lsh.query(sketch)
             self._hits.append(bool(found))
             if found:
@@ -153,7 +143,7 @@ class DuplicateSamplesDetector:
 
     def reset(self) -> None:
         """After a rollback the same batches come again on purpose: start a fresh index."""
-        self._lsh = MinHashLSH(threshold=self.similarity, num_perm=self.num_perm)
+        self._lsh = LshIndex(self.similarity, self.num_perm)
         self._keys = deque()
         self._hits = deque()
         self._rows = None
