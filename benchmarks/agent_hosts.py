@@ -5,9 +5,12 @@ Each simulated node has 8 ranks (`--ranks-per-node`) and one agent: an
 doing the token, slot, dedupe and validation work, keeping commands per
 rank, and sending upward exactly what a node agent sends: each batch with an
 anomaly at once (one `report_many` call), and one digest every `--digest-s`
-seconds (one `report_many` call per agent per interval, carrying every rank
-that reported, its outcomes too). The agents' digests are spread evenly over
-the interval, as independent agents' timers would be.
+seconds, or as often as its ranks report where that is longer, as a run's
+agent paces itself (`AgentCore.digest_interval`; a `--digest-s` given is a
+fixed period): one `report_many` call per
+agent per interval, carrying every rank that reported, its outcomes too. The
+agents' digests are spread evenly over the interval, as independent agents'
+timers would be.
 
 512 agent processes do not fit on a 2-core machine: `--agent-hosts`
 processes (Ray actors) stand in for them, each running its share of the
@@ -140,7 +143,8 @@ class AgentHost:
         cpu0 = [cpu_s(p) for p in pids] + [cpu_s()]
         tasks = [asyncio.ensure_future(self._ranks(a, rs, seconds, cfg["heartbeat_s"], i / len(nodes)))
                  for i, (a, rs) in enumerate(zip(agents, ranks, strict=True))]  # fmt: skip
-        tasks += [asyncio.ensure_future(self._digests(a, rs, seconds, interval, i / len(nodes)))
+        tasks += [asyncio.ensure_future(self._digests(a, seconds, interval, i / len(nodes),
+                                                      paced=bool(cfg["paced"])))
                   for i, (a, rs) in enumerate(zip(agents, ranks, strict=True))]  # fmt: skip
         probe = asyncio.ensure_future(self._probe(seconds))
         await asyncio.gather(*tasks)
@@ -228,15 +232,16 @@ class AgentHost:
             else:
                 self.no_command += 1
 
-    async def _digests(self, agent: AgentCore, ranks: list[Rank], seconds: float,
-                       interval: float, phase: float) -> None:  # fmt: skip
-        k = 1
-        while (due := self.t0 + (phase + k) * interval) - self.t0 < seconds + interval:
+    async def _digests(self, agent: AgentCore, seconds: float, interval: float, phase: float,
+                       *, paced: bool) -> None:  # fmt: skip
+        due = self.t0 + (phase + 1) * interval
+        while due - self.t0 < seconds + interval:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             items = agent.digest()
             if items:
                 agent.answered(await self._call(agent, items, "digest"))
-            k += 1
+            # As a run's agent paces itself, unless --digest-s fixed the period.
+            due += agent.digest_interval(interval) if paced else interval
 
 
 def actor_loop() -> Any:
@@ -325,6 +330,7 @@ def agent_level(
     hosts = max(1, min(args.agent_hosts, len(nodes)))
     digest_s = args.digest_s or digest_period(len(nodes))  # as a run's agents would
     cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s, "digest_s": digest_s,
+           "paced": args.digest_s is None,
            "event_p": args.events_per_s / (ranks * args.step_hz)}  # fmt: skip
     token = spec.token
     actor_class = NullSupervisor if floor else SupervisorActor
@@ -377,7 +383,8 @@ def agent_level(
     print(f"\n{ranks} ranks on {len(nodes)} simulated nodes ({rpn} ranks each) through "
           f"{len(nodes)} agents, run by {hosts} host processes standing in for the {len(nodes)} "
           f"agents; {seconds:.0f} s, 1 report per rank every {args.heartbeat_s:g} s, a digest per "
-          f"agent every {digest_s:g} s")  # fmt: skip
+          f"agent every {digest_s:g} s" + (" or as often as its ranks report, if longer"
+                                           if cfg["paced"] else " (fixed)"))  # fmt: skip
     print(f"  {'window':>8}{'calls/s':>9}{'rtt p50 ms':>12}{'p99 ms':>9}{'(n)':>7}"
           f"{'in flight':>11}")  # fmt: skip
     for w in full:

@@ -30,7 +30,8 @@ class in this process (no Ray transport) under cProfile and prints the cost
 per batch of each stage of `report`.
 
 `--agents` sends the ranks' reports through node agents instead (one per
-`--ranks-per-node` ranks, a digest per agent every `--digest-s`; see
+`--ranks-per-node` ranks, a digest per agent every `--digest-s`, or as
+often as its ranks report where that is longer; see
 `agent_hosts.py`, which says how many processes stand in for the agents),
 prints the same figures for the supervisor, and projects 16,384 ranks from
 the CPU the supervisor spent per agent call. `--ray-floor` runs each level
@@ -77,6 +78,7 @@ from benchmarks.agent_hosts import (
 )
 from remedy.supervisor.actor import SupervisorActor
 from remedy.supervisor.agent import digest_period
+from remedy.supervisor.agent_core import DIGEST_MAX_S
 from remedy.supervisor.spec import RunSpec
 
 POLICY = """
@@ -482,7 +484,8 @@ def main() -> None:
         "--digest-s",
         type=float,
         default=None,
-        help="an agent's digest period (default: a run's, agent.digest_period)",
+        help="an agent's fixed digest period (default: a run's, agent.digest_period, or as "
+        "often as its ranks report where that is longer)",
     )
     p.add_argument("--events-per-s", type=float, default=4.0, help="anomalies/s in all (--agents)")
     p.add_argument("--project", type=int, default=16384, help="ranks to project (--agents)")
@@ -564,7 +567,7 @@ def agents_main(args: argparse.Namespace) -> None:
                   f"({r['floor_cpu_per_call'] / r['sup_cpu_per_call']:.0%})")  # fmt: skip
     big = max(rows, key=lambda r: r["ranks"])
     nodes = -(-args.project // args.ranks_per_node)
-    digest_s = args.digest_s or digest_period(nodes)
+    digest_s = args.digest_s or max(digest_period(nodes), min(args.heartbeat_s, DIGEST_MAX_S))
     calls = nodes / digest_s + big["event_calls_s"]
     print(f"\nPROJECTION (not measured) for {args.project} ranks on {nodes} nodes, from the "
           f"{big['ranks']}-rank run: {calls:.0f} agent calls/s ({nodes} digests per "

@@ -12,7 +12,8 @@ step records to its own metrics file
 - a batch with anomaly events at once, in one `report_many` call,
   answering the rank only once the supervisor has it;
 - one digest of every rank that reported, each `digest_period` (0.5 s, longer
-  where there are more than 128 agents), in one
+  where there are more than 128 agents, or where the node's ranks report less
+  often: `AgentCore.digest_interval`), in one
   `report_many` call: one Ray call per node per interval instead of one per
   rank report. It carries the ranks' outcomes too; a batch with outcomes is
   answered once the digest that carried them is acknowledged.
@@ -529,7 +530,9 @@ class NodeAgent:
         task.add_done_callback(self._tasks.discard)
 
     async def _digests(self) -> None:
-        """Every `digest_s`: the digest upward, the replies kept, the state record written.
+        """Every `digest_s`, or as often as the node's ranks report where that is longer
+        (`AgentCore.digest_interval`): the digest upward, the replies kept, the state record
+        written.
 
         Each agent's first digest comes at a random point of the first interval: agents
         started together would otherwise send theirs together, every interval, and the
@@ -538,7 +541,7 @@ class NodeAgent:
         await asyncio.sleep(random.uniform(0.0, self.digest_s))
         while True:
             await self._digest()
-            await asyncio.sleep(self.digest_s)
+            await asyncio.sleep(self.core.digest_interval(self.digest_s))
 
     async def _digest(self) -> None:
         waiting, self._waiting = self._waiting, []

@@ -48,9 +48,10 @@ from __future__ import annotations
 import secrets
 import statistics
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from remedy.supervisor.agent_hang import AGENT_PING_EVERY_S, sighting_items
@@ -64,6 +65,11 @@ UPWARD_METRIC_KEYS = ("step", "tick", "rank", "loss", "step_time_s", "loader_tim
 # The rank whose every step record the goodput ledger counts (`GoodputLedger.lead`).
 LEAD_RANK = 0
 _LIMITS = Limits()
+# A rank's pace is the median gap between its latest reports here, this many of them.
+PACE_REPORTS = 9
+# The longest digest period a node's slow-reporting ranks set (`AgentCore.digest_interval`):
+# commands reach a rank within a digest period plus its own report interval.
+DIGEST_MAX_S = 2.0
 
 
 @dataclass
@@ -132,6 +138,8 @@ class AgentCore:
         # each report as it comes (`supervisor.agent_hang`: the agent pings when it suspects).
         self.watch = HangWatch(hang_watch)
         self.suspected_at = 0.0  # when the current stall was first suspected (0: none)
+        # Per rank, when its latest reports were taken (this clock): its pace (`report_period`).
+        self._arrivals: dict[int, deque[float]] = {}
         self._next_ping = 0.0
         self._round_at = 0.0  # when the latest ping round was found due (this clock)
 
@@ -181,6 +189,7 @@ class AgentCore:
         self.changed = True
         self._tick_counts[rank] = report.tick_counts
         self._marks[rank] = RankMark(report.step, report.tick, now)
+        self._arrivals.setdefault(rank, deque(maxlen=PACE_REPORTS)).append(now)
         self._beat(report, batch, now)
         self._merge(report, incarnation, seq, below, batch)
         holding = batch.get("holding")
@@ -291,6 +300,31 @@ class AgentCore:
             item["unanswered_from"] = pending.unanswered_from
         return item
 
+    def report_period(self) -> float | None:
+        """How long this node's ranks take between reports: per rank the median gap between
+        its latest reports here, the median over its ranks (None before one reported thrice).
+        An anomaly's batch goes out early and shortens one gap; the medians pass over it."""
+        paces = []
+        for times in self._arrivals.values():
+            if len(times) >= 3:
+                paces.append(statistics.median(b - a for a, b in pairwise(times)))
+        return statistics.median(paces) if paces else None
+
+    def digest_interval(self, floor: float) -> float:
+        """The time to the next digest: `floor` (the run's `agent.digest_period`), or as long
+        as this node's ranks take between reports, up to `DIGEST_MAX_S`.
+
+        A digest sent more often than the ranks report carries fewer reports than the
+        node has ranks, and the supervisor's cost is mostly per call, whatever it carries:
+        at one report per rank a second, 0.5 s digests cost it twice the calls of 1 s ones
+        for the same reports. Anomalies, a held rank's batch, a failed collective and hang
+        sightings go up at once; what waits up to a period longer is an action's outcomes,
+        the supervisor's view of progress, and a command's way down (which a rank picks up
+        only at its next report anyway).
+        """
+        pace = self.report_period()
+        return floor if pace is None else max(floor, min(pace, DIGEST_MAX_S))
+
     def digest(self) -> list[dict[str, Any]]:
         """One item per rank that reported since the last digest; empties the pending set."""
         items = [self._item(p) for p in self._pending.values()]
@@ -397,6 +431,7 @@ class AgentCore:
     def replaced(self, rank: int) -> None:
         """The supervisor follows a newer process of `rank` than this agent's: stop watching it."""
         self.watch.forget(rank)
+        self._arrivals.pop(rank, None)
 
     # --------------------------------------------------------------- record
     def record(self) -> dict[str, Any]:

@@ -270,6 +270,44 @@ def test_the_digest_period_keeps_the_supervisors_digest_calls_bounded() -> None:
     assert all(n / digest_period(n) <= DIGEST_CALLS_PER_S for n in (1, 100, 300, 5000))
 
 
+def test_digests_are_no_more_frequent_than_the_nodes_ranks_report() -> None:
+    """Ranks reporting every 1 s (an anomaly's batch early, between two of them) set a 1 s
+    digest period over the run's 0.5 s; ranks reporting every 0.2 s leave 0.5 s; ranks that
+    report every 30 s set 2 s at most; a replaced rank's pace is forgotten."""
+    now = [time.time()]
+    agent = AgentCore(node="n1", token=TOKEN, world_size=16, clock=lambda: now[0])
+    assert agent.report_period() is None and agent.digest_interval(0.5) == 0.5
+
+    def reports(ranks: range, gap: float, count: int, seq0: int = 1) -> None:
+        for k in range(count):
+            for r in ranks:
+                agent.take(batch(r, seq0 + k, events=int(k == 3)))
+            now[0] += gap
+
+    reports(range(4), 1.0, 3)
+    now[0] -= 0.7  # the anomaly's batch goes out 0.3 s after the one before
+    reports(range(4), 0.3, 1, seq0=4)
+    now[0] += 0.4
+    reports(range(4), 1.0, 4, seq0=5)
+    assert agent.report_period() == pytest.approx(1.0)
+    assert agent.digest_interval(0.5) == pytest.approx(1.0)
+    assert agent.digest_interval(2.0) == 2.0  # a run with many agents: its floor wins
+
+    fast = AgentCore(node="n2", token=TOKEN, world_size=16, clock=lambda: now[0])
+    for k in range(5):
+        fast.take(batch(0, k + 1))
+        now[0] += 0.2
+    assert fast.digest_interval(0.5) == 0.5
+
+    slow = AgentCore(node="n3", token=TOKEN, world_size=16, clock=lambda: now[0])
+    for k in range(3):
+        slow.take(batch(0, k + 1))
+        now[0] += 30.0
+    assert slow.digest_interval(0.5) == 2.0
+    slow.replaced(0)
+    assert slow.report_period() is None
+
+
 def test_a_failed_collective_goes_up_at_once_and_says_so() -> None:
     """A rank whose collective failed: an immediate item with the flag (the supervisor pings
     the group on it); the flag is not carried into the rank's next digest item."""
