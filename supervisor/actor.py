@@ -660,6 +660,7 @@ class SupervisorActor:
                 **self._summary,
                 "supervisor_outages": outages,
                 "supervisor_outage_s": round(sum(o["duration_s"] for o in outages), 3),
+                "agent_outages": self.outages("agent"),
             }
             with contextlib.suppress(OSError):
                 self.run_dir.write_summary(self._summary)
@@ -675,11 +676,12 @@ class SupervisorActor:
             self.run_dir.wal({"type": "supervisor_outage", "note": note})
             log.warning("supervisor_outage", **note)
 
-    def outages(self) -> list[dict[str, Any]]:
-        """The supervisor's outages so far, merged from every watcher's notes in the journal."""
+    def outages(self, silent: str = "supervisor") -> list[dict[str, Any]]:
+        """The supervisor's outages so far, merged from every watcher's notes in the journal;
+        `silent="agent"`: the node agents' that their ranks noticed."""
         journal = read_journal(self.run_dir.path / "journal.wal")
         return liveness.merge_outages(
-            [r["note"] for r in journal if r.get("type") == "supervisor_outage"]
+            [r["note"] for r in journal if r.get("type") == "supervisor_outage"], silent
         )
 
     async def output(self, lines: Any) -> None:
@@ -1171,6 +1173,8 @@ class SupervisorActor:
             "supervisor_restarts": self.incarnation - 1,
             "supervisor_outages": outages,
             "supervisor_outage_s": round(sum(o["duration_s"] for o in outages), 3),
+            # A node agent its ranks found silent (a crash and Ray's restart of it, a hang).
+            "agent_outages": self.outages("agent"),
             "wall_s": round(ended - self.started, 2),
             # Where each rank's last process ran, and the nodes lost meanwhile.
             "nodes": self.rank_nodes(),

@@ -26,7 +26,8 @@ ranks' reporters then watch the agent) keeps a `SilenceWatch`:
   came back. Ranks attach these notes to their next report, the driver and
   the agents send them with `note_outage`; the supervisor journals each
   (`supervisor_outage`) and `summary.json` lists the outages merged across
-  watchers.
+  watchers. A rank's note on its agent says so (`silent: "agent"`) and is
+  merged apart (`agent_outages`).
 - A supervisor still silent `restart_s` after the kill (Ray could not restart
   it) is lost for good: the watcher says so in one line and the run ends as
   failed (`gave_up`).
@@ -58,6 +59,8 @@ SILENCE_HEARTBEATS = 20
 RESTART_S = 120.0
 # Shorter silences than the bound, over this, are noted as outages that ended on their own.
 NOTE_S = 2.0
+# Who a watcher waits on: the supervisor, or (a rank's reporter under node agents) its agent.
+SILENT = ("supervisor", "agent")
 # Notes one report may carry, and the longest `noticed_by` / `how` text accepted from one.
 MAX_NOTES = 8
 MAX_TEXT = 200
@@ -130,6 +133,9 @@ class Outage:
     killed: float | None = None  # wall time of the kill, if there was one
     how: str = ""  # what the kill did, or "answered again on its own"
     ended: float | None = None  # wall time the first answer came back
+    # Whose answers were missing: the supervisor, or the node agent a rank reports to
+    # (`SILENT`): a rank's reporter under node agents watches its agent.
+    silent: str = "supervisor"
 
     def note(self) -> dict[str, Any]:
         out = asdict(self)
@@ -144,13 +150,16 @@ class SilenceWatch:
 
     `check` is called with the send time of the oldest unanswered call, or None
     when nothing is outstanding; `answered` when a reply comes. The clock is
-    wall time (notes compare across processes).
+    wall time (notes compare across processes). `silent`: who the calls go to,
+    the supervisor or, for a rank's reporter under node agents, its agent (the
+    same watch and kill; its notes say which).
     """
 
     who: str
     bound_s: float
     restart_s: float = RESTART_S
     clock: Callable[[], float] = time.time
+    silent: str = "supervisor"
     outage: Outage | None = None
     notes: list[dict[str, Any]] = field(default_factory=list)  # ended outages, not yet sent
     gave_up: str | None = None  # set once the supervisor is lost for good: why
@@ -165,10 +174,13 @@ class SilenceWatch:
         if self.outage is None:
             if silent < self.bound_s:
                 return None
-            self.outage = Outage(began=oldest_unanswered, noticed=now, noticed_by=self.who)
+            self.outage = Outage(
+                began=oldest_unanswered, noticed=now, noticed_by=self.who, silent=self.silent
+            )
             log.error(
                 "supervisor_not_answering",
                 who=self.who,
+                silent=self.silent,
                 seconds=round(silent, 1),
                 bound_s=self.bound_s,
             )
@@ -176,7 +188,8 @@ class SilenceWatch:
         since = self.outage.killed if self.outage.killed is not None else self.outage.noticed
         if now - since >= self.restart_s:
             self.gave_up = (
-                f"the supervisor has not answered since {_clock(self.outage.began)} "
+                f"the {'node agent' if self.silent == 'agent' else 'supervisor'} has not "
+                f"answered since {_clock(self.outage.began)} "
                 f"({now - self.outage.began:.0f} s): it was not restarted within "
                 f"{self.restart_s:g} s of {'its kill' if self.outage.killed else 'being noticed'}"
             )
@@ -199,7 +212,9 @@ class SilenceWatch:
         outage = self.outage
         if outage is None:
             if oldest_answered is not None and now - oldest_answered >= NOTE_S:
-                outage = Outage(began=oldest_answered, noticed=now, noticed_by=self.who)
+                outage = Outage(
+                    began=oldest_answered, noticed=now, noticed_by=self.who, silent=self.silent
+                )
             else:
                 return
         outage.ended = now
@@ -242,21 +257,31 @@ def valid_note(raw: Any) -> dict[str, Any] | None:
         if not isinstance(value, str) or len(value) > MAX_TEXT:
             return None
         out[key] = value
+    silent = raw.get("silent", "supervisor")  # notes of earlier versions lack it
+    if silent not in SILENT:
+        return None
+    out["silent"] = silent
     if not out["began"] <= out["noticed"]:
         return None
     return out
 
 
-def merge_outages(notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The outages the notes describe: notes whose spans overlap are one outage.
+def merge_outages(notes: list[dict[str, Any]], silent: str = "supervisor") -> list[dict[str, Any]]:
+    """The outages of `silent` (the supervisor, or the node agents) the notes describe: notes
+    whose spans overlap are one outage. A rank's note on its agent's silence is not the
+    supervisor's: each merges with its own kind only.
 
     Each outage: when it began (the earliest note's start), when answers came
     back (the latest end), its duration, who noticed it and after how long,
     and how it ended (a kill, if any watcher's kill worked).
     """
     spans = sorted(
-        (n for n in notes if n.get("ended") is not None), key=lambda n: float(n["began"])
-    )
+        (
+            n for n in notes
+            if n.get("ended") is not None and n.get("silent", "supervisor") == silent
+        ),
+        key=lambda n: float(n["began"]),
+    )  # fmt: skip
     merged: list[dict[str, Any]] = []
     for n in spans:
         last = merged[-1] if merged else None

@@ -397,7 +397,7 @@ img { max-width: 100%; }
 
 
 def _outages_text(outages: Any) -> str | None:
-    """One sentence per supervisor outage, for the report's summary table."""
+    """One sentence per outage (the supervisor's, or node agents'), for the summary table."""
     if not isinstance(outages, list) or not outages:
         return None
     return "; ".join(
@@ -431,6 +431,7 @@ def render_html(run: RunData, png: bytes) -> str:
         ("actions applied", s.get("actions")),
         ("decision outcomes", s.get("outcomes")),
         ("supervisor outages", _outages_text(s.get("supervisor_outages"))),
+        ("node agent outages", _outages_text(s.get("agent_outages"))),
     ]
     errors = [
         (f"rank {r.get('rank')} error", r.get("error"))

@@ -71,6 +71,7 @@ class RayReporter:
         token: str = "",
         silence_s: float | None = None,
         control: Any = None,
+        to_agent: bool = False,
     ) -> None:
         self.supervisor = supervisor
         # Who the chaos faults that act on the run ask or kill (`kill_supervisor`, `kill_node`):
@@ -94,8 +95,11 @@ class RayReporter:
         # Who the supervisor is (node, pid, start time), asked now and after each outage: a
         # hung one answers nothing, so its pid must be known before it is needed.
         self._silence_s = silence_s
+        # `to_agent`: `supervisor` is this node's agent; its silences are noted as the agent's.
         self.watch = liveness.SilenceWatch(
-            f"rank {rank}", liveness.silence_bound(HEARTBEAT_S, silence_s)
+            f"rank {rank}",
+            liveness.silence_bound(HEARTBEAT_S, silence_s),
+            silent="agent" if to_agent else "supervisor",
         )
         self._ident: liveness.Identity | None = None
         # When the oldest report not yet answered went out (a failed one stays unanswered).

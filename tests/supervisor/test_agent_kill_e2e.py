@@ -92,3 +92,8 @@ def test_a_killed_agent_comes_back_and_the_run_matches_one_without_the_kill(
              for m in read_jsonl(p) if m["rank"] == 0}  # fmt: skip
     assert set(range(STEPS)) <= steps
     assert killed["rejected"] == plain["rejected"] == {}
+    # What the ranks saw of the kill was their agent's silence, not the supervisor's.
+    ranks_noticed = [n for o in killed["supervisor_outages"] for n in o["noticed_by"]
+                     if n.startswith("rank")]  # fmt: skip
+    assert ranks_noticed == [], killed["supervisor_outages"]
+    assert all(n.startswith("rank") for o in killed["agent_outages"] for n in o["noticed_by"])

@@ -44,6 +44,7 @@ def test_a_silence_past_the_bound_is_killed_once_then_noted_when_answers_come_ba
     assert note == {
         "began": 1000.0, "noticed": 1010.0, "noticed_by": "rank 1", "killed": 1010.0,
         "how": "killed its process (pid 7, SIGKILL)", "ended": 1020.0, "duration_s": 20.0,
+        "silent": "supervisor",
     }  # fmt: skip
     assert watch.take_notes() == [] and watch.outage is None
 
@@ -179,7 +180,31 @@ def test_a_malformed_note_is_refused(bad: object) -> None:
 
 def test_a_good_note_is_kept_as_plain_data() -> None:
     note = _note(1000.0, 1020.0, "rank 0")
-    assert valid_note(note) == {**note, "duration_s": 20.0}
+    assert valid_note(note) == {**note, "duration_s": 20.0, "silent": "supervisor"}
+    assert valid_note(note | {"silent": "agent"})["silent"] == "agent"  # type: ignore[index]
+    assert valid_note(note | {"silent": "the moon"}) is None
+
+
+def test_a_ranks_watch_on_its_agent_notes_the_agents_silence_not_the_supervisors() -> None:
+    """Under node agents a rank's reports go to its agent: a silence of the agent (killed and
+    restarted by Ray) is the agent's in its note and in what the supervisor merges, and a
+    supervisor outage at the same time stays the supervisor's alone."""
+    clock = Clock()
+    watch = SilenceWatch("rank 3", bound_s=10.0, clock=clock, silent="agent")
+    clock.t = 1004.0
+    watch.answered(1000.0)  # 4 s without an answer: noted
+    (note,) = watch.take_notes()
+    assert note["silent"] == "agent" and valid_note(note) is not None
+    notes = [note, _note(1001.0, 1006.0, "driver")]
+    (agents,) = merge_outages(notes, silent="agent")
+    (supervisor,) = merge_outages(notes)
+    assert agents["noticed_by"] == ["rank 3"] and agents["duration_s"] == 4.0
+    assert supervisor["noticed_by"] == ["driver"] and supervisor["duration_s"] == 5.0
+    clock.t = 1100.0
+    assert watch.check(1050.0) == "kill"
+    clock.t = 1300.0
+    assert watch.check(1050.0) == "give_up"
+    assert watch.gave_up is not None and watch.gave_up.startswith("the node agent has not answered")
 
 
 def test_status_says_how_long_a_silent_supervisor_has_not_written(tmp_path: object) -> None:

@@ -176,6 +176,8 @@ def test_a_rank_that_did_not_look_notes_no_outage_but_a_silence_it_saw_is_noted(
     ray.get(sup.open.remote())
     _drain(rep)
     (note,) = rep.watch.take_notes()
-    assert note["how"] == "answered again on its own"
+    assert note["how"] == "answered again on its own" and note["silent"] == "supervisor"
     assert 2.5 <= note["duration_s"] < 10.0
+    # A rank whose reports go to its node's agent notes the agent's silences as the agent's.
+    assert RayReporter(sup, to_agent=True).watch.silent == "agent"
     ray.kill(sup)
