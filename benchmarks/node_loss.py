@@ -10,15 +10,21 @@ it (ranks 1 and 3, and any spares there). Two rows:
 - warm: `spares=4`, two warm spares on each worker node, so the surviving
   node has two to take the lost ranks;
 - cold: `spares=0`, the lost ranks are started as new actors on the
-  surviving node.
+  surviving node;
+- warm-agents, cold-agents: the same with node agents on (`--node-agents
+  on`): each node's ranks report to its agent, which pings them itself.
 
 For each run it prints the seconds from the kill (the supervisor's journal
 record, written just before the rank kills its node) to the node's loss
 being found (the `node_lost` record) and to the step every rank completed in
-the new generation (the restart's `stepped_at`), and whether every rank's
-parameters equal a fault-free run's; then the medians of `--repeat` runs.
+the new generation, as the supervisor saw it (the restart's `stepped_at`)
+and by the ranks' own marks (`ranks_stepped_s`: under node agents the
+supervisor sees a step only with a digest, up to a digest period later),
+and whether every rank's parameters equal a fault-free run's; then the
+medians of `--repeat` runs.
 
     python benchmarks/node_loss.py [--repeat 3] [--steps 30] [--rows warm,cold] [--timeline]
+    python benchmarks/node_loss.py --rows warm,warm-agents
 
 `--timeline` adds, for each run, the restart's marks (supervisor side) and
 each rank's own, in seconds after the kill.
@@ -42,7 +48,8 @@ from tests.supervisor.multinode import Cluster, local_cluster  # noqa: E402
 
 TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
 KILL_STEP = 15
-ROWS = {"warm": 4, "cold": 0}  # row -> warm spares
+# row -> (warm spares, node agents)
+ROWS = {"warm": (4, "off"), "cold": (0, "off"), "warm-agents": (4, "on"), "cold-agents": (0, "on")}
 
 
 def run(cluster: Cluster, run_dir: Path, steps: int, **spec: Any) -> dict[str, Any]:
@@ -73,19 +80,22 @@ def measure(run_dir: Path, summary: dict[str, Any], digest: str) -> dict[str, An
     kill = next(r for r in wal if r.get("type") == "chaos_kill_node")
     lost = next((r for r in wal if r.get("type") == "node_lost"), None)
     record = summary["recoveries"][0] if summary.get("recoveries") else {}
+    ranks = {r: _since(kill["at"], t) for r, t in record.get("rank_timelines", {}).items()}
+    stepped = [t.get("next_step") for t in ranks.values()]
     return {
         "status": summary["status"],
         "ranks_lost": lost["ranks"] if lost else None,
         "replacements": record.get("replacements"),
         "detect_s": round(lost["detected_at"] - kill["at"], 3) if lost else None,
         "kill_to_step_s": round(record["stepped_at"] - kill["at"], 3) if record else None,
+        # By the ranks' own marks: under node agents the supervisor learns of a step from a
+        # digest, up to a digest period after it.
+        "ranks_stepped_s": max(stepped) if stepped and None not in stepped else None,
         "bitwise_equal": {r.get("result", {}).get("params_digest") for r in summary["ranks"]}
         == {digest},
         # Where the time went, in seconds after the kill: the supervisor's marks, each rank's.
         "timeline": _since(kill["at"], record.get("timeline", {})),
-        "rank_timelines": {
-            r: _since(kill["at"], t) for r, t in record.get("rank_timelines", {}).items()
-        },
+        "rank_timelines": ranks,
     }
 
 
@@ -105,7 +115,9 @@ def main() -> None:
         for row in args.rows.split(","):
             for i in range(args.repeat):
                 run_dir = root / f"{row}-{i}"
-                summary = run(cluster, run_dir, args.steps, spares=ROWS[row], faults=[fault])
+                spares, agents = ROWS[row]
+                summary = run(cluster, run_dir, args.steps, spares=spares, node_agents=agents,
+                              faults=[fault])  # fmt: skip
                 got = measure(run_dir, summary, digest)
                 rows.setdefault(row, []).append(got)
                 shown = (
@@ -119,13 +131,17 @@ def main() -> None:
                     if r.get("type") == "chaos_kill_node"
                 )
                 cluster.replace_worker(killed, root)
-    print("\nrow   runs  detect_s (median)  kill_to_step_s (median)  all bitwise equal")
+    print("\nrow          runs  detect_s  kill_to_step_s  ranks_stepped_s  all bitwise equal"
+          "\n                    (medians; kill_to_step_s as the supervisor saw it)")  # fmt: skip
     for row, got in rows.items():
-        detect = [g["detect_s"] for g in got if g["detect_s"] is not None]
-        step = [g["kill_to_step_s"] for g in got if g["kill_to_step_s"] is not None]
+
+        def median(key: str, got: list[dict[str, Any]] = got) -> float:
+            values = [g[key] for g in got if g[key] is not None]
+            return statistics.median(values) if values else float("nan")
+
         print(
-            f"{row:5} {len(got):4}  {statistics.median(detect) if detect else float('nan'):17.3f}"
-            f"  {statistics.median(step) if step else float('nan'):23.3f}"
+            f"{row:12} {len(got):4}  {median('detect_s'):8.3f}  {median('kill_to_step_s'):14.3f}"
+            f"  {median('ranks_stepped_s'):15.3f}"
             f"  {all(g['bitwise_equal'] and g['status'] == 'completed' for g in got)}"
         )
 
