@@ -111,6 +111,9 @@ def digest_period(agents: int) -> float:
 
 # How often an agent looks at its hang watch (the supervisor's loop polls as often).
 HANG_CHECK_S = 0.05
+# A rank's first report in a new generation (a restart waits on it) brings the digest forward,
+# this long after it, so that the node's other ranks' first reports, a few ms behind, join it.
+HURRY_S = 0.02
 # How often an agent looks whether the supervisor answers its calls.
 LIVENESS_CHECK_S = 0.25
 # The Guard's default heartbeat: an agent's silence bound derives from it, as the ranks' and
@@ -239,6 +242,8 @@ class NodeAgent:
         self._loop: asyncio.Task[None] | None = None
         # Answers held for the next digest's acknowledgement (batches with outcomes).
         self._waiting: list[asyncio.Future[None]] = []
+        # Set by a rank's first report in a new generation: the next digest goes now.
+        self._hurry = asyncio.Event()
         self.calls = 0  # report_many calls made (digests and immediate items)
         self._checks: asyncio.Task[None] | None = None
         self._actors: dict[int, tuple[int, Any]] = {}  # rank -> (incarnation, its actor)
@@ -295,10 +300,13 @@ class NodeAgent:
             replies = await self._up([taken.item])
             self.core.delivered([taken.item])
             self.core.answered(replies)
-        elif taken.held:
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiting.append(done)
-            await done  # raises if the run's supervisor is gone for good: the rank sends again
+        else:
+            if taken.hurry:  # a restart waits on this rank's step: the digest goes now
+                self._hurry.set()
+            if taken.held:
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._waiting.append(done)
+                await done  # raises if the run's supervisor is gone for good: it sends again
         if not (taken.ok or taken.duplicate) or type(rank) is not int:
             return []
         self._learn_actor(rank)
@@ -531,8 +539,9 @@ class NodeAgent:
 
     async def _digests(self) -> None:
         """Every `digest_s`, or as often as the node's ranks report where that is longer
-        (`AgentCore.digest_interval`): the digest upward, the replies kept, the state record
-        written.
+        (`AgentCore.digest_interval`), or early when a rank reports the first step of a new
+        generation of its group, which a restart waits on (`Taken.hurry`): the digest upward,
+        the replies kept, the state record written.
 
         Each agent's first digest comes at a random point of the first interval: agents
         started together would otherwise send theirs together, every interval, and the
@@ -540,8 +549,11 @@ class NodeAgent:
         --agents` measures assumes them spread)."""
         await asyncio.sleep(random.uniform(0.0, self.digest_s))
         while True:
+            self._hurry.clear()  # before the digest takes its items: a later first report re-sets
             await self._digest()
-            await asyncio.sleep(self.core.digest_interval(self.digest_s))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), self.core.digest_interval(self.digest_s))
+                await asyncio.sleep(HURRY_S)  # brought forward: the node's other ranks join
 
     async def _digest(self) -> None:
         waiting, self._waiting = self._waiting, []

@@ -95,7 +95,9 @@ class Taken:
     events or holds; `duplicate`: seen already (answer with the kept commands);
     `held`: the batch carried outcomes, which go up with the next digest: answer
     it once that digest is acknowledged; `holding`: the flagged tick the rank
-    holds for (its answer says whether the supervisor has settled it).
+    holds for (its answer says whether the supervisor has settled it); `hurry`:
+    the rank's first report in a new generation of its group, which a restart
+    waits on: the next digest goes now, not at the end of the period.
     """
 
     ok: bool
@@ -104,6 +106,7 @@ class Taken:
     held: bool = False
     metrics: tuple[dict[str, Any], ...] = ()
     holding: int | None = None
+    hurry: bool = False
 
 
 class AgentCore:
@@ -207,7 +210,12 @@ class AgentCore:
             if failed:
                 item["collective_failed"] = True
             return Taken(True, item, metrics=tuple(report.metrics), holding=holding)
-        return Taken(True, metrics=tuple(report.metrics), held=bool(report.outcomes))
+        return Taken(
+            True,
+            metrics=tuple(report.metrics),
+            held=bool(report.outcomes),
+            hurry=batch.get("regrouped") is True,
+        )
 
     def _beat(self, report: Report, batch: dict[str, Any], now: float) -> None:
         """The hang watch sees the report as the supervisor's does without agents."""

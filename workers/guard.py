@@ -807,9 +807,10 @@ class Guard:
         """
         self._send(force=True, collective_failed=collective_failed)
 
-    def report_soon(self) -> None:
-        """Let the next report go out at once, whatever the heartbeat period."""
-        self.outbox.soon()
+    def report_regrouped(self) -> None:
+        """The group re-formed: the next report (the new generation's first step) goes out at
+        once, marked so that a node agent sends it on at once too (`Outbox.regrouped`)."""
+        self.outbox.regrouped()
 
     def use_group(self, group: Any) -> None:
         """Agree on commands through `group` from now on (a new generation's process group);

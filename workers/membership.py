@@ -221,7 +221,7 @@ class Membership:
             state = train_state.broadcast(guard, src=source)
             relayout_ddp(guard, state.get("ddp_buckets"))
         self.timeline["adopted"] = time.time()
-        guard.report_soon()  # report the first step of the new generation at once
+        guard.report_regrouped()  # report the first step of the new generation at once
         self.phase = "boundary"
         self.step, self.tick = guard.step_count, guard.tick
         log.info("state_adopted", rank=self.rank, source=source, step=guard.step_count,
@@ -321,7 +321,7 @@ class Membership:
                 overwritten = overwritten or self.rank != source
                 generation, source, store_addr = self._next_order()
         self.timeline["adopted"] = time.time()
-        guard.report_soon()  # report the first step of the new generation at once
+        guard.report_regrouped()  # report the first step of the new generation at once
         self.recoveries += 1
         self.last_recovery = {
             "generation": generation,

@@ -43,6 +43,7 @@ class Outbox:
         self._events: list[dict[str, Any]] = []
         self._metrics: list[Any] = []
         self._last_send = -math.inf  # never: the first report goes at once
+        self._regrouped = False  # the next report is the first of a new generation
 
     def event(self, record: dict[str, Any]) -> None:
         """Queue one anomaly (its wire form, `AnomalyEvent.to_dict()`)."""
@@ -55,6 +56,13 @@ class Outbox:
     def soon(self) -> None:
         """Let the next report go out at once, whatever the heartbeat."""
         self._last_send = -math.inf
+
+    def regrouped(self) -> None:
+        """The rank is in a new generation of its group: its next report goes out at once and
+        says so (`regrouped`), for a restart waits on it; a node agent then sends its digest
+        early instead of at the end of its period (`supervisor.agent`)."""
+        self.soon()
+        self._regrouped = True
 
     def send(
         self, *, step: int, tick: int, force: bool = False, wait: bool = False, **fields: Any
@@ -77,6 +85,8 @@ class Outbox:
             "outcomes": self.inbox.drain_outcomes(),
             **fields,
         }
+        if self._regrouped:
+            batch["regrouped"], self._regrouped = True, False
         self._events, self._metrics = [], []
         self._last_send = now
         self.reporter.send(batch, wait=wait)

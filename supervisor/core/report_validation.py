@@ -49,6 +49,9 @@ BATCH_FIELDS = frozenset(
         # The tick of a flagged step the rank holds for (workers.flag_hold): the reply
         # then says whether every decision on it is taken.
         "holding",
+        # The first report of a new generation of the group (a restart waits on it): a node
+        # agent sends its digest at once (`AgentCore.take`'s `Taken.hurry`).
+        "regrouped",
         # The lowest batch number the rank still awaits an answer to (`supervisor.reporter`):
         # read by the supervisor's rank slots and a node agent's.
         "unanswered_from",

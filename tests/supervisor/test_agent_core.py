@@ -308,6 +308,20 @@ def test_digests_are_no_more_frequent_than_the_nodes_ranks_report() -> None:
     assert slow.report_period() is None
 
 
+def test_a_ranks_first_report_of_a_new_generation_hurries_the_digest() -> None:
+    """`regrouped` (the first step after a restart re-formed the group, which the restart waits
+    on): the report is kept for the digest, as a quiet one is, and asks for it now; the next
+    report of that rank does not; the flag is not carried up."""
+    agent = core()
+    assert not agent.take(batch(2, 1)).hurry
+    taken = agent.take(batch(2, 2, regrouped=True))
+    assert taken.ok and taken.hurry and taken.item is None
+    assert not agent.take(batch(2, 3)).hurry
+    (item,) = agent.digest()
+    assert item["seqs"] == [1, 2, 3] and "regrouped" not in item
+    assert agent.rejected == {}
+
+
 def test_a_failed_collective_goes_up_at_once_and_says_so() -> None:
     """A rank whose collective failed: an immediate item with the flag (the supervisor pings
     the group on it); the flag is not carried into the rank's next digest item."""

@@ -57,6 +57,21 @@ def test_heartbeat_news_and_outcomes_decide_when_a_report_leaves() -> None:
     assert sink.batches[-1]["rank"] == 2
     out.soon()
     assert out.send(step=3, tick=3), "soon(): the next report goes at once"
+    assert "regrouped" not in sink.batches[-1]
+
+
+def test_the_first_report_of_a_new_generation_goes_at_once_and_says_so() -> None:
+    """After a regroup the next report leaves whatever the heartbeat, marked `regrouped` (a node
+    agent sends its digest early on it); the one after is a plain report again."""
+    sink, inbox = _Collect(), CommandInbox()
+    out = Outbox(sink, inbox, rank=1, heartbeat_s=3600.0, build=lambda n: {"n": n})
+    assert out.send(step=0, tick=0)
+    out.regrouped()
+    out.metrics(1)
+    assert out.send(step=1, tick=1)
+    assert sink.batches[-1]["regrouped"] is True
+    assert out.send(step=2, tick=2, force=True)
+    assert "regrouped" not in sink.batches[-1]
 
 
 def test_a_guards_last_report_says_its_loop_ended() -> None:
