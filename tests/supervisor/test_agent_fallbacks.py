@@ -15,6 +15,7 @@ from remedy.supervisor.hang_watch import NO_ANSWER, HangWatch, HangWatchConfig, 
 from remedy.supervisor.recovery import AGENT_QUIET_S, Recovery
 
 NODES = {0: "a", 1: "a", 2: "b", 3: "b"}
+MOVING = {"phase": "step", "tick": 120, "step": 120}  # a rank's ping answer: it went on
 
 
 @dataclass
@@ -94,12 +95,23 @@ def _sighting(rank: int, *, stalled: bool, ping: Any, age_s: float) -> dict[str,
             "pinged_at": now}  # fmt: skip
 
 
+def _rank_1_stalled_on_node_a() -> _Harness:
+    """Every rank moving but rank 1, which node a's agent has just seen stalled and silent."""
+    h = _Harness(dict.fromkeys(NODES, MOVING))
+    for rank in NODES:
+        h.beat(rank, 100, ago_s=0.0)
+    h.beat(1, 90, ago_s=3.0)
+    h.rec.sightings.add("a", [_sighting(0, stalled=False, ping=MOVING, age_s=0.0),
+                              _sighting(1, stalled=True, ping=NO_ANSWER, age_s=3.0)],
+                        time.monotonic())  # fmt: skip
+    return h
+
+
 def test_a_stall_no_agent_speaks_of_is_pinged_by_the_supervisor_only_after_the_quiet_time() -> None:
     """Node b's agent is wedged: its ranks' digests stopped, and no sighting of them comes. The
     supervisor waits the ranks' timeout plus AGENT_QUIET_S, then pings every rank itself; they
     answer with progress (training went on), so nothing is lost."""
-    moving = {r: {"phase": "step", "tick": 120, "step": 120} for r in NODES}
-    h = _Harness(moving)
+    h = _Harness(dict.fromkeys(NODES, MOVING))
     for rank in (0, 1):
         h.beat(rank, 100, ago_s=0.0)
     for rank in (2, 3):
@@ -119,8 +131,7 @@ def test_a_stall_no_agent_speaks_of_is_pinged_by_the_supervisor_only_after_the_q
 def test_a_hung_rank_behind_a_wedged_agent_is_found_by_the_supervisors_pings() -> None:
     """The same wedged agent, and rank 3 hung behind it: it does not answer the supervisor's
     ping, so it is named hung, as the supervisor saw (no sighting of it)."""
-    answers: dict[int, Any] = {r: {"phase": "step", "tick": 120, "step": 120} for r in NODES}
-    answers[3] = NO_ANSWER
+    answers: dict[int, Any] = {**dict.fromkeys(NODES, MOVING), 3: NO_ANSWER}
     h = _Harness(answers)
     for rank in (0, 1):
         h.beat(rank, 100, ago_s=0.0)
@@ -135,15 +146,7 @@ def test_ranks_whose_agent_does_not_answer_the_ask_are_pinged_by_the_supervisor(
     """Node a's agent holds rank 1 stalled (its ping unanswered). The supervisor asks node b's
     agent for its ranks; it does not answer (its node lost, say), so the supervisor pings ranks
     2 and 3 itself, and only those. They answer; rank 1 is named hung on its agent's sighting."""
-    answers: dict[int, Any] = {r: {"phase": "step", "tick": 120, "step": 120} for r in NODES}
-    h = _Harness(answers)
-    for rank in NODES:
-        h.beat(rank, 100, ago_s=0.0)
-    h.beat(1, 90, ago_s=3.0)
-    moving = {"phase": "step", "tick": 120, "step": 120}
-    h.rec.sightings.add("a", [_sighting(0, stalled=False, ping=moving, age_s=0.0),
-                              _sighting(1, stalled=True, ping=NO_ANSWER, age_s=3.0)],
-                        time.monotonic())  # fmt: skip
+    h = _rank_1_stalled_on_node_a()
     h.check()
     assert h.asked == [[2, 3]]
     assert h.group.rounds == [[2, 3]]
@@ -153,16 +156,8 @@ def test_ranks_whose_agent_does_not_answer_the_ask_are_pinged_by_the_supervisor(
 
 def test_ranks_whose_agent_answers_the_ask_are_not_pinged_by_the_supervisor() -> None:
     """Node b's agent answers the ask with its ranks' sightings: the supervisor pings no rank."""
-    answers: dict[int, Any] = {r: {"phase": "step", "tick": 120, "step": 120} for r in NODES}
-    h = _Harness(answers)
-    for rank in NODES:
-        h.beat(rank, 100, ago_s=0.0)
-    h.beat(1, 90, ago_s=3.0)
-    moving = {"phase": "step", "tick": 120, "step": 120}
-    h.on_ask["b"] = [_sighting(r, stalled=False, ping=moving, age_s=0.0) for r in (2, 3)]
-    h.rec.sightings.add("a", [_sighting(0, stalled=False, ping=moving, age_s=0.0),
-                              _sighting(1, stalled=True, ping=NO_ANSWER, age_s=3.0)],
-                        time.monotonic())  # fmt: skip
+    h = _rank_1_stalled_on_node_a()
+    h.on_ask["b"] = [_sighting(r, stalled=False, ping=MOVING, age_s=0.0) for r in (2, 3)]
     h.check()
     assert h.asked == [[2, 3]] and h.group.rounds == []
     ((verdict, pinged, seen),) = h.found
