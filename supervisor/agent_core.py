@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from remedy.supervisor.agent_hang import AGENT_PING_EVERY_S, sighting_items
+from remedy.supervisor.agent_hang import AGENT_PING_EVERY_S, RECOVERING_QUIET_S, sighting_items
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.supervisor.rank_slots import RankSlots, Slot, SlotState, unanswered_from
@@ -191,6 +191,8 @@ class AgentCore:
         self.taken += 1
         self.changed = True
         self._tick_counts[rank] = report.tick_counts
+        if report.tick > last.tick:
+            self.watch.settle(rank)  # it moved: a recovery's quiet time (`sightings`) is over
         self._marks[rank] = RankMark(report.step, report.tick, now)
         self._arrivals.setdefault(rank, deque(maxlen=PACE_REPORTS)).append(now)
         self._beat(report, batch, now)
@@ -417,7 +419,9 @@ class AgentCore:
         An answer from inside the rank's loop says how far it got (progress its
         Guard has not reported yet ends the suspicion). A rank whose actor is gone
         is reported once and no longer watched: its replacement, wherever it runs,
-        reports as a new incarnation.
+        reports as a new incarnation. A rank in its group's recovery (`recovering`)
+        goes up in this round's sightings as it is (the round after a failed
+        collective's alarm needs them), then is not pinged for `RECOVERING_QUIET_S`.
         """
         now = self._clock()
         for rank, p in pings.items():
@@ -433,6 +437,10 @@ class AgentCore:
         for rank, p in pings.items():
             if p == DEAD:
                 self.watch.forget(rank)
+            elif isinstance(p, dict) and p.get("phase") == "recovering":
+                self.watch.allow(rank, RECOVERING_QUIET_S, now)
+            elif isinstance(p, dict) and p.get("phase") in ("step", "boundary"):
+                self.watch.settle(rank)  # back in its loop: watched by its step time again
         self.watch.clear_alarm(self._round_at)  # a failed collective's alarm: answered
         return items
 

@@ -10,6 +10,7 @@ from remedy.supervisor.agent_core import AgentCore
 from remedy.supervisor.agent_hang import (
     AGENT_PING_EVERY_S,
     FRESH_S,
+    RECOVERING_QUIET_S,
     Sighting,
     Sightings,
     sighting_items,
@@ -203,6 +204,36 @@ def test_a_failed_collective_makes_the_agent_ping_its_ranks_at_once() -> None:
     assert core.watch.alarmed_at is None
     clock.t += 0.01
     assert not core.ping_due()
+
+
+def test_ranks_in_their_groups_recovery_are_left_unpinged_for_a_while() -> None:
+    """Survivors waiting for the order to regroup, or adopting state, answer `recovering`. The
+    round that found them so goes up as it is (stalled: the alarm's round needs them), then no
+    round is due for RECOVERING_QUIET_S however long the adoption takes: a long one would
+    otherwise bring a round of sightings every AGENT_PING_EVERY_S from every agent. A rank
+    that moves again is watched by its step time at once."""
+    clock = Clock()
+    core = agent(clock)
+    steps_to(core, clock, 0, 10)
+    steps_to(core, clock, 1, 10, seq0=1)
+    clock.t += 0.6  # past the 0.5 s timeout: both suspect
+    assert core.ping_due()
+    waiting = {"phase": "recovering", "tick": 10, "step": 10}
+    items = core.sightings({0: waiting, 1: waiting}, clock.t)
+    assert [i["stalled"] for i in items] == [True, True]
+    rounds = 0
+    for _ in range(int((RECOVERING_QUIET_S - 0.1) / AGENT_PING_EVERY_S)):
+        clock.t += AGENT_PING_EVERY_S
+        rounds += core.ping_due()
+    assert rounds == 0
+    clock.t += 0.4  # the quiet time is over: still not moving, so it is looked at again
+    assert core.ping_due()
+    items = core.sightings({0: waiting, 1: waiting}, clock.t)
+    assert [i["stalled"] for i in items] == [True, True]
+    # Rank 0 regrouped and stepped: back to its step-time timeout at once (rank 1 still quiet).
+    assert core.take(report(0, 11, 11, regrouped=True)).ok
+    clock.t += 0.6
+    assert core.watch.suspects(clock.t) == [0]
 
 
 def test_an_alarm_the_ranks_moved_past_is_dropped_and_the_next_one_pings() -> None:
