@@ -78,7 +78,7 @@ from benchmarks.agent_hosts import (
 )
 from remedy.supervisor.actor import SupervisorActor
 from remedy.supervisor.agent import digest_period
-from remedy.supervisor.agent_core import DIGEST_MAX_S
+from remedy.supervisor.agent_core import paced_period
 from remedy.supervisor.spec import RunSpec
 
 POLICY = """
@@ -567,7 +567,7 @@ def agents_main(args: argparse.Namespace) -> None:
                   f"({r['floor_cpu_per_call'] / r['sup_cpu_per_call']:.0%})")  # fmt: skip
     big = max(rows, key=lambda r: r["ranks"])
     nodes = -(-args.project // args.ranks_per_node)
-    digest_s = args.digest_s or max(digest_period(nodes), min(args.heartbeat_s, DIGEST_MAX_S))
+    digest_s = args.digest_s or paced_period(digest_period(nodes), args.heartbeat_s)
     calls = nodes / digest_s + big["event_calls_s"]
     print(f"\nPROJECTION (not measured) for {args.project} ranks on {nodes} nodes, from the "
           f"{big['ranks']}-rank run: {calls:.0f} agent calls/s ({nodes} digests per "

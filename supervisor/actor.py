@@ -655,13 +655,7 @@ class SupervisorActor:
         if self._summary is not None:
             # The run ended before the note came (the driver learns of the end from the
             # answer that ends its outage): the summary gets it too.
-            outages = self.outages()
-            self._summary = {
-                **self._summary,
-                "supervisor_outages": outages,
-                "supervisor_outage_s": round(sum(o["duration_s"] for o in outages), 3),
-                "agent_outages": self.outages("agent"),
-            }
+            self._summary = {**self._summary, **self._outage_fields()}
             with contextlib.suppress(OSError):
                 self.run_dir.write_summary(self._summary)
         return self._summary
@@ -676,13 +670,18 @@ class SupervisorActor:
             self.run_dir.wal({"type": "supervisor_outage", "note": note})
             log.warning("supervisor_outage", **note)
 
-    def outages(self, silent: str = "supervisor") -> list[dict[str, Any]]:
-        """The supervisor's outages so far, merged from every watcher's notes in the journal;
-        `silent="agent"`: the node agents' that their ranks noticed."""
+    def _outage_fields(self) -> dict[str, Any]:
+        """The summary's outages so far, merged from every watcher's notes in the journal (read
+        once): the supervisor's with their total, and the node agents' their ranks noticed."""
         journal = read_journal(self.run_dir.path / "journal.wal")
-        return liveness.merge_outages(
-            [r["note"] for r in journal if r.get("type") == "supervisor_outage"], silent
-        )
+        notes = [r["note"] for r in journal if r.get("type") == "supervisor_outage"]
+        outages = liveness.merge_outages(notes)
+        return {
+            "supervisor_outages": outages,
+            "supervisor_outage_s": round(sum(o["duration_s"] for o in outages), 3),
+            # A node agent its ranks found silent (a crash and Ray's restart of it, a hang).
+            "agent_outages": liveness.merge_outages(notes, "agent"),
+        }
 
     async def output(self, lines: Any) -> None:
         """Lines the ranks printed, for the displays and the run directory."""
@@ -1141,7 +1140,6 @@ class SupervisorActor:
             fallback_skipped=int(lead.get("updates_skipped", 0) or 0),
         )
         self.metrics.goodput(c.goodput, self.started, force=True)
-        outages = self.outages()
         summary = {
             "run_id": self.spec.run_id,
             "status": status,
@@ -1171,10 +1169,7 @@ class SupervisorActor:
             "agent_kills": self.group.agent_kills if self.group is not None else 0,
             "resumed_from": self.spec.resume or None,
             "supervisor_restarts": self.incarnation - 1,
-            "supervisor_outages": outages,
-            "supervisor_outage_s": round(sum(o["duration_s"] for o in outages), 3),
-            # A node agent its ranks found silent (a crash and Ray's restart of it, a hang).
-            "agent_outages": self.outages("agent"),
+            **self._outage_fields(),
             "wall_s": round(ended - self.started, 2),
             # Where each rank's last process ran, and the nodes lost meanwhile.
             "nodes": self.rank_nodes(),

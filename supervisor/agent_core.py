@@ -72,6 +72,12 @@ PACE_REPORTS = 9
 DIGEST_MAX_S = 2.0
 
 
+def paced_period(floor: float, pace: float | None) -> float:
+    """A digest period of at least `floor`, and no shorter than `pace`, the time the node's
+    ranks take between reports (None: not known yet), up to `DIGEST_MAX_S`."""
+    return floor if pace is None else max(floor, min(pace, DIGEST_MAX_S))
+
+
 @dataclass
 class _Pending:
     """What one rank reported since its last item went up (metrics-only batches)."""
@@ -332,8 +338,7 @@ class AgentCore:
         the supervisor's view of progress, and a command's way down (which a rank picks up
         only at its next report anyway).
         """
-        pace = self.report_period()
-        return floor if pace is None else max(floor, min(pace, DIGEST_MAX_S))
+        return paced_period(floor, self.report_period())
 
     def digest(self) -> list[dict[str, Any]]:
         """One item per rank that reported since the last digest; empties the pending set."""
