@@ -69,6 +69,7 @@ from remedy.supervisor.core.job_state import (
     RanksUnreplaced,
     Regrouped,
 )
+from remedy.supervisor.core.losses import Losses
 from remedy.supervisor.core.restart import RestartState
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.spec import NAMESPACE
@@ -173,7 +174,8 @@ class Recovery:
         self.crash_point = crash_point
         self.check_nodes = check_nodes
         self.records: list[dict[str, Any]] = []  # one per restart, for the summary and benchmarks
-        self._reported: set[tuple[int, int]] = set()  # (rank, incarnation) already reported lost
+        # Processes reported lost, and the nodes lost ones ran on (in the state record).
+        self.losses = Losses(NODE_LOSS_WINDOW_S)
         self._detected_at: dict[int, float] = {}
         self._failed: dict[int, str] = {}  # replacement rank -> why it failed
         self._next_ping = 0.0
@@ -191,12 +193,6 @@ class Recovery:
         # the supervisor's report path (`progress`), which wakes the waiting restart.
         self._ticks: dict[int, int] = {}
         self._moved = asyncio.Event()
-        # rank -> (the node its lost process ran on, when it was found lost): a node found
-        # dead after its ranks were found lost on their own (and perhaps replaced already)
-        # still names them (`nodes_lost`).
-        self._lost_on: dict[int, tuple[str, float]] = {}
-        # node -> the ranks it held when the first of them was found lost (`silent_nodes`).
-        self._held: dict[str, set[int]] = {}
 
     # ------------------------------------------------------------- detection
     async def check_hangs(self) -> None:
@@ -443,11 +439,7 @@ class Recovery:
             self.group.node_died(node.node_id)
             # Its ranks not yet replaced, and those found lost on their own in the last
             # NODE_LOSS_WINDOW_S (before Ray's verdict on the node; replaced already, perhaps).
-            now = time.time()
-            earlier = {
-                r for r, (n, at) in self._lost_on.items()
-                if n == node.node_id and now - at <= NODE_LOSS_WINDOW_S
-            }  # fmt: skip
+            earlier = self.losses.earlier(node.node_id, time.time())
             current = self.slots.on_node(node.node_id, lost_too=True)
             ranks = sorted({*current, *earlier})
             name = placement.label(node.node_id, node.ip)
@@ -469,12 +461,7 @@ class Recovery:
         """Nodes every rank of which was found lost in the last `NODE_LOSS_WINDOW_S`: what a
         node's death looks like before Ray's verdict on it (a peer's failed collective finds
         its ranks gone in well under a second; the GCS takes its health-check time)."""
-        now = time.time()
-        lost: dict[str, set[int]] = {}
-        for r, (node, at) in self._lost_on.items():
-            if now - at <= NODE_LOSS_WINDOW_S:
-                lost.setdefault(node, set()).add(r)
-        return {node for node, ranks in lost.items() if self._held.get(node, set()) <= ranks}
+        return self.losses.silent_nodes(time.time())
 
     def lost(
         self,
@@ -497,14 +484,12 @@ class Recovery:
                      current=current)  # fmt: skip
             return
         incarnation = current
-        if (rank, incarnation) in self._reported:
+        if not self.losses.first(rank, incarnation):
             return
-        self._reported.add((rank, incarnation))
         node = self.slots.slots[rank].node
         if node is not None:
-            self._lost_on[rank] = (node, time.time())
-            held = self._held.setdefault(node, set())
-            held.update(self.slots.on_node(node, lost_too=True), (rank,))
+            node_ranks = self.slots.on_node(node, lost_too=True)
+            self.losses.on_node(rank, node, node_ranks, time.time())
         if self._replacing(rank):
             self.replacement_failed(rank, reason)
             return
@@ -634,7 +619,7 @@ class Recovery:
         back = frozenset(r for r in state.lost if r not in suspects and r in self.group.actors)
         if back:
             for r in back:  # a later hang of the same process is found again
-                self._reported.discard((r, self.slots.incarnation(r)))
+                self.losses.back(r, self.slots.incarnation(r))
             self.job.step(RanksBack(back))
 
     def _restarting_all(self) -> bool:
@@ -737,6 +722,9 @@ class Recovery:
             "restart": self._machine.to_dict() if self._machine is not None else None,
             "joining": {str(r): why for r, why in self._joining.items()},
             "records": self.records,
+            "losses": self.losses.record(
+                {r: s.incarnation for r, s in self.slots.slots.items()}, time.time()
+            ),
         }
 
     def restore(self, state: dict[str, Any] | None, deferred: list[Decision]) -> None:
@@ -748,11 +736,12 @@ class Recovery:
                 self._machine = RestartState.from_dict(state["restart"])
             self._joining = {int(r): str(why) for r, why in state.get("joining", {}).items()}
             self.records = list(state["records"])
+            self.losses = Losses.from_record(state.get("losses"), NODE_LOSS_WINDOW_S)
         for d in deferred:
             for rank in d.ranks:
                 if rank in self.slots.slots:
                     # Found gone on adoption: part of this restart, not a new loss.
-                    self._reported.add((rank, self.slots.incarnation(rank)))
+                    self.losses.mark(rank, self.slots.incarnation(rank))
 
     def resume(self, d: Decision) -> None:
         """Carry on restart `d`, which a supervisor that crashed left in progress."""
@@ -913,7 +902,7 @@ class Recovery:
         # from a survivor that did recover.
         for r in blocked:
             self._ticks[r] = -1
-            self._reported.add((r, self.slots.incarnation(r)))
+            self.losses.mark(r, self.slots.incarnation(r))
             self.slots.lose(r)
             self.controller.drop_rank(r)
             self.group.kill(r)
@@ -985,7 +974,7 @@ class Recovery:
         self._restarting = set(world)
         self._failed.clear()
         for r in world:
-            self._reported.add((r, self.slots.incarnation(r)))
+            self.losses.mark(r, self.slots.incarnation(r))
             self.slots.lose(r)
         self._ticks = dict.fromkeys(world, -1)  # before the launch: no report is missed
         info = await self.group.restart_all(resume)
