@@ -165,7 +165,7 @@ class AgentCore:
             self.rejected["batch_rank"] += 1
             return Taken(False)
         if type(incarnation) is int:
-            self._open(rank, incarnation)
+            self._open(rank, incarnation, batch.get("unanswered_from"), seq)
         duplicates = self.slots.refused_duplicate
         if not self.slots.accept(rank, incarnation, seq):
             return Taken(False, duplicate=self.slots.refused_duplicate > duplicates)
@@ -245,15 +245,21 @@ class AgentCore:
         self.rejected["token"] += 1
         return False
 
-    def _open(self, rank: int, incarnation: int) -> None:
+    def _open(self, rank: int, incarnation: int, unanswered: Any = None, seq: Any = None) -> None:
         """A slot for `rank` on its first report, a fresh one for a newer incarnation.
 
         The supervisor owns incarnations; the agent follows the highest it has
-        seen, so a replaced process's late batches are refused here already.
+        seen, so a replaced process's late batches are refused here already. A
+        rank that reported to the supervisor before it found this agent (its node
+        joined the run) comes with batch numbers already answered: its slot starts
+        below its lowest unanswered one, which is all this agent will ever get.
         """
         slot = self.slots.slots.get(rank)
         if slot is None:
-            self.slots.slots[rank] = Slot(rank, incarnation, last_at=time.monotonic())
+            floor = unanswered_from(seq, unanswered) if type(seq) is int else None
+            self.slots.slots[rank] = Slot(
+                rank, incarnation, last_seq=max((floor or 1) - 1, 0), last_at=time.monotonic()
+            )
             self.watch.started(rank, self._clock())
         elif incarnation > slot.incarnation:
             self.slots.slots[rank] = Slot(rank, incarnation, last_at=time.monotonic())

@@ -90,8 +90,12 @@ class RankActor:
 
     def _reports_to(self) -> Any:
         """This node's agent where the run has agents, else the supervisor."""
-        agent = this_nodes_agent(self.run_id) if self.node_agents else None
+        agent = self._find_agent() if self.node_agents else None
         return agent if agent is not None else self.supervisor
+
+    def _find_agent(self) -> Any | None:
+        """This node's agent, if it answers to its name yet."""
+        return this_nodes_agent(self.run_id)
 
     # ------------------------------------------------------------- control
     @ray.method(concurrency_group=CONTROL)
@@ -179,6 +183,7 @@ class RankActor:
                 silence_s=self.silence_s,
                 control=self.supervisor,
                 to_agent=reports_to is not self.supervisor,
+                find_agent=self._find_agent if self.node_agents else None,
             ),
             faults=[Fault.model_validate(f) for f in faults or []],
             argv=list(self.argv),

@@ -33,13 +33,16 @@ import contextlib
 import os
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import structlog
 
 from remedy.supervisor import liveness
 from remedy.workers import process_faults
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 log = structlog.get_logger("remedy.reporter")
 
@@ -53,6 +56,12 @@ CLOSE_TIMEOUT_S = 120.0
 WAIT_TIMEOUT_S = 30.0
 # The Guard's default heartbeat, until the Guard says its own (`set_heartbeat`).
 HEARTBEAT_S = 0.5
+# A rank reporting to the supervisor while its run has node agents looks for its node's
+# agent this often (a node that joined the run gets one within the supervisor's
+# `NEW_NODES_S`), and after `AGENT_LOOKS` misses this much less often.
+AGENT_LOOK_S = 2.0
+AGENT_LOOKS = 30
+AGENT_LOOK_LATE_S = 30.0
 
 
 class RayReporter:
@@ -72,6 +81,7 @@ class RayReporter:
         silence_s: float | None = None,
         control: Any = None,
         to_agent: bool = False,
+        find_agent: Callable[[], Any | None] | None = None,
     ) -> None:
         self.supervisor = supervisor
         # Who the chaos faults that act on the run ask or kill (`kill_supervisor`, `kill_node`):
@@ -108,6 +118,12 @@ class RayReporter:
         self._looked_at: float | None = None
         self._header: dict[str, Any] = {}  # rank, step and tick of the newest report
         self._ident_ref: ray.ObjectRef | None = self._ask_where()
+        # Where the run has node agents but this node's had not answered when the rank
+        # started (a node that joined during the run): look for it now and then, and
+        # report through it once it is there.
+        self._find_agent = None if to_agent else find_agent
+        self._agent_looks = 0
+        self._next_look = time.monotonic() + AGENT_LOOK_S
 
     def set_heartbeat(self, heartbeat_s: float) -> None:
         """The Guard's heartbeat: the silence bound is derived from it (unless one was given)."""
@@ -116,6 +132,7 @@ class RayReporter:
     def send(self, batch: dict[str, Any], *, wait: bool = False) -> None:
         self._collect(timeout=0)
         self._watch()
+        self._look_for_agent()
         if self._held is not None or len(self._in_flight) >= MAX_IN_FLIGHT:
             self._hold(batch)
             self._release()
@@ -169,6 +186,39 @@ class RayReporter:
         except ProcessLookupError as exc:
             return str(exc)
         return "the node was killed, yet this process lives on"  # not reached: SIGKILL
+
+    @property
+    def to_agent(self) -> bool:
+        """Whether the reports go to this node's agent."""
+        return self.watch.silent == "agent"
+
+    def _look_for_agent(self) -> None:
+        """Report through this node's agent from now on, once it answers to its name.
+
+        Reports already out stay with the supervisor and are collected as before;
+        the next batch goes to the agent, which takes the rank as it takes any rank's
+        first report there (the batch numbers the supervisor has answered lie below
+        the batch's `unanswered_from`, so the agent never awaits them).
+        """
+        if self._find_agent is None or time.monotonic() < self._next_look:
+            return
+        if self.watch.outage is not None:  # a silence of the supervisor's is its own to end
+            return
+        self._agent_looks += 1
+        late = self._agent_looks >= AGENT_LOOKS
+        self._next_look = time.monotonic() + (AGENT_LOOK_LATE_S if late else AGENT_LOOK_S)
+        try:
+            agent = self._find_agent()
+        except ray.exceptions.RayError as exc:  # the GCS away: look again later
+            log.info("agent_lookup_failed", error=str(exc)[:200])
+            return
+        if agent is None:
+            return
+        self._find_agent = None
+        self.supervisor = agent
+        self.watch.silent = "agent"
+        self._ident, self._ident_ref = None, self._ask_where()
+        log.info("reports_to_agent", rank=self.rank, looks=self._agent_looks)
 
     @property
     def supervisor_lost(self) -> str | None:

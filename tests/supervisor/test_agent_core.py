@@ -235,6 +235,25 @@ def test_a_restarted_agent_takes_the_retried_calls_and_nothing_is_awaited_foreve
     assert up.lost == 1 and up.slots.refused_duplicate == 0
 
 
+def test_a_rank_that_reported_to_the_supervisor_first_is_taken_from_where_it_stands() -> None:
+    """A rank on a node that joined the run started before the node's agent, so its first
+    20,000 batches went to the supervisor directly. Its first batch here (20,003, sent while
+    20,001 and 20,002 were still out to the supervisor) is taken, not refused as too far
+    ahead; nothing it sent the supervisor is awaited here, nor taken twice upstream."""
+    up, agent = Upstream(), core()
+    for seq in range(1, 20_003):  # the direct reports, which the supervisor took
+        up.slots.accept(1, 1, seq)
+    taken = agent.take(batch(1, 20_003, unanswered_from=20_001))
+    assert taken.ok and agent.rejected["batch_seq_too_far_ahead"] == 0
+    assert agent.take(batch(1, 20_004, unanswered_from=20_003)).ok
+    assert not agent.take(batch(1, 20_000, unanswered_from=20_000)).ok  # answered before
+    items = agent.digest()
+    up.send(items)
+    agent.delivered(items)
+    assert up.slots.refused_duplicate == 0 and up.slots.incomplete() == frozenset()
+    assert {r["rank"]: r["gaps"] for r in agent.record()["slots"]}[1] == []
+
+
 def test_a_number_the_supervisor_never_acknowledged_leaves_the_record_once_answered() -> None:
     """An item that failed upward is never acknowledged: its number counts as not taken in
     the state record (a retried call would be taken again) only until the rank says it had

@@ -123,6 +123,40 @@ def test_failed_report_sends_its_events_and_outcomes_again(ray_cluster: None) ->
     ray.kill(sup)
 
 
+@pytest.mark.timeout(120)
+def test_a_rank_whose_nodes_agent_comes_late_reports_through_it_once_it_is_there(
+    ray_cluster: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its node joined the run, so the rank started before the node's agent answered: its
+    reports go to the supervisor, and once the agent answers to its name the rest go to the
+    agent (each batch to one of them, numbered on), and its silences are noted as the agent's."""
+    monkeypatch.setattr(reporter_mod, "AGENT_LOOK_S", 0.0)
+    sup, agent = _Supervisor.remote(), _Supervisor.remote()
+    there: list[Any] = []
+    looks: list[bool] = []
+
+    def find_agent() -> Any:
+        looks.append(bool(there))
+        return there[0] if there else None
+
+    rep = RayReporter(sup, find_agent=find_agent)
+    assert not rep.to_agent and rep.watch.silent == "supervisor"
+    for i in range(3):
+        rep.send(_batch(i, event=i == 1))
+    there.append(agent)  # the agent started
+    for i in range(3, 6):
+        rep.send(_batch(i, outcome=i == 4))
+    _drain(rep)
+    assert rep.to_agent and rep.watch.silent == "agent"
+    assert looks[-1] is True and len(looks) == 4  # none after it was found
+    direct = [b["seq"] for b in ray.get(sup.seen.remote())]
+    through = [b["seq"] for b in ray.get(agent.seen.remote())]
+    assert sorted(direct) == [1, 2, 3] and sorted(through) == [4, 5, 6]
+    assert all(b["unanswered_from"] <= b["seq"] for b in ray.get(agent.seen.remote()))
+    ray.kill(sup)
+    ray.kill(agent)
+
+
 @pytest.mark.timeout(60)
 def test_a_holding_report_learns_when_its_tick_is_settled(ray_cluster: None) -> None:
     sup = _Supervisor.remote()  # type: ignore[attr-defined]
