@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from remedy.supervisor import registry
+from remedy.supervisor.core.run_state import DELTA, STATE
 from remedy.supervisor.display import decision_line, make_display
 from remedy.supervisor.journals import read_journal
 from remedy.supervisor.run_access import (
@@ -340,9 +341,9 @@ def _epoch(ts: Any) -> float:
 
 def wal_line(record: dict[str, Any]) -> str | None:
     """A readable line for a journal.wal record; None for the bookkeeping ones (state
-    records, and the decisions, which decisions.jsonl gives in full)."""
+    records, full or delta, and the decisions, which decisions.jsonl gives in full)."""
     kind = record.get("type")
-    if kind in ("decided", "resolved", "state"):
+    if kind in ("decided", "resolved", STATE, DELTA):
         return None
     if kind == "supervisor_started":
         n = record.get("incarnation")

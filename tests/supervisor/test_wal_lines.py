@@ -1,0 +1,20 @@
+"""`remedy logs` reads journal.wal for what happened to the job, never its bookkeeping records."""
+
+from __future__ import annotations
+
+from remedy.supervisor.core.job_state import JobState
+from remedy.supervisor.core.run_state import RunState, StateLog
+from remedy.supervisor.run_commands import wal_line
+
+
+def test_state_records_full_and_delta_make_no_log_line() -> None:
+    """Both kinds the state log writes: the first record in full, the next one as a delta."""
+    log = StateLog()
+    slots = [{"rank": 0, "incarnation": 1, "last_seq": 3}]
+    record = RunState(1, 1.0, JobState(), slots, None, {}).to_record()
+    full = log.entry(record)
+    delta = log.entry({**record, "crashed": [2]})
+    assert full["type"] == "state" and delta["type"] == "state_delta"
+    assert wal_line(full) is None and wal_line(delta) is None
+    said = wal_line({"type": "job_state", "to": {"phase": "degraded"}, "reason": "rank 2 lost"})
+    assert said == "remedy: job degraded: rank 2 lost"
