@@ -106,11 +106,12 @@ def _restartable(
     *,
     extra: tuple[str, ...] | list[str] = (),
     backend: str = "gloo",
+    node_agents: str = "off",
 ) -> dict[str, Any]:
     spec = RunSpec(target=GPT, workers=4, run_dir=str(run_dir), faults=faults, policy=POLICY,
                    argv=[*GPT_ARGS, "--snapshot-every", "1", "--checkpoint-every", "8", *extra],
                    threads_per_rank=1, hang_watch=WATCH, spares=2,
-                   gpus_per_rank=_gpus(backend))  # fmt: skip
+                   gpus_per_rank=_gpus(backend), node_agents=node_agents)  # fmt: skip
     summary = run_supervised(spec)
     assert summary["status"] == "completed", summary
     return summary
@@ -176,6 +177,29 @@ def test_hsdp_rank_is_replaced_from_its_replica(
     restore = restart[-1]["result"]["shard_restore"]
     assert restore["source"] == "replica" and restore["from"] == {"1": 3}
     assert restore["steps_lost"] == 0
+
+
+@pytest.mark.parametrize(("extra", "source"), [((), "buddy"), (("--hsdp",), "replica")],
+                         ids=["fsdp", "hsdp"])  # fmt: skip
+@pytest.mark.slow
+def test_a_killed_sharded_rank_is_found_through_the_node_agent_and_replaced(
+    ray_cluster: None, tmp_path: Path, extra: tuple[str, ...], source: str
+) -> None:
+    """Under node agents, a SIGKILLed FSDP2 (or HSDP) rank fails its peers' collective: their
+    failed collective's alarm goes through the agent, the rank is replaced once with its shard
+    from its buddy (replica), and the run ends bitwise equal to a fault-free run."""
+    clean = _restartable(tmp_path / "clean", [], extra=extra)
+    killed = _restartable(tmp_path / "killed", [{"kind": "kill_rank", "at_step": 20, "rank": 1}],
+                          extra=extra, node_agents="on")  # fmt: skip
+    digest = {r["result"]["params_digest"] for r in clean["ranks"]}
+    assert len(digest) == 1
+    assert {r["result"]["params_digest"] for r in killed["ranks"]} == digest
+    decisions = read_jsonl(tmp_path / "killed" / "decisions.jsonl")
+    assert [(d["action"], d["outcome"], d["anomaly"]["kind"]) for d in decisions] == [
+        ("restart_rank", "applied", "rank_dead")
+    ]
+    assert decisions[0]["result"]["shard_restore"]["source"] == source
+    assert list(tmp_path.glob("killed/metrics-agent-*.jsonl"))  # the ranks reported through it
 
 
 def _files(folder: Path) -> dict[str, str]:
