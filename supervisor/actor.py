@@ -205,6 +205,7 @@ class SupervisorActor:
         self._state_at = 0.0
         self._group_record: dict[str, Any] | None = None  # set when restoring
         self._recovery_record: dict[str, Any] | None = None  # the restart in progress, if any
+        self._hang_record: dict[str, Any] = {}  # the hang watch's, to go on watching from
         self._ranks_ended = False  # restored after every rank had ended
         self.agent_nodes: list[str] = []  # nodes with an agent of this run (or one starting)
         self.agent_handles: dict[str, Any] = {}  # node id -> its agent, once started
@@ -252,6 +253,7 @@ class SupervisorActor:
             self.started = run.started
             self._group_record = run.group
             self._recovery_record = run.recovery
+            self._hang_record = run.hang
             self._crashed = set(run.crashed)
         abandoned = control_state.replay_tail(c, tail)
         for record in tail:
@@ -317,6 +319,7 @@ class SupervisorActor:
             recovery=self.recovery.state() if self.recovery is not None else None,
             crashed=tuple(sorted(self._crashed)),
             last_seq=self.slots.seqs(),
+            hang=self.watch.record(),
         )
         self.run_dir.wal(self._state_log.entry(state.to_record(), defer_full=before_reply))
         self._state_changes = c.changes
@@ -807,9 +810,7 @@ class SupervisorActor:
             check_nodes=self.check_nodes,
         )
         try:
-            now = time.monotonic()
-            for rank in range(self.spec.workers):
-                self.watch.started(rank, now)
+            self._watch_from_start()
             self.run_dir.wal(
                 {
                     "type": "supervisor_started",
@@ -956,6 +957,17 @@ class SupervisorActor:
         self.agent_handles.update(handles)  # the group's too: it holds this dict
         log.info("agents_started", nodes=nodes, joined_late=True)
         self.run_dir.wal({"type": "agents_started", "nodes": nodes, "joined_late": True})
+
+    def _watch_from_start(self) -> None:
+        """Every rank into the hang watch: with the start-up allowance, or, after a restart of
+        the supervisor, as the one before watched it (its tick and step time: a rank that hung
+        while no supervisor watched is found within its own timeout, not the start-up one)."""
+        now = time.monotonic()
+        ticks = self.controller.tick_of
+        for rank in range(self.spec.workers):
+            entry = self._hang_record.get(str(rank))
+            if not self.watch.resumed(rank, now, ticks.get(rank, -1), entry):
+                self.watch.started(rank, now)
 
     async def _adopt(self, group: WorkerGroup, record: dict[str, Any]) -> None:
         """Take over the ranks of the supervisor before this one."""

@@ -72,6 +72,8 @@ class _Rank:
     timed: int = 0  # step times received
     times: deque[float] = field(default_factory=lambda: deque(maxlen=50))
     busy_until: float = 0.0
+    entry: list[float] | None = None  # its state-record entry (`HangWatch.record`)
+    moved: bool = True  # its step times or first steps moved since `entry` was built
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,46 @@ class HangWatch:
         """A process (re)started for `rank`: a fresh history with the start-up allowance."""
         self._ranks[rank] = _Rank(since=now, times=deque(maxlen=self.config.window))
 
+    def resumed(self, rank: int, now: float, tick: int, entry: Any) -> bool:
+        """A rank the supervisor before this one watched (after a restart of the supervisor):
+        past its start-up, at `tick`, with the step time its record (`record`) gives. Its
+        progress is counted from `now`: whatever it did while no supervisor watched, a hang
+        is then found within one timeout. False (and nothing changed) for an entry that is
+        not one, or a rank that never reported: `started` is the one for it then."""
+        if type(tick) is not int or tick < 0 or not isinstance(entry, list) or len(entry) != 2:
+            return False
+        p99, seen = entry
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in entry):
+            return False
+        if not (0 <= p99 < 1e6 and 0 <= seen <= self.config.first_steps):
+            return False
+        r = _Rank(
+            since=now, tick=tick, steps_seen=int(seen), times=deque(maxlen=self.config.window)
+        )
+        r.timed = self.config.first_steps  # its first steps are behind it
+        if p99 > 0:
+            r.times.append(float(p99))
+        self._ranks[rank] = r
+        return True
+
+    def record(self) -> dict[str, list[float]]:
+        """What a restarted supervisor needs to go on watching (`resumed`): rank -> [its p99
+        step time to the ms, the steps seen up to `first_steps`], for each rank that
+        reported a step. An entry is built again only when its rank's step times or first
+        steps moved, and given as the same object while its value is unchanged."""
+        out: dict[str, list[float]] = {}
+        cap = self.config.first_steps
+        for rank, r in self._ranks.items():
+            if r.tick < 0:
+                continue
+            if r.moved or r.entry is None:
+                entry = [round(self.p99(rank), 3), min(r.steps_seen, cap)]
+                if entry != r.entry:
+                    r.entry = entry
+                r.moved = False
+            out[str(rank)] = r.entry
+        return out
+
     def forget(self, rank: int) -> None:
         self._ranks.pop(rank, None)
 
@@ -113,9 +155,13 @@ class HangWatch:
             # kept in the window, one of them would set the timeout for the next 50 steps.
             if t >= 0 and r.timed > self.config.first_steps:
                 r.times.append(t)
+                r.moved = True
         if tick > r.tick:
             if r.tick >= 0:
                 r.steps_seen += tick - r.tick
+                r.moved = r.moved or r.steps_seen - (tick - r.tick) < self.config.first_steps
+            else:
+                r.moved = True
             r.tick, r.since = tick, now
 
     def answered(self, rank: int, ping: Any, now: float) -> None:

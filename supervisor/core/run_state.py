@@ -27,7 +27,11 @@ migrates the older ones:
   `last_seq` (rank -> number): a report moves it and nothing else of the
   slot, so a delta gives those numbers, compared as plain values, instead of a
   patch of each slot record a report touched (schema-5 slot records are
-  split when read).
+  split when read);
+- schema 7: `hang` (rank -> [p99 step time, first steps seen]: the hang
+  watch's state, `HangWatch.record`), so a restarted supervisor watches
+  each rank with its own timeout instead of a start-up allowance; read as
+  empty from older records (the ranks then get the start-up allowance).
 
 A record of a newer schema is refused with a sentence that says so.
 
@@ -53,7 +57,7 @@ from remedy.supervisor.core.restart import RestartState, Stage
 
 STATE = "state"
 DELTA = "state_delta"
-SCHEMA = 6
+SCHEMA = 7
 # The maps of a state record keyed by rank, as (section, key) paths; key None: the section
 # itself, the list of slot records (`RankSlots.state_records`, keyed by each record's "rank")
 # or a map keyed by rank.
@@ -64,6 +68,7 @@ PER_RANK: tuple[tuple[str, str | None], ...] = (
     ("controller", "step_of"),
     ("controller", "tick_of"),
     ("controller", "marks"),
+    ("hang", None),
 )
 # Sections whose keys are diffed one by one (the rest of a record is replaced whole when it changed).
 NESTED = ("controller", "group")
@@ -95,6 +100,8 @@ class RunState:
     crashed: tuple[str, ...] = ()
     # rank -> its slot's last_seq (`RankSlots.seqs`); keys are strings once read back.
     last_seq: dict[Any, int] = field(default_factory=dict)
+    # rank -> the hang watch's entry for it (`HangWatch.record`); keys are strings.
+    hang: dict[str, list[float]] = field(default_factory=dict)
 
     def to_record(self) -> dict[str, Any]:
         """The journal record (JSON-able)."""
@@ -110,6 +117,7 @@ class RunState:
             "controller": self.controller,
             "recovery": self.recovery,
             "crashed": list(self.crashed),
+            "hang": self.hang,
         }
 
     @classmethod
@@ -126,6 +134,7 @@ class RunState:
             recovery=record["recovery"],
             crashed=tuple(str(p) for p in record["crashed"]),
             last_seq={str(r): int(n) for r, n in record["last_seq"].items()},
+            hang=dict(record["hang"]),
         )
 
 
@@ -160,6 +169,9 @@ def migrate(record: dict[str, Any]) -> dict[str, Any]:
         out["last_seq"] = {str(s["rank"]): int(s.get("last_seq", 0)) for s in out["slots"]}
         out["slots"] = [{k: v for k, v in s.items() if k != "last_seq"} for s in out["slots"]]
         out["schema"] = schema = 6
+    if schema == 6:
+        out["hang"] = {}
+        out["schema"] = schema = 7
     return out
 
 

@@ -163,3 +163,45 @@ def test_an_alarm_every_rank_moved_past_is_cleared_so_the_next_one_counts() -> N
     watch.clear_alarm(now + 0.02)
     watch.alarm(now + 0.5)
     assert watch.alarmed_at == now + 0.5 and watch.suspects(now + 0.51) == [0, 1]
+
+
+def test_a_restarted_supervisor_watches_each_rank_with_its_own_timeout() -> None:
+    """The record a supervisor leaves gives its successor each rank's step time and first
+    steps: a rank that hung while no supervisor watched is suspected within its own timeout
+    (2 s at 0.2 s steps), not after the start-up allowance (60 s) a fresh rank gets."""
+    before = HangWatch(CFG)
+    _running(before, 0, step_s=0.2)
+    _running(before, 1, step_s=0.01, ticks=2)  # still in its first steps
+    before.started(2, 0.0)  # never reported a step: no entry
+    record = before.record()
+    # Rank 1's first steps' times are not kept (they have their own allowance).
+    assert record == {"0": [0.2, 3], "1": [0.0, 1]}
+
+    after = HangWatch(CFG)
+    ticks = {0: 9, 1: 1, 2: -1}
+    for rank in range(3):
+        if not after.resumed(rank, 100.0, ticks[rank], record.get(str(rank))):
+            after.started(rank, 100.0)
+    assert after.timeout(0) == pytest.approx(2.0)
+    assert after.timeout(1) == 20.0  # its first steps' allowance, as before
+    assert after.timeout(2) == 60.0
+    assert after.suspects(102.5) == [0]
+    after.beat(0, 10, 102.6, [0.2])  # it moved: no longer a suspect
+    assert after.suspects(103.0) == []
+
+
+def test_a_record_entry_is_rebuilt_only_when_its_rank_moved_and_a_bad_one_is_not_resumed() -> None:
+    watch = HangWatch(CFG)
+    _running(watch, 0, step_s=0.2)
+    first = watch.record()["0"]
+    watch.beat(0, 10, 10.0)  # progress without step times: same entry object
+    assert watch.record()["0"] is first
+    watch.beat(0, 11, 10.2, [0.2])  # a step time as before: rebuilt, equal, the same object
+    assert watch.record()["0"] is first
+    watch.beat(0, 12, 11.2, [1.0])
+    assert watch.record()["0"] == [1.0, 3]
+    fresh = HangWatch(CFG)
+    for bad in (None, [0.2], ["0.2", 3], [True, 3], [-1.0, 3], [0.2, 99], [float("nan"), 3]):
+        assert not fresh.resumed(0, 0.0, 5, bad)
+    assert not fresh.resumed(0, 0.0, -1, [0.2, 3])  # never reported: the start-up allowance
+    assert not fresh.knows(0)

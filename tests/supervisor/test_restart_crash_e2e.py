@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from remedy.supervisor.core.run_state import fold
+from remedy.supervisor.hang_watch import HangWatchConfig
 from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl
@@ -82,3 +83,34 @@ def test_supervisor_killed_during_restart_rank(
     assert len(ids) == len(set(ids))
     phases = [r["to"]["phase"] for r in journal if r.get("type") == "job_state"]
     assert phases[-1] == "finished"
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_hangs_while_the_supervisor_is_away_is_found_by_its_own_timeout(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """A NaN at step 10 is rolled back (its decision writes a state record with every rank's
+    tick and step time); at step 20 rank 0 SIGKILLs the supervisor as rank 3 hangs. The
+    restarted supervisor watches every rank as the one before did (the record's `hang`): rank
+    3 is named hung against its own step-time timeout, not the start-up allowance a new rank
+    gets, and is replaced; the run completes. (With every rank given the start-up allowance,
+    as before the record kept `hang`, nothing suspected rank 3 and it was named `rank_dead`,
+    "process is gone", 22 s after the restart instead of `rank_hang` 4.3 s after it.)"""
+    nan = {"kind": "nan_loss", "at_step": 10, "rank": 0}
+    kill = {"kind": "kill_supervisor", "at_step": 20, "rank": 0}
+    summary = _run(tmp_path, [nan, kill, HANG])
+    assert summary["status"] == "completed", summary
+    assert summary["supervisor_restarts"] == 1
+    assert [r["steps_completed"] for r in summary["ranks"]] == [STEPS] * 4
+    journal = read_jsonl(tmp_path / "journal.wal")
+    [restored] = [r for r in journal if r["type"] == "supervisor_restored"]
+    state, _ = fold(journal[: journal.index(restored)])
+    assert state is not None and set(state["hang"]) == {"0", "1", "2", "3"}, state["hang"]
+    decisions = read_jsonl(tmp_path / "decisions.jsonl")
+    restarts = [d for d in decisions if d["action"] == "restart_rank"]
+    assert [(d["ranks"], d["outcome"], d["anomaly"]["kind"]) for d in restarts] == [
+        ([3], "applied", "rank_hang")
+    ], restarts
+    [hang] = [a for a in read_jsonl(tmp_path / "anomalies.jsonl") if a["kind"] == "rank_hang"]
+    timeout = hang["details"]["timeout_s"]
+    assert timeout < HangWatchConfig().startup_s and timeout <= WATCH["first_step_s"], hang

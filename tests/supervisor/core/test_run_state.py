@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +224,7 @@ def test_a_record_of_schema_2_is_read_as_today() -> None:
         controller={"format": 1},
     )  # fmt: skip
     old = {**run.to_record(), "schema": 2}
-    assert migrate(old)["schema"] == SCHEMA == 6
+    assert migrate(old)["schema"] == SCHEMA == 7
     assert RunState.from_record(old) == run
 
 
@@ -275,3 +276,22 @@ def test_schema_5_slot_records_give_up_their_last_seq_and_their_patched_deltas_f
     again = RankSlots.from_records(run.slots, run.last_seq)
     assert [again.slots[r].last_seq for r in range(3)] == [4, 9, 4]
     assert again.records() == [{**s, "last_seq": 9 if s["rank"] == 1 else 4} for s in slots]
+
+
+@pytest.mark.timeout(30)
+def test_a_schema_6_record_has_no_hang_watch_state_and_todays_keeps_it() -> None:
+    """Schema 6 had no `hang`: read as empty (the ranks get the start-up allowance, as then).
+    Today's record keeps the hang watch's entries, per rank in the deltas."""
+    run = RunState(
+        incarnation=1, started=1.0, job=JobState(Phase.RUNNING, 0), slots=[], group=None,
+        controller={"format": 1}, hang={"0": [0.12, 3], "1": [0.2, 3]},
+    )  # fmt: skip
+    old = {**run.to_record(), "schema": 6}
+    del old["hang"]
+    assert RunState.from_record(old).hang == {}
+    log = StateLog()
+    first = log.entry(run.to_record())
+    delta = log.entry(replace(run, hang={**run.hang, "1": [0.25, 3]}).to_record())
+    assert delta["type"] == DELTA and delta["ranks"] == {"hang": {"1": [0.25, 3]}}
+    state, _ = fold([first, delta])
+    assert state is not None and RunState.from_record(state).hang["1"] == [0.25, 3]
