@@ -27,6 +27,7 @@ allowance). A rank whose actor is gone is dead, not hung.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -190,8 +191,10 @@ class HangWatch:
         r = self._ranks.get(rank)
         if r is None or not r.times:
             return 0.0
-        ordered = sorted(r.times)
-        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        n = len(r.times)
+        # The value at index min(n - 1, int(0.99 n)) of the sorted times: the k-th largest.
+        k = n - min(n - 1, int(0.99 * n))
+        return max(r.times) if k == 1 else heapq.nlargest(k, r.times)[-1]
 
     def timeout(self, rank: int) -> float:
         r = self._ranks[rank]
