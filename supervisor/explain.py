@@ -321,7 +321,7 @@ def _pair(value: Any) -> tuple[Any, Any]:
 def _as_event(raw: dict[str, Any]) -> AnomalyEvent | None:
     try:
         return AnomalyEvent.from_dict(
-            {k: v for k, v in raw.items() if k not in ("event", "run_id")}
+            {k: v for k, v in raw.items() if k not in ("event", "run_id", "detected_at")}
         )
     except EventError:
         return None

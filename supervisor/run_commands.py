@@ -298,8 +298,8 @@ def _logs_from_run_dir(ref: RunRef) -> int:
     for record in _jsonl(ref.run_dir / "journal.wal"):
         add(record.get("ts"), wal_line(record))
     anomalies = _jsonl(ref.run_dir / "anomalies.jsonl")
-    for a in anomalies:
-        add(a.get("ts"), log_line({**a, "event": "anomaly"}))
+    for a in anomalies:  # placed when its rank saw it, not when the supervisor wrote it
+        add(a.get("detected_at", a.get("ts")), log_line({**a, "event": "anomaly"}))
     decisions = _journaled_decisions(ref)
     for d in decisions:
         add(d.get("ts"), "remedy: " + decision_line(d))

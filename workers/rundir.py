@@ -77,6 +77,11 @@ class RunDir:
         self._logger("decisions.jsonl").msg("decision", run_id=self.run_id, **record)
 
     def anomaly(self, record: dict[str, Any]) -> None:
+        """One anomaly: its line's `ts` is when it was written; the event's own time (when its
+        rank saw it: a rank keeps training while its report travels) is `detected_at`."""
+        ts = record.get("ts")
+        if isinstance(ts, int | float) and not isinstance(ts, bool):
+            record = {**record, "detected_at": ts}
         self._logger("anomalies.jsonl").msg("anomaly", run_id=self.run_id, **record)
 
     def metrics(self, record: dict[str, Any]) -> None:

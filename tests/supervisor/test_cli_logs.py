@@ -42,6 +42,6 @@ def test_logs_of_an_ended_run(
     decision = first("remedy: step 20: ")
     ended = first("remedy: run ended: completed")
     assert started < training < anomaly <= decision < ended
-    assert first("[rank 0] user: step 10 ") < anomaly < first("[rank 0] user: step 30 ")
+    assert first("[rank 0] user: step 10 ") < anomaly < first("[rank 0] user: step 30 "), lines
     assert lines[-1].startswith(f"remedy: run {summary['run_id']} ended: completed")
     assert "anomalies: nonfinite_loss x1" in lines[-1]

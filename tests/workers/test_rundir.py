@@ -33,3 +33,14 @@ def test_metrics_many_writes_the_lines_the_structlog_writer_gives(tmp_path: Path
         True
     ] * 4
     run_dir.metrics_many([])  # nothing to write opens nothing
+
+
+def test_an_anomaly_keeps_when_its_rank_saw_it_beside_when_it_was_written(tmp_path: Path) -> None:
+    """A line's `ts` is its write time; the event's own time survives as `detected_at`, which
+    `remedy logs` places it by (the rank printed more steps while its report travelled)."""
+    rd = RunDir(tmp_path, "r1")
+    rd.anomaly({"kind": "nonfinite_loss", "rank": 0, "step": 20, "ts": 1_700_000_000.25})
+    rd.anomaly({"kind": "rank_hang", "rank": 1, "step": 3})  # no time of its own: none added
+    first, second = read_jsonl(tmp_path / "anomalies.jsonl")
+    assert first["detected_at"] == 1_700_000_000.25 and isinstance(first["ts"], str)
+    assert "detected_at" not in second
