@@ -116,6 +116,8 @@ class WorkerGroup:
         self.next_spare = 0
         # Ranks of an earlier supervisor: running, but whose `run` this one does not own.
         self.adopted: set[int] = set()
+        # rank -> (the actor asked, its `result` call still out): `poll_adopted`.
+        self._result_calls: dict[int, tuple[Any, ray.ObjectRef]] = {}
         self._refs: dict[ray.ObjectRef, tuple[int, int]] = {}  # run ref -> (rank, incarnation)
         self._retired: set[ray.ObjectRef] = set()  # runs of processes remedy killed itself
         self._node = ray.util.get_node_ip_address()
@@ -326,26 +328,34 @@ class WorkerGroup:
         return missing
 
     async def poll_adopted(self) -> dict[int, Any]:
-        """Adopted ranks that ended: their summary, or `DEAD` if the actor is gone."""
+        """Adopted ranks that ended: their summary, or `DEAD` if the actor is gone.
 
-        async def one(actor: Any) -> Any:
-            try:
-                return await actor.result.remote()  # caller bounds: asyncio.wait below
-            except ray.exceptions.RayActorError:
-                return DEAD
-
-        ranks = sorted(r for r in self.adopted if r in self.actors)
-        tasks = {r: asyncio.ensure_future(one(self.actors[r])) for r in ranks}
-        if tasks:
-            await asyncio.wait(tasks.values(), timeout=RESULT_TIMEOUT_S)
+        Never waits: each adopted rank has one `result` call out at a time, looked
+        at here and sent again once answered None (still training). A rank that
+        answers nothing (stopped, wedged) holds only its own call, not the
+        supervisor's loop, and its calls do not pile up.
+        """
         out: dict[int, Any] = {}
-        for rank, task in tasks.items():
-            if not task.done():
-                task.cancel()
-            elif rank not in self.adopted:
-                continue  # killed or replaced meanwhile (a restart): its answer is stale
-            elif task.result() is not None:  # done
-                out[rank] = task.result()  # done
+        for rank in sorted(self.adopted):
+            actor = self.actors.get(rank)
+            asked = self._result_calls.get(rank)
+            if asked is not None and asked[0] is not actor:  # replaced: the old call is stale
+                del self._result_calls[rank]
+            if actor is not None and rank not in self._result_calls:
+                self._result_calls[rank] = (actor, actor.result.remote())
+        refs = {ref: rank for rank, (_, ref) in self._result_calls.items()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0) if refs else ([], [])
+        for ref in ready:
+            rank = refs[ref]
+            del self._result_calls[rank]
+            try:
+                result = ray.get(ref)  # ready: ray.wait returned it
+            except ray.exceptions.RayActorError:
+                result = DEAD
+            except ray.exceptions.RayError:
+                continue  # asked again next time
+            if rank in self.adopted and result is not None:
+                out[rank] = result
                 self.adopted.discard(rank)
         for rank in sorted(self.adopted - set(self.actors)):
             out[rank] = DEAD
@@ -406,6 +416,7 @@ class WorkerGroup:
         """
         actor = self.actors.pop(rank, None)
         self.adopted.discard(rank)
+        self._result_calls.pop(rank, None)
         for ref, (r, _inc) in self._refs.items():
             if r == rank:
                 self._retired.add(ref)
