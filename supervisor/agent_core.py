@@ -164,13 +164,13 @@ class AgentCore:
         if type(rank) is not int or not 0 <= rank < self.world_size:
             self.rejected["batch_rank"] += 1
             return Taken(False)
+        below = unanswered_from(seq, batch.get("unanswered_from"))
         if type(incarnation) is int:
-            self._open(rank, incarnation, batch.get("unanswered_from"), seq)
+            self._open(rank, incarnation, below if type(seq) is int else None)
         duplicates = self.slots.refused_duplicate
         if not self.slots.accept(rank, incarnation, seq):
             return Taken(False, duplicate=self.slots.refused_duplicate > duplicates)
         self.slots.answered_below(rank, seq, batch.get("unanswered_from"))  # a bad one counted
-        below = unanswered_from(seq, batch.get("unanswered_from"))
         unsent = self._unsent.get(rank)
         if below is not None and unsent:
             # Answered at the rank: never retried, so a restarted agent need not take it again
@@ -245,20 +245,19 @@ class AgentCore:
         self.rejected["token"] += 1
         return False
 
-    def _open(self, rank: int, incarnation: int, unanswered: Any = None, seq: Any = None) -> None:
+    def _open(self, rank: int, incarnation: int, below: int | None = None) -> None:
         """A slot for `rank` on its first report, a fresh one for a newer incarnation.
 
         The supervisor owns incarnations; the agent follows the highest it has
         seen, so a replaced process's late batches are refused here already. A
         rank that reported to the supervisor before it found this agent (its node
         joined the run) comes with batch numbers already answered: its slot starts
-        below its lowest unanswered one, which is all this agent will ever get.
+        below its lowest unanswered one (`below`), which is all this agent will ever get.
         """
         slot = self.slots.slots.get(rank)
         if slot is None:
-            floor = unanswered_from(seq, unanswered) if type(seq) is int else None
             self.slots.slots[rank] = Slot(
-                rank, incarnation, last_seq=max((floor or 1) - 1, 0), last_at=time.monotonic()
+                rank, incarnation, last_seq=max((below or 1) - 1, 0), last_at=time.monotonic()
             )
             self.watch.started(rank, self._clock())
         elif incarnation > slot.incarnation:

@@ -158,11 +158,10 @@ class HangWatch:
                 r.times.append(t)
                 r.moved = True
         if tick > r.tick:
+            # The record's entry counts first steps only up to `first_steps`.
+            r.moved = r.moved or r.steps_seen < self.config.first_steps
             if r.tick >= 0:
                 r.steps_seen += tick - r.tick
-                r.moved = r.moved or r.steps_seen - (tick - r.tick) < self.config.first_steps
-            else:
-                r.moved = True
             r.tick, r.since = tick, now
 
     def answered(self, rank: int, ping: Any, now: float) -> None:

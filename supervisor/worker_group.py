@@ -336,11 +336,11 @@ class WorkerGroup:
         supervisor's loop, and its calls do not pile up.
         """
         out: dict[int, Any] = {}
+        for rank, (asked, _) in list(self._result_calls.items()):
+            if rank not in self.adopted or asked is not self.actors.get(rank):
+                del self._result_calls[rank]  # ended, killed or replaced: the call is stale
         for rank in sorted(self.adopted):
             actor = self.actors.get(rank)
-            asked = self._result_calls.get(rank)
-            if asked is not None and asked[0] is not actor:  # replaced: the old call is stale
-                del self._result_calls[rank]
             if actor is not None and rank not in self._result_calls:
                 self._result_calls[rank] = (actor, actor.result.remote())
         refs = {ref: rank for rank, (_, ref) in self._result_calls.items()}
