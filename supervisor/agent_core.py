@@ -58,6 +58,7 @@ from remedy.supervisor.agent_hang import AGENT_PING_EVERY_S, RECOVERING_QUIET_S,
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.supervisor.rank_slots import RankSlots, Slot, SlotState, unanswered_from
+from remedy.workers.phases import IN_LOOP, IN_RECOVERY
 
 # Keys of a step record the supervisor reads (controller, goodput, displays); the rest
 # stays in the agent's metrics file.
@@ -429,7 +430,7 @@ class AgentCore:
         An answer from inside the rank's loop says how far it got (progress its
         Guard has not reported yet ends the suspicion). A rank whose actor is gone
         is reported once and no longer watched: its replacement, wherever it runs,
-        reports as a new incarnation. A rank in its group's recovery (`recovering`)
+        reports as a new incarnation. A rank in its group's recovery (`recovering`, `joining`)
         goes up in this round's sightings as it is (the round after a failed
         collective's alarm needs them), then is not pinged for `RECOVERING_QUIET_S`.
         """
@@ -447,9 +448,9 @@ class AgentCore:
         for rank, p in pings.items():
             if p == DEAD:
                 self.watch.forget(rank)
-            elif isinstance(p, dict) and p.get("phase") == "recovering":
+            elif isinstance(p, dict) and p.get("phase") in IN_RECOVERY:
                 self.watch.allow(rank, RECOVERING_QUIET_S, now)
-            elif isinstance(p, dict) and p.get("phase") in ("step", "boundary"):
+            elif isinstance(p, dict) and p.get("phase") in IN_LOOP:
                 self.watch.settle(rank)  # back in its loop: watched by its step time again
         self.watch.clear_alarm(self._round_at)  # a failed collective's alarm: answered
         return items

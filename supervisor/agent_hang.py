@@ -41,10 +41,11 @@ from remedy.supervisor.hang_watch import DEAD, NO_ANSWER, HangWatch
 FRESH_S = 1.0
 # No second ping round of an agent's ranks sooner than this (as the supervisor's).
 AGENT_PING_EVERY_S = 0.25
-# A rank that answers a ping from its group's recovery (phase `recovering`: it waits for the
-# supervisor's order to regroup, or adopts state) is left unpinged this long: the restart that
-# re-forms its group is the supervisor's, with its own bounds, and a long state adoption would
-# otherwise bring one round of sightings every AGENT_PING_EVERY_S from every agent.
+# A rank that answers a ping from its group's recovery (phase `recovering`: it waits for
+# the supervisor's order to regroup, or adopts state; `joining`: it forms the ordered
+# generation) is left unpinged this long: the restart that re-forms its group is the
+# supervisor's, with its own bounds, and a long state adoption would otherwise bring one
+# round of sightings every AGENT_PING_EVERY_S from every agent.
 RECOVERING_QUIET_S = 5.0
 # Keys of a rank's ping answer a sighting carries (what `judge` and the display read).
 PING_KEYS = ("phase", "tick", "step", "generation")

@@ -74,6 +74,7 @@ from remedy.supervisor.core.restart import RestartState
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.spec import NAMESPACE
 from remedy.workers.checkpoint_store import checkpoint_tick, committed_steps
+from remedy.workers.phases import JOINING, RECOVERING
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -131,6 +132,11 @@ ATTEMPT_EFFECTS = (
     restart.AwaitSteps,
     restart.CheckFormed,
 )
+
+
+def _phase(ping: Any) -> str | None:
+    """The phase a rank's ping answer gives (None: no answer)."""
+    return ping.get("phase") if isinstance(ping, dict) else None
 
 
 def _ranks_text(ranks: set[int]) -> str:
@@ -810,7 +816,8 @@ class Recovery:
                 front = max(c.tick_of.get(r, 0) for r in live)
                 for r in ranks:
                     self.group.kill(r)
-                self._marks["killed"] = time.time()
+                if machine.first:  # the record's timeline: the first attempt's
+                    self._marks["killed"] = time.time()
                 self.crash_point("restart_rank:killed")
                 if self.spec.gpus_per_rank:
                     # NCCL kernels keep spinning after a peer dies: abort the survivors'
@@ -821,11 +828,11 @@ class Recovery:
                         "the survivors' communicator aborts",
                     )
                 return restart.Killed(front)
-            case restart.CheckSurvivors(live):
-                return await self._check_survivors(list(live))
+            case restart.CheckSurvivors(live, retry):
+                if retry:  # its waits on the failed generation's store fail now
+                    self.group.abandon_generation()
+                return await self._check_survivors(list(live), first=not retry)
             case restart.Launch(ranks, source, retry):
-                if retry:
-                    self._replacing_now(ranks)
                 info = await self.group.replace(list(ranks), source=source, retry=retry)
                 if not retry:
                     self._marks["launched"] = time.time()
@@ -884,10 +891,12 @@ class Recovery:
             r: -1 if r in ranks else tick_of.get(r, -1) for r in range(self.spec.workers)
         }
 
-    async def _check_survivors(self, live: list[int]) -> restart.Checked:
-        """Survivors still blocked in the broken collective, and ranks lost meanwhile: both killed."""
-        blocked = await self._blocked(live)
-        self._marks["survivors_checked"] = time.time()
+    async def _check_survivors(self, live: list[int], *, first: bool) -> restart.Checked:
+        """Survivors still blocked in the broken collective or stuck in a rendezvous, and ranks
+        lost meanwhile: all killed."""
+        blocked, stuck = await self._blocked(live)
+        if first:
+            self._marks["survivors_checked"] = time.time()
         joined = [r for r in live if r in self._joining]
         # Lost while this attempt waited on the survivors (the rest of a lost node's
         # ranks, found by Ray's verdict on the node): replaced with the others, now.
@@ -897,16 +906,18 @@ class Recovery:
             self.slots.lose(r)
             self.group.kill(r)
         blocked = [r for r in blocked if r not in joined]
+        stuck = [r for r in stuck if r not in joined]
         # gloo: a survivor waiting on a peer that itself left the collective (not on the
-        # killed rank) stays blocked until that peer's process exits; it is replaced too,
-        # from a survivor that did recover.
-        for r in blocked:
+        # killed rank) stays blocked until that peer's process exits, and one waiting in a
+        # rendezvous for a peer that died there waits for good; each is replaced too, from
+        # a survivor that did recover.
+        for r in (*blocked, *stuck):
             self._ticks[r] = -1
             self.losses.mark(r, self.slots.incarnation(r))
             self.slots.lose(r)
             self.controller.drop_rank(r)
             self.group.kill(r)
-        return restart.Checked(tuple(blocked), tuple(joined))
+        return restart.Checked(tuple(blocked), tuple(joined), tuple(stuck))
 
     async def _applied(
         self, d: Decision, info: dict[str, Any], ranks: list[int], t_detect: float, what: str
@@ -1019,21 +1030,20 @@ class Recovery:
             pending.dropped.clear()
             pending.targets = set(world)
 
-    async def _blocked(self, live: list[int]) -> list[int]:
-        """Survivors that have not caught the broken collective's error after a grace period."""
+    async def _blocked(self, live: list[int]) -> tuple[list[int], list[int]]:
+        """Survivors that have not caught the broken collective's error after a grace period,
+        and those still joining a generation: no generation is being formed now (the ranks
+        it needed were just killed, or it was abandoned), so one still in its rendezvous
+        after the grace waits there for a peer that is gone (`phases.JOINING`)."""
         grace = max(BLOCKED_GRACE_S, *(3 * self.watch.p99(r) for r in live))
         deadline = time.monotonic() + grace
         while True:
             # A survivor that joined the restart meanwhile (its node found lost) is not waited on.
             live = [r for r in live if r not in self._joining]
             if not live:
-                return []
+                return [], []
             pings = await self.group.ping_all(self.watch.config.ping_timeout_s, ranks=live)
-            still = [
-                r
-                for r in live
-                if not (isinstance(pings[r], dict) and pings[r].get("phase") == "recovering")
-            ]
+            still = [r for r in live if _phase(pings[r]) != RECOVERING]
             # A survivor that answered nothing yet is not known to be blocked: the first
             # calls of a restarted supervisor to the ranks it adopted can be slow.
             silent = [r for r in still if not isinstance(pings[r], dict)]
@@ -1042,7 +1052,8 @@ class Recovery:
             # on a loaded node their error handlers may just not have run yet.
             extra = SILENT_GRACE_S if silent or len(still) == len(live) else 0.0
             if not still or time.monotonic() > deadline + extra:
-                return still
+                stuck = [r for r in still if _phase(pings[r]) == JOINING]
+                return [r for r in still if r not in stuck], stuck
             await asyncio.sleep(0.02)
 
     async def _formed(self, generation: int) -> bool:
@@ -1051,7 +1062,11 @@ class Recovery:
             self.watch.config.ping_timeout_s, patience=self.watch.config.ping_patience
         )
         every = range(self.spec.workers)
+        # A rank still joining it has not formed it (and may never: `phases.JOINING`).
         return all(
-            r in pings and isinstance(pings[r], dict) and pings[r].get("generation") == generation
+            r in pings
+            and isinstance(pings[r], dict)
+            and pings[r].get("generation") == generation
+            and pings[r].get("phase") != JOINING
             for r in every
         )

@@ -9,10 +9,12 @@ generation's keys never collide with the next one's.
 A targeted restart whose attempt failed (a replacement died while the
 group formed) serves a new store for its next attempt (`renew`): the
 failed generation's keys name processes that are gone, and closing the old
-store fails at once every rank still blocked in a rendezvous over it,
-which would otherwise wait for the dead replacement as long as a
+store fails at once every rank still waiting on it in a rendezvous, which
+would otherwise wait for the dead replacement's keys as long as a
 collective may take (30 min). Those ranks then take the order to form the
-next generation, which names the new store.
+next generation, which names the new store. A rank that gloo holds waiting
+for a dead peer's connection is not freed by this (it waits on no store);
+the recovery replaces it (`workers.phases.JOINING`).
 """
 
 from __future__ import annotations

@@ -124,6 +124,7 @@ class WorkerGroup:
         # The ranks hold at a flagged step's boundary for its decision (workers.flag_hold).
         self.hold_on_flag = False
         self._refilling: asyncio.Task[None] | None = None
+        self._abandoned: int | None = None  # the last generation whose store was closed
         # Placement: the supervisor's node, the alive nodes as last listed (minus those
         # found dead since), and the node each spare was placed on.
         self.home = ray.get_runtime_context().get_node_id()
@@ -439,10 +440,9 @@ class WorkerGroup:
         """Kill `ranks`, start their replacements in the next generation, order survivors to regroup.
 
         `retry`: after a failed attempt, with new actors (not spares) over a new
-        store. The failed generation is abandoned, not formed again: its
-        rendezvous keys name processes that are gone, and survivors that formed
-        it with a replacement that then died wait for an order past it. Closing
-        its store frees any survivor still blocked in its rendezvous.
+        store (`abandon_generation`). The failed generation is not formed again:
+        its rendezvous keys name processes that are gone, and survivors that
+        formed it with a replacement that then died wait for an order past it.
         """
         t0 = time.perf_counter()
         # Each replacement goes to another node than the one its rank was lost on.
@@ -452,7 +452,7 @@ class WorkerGroup:
         if len(self.cluster) > 1:
             self.refresh_nodes()
         if retry:
-            self.rendezvous.renew()
+            self.abandon_generation()
         self.generation += 1
         how: dict[int, str] = {}
         skipped: list[str] = []
@@ -473,6 +473,18 @@ class WorkerGroup:
             "skipped_spares": skipped,
             "launch_s": round(time.perf_counter() - t0, 4),
         }
+
+    def abandon_generation(self) -> None:
+        """The current generation failed: serve a new store for the next one, once.
+
+        Closing the failed generation's store fails at once every rank still
+        waiting on it in its rendezvous. It does not free a rank that gloo holds
+        waiting for a dead peer's connection (`workers.phases.JOINING`):
+        the recovery replaces those.
+        """
+        if self._abandoned != self.generation:
+            self.rendezvous.renew()
+            self._abandoned = self.generation
 
     def _order_regroup(self, new: list[int], source: int) -> None:
         """Order every rank but the `new` ones to form the current generation from `source`."""

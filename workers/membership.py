@@ -31,7 +31,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from remedy.workers import shard_mirror, train_state
+from remedy.workers import phases, shard_mirror, train_state
 from remedy.workers.exceptions import GroupLostError
 from remedy.workers.group_sockets import GroupSockets
 from remedy.workers.snapshots import restore_rng
@@ -106,7 +106,7 @@ class Membership:
         self._orders: queue.Queue[tuple[int, int, tuple[str, int] | None]] = queue.Queue()
         self._lock = threading.Lock()
         self._mark: tuple[int, dict[str, Any]] | None = None
-        self.phase = "starting"
+        self.phase = phases.STARTING
         self.step = 0
         self.tick = 0
         self.recoveries = 0
@@ -189,7 +189,7 @@ class Membership:
         self.timeline["guard"] = time.time()
         if guard.sharded:  # its mesh's groups and the mirror's: released with the world's
             self._sockets.grow()
-        self.phase = "boundary"
+        self.phase = phases.BOUNDARY
         self.step, self.tick = guard.step_count, guard.tick
         guard.send_report()
 
@@ -203,7 +203,7 @@ class Membership:
         self._mark = (mark.cursor, mark.rng)
         if "adopted" in self.timeline and "next_step" not in self.timeline:
             self.timeline["next_step"] = time.time()
-        self.phase = "step"
+        self.phase = phases.STEP
         self.step, self.tick = guard.step_count, guard.tick
 
     def adopt_if_joining(self, guard: Guard) -> None:
@@ -222,7 +222,7 @@ class Membership:
             relayout_ddp(guard, state.get("ddp_buckets"))
         self.timeline["adopted"] = time.time()
         guard.report_regrouped()  # report the first step of the new generation at once
-        self.phase = "boundary"
+        self.phase = phases.BOUNDARY
         self.step, self.tick = guard.step_count, guard.tick
         log.info("state_adopted", rank=self.rank, source=source, step=guard.step_count,
                  seconds=round(time.perf_counter() - t0, 4))  # fmt: skip
@@ -236,7 +236,7 @@ class Membership:
             return False
         t0 = time.perf_counter()
         self.timeline = {"error": time.time()}
-        self.phase = "recovering"
+        self.phase = phases.RECOVERING
         # gloo: peers still blocked on this rank (not on the lost one) stay blocked
         # while this process holds the broken group's connections; break them off
         # now, before waiting for the order, so only the lost rank is replaced.
@@ -288,6 +288,9 @@ class Membership:
                 captured = None
             self.generation = generation
             self._use_store(store_addr)
+            # Said in pings: a rendezvous can wait forever for a peer that died in it (see
+            # phases.JOINING), and only the supervisor can end that wait, by replacing this rank.
+            self.phase = phases.JOINING
             try:
                 self.join()  # rendezvous: STORE_CONNECT_S to connect, collective_timeout() to form
             except (RuntimeError, dist.DistError) as failed:
@@ -304,6 +307,7 @@ class Membership:
                 generation, source, store_addr = self._next_order()
                 continue
             joined = time.perf_counter()
+            self.phase = phases.RECOVERING  # formed: adopting the source's state
             try:
                 self._adopt_in_group(guard, source, captured)
                 break
@@ -329,7 +333,7 @@ class Membership:
             "rendezvous_s": round(joined - t0, 4),
             "total_s": round(time.perf_counter() - t0, 4),
         }
-        self.phase = "boundary"
+        self.phase = phases.BOUNDARY
         self.step, self.tick = guard.step_count, guard.tick
         log.warning("regrouped", rank=self.rank, **self.last_recovery)
         return True
@@ -350,7 +354,7 @@ class Membership:
 
     def _next_order(self) -> tuple[int, int, tuple[str, int] | None]:
         deadline = time.monotonic() + REGROUP_WAIT_S
-        self.phase = "recovering"
+        self.phase = phases.RECOVERING
         while True:
             left = deadline - time.monotonic()
             try:

@@ -3,12 +3,14 @@
 `restart_rank` replaces the lost ranks only: kill their processes, check that
 the survivors caught the broken collective's error, launch replacements in
 the next generation from the lowest healthy rank's state, and wait until
-every rank stepped in it. A failed attempt is launched again, after a
-jittered back-off, into the generation after the failed one (over a new
-rendezvous store: the failed generation's keys name processes that are
-gone, and survivors that formed it wait for an order past it); after
-`max_targeted_restarts` failed attempts the whole group restarts from the last checkpoint every rank
-committed; if that fails too, the run ends. Which of these comes next is
+every rank stepped in it. A failed attempt goes through the same steps
+again after a jittered back-off (its replacements killed, the survivors
+checked again: one stuck in the failed generation's rendezvous is replaced
+too), into the generation after the failed one, over a new rendezvous
+store (the failed generation's keys name processes that are gone, and
+survivors that formed it wait for an order past it). After
+`max_targeted_restarts` failed attempts the whole group restarts from the
+last checkpoint every rank committed; if that fails too, the run ends. Which of these comes next is
 decided here, and only here; `supervisor.recovery.Recovery` carries each
 effect out (Ray calls, pings, timers) and feeds back what happened.
 
@@ -20,9 +22,9 @@ before each effect is carried out, so a supervisor killed at any point of a
 restart finds where it stood and goes on from there (`Resume`).
 
     begin -> kill -> check -> launch -> step -> done
-               ^                 ^       | failed
-               |  ranks joined   |       v
-               +---------------- backoff +        (attempts left)
+               ^                         | failed
+               |                         v
+               +------------------- backoff       (attempts left)
                                          | no attempts left, or no survivor
                                          v
                                         all -> done                 (every rank from a checkpoint)
@@ -56,6 +58,9 @@ _UNDER_WAY = (Phase.RECOVERING, Phase.RESTARTING_ALL)
 NO_SOURCE = "no healthy rank is left to take the state from"
 NONE_RECOVERED = "no survivor recovered from the broken collective"
 STILL_BLOCKED = "still blocked in the broken collective"
+# A survivor that formed no generation since a peer died in its rendezvous: gloo waits
+# for that peer's connection without a timeout (`workers.phases.JOINING`).
+STUCK_JOINING = "still in the rendezvous of a generation that can no longer form"
 
 
 class Stage(enum.StrEnum):
@@ -151,10 +156,12 @@ class Killed:
 @dataclass(frozen=True, slots=True)
 class Checked:
     """The survivors were checked: `blocked` are still in the broken collective,
-    `joined` were lost meanwhile (both killed by the shell); each is replaced too."""
+    `stuck` still in the rendezvous of a generation that can no longer form,
+    `joined` were lost meanwhile (all killed by the shell); each is replaced too."""
 
     blocked: tuple[int, ...] = ()
     joined: tuple[int, ...] = ()
+    stuck: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +234,8 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class Kill:
-    """Kill `ranks`' current processes (their slots closed); answer `Killed`."""
+    """Kill `ranks`' current processes (their slots closed; after a failed attempt, its
+    replacements); answer `Killed`."""
 
     ranks: tuple[int, ...]
     live: tuple[int, ...]
@@ -235,9 +243,12 @@ class Kill:
 
 @dataclass(frozen=True, slots=True)
 class CheckSurvivors:
-    """Find survivors still blocked, and ranks lost meanwhile; kill both; answer `Checked`."""
+    """Find survivors still blocked or stuck, and ranks lost meanwhile; kill them; answer
+    `Checked`. `retry`: before launching again after a failed attempt, whose generation
+    is abandoned first (its store closed: waits on it fail, a wait on a dead peer does not)."""
 
     live: tuple[int, ...]
+    retry: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,21 +389,27 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
         return _over(s, _not_now(s.job))
     match inp:
         case Killed(front):
-            st = replace(st, stage=Stage.CHECK, front=front)
-            return s.then(st, CheckSurvivors(tuple(st.live)))
-        case Checked(blocked, joined):
+            # The tick to pass is the one from before the loss, not a failed attempt's.
+            st = replace(st, stage=Stage.CHECK, front=front if st.first else st.front)
+            return s.then(st, CheckSurvivors(tuple(st.live), retry=not st.first))
+        case Checked(blocked, joined, stuck):
             st = replace(st, ranks=_union(st.ranks, joined), blocked=())
             if not st.live:
                 return _failed(replace(s, state=st), NO_SOURCE, cause, k, final=True)
-            if blocked:
-                s = s.job_input(RanksLost(frozenset(blocked), STILL_BLOCKED), k)
-                st = replace(st, ranks=_union(st.ranks, blocked), blocked=tuple(blocked))
+            for ranks, why in ((blocked, STILL_BLOCKED), (stuck, STUCK_JOINING)):
+                if ranks:
+                    s = s.job_input(RanksLost(frozenset(ranks), why), k)
+            if blocked or stuck:
+                st = replace(st, ranks=_union(st.ranks, blocked, stuck),
+                             blocked=_union(blocked, stuck))  # fmt: skip
                 if not st.live:
                     return _failed(replace(s, state=st), NONE_RECOVERED, cause, k, final=True)
             st = replace(st, stage=Stage.LAUNCH)
-            return s.then(st, Launch(st.ranks, min(st.live)))
+            return s.then(st, Launch(st.ranks, min(st.live), retry=not st.first))
         case Launched(info):
-            launched = {**info, "blocked": list(st.blocked)} if st.first else dict(info)
+            launched = (
+                {**info, "blocked": list(st.blocked)} if st.first or st.blocked else dict(info)
+            )
             st = replace(st, stage=Stage.STEP, launched=launched)
             return s.then(st, AwaitSteps(st.front, st.ranks, tuple(st.live)))
         case Formed(formed):
@@ -439,10 +456,10 @@ def _next_attempt(s: _Step, cause: str, k: int) -> _Step:
         return _over(s, _not_now(s.job))
     if not st.live:
         return _failed(s, NO_SOURCE, cause, k, final=True)
-    if st.first:
-        return s.then(replace(st, stage=Stage.KILL), Kill(st.ranks, tuple(st.live)))
-    st = replace(st, stage=Stage.LAUNCH)
-    return s.then(st, Launch(st.ranks, min(st.live), retry=True))
+    # Again after a failed attempt too: its replacements are killed and the survivors
+    # checked again, since one stuck in the failed generation's rendezvous would never
+    # take the next order.
+    return s.then(replace(st, stage=Stage.KILL), Kill(st.ranks, tuple(st.live)))
 
 
 def _failed(s: _Step, reason: str, cause: str, k: int, *, final: bool = False) -> _Step:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import datetime
 import socket
+import threading
+import time
+import types
 
 import pytest
 import torch.distributed as dist
 
-from remedy.workers import membership
+from remedy.workers import membership, phases
 from remedy.workers.membership import Membership, collective_timeout
 
 
@@ -45,3 +48,41 @@ def test_once_connected_the_store_waits_as_long_as_a_collective() -> None:
         )
     finally:
         m.leave()
+
+
+@pytest.mark.timeout(120)
+def test_a_survivor_says_it_is_joining_while_it_forms_the_ordered_generation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its pings say `joining` for as long as its rendezvous lasts (gloo may hold it there
+    for good, `phases.JOINING`, which only the supervisor can end), and `recovering` again
+    once that rendezvous failed and it waits for the next order."""
+    monkeypatch.setattr(membership, "REGROUP_WAIT_S", 0.5)
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    m = Membership(rank=1, world_size=2, store_addr=("127.0.0.1", server.port), backend="gloo")
+    guard = types.SimpleNamespace(
+        step_count=7, sharded=False, mirror=None, send_report=lambda **_: None
+    )
+    m.regroup(1, 0)  # rank 0, the source, never comes
+    errors: list[BaseException] = []
+
+    def survive() -> None:
+        try:
+            m.recover(guard, RuntimeError("Connection closed by peer"), in_step=False)
+        except BaseException as exc:  # handed to the test's thread
+            errors.append(exc)
+
+    t = threading.Thread(target=survive, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 30
+    while m.status()["phase"] != phases.JOINING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (m.status()["phase"], m.status()["generation"]) == (phases.JOINING, 1)
+    time.sleep(0.3)
+    assert m.status()["phase"] == phases.JOINING  # still waiting for rank 0
+    del server  # the store closes: the rendezvous fails, and the rank waits for an order
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert [type(e).__name__ for e in errors] == ["GroupLostError"]
+    assert m.status()["phase"] == phases.RECOVERING and m.status()["generation"] == 0
+    assert not dist.is_initialized()

@@ -1,0 +1,118 @@
+"""The recovery's survivor check against ranks' ping answers: a survivor still `joining` a
+generation after the grace is replaced, one that leaves the rendezvous in time is not, and
+a launch with a rank still joining it is not taken as formed (`workers.phases.JOINING`)."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from collections.abc import Callable
+from typing import Any
+
+from remedy.supervisor.core import restart
+from remedy.supervisor.core.restart import RestartState, Stage
+from remedy.supervisor.hang_watch import HangWatch
+from remedy.supervisor.rank_slots import RankSlots
+from remedy.supervisor.recovery import Recovery
+from remedy.workers import phases
+
+WORLD = 4
+
+
+class Group:
+    """The worker group as the survivor check sees it: ping answers, kills, abandoned stores."""
+
+    def __init__(self, answer: Callable[[int, int], dict[str, Any]]) -> None:
+        self.answer = answer  # (rank, ping round) -> the rank's status
+        self.rounds = 0
+        self.killed: list[int] = []
+        self.abandoned = 0
+        self.actors: dict[int, Any] = {}
+
+    async def ping_all(
+        self, timeout_s: float, ranks: list[int] | None = None, *, patience: float = 0.0
+    ) -> dict[int, Any]:
+        self.rounds += 1
+        return {r: self.answer(r, self.rounds) for r in (ranks or range(WORLD))}
+
+    def kill(self, rank: int) -> None:
+        self.killed.append(rank)
+
+    def abandon_generation(self) -> None:
+        self.abandoned += 1
+
+
+def _recovery(group: Group) -> tuple[Recovery, list[int]]:
+    dropped: list[int] = []
+
+    async def nothing(*_: Any, **__: Any) -> None:
+        return None
+
+    recovery = Recovery(
+        group,
+        spec=types.SimpleNamespace(workers=WORLD, node_agents="off", gpus_per_rank=0),
+        run_dir=None,
+        controller=types.SimpleNamespace(drop_rank=dropped.append, tick_of={}),
+        job=None,
+        slots=RankSlots(WORLD),
+        watch=HangWatch(),
+        sightings=None,
+        write_state=lambda: None,
+        crash_point=lambda _: None,
+        check_nodes=nothing,
+    )
+    return recovery, dropped
+
+
+def _status(phase: str, generation: int) -> dict[str, Any]:
+    return {"phase": phase, "generation": generation, "tick": 5, "step": 5}
+
+
+def _check(recovery: Recovery, *, retry: bool) -> restart.RestartInput | None:
+    machine = RestartState("d1", WORLD, Stage.CHECK, (3,), first=not retry)
+    decision: Any = None
+    return asyncio.run(
+        recovery._carry(decision, machine, restart.CheckSurvivors((0, 1, 2), retry=retry))
+    )
+
+
+def test_a_survivor_still_joining_after_the_grace_is_replaced_as_stuck() -> None:
+    """Before a relaunch: the failed generation is abandoned first (its store's waits fail),
+    then rank 2, still joining it, is killed and handed back as stuck, not as blocked."""
+    group = Group(
+        lambda r, _: _status(phases.JOINING, 1) if r == 2 else _status(phases.RECOVERING, 0)
+    )
+    recovery, dropped = _recovery(group)
+    checked = _check(recovery, retry=True)
+    assert checked == restart.Checked(blocked=(), joined=(), stuck=(2,))
+    assert group.abandoned == 1 and group.killed == [2] and dropped == [2]
+    assert recovery.slots.slots[2].state.value == "lost"
+    assert "survivors_checked" not in recovery._marks  # a relaunch's check: not the record's
+
+
+def test_a_survivor_whose_rendezvous_fails_within_the_grace_is_kept() -> None:
+    """Its rendezvous failed as the store closed: it waits for the order, and is not replaced.
+    A survivor in its loop (not in the group's recovery) is blocked, not stuck."""
+
+    def answer(rank: int, round_: int) -> dict[str, Any]:
+        if rank == 2:
+            return _status(phases.JOINING if round_ < 3 else phases.RECOVERING, 0)
+        if rank == 1:
+            return _status(phases.STEP, 0)
+        return _status(phases.RECOVERING, 0)
+
+    group = Group(answer)
+    recovery, _ = _recovery(group)
+    checked = _check(recovery, retry=False)
+    assert checked == restart.Checked(blocked=(1,), joined=(), stuck=())
+    assert group.abandoned == 0 and group.killed == [1]
+    assert "survivors_checked" in recovery._marks
+
+
+def test_a_launch_with_a_rank_still_joining_it_is_not_formed() -> None:
+    """After a supervisor crash: every rank names the launched generation, but rank 2 is
+    still in its rendezvous, so the crashed supervisor's launch did not take."""
+    joining = Group(lambda r, _: _status(phases.JOINING if r == 2 else phases.BOUNDARY, 1))
+    assert asyncio.run(_recovery(joining)[0]._formed(1)) is False
+    formed = Group(lambda r, _: _status(phases.BOUNDARY, 1))
+    assert asyncio.run(_recovery(formed)[0]._formed(1)) is True
