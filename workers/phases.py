@@ -14,9 +14,10 @@ RECOVERING = "recovering"  # a collective failed: waiting for the order to regro
 # 2.13): a peer that died after publishing its address, or before connecting,
 # holds it there for good, and neither the collective timeout nor closing the
 # store ends that wait. Measured here with 3 ranks, the third SIGKILLed within
-# 50 ms of starting its rendezvous (`benchmarks/rendezvous_peer_death.py`): a
-# survivor was still waiting when looked at, 6-40 s on, in 11 of 52 tries, 3 of
-# them with both the group's and the store's timeout at 8 s. The supervisor
+# 50 ms of starting its rendezvous (`python benchmarks/rendezvous_peer_death.py`,
+# 2026-12-03): a survivor was still in its rendezvous 15 s after the kill in 8 of
+# 25 tries with the group's and the store's timeouts at 30 min, and in 12 of 25
+# with both at 8 s. The supervisor
 # replaces a survivor it finds still joining a generation that can no longer
 # form (`supervisor.recovery.Recovery._blocked`).
 JOINING = "joining"
