@@ -977,13 +977,18 @@ class SupervisorActor:
             self._adopted_result(rank, DEAD)
 
     def _adopted_result(self, rank: int, result: Any) -> None:
-        """An adopted rank ended (its summary) or is gone (`DEAD`)."""
+        """An adopted rank ended (its summary) or is gone (`DEAD`); or one this supervisor
+        started and follows the same way (`WorkerGroup.follow`)."""
+        followed = self.group is not None and rank in self.group.followed
+        if self.group is not None:
+            self.group.followed.discard(rank)
         if result == DEAD:
             assert self.recovery is not None
+            when = "after its run call lost touch" if followed else "while the supervisor was away"
             self.rank_results[rank] = {
                 "rank": rank,
                 "status": "failed",
-                "error": "rank process died while the supervisor was away",
+                "error": f"rank process died {when}",
             }
             self.recovery.lost(rank, "rank_dead", f"rank {rank}'s process is gone")
             return
@@ -1056,6 +1061,13 @@ class SupervisorActor:
         except ray.exceptions.RayError as exc:
             if retired:
                 return  # remedy killed this process itself to replace it
+            if isinstance(exc, ray.exceptions.ActorUnavailableError):
+                # Not known to be dead (`supervisor.pings`): its end is learnt from `result`
+                # calls, as an adopted rank's, and the hang watch judges its silence.
+                if incarnation == self.slots.incarnation(rank):
+                    log.warning("rank_unreachable", rank=rank, error=str(exc)[:200])
+                    group.follow(rank)
+                return
             # Its node may be what died: then the node's loss is what is reported (for all its
             # ranks at once), and this rank's own loss is a part of it. While that look is out,
             # a restart may replace this rank (its node found lost meanwhile): the loss below

@@ -16,6 +16,15 @@ import ray
 
 from remedy.supervisor.hang_watch import DEAD, NO_ANSWER
 
+# Ray's `RayActorError` is either `ActorDiedError` (the process is gone) or
+# `ActorUnavailableError`, which says nothing of the process: a caller that cannot
+# reach it gets one. A call from a new process to a SIGSTOPped actor raises it
+# after 22 s here (Ray 2.60: "failed to connect to all addresses ... connection
+# attempt timed out"), which a restarted supervisor's calls to the ranks it adopted
+# met, and took for death ("rank 3's process is gone"). It counts as no answer
+# everywhere remedy calls a rank: the hang watch judges the silence, and a dead
+# process shows as `ActorDiedError`.
+
 
 async def ping_actors(
     actors: dict[int, Any], timeout_s: float, *, patience: float = 0.0
@@ -30,6 +39,8 @@ async def ping_actors(
     async def one(actor: Any) -> Any:
         try:
             return await actor.ping.remote()  # caller bounds: asyncio.wait below
+        except ray.exceptions.ActorUnavailableError:
+            return NO_ANSWER  # not known to be dead (above)
         except ray.exceptions.RayActorError:
             return DEAD
 

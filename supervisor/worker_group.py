@@ -116,6 +116,7 @@ class WorkerGroup:
         self.next_spare = 0
         # Ranks of an earlier supervisor: running, but whose `run` this one does not own.
         self.adopted: set[int] = set()
+        self.followed: set[int] = set()  # of those, ranks this supervisor started (`follow`)
         # rank -> (the actor asked, its `result` call still out): `poll_adopted`.
         self._result_calls: dict[int, tuple[Any, ray.ObjectRef]] = {}
         self._refs: dict[ray.ObjectRef, tuple[int, int]] = {}  # run ref -> (rank, incarnation)
@@ -261,6 +262,7 @@ class WorkerGroup:
         self.actors[rank] = actor
         self.names[rank] = name
         self.adopted.discard(rank)
+        self.followed.discard(rank)
         self._refs[ref] = (rank, incarnation)
         return ref
 
@@ -328,6 +330,13 @@ class WorkerGroup:
             await asyncio.wait_for(self._learn_pids(live), RESULT_TIMEOUT_S)
         return missing
 
+    def follow(self, rank: int) -> None:
+        """Learn `rank`'s end from `result` calls (`poll_adopted`), as an adopted rank's: its
+        `run` call lost touch with a process that may still be running."""
+        if rank in self.actors:
+            self.adopted.add(rank)
+            self.followed.add(rank)
+
     async def poll_adopted(self) -> dict[int, Any]:
         """Adopted ranks that ended: their summary, or `DEAD` if the actor is gone.
 
@@ -351,6 +360,8 @@ class WorkerGroup:
             del self._result_calls[rank]
             try:
                 result = ray.get(ref)  # ready: ray.wait returned it
+            except ray.exceptions.ActorUnavailableError:
+                continue  # not known to be dead (`supervisor.pings`): asked again
             except ray.exceptions.RayActorError:
                 result = DEAD
             except ray.exceptions.RayError:
@@ -417,6 +428,7 @@ class WorkerGroup:
         """
         actor = self.actors.pop(rank, None)
         self.adopted.discard(rank)
+        self.followed.discard(rank)
         self._result_calls.pop(rank, None)
         for ref, (r, _inc) in self._refs.items():
             if r == rank:
@@ -575,6 +587,7 @@ class WorkerGroup:
         self.spare_names.clear()
         self.spare_nodes.clear()
         self.adopted.clear()
+        self.followed.clear()
 
 
 async def _answers(actor: Any, timeout_s: float) -> bool:

@@ -71,3 +71,57 @@ def test_a_rank_that_answers_nothing_holds_one_call_and_the_others_are_learnt(
     # The stuck rank got one call in all those polls, not one per poll.
     assert ray.get(stuck.calls.remote()) == 1
     assert ray.get(training.calls.remote()) > 1
+
+
+# A restarted supervisor: a new process that finds the rank by name and polls it.
+_NEW_SUPERVISOR = """
+import asyncio, json, sys, time
+import ray
+from remedy.supervisor.worker_group import WorkerGroup
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+group = WorkerGroup.__new__(WorkerGroup)
+group.actors = {0: ray.get_actor("poll-adopted-stopped", namespace="remedy-test")}
+group.adopted, group._result_calls, group.followed = {0}, {}, set()
+got, t0 = {}, time.monotonic()
+while time.monotonic() - t0 < float(sys.argv[2]):
+    got.update({str(r): v for r, v in asyncio.run(group.poll_adopted()).items()})
+    time.sleep(0.5)
+print(json.dumps({"got": got, "adopted": sorted(group.adopted)}))
+"""
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_not_taken_for_dead_by_a_new_supervisor(ray_cluster: None) -> None:
+    """A new process's call to a SIGSTOPped actor fails after 22 s here with Ray's
+    `ActorUnavailableError`, a `RayActorError` as the actor's death is: a restarted
+    supervisor named such a rank `rank_dead`, "process is gone", 22 s after it came back.
+    Polled for 35 s, it is now still adopted and asked again, as one that answers nothing
+    (a dead rank is still learnt dead: the test above)."""
+    import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    @ray.remote(num_cpus=0)
+    class Pid:
+        def pid(self) -> int:
+            return os.getpid()
+
+        def result(self) -> None:
+            return None
+
+    stopped = Pid.options(
+        name="poll-adopted-stopped", namespace="remedy-test", lifetime="detached"
+    ).remote()
+    pid = ray.get(stopped.pid.remote())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _NEW_SUPERVISOR, ray.get_runtime_context().gcs_address, "35"],
+            check=False, capture_output=True, text=True, timeout=90,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == {"got": {}, "adopted": [0]}
+    finally:
+        os.kill(pid, signal.SIGKILL)

@@ -133,7 +133,8 @@ def test_a_rank_that_hangs_while_the_supervisor_is_away_is_found_by_its_own_time
     3 is named hung against its own step-time timeout, not the start-up allowance a new rank
     gets, and is replaced; the run completes. (With every rank given the start-up allowance,
     as before the record kept `hang`, nothing suspected rank 3 and it was named `rank_dead`,
-    "process is gone", 22 s after the restart instead of `rank_hang` 4.3 s after it.)"""
+    "process is gone", 22 s after the restart instead of `rank_hang` 4.3 s after it: Ray's
+    `ActorUnavailableError` for a stopped process, since counted as no answer.)"""
     nan = {"kind": "nan_loss", "at_step": 10, "rank": 0}
     kill = {"kind": "kill_supervisor", "at_step": 20, "rank": 0}
     summary = _run(tmp_path, [nan, kill, HANG])
