@@ -326,8 +326,9 @@ class WorkerGroup:
                     self.spare_nodes[name] = placed.get(name)
                     self.next_spare = max(self.next_spare, int(name.rsplit("-", 1)[1]))
         live = [r for r in ranks if r not in missing]
-        with contextlib.suppress(ray.exceptions.RayError, asyncio.TimeoutError, WaitTimeout):
-            await asyncio.wait_for(self._learn_pids(live), RESULT_TIMEOUT_S)
+        # A rank that answers nothing (stopped, wedged) leaves only its own pid unknown.
+        with contextlib.suppress(ray.exceptions.RayError, WaitTimeout):
+            await self._learn_pids(live, timeout_s=RESULT_TIMEOUT_S)
         return missing
 
     def follow(self, rank: int) -> None:
@@ -374,22 +375,35 @@ class WorkerGroup:
             self.adopted.discard(rank)
         return out
 
-    async def _learn_pids(self, ranks: list[int]) -> None:
-        try:
-            found = await asyncio.wait_for(
-                asyncio.gather(*(self.actors[r].where.remote() for r in ranks)), WHERE_TIMEOUT_S
-            )
-        except TimeoutError:
-            raise WaitTimeout(
-                f"ranks {ranks} did not say where they run within {WHERE_TIMEOUT_S:g}s"
-            ) from None
-        for rank, answer in zip(ranks, found, strict=True):
+    async def _learn_pids(self, ranks: list[int], timeout_s: float = WHERE_TIMEOUT_S) -> None:
+        """Where each of `ranks` runs (node, pid), kept as each answers: one that does not
+        answer in `timeout_s` (`WaitTimeout`) or whose actor failed (its Ray error, raised
+        after the others are kept) costs the others nothing."""
+
+        async def where(rank: int) -> Any:
+            return await self.actors[rank].where.remote()  # caller bounds: asyncio.wait below
+
+        calls = {asyncio.ensure_future(where(r)): r for r in ranks}
+        done, pending = await asyncio.wait(calls, timeout=timeout_s) if calls else (set(), set())
+        for call in pending:
+            call.cancel()
+        failed: BaseException | None = None
+        for call in done:
+            if call.exception() is not None:
+                failed = failed or call.exception()
+                continue
+            rank, answer = calls[call], call.result()  # done
             node, pid = answer[0], answer[1]
             self.pids[rank] = (node, pid, float(answer[3]) if len(answer) > 3 else 0.0)
             self.slots.slots[rank].pid = pid
             if len(answer) > 2:  # an actor of an older version says no node id
                 self.slots.slots[rank].node = str(answer[2])
                 self.used_nodes.add(str(answer[2]))
+        if failed is not None:
+            raise failed
+        if pending:
+            silent = sorted(calls[c] for c in pending)
+            raise WaitTimeout(f"ranks {silent} did not say where they run within {timeout_s:g}s")
 
     def run_refs(self) -> list[ray.ObjectRef]:
         return list(self._refs)

@@ -4,13 +4,16 @@ nothing: one `result` call out per rank, looked at, never waited for."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
 import pytest
 import ray
 
+from remedy.supervisor.exceptions import WaitTimeout
 from remedy.supervisor.hang_watch import DEAD
+from remedy.supervisor.rank_slots import RankSlots
 from remedy.supervisor.worker_group import WorkerGroup
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
@@ -28,6 +31,11 @@ class _Rank:
         if self.stuck:
             await asyncio.Event().wait()
         return self.summary
+
+    async def where(self) -> tuple[str, int, str, float]:
+        if self.stuck:
+            await asyncio.Event().wait()
+        return ("127.0.0.1", os.getpid(), "node-a", 1.5)
 
     async def finish(self) -> None:
         self.summary = {"status": "completed", "incarnation": 1}
@@ -71,6 +79,20 @@ def test_a_rank_that_answers_nothing_holds_one_call_and_the_others_are_learnt(
     # The stuck rank got one call in all those polls, not one per poll.
     assert ray.get(stuck.calls.remote()) == 1
     assert ray.get(training.calls.remote()) > 1
+
+
+def test_a_rank_that_does_not_say_where_it_runs_leaves_only_its_own_pid_unknown(
+    ray_cluster: None,
+) -> None:
+    """A restarted supervisor asks its adopted ranks where they run; a stopped one used to
+    leave every rank's pid unknown (their answers were gathered as one)."""
+    stuck, running = _Rank.remote(stuck=True), _Rank.remote()
+    group = _group({0: stuck, 1: running})
+    group.pids, group.slots, group.used_nodes = {}, RankSlots(2), set()
+    with pytest.raises(WaitTimeout, match=r"ranks \[0\] did not say where"):
+        asyncio.run(group._learn_pids([0, 1], timeout_s=1.0))
+    assert set(group.pids) == {1} and group.pids[1][1] > 0 and group.pids[1][2] == 1.5
+    assert group.slots.slots[1].node == "node-a" and group.slots.slots[0].pid is None
 
 
 # A restarted supervisor: a new process that finds the rank by name and polls it.
