@@ -58,6 +58,7 @@ from remedy.supervisor.agent_hang import AGENT_PING_EVERY_S, RECOVERING_QUIET_S,
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
 from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.supervisor.rank_slots import RankSlots, Slot, SlotState, unanswered_from
+from remedy.workers import phases
 from remedy.workers.phases import IN_LOOP, IN_RECOVERY
 
 # Keys of a step record the supervisor reads (controller, goodput, displays); the rest
@@ -448,9 +449,9 @@ class AgentCore:
         for rank, p in pings.items():
             if p == DEAD:
                 self.watch.forget(rank)
-            elif isinstance(p, dict) and p.get("phase") in IN_RECOVERY:
+            elif phases.of(p) in IN_RECOVERY:
                 self.watch.allow(rank, RECOVERING_QUIET_S, now)
-            elif isinstance(p, dict) and p.get("phase") in IN_LOOP:
+            elif phases.of(p) in IN_LOOP:
                 self.watch.settle(rank)  # back in its loop: watched by its step time again
         self.watch.clear_alarm(self._round_at)  # a failed collective's alarm: answered
         return items

@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from remedy.workers import phases
 from remedy.workers.phases import IN_LOOP
 
 NO_ANSWER = None  # a ping that timed out
@@ -170,7 +171,7 @@ class HangWatch:
         """A ping `rank` answered: one from inside its loop (phase `step` or `boundary`) says
         how far it got, progress its Guard has not reported yet (it reports every
         heartbeat_s), which ends a suspicion as a report would."""
-        if isinstance(ping, dict) and ping.get("phase") in IN_LOOP:
+        if phases.of(ping) in IN_LOOP:
             tick = ping.get("tick")
             if type(tick) is int:
                 self.beat(rank, tick, now)

@@ -73,6 +73,7 @@ from remedy.supervisor.core.losses import Losses
 from remedy.supervisor.core.restart import RestartState
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.spec import NAMESPACE
+from remedy.workers import phases
 from remedy.workers.checkpoint_store import checkpoint_tick, committed_steps
 from remedy.workers.phases import JOINING, RECOVERING
 
@@ -132,11 +133,6 @@ ATTEMPT_EFFECTS = (
     restart.AwaitSteps,
     restart.CheckFormed,
 )
-
-
-def _phase(ping: Any) -> str | None:
-    """The phase a rank's ping answer gives (None: no answer)."""
-    return ping.get("phase") if isinstance(ping, dict) else None
 
 
 def _ranks_text(ranks: set[int]) -> str:
@@ -1043,7 +1039,7 @@ class Recovery:
             if not live:
                 return [], []
             pings = await self.group.ping_all(self.watch.config.ping_timeout_s, ranks=live)
-            still = [r for r in live if _phase(pings[r]) != RECOVERING]
+            still = [r for r in live if phases.of(pings[r]) != RECOVERING]
             # A survivor that answered nothing yet is not known to be blocked: the first
             # calls of a restarted supervisor to the ranks it adopted can be slow.
             silent = [r for r in still if not isinstance(pings[r], dict)]
@@ -1052,7 +1048,7 @@ class Recovery:
             # on a loaded node their error handlers may just not have run yet.
             extra = SILENT_GRACE_S if silent or len(still) == len(live) else 0.0
             if not still or time.monotonic() > deadline + extra:
-                stuck = [r for r in still if _phase(pings[r]) == JOINING]
+                stuck = [r for r in still if phases.of(pings[r]) == JOINING]
                 return [r for r in still if r not in stuck], stuck
             await asyncio.sleep(0.02)
 
@@ -1067,6 +1063,6 @@ class Recovery:
             r in pings
             and isinstance(pings[r], dict)
             and pings[r].get("generation") == generation
-            and pings[r].get("phase") != JOINING
+            and phases.of(pings[r]) != JOINING
             for r in every
         )

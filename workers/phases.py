@@ -5,6 +5,8 @@ Torch-free: the supervisor, its decision core and the node agents read them.
 
 from __future__ import annotations
 
+from typing import Any
+
 STARTING = "starting"  # before its Guard exists
 BOUNDARY = "boundary"  # between steps
 STEP = "step"  # inside a step
@@ -25,3 +27,8 @@ IDLE = "idle"  # a rank actor whose training has not started or has ended
 
 IN_LOOP = (STEP, BOUNDARY)
 IN_RECOVERY = (RECOVERING, JOINING)
+
+
+def of(ping: Any) -> str | None:
+    """The phase a rank's ping answer gives (None: no answer, or a dead actor)."""
+    return ping.get("phase") if isinstance(ping, dict) else None

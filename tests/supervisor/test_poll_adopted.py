@@ -103,7 +103,7 @@ from remedy.supervisor.worker_group import WorkerGroup
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 group = WorkerGroup.__new__(WorkerGroup)
 group.actors = {0: ray.get_actor("poll-adopted-stopped", namespace="remedy-test")}
-group.adopted, group._result_calls, group.followed = {0}, {}, set()
+group.adopted, group._result_calls = {0}, {}
 got, t0 = {}, time.monotonic()
 while time.monotonic() - t0 < float(sys.argv[2]):
     got.update({str(r): v for r, v in asyncio.run(group.poll_adopted()).items()})
