@@ -76,9 +76,9 @@ def _since(at: float, marks: dict[str, Any]) -> dict[str, float]:
 
 
 def measure(run_dir: Path, summary: dict[str, Any], digest: str) -> dict[str, Any]:
-    wal = read_jsonl(run_dir / "journal.wal")
-    kill = next(r for r in wal if r.get("type") == "chaos_kill_node")
-    lost = next((r for r in wal if r.get("type") == "node_lost"), None)
+    history = read_jsonl(run_dir / "history.jsonl")
+    kill = next(r for r in history if r.get("type") == "chaos_kill_node")
+    lost = next((r for r in history if r.get("type") == "node_lost"), None)
     record = summary["recoveries"][0] if summary.get("recoveries") else {}
     ranks = {r: _since(kill["at"], t) for r, t in record.get("rank_timelines", {}).items()}
     stepped = [t.get("next_step") for t in ranks.values()]
@@ -127,7 +127,7 @@ def main() -> None:
                 # The next run gets three nodes again: a fresh node for the killed one.
                 killed = next(
                     r["node_id"]
-                    for r in read_jsonl(run_dir / "journal.wal")
+                    for r in read_jsonl(run_dir / "history.jsonl")
                     if r.get("type") == "chaos_kill_node"
                 )
                 cluster.replace_worker(killed, root)

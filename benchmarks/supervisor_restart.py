@@ -106,7 +106,7 @@ def crash_run(tmp: Path, workers: int, steps: int, kill: bool) -> dict[str, Any]
     )
     if kill:
         marker = next((tmp / "chaos" / "fired").glob("*.json"))
-        journal = read_jsonl(tmp / "journal.wal")
+        journal = read_jsonl(tmp / "history.jsonl")
         restored = next(r for r in journal if r["type"] == "supervisor_restored")
         started = [r for r in journal if r["type"] == "supervisor_started"][-1]
         out["outage_s"] = _ts(restored["ts"]) - marker.stat().st_mtime
@@ -153,7 +153,7 @@ def hang_run(
     t0 = time.time()
     summary = run_supervised(spec)
     watcher.join(timeout=5)
-    journal = read_jsonl(tmp / "journal.wal")
+    journal = read_jsonl(tmp / "history.jsonl")
     ended = next(r for r in journal if r["type"] == "run_ended")
     last_step = max(float(r["result"]["last_step_at"]) for r in summary["ranks"])
     return {

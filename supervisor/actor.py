@@ -9,11 +9,12 @@ while the loop runs, on one event loop, so controller state needs no locks.
 
 `launch_supervisor` creates it as `remedy-supervisor-<run_id>` in the
 `remedy` namespace, detached, with unbounded restarts and task retries. Its
-state lives in `journal.wal` (see `supervisor.core.control_state`): a state record
-is written before any reply that carries a new promise leaves, and every
-`STATE_EVERY_S`. When Ray restarts the actor after a crash, the constructor
-runs again with the same spec, finds that the run had started, rebuilds
-itself from the last state record and the records after it, and resumes the
+state lives in `journal.wal`, which holds nothing else (`supervisor.core.run_state`):
+a state record is written before any reply that carries a new promise
+leaves, at each move of the job's state, and every `STATE_EVERY_S`; what it
+did along the way goes to `history.jsonl`. When Ray restarts the actor after
+a crash, the constructor runs again with the same spec, finds that the run
+had started, rebuilds itself from the last state record, and resumes the
 loop by itself: it finds the rank actors again by name, learns from their
 `result()` which finished meanwhile, and carries on. Calls that were in
 flight (reports, `wait`) are retried by Ray against the new instance;
@@ -150,9 +151,13 @@ class SupervisorActor:
         configure_logging(verbose=self.spec.verbose)
         self.run_dir = RunDir(self.spec.run_dir, self.spec.run_id)
         journal = read_journal(self.run_dir.path / "journal.wal")
-        lives = [r for r in journal if r.get("type") == "supervisor_started"]
-        # 1 for a new run; one more for each time Ray restarted this supervisor.
-        self.incarnation = 1 + max((int(r.get("incarnation", 1)) for r in lives), default=0)
+        state, tail = control_state.split_at_last_state(journal)
+        run = RunState.from_record(state) if state is not None else None  # older ones migrated
+        older = control_state.older_tail(journal, tail)
+        # Supervisors of this run before this one: the newest state record's, or, in a journal
+        # of schema 7 or older, its `supervisor_started` records. 0 for a new run.
+        lives = max(run.incarnation if run is not None else 0, older.lives)
+        self.incarnation = 1 + lives
         policy = load_policy_source(self.spec.policy)
         engine = Engine(
             policy,
@@ -181,7 +186,7 @@ class SupervisorActor:
         # the rendezvous store, the hang watch, and targeted restarts.
         self.slots = RankSlots(self.spec.workers, rejected=self.controller.rejected)
         self.job = JobStateMachine(
-            journal=self.run_dir.wal, max_targeted=self.spec.max_targeted_restarts
+            journal=self._job_moved, max_targeted=self.spec.max_targeted_restarts
         )
         self.watch = HangWatch(HangWatchConfig(**self.spec.hang_watch))  # type: ignore[arg-type]
         self.node_watch = NodeWatch()
@@ -206,7 +211,9 @@ class SupervisorActor:
         self._group_record: dict[str, Any] | None = None  # set when restoring
         self._recovery_record: dict[str, Any] | None = None  # the restart in progress, if any
         self._hang_record: dict[str, Any] = {}  # the hang watch's, to go on watching from
+        self._watching = False  # the hang watch has every rank (`_watch_from_start`)
         self._ranks_ended = False  # restored after every rank had ended
+        self._ended: str | None = None  # the run's status, once it has ended
         self.agent_nodes: list[str] = []  # nodes with an agent of this run (or one starting)
         self.agent_handles: dict[str, Any] = {}  # node id -> its agent, once started
         self._new_nodes_at = 0.0  # when to look for nodes that joined since (`_agents_for_new`)
@@ -216,7 +223,7 @@ class SupervisorActor:
         # Crash points (chaos) already passed in an earlier life: each fires once per run.
         self._crashed: set[str] = set()
         if lives:
-            self._restore(journal)
+            self._restore(run, older, tail)
             # Nobody else will call `start` on a restarted supervisor: call it ourselves,
             # so the loop resumes with no driver around.
             ray.get_runtime_context().current_actor.start.remote()
@@ -232,21 +239,24 @@ class SupervisorActor:
         return "running" if self.group is not None else "starting"
 
     # ------------------------------------------------------------ restore
-    def _restore(self, journal: list[dict[str, Any]]) -> None:
-        """Rebuild from journal.wal: the last state record, then the records after it."""
-        state, tail = control_state.split_at_last_state(journal)
-        ended = next((r for r in reversed(journal) if r.get("type") == "run_ended"), None)
+    def _restore(self, run: RunState | None, older: control_state.OlderTail,
+                 tail: list[dict[str, Any]]) -> None:  # fmt: skip
+        """Rebuild from journal.wal's newest state record (`run`; and, from a journal of
+        schema 7 or older, what `older` and `tail` hold besides)."""
+        ended = run.ended if run is not None and run.ended is not None else older.ended
         if ended is not None:
-            self._summary = {"status": ended.get("status"), **self._read_summary(ended)}
+            self._ended = ended
+            self._summary = {"status": ended, **self._read_summary(ended)}
             self._done.set()
             return
         c = self.controller
-        ranks_ended = next((r for r in reversed(journal) if r.get("type") == "ranks_ended"), None)
-        if ranks_ended is not None and isinstance(ranks_ended.get("results"), dict):
+        ranks_ended = run.ranks_ended if run is not None else None
+        if ranks_ended is None:
+            ranks_ended = older.ranks_ended
+        if ranks_ended is not None:
             self._ranks_ended = True
-            self.rank_results = {int(r): v for r, v in ranks_ended["results"].items()}
-        if state is not None:
-            run = RunState.from_record(state)  # an older schema is migrated
+            self.rank_results = {int(r): v for r, v in ranks_ended.items()}
+        if run is not None:
             c.load_state_dict(run.controller)
             self.slots = RankSlots.from_records(run.slots, run.last_seq)
             self.job.state = run.job
@@ -255,15 +265,16 @@ class SupervisorActor:
             self._recovery_record = run.recovery
             self._hang_record = run.hang
             self._crashed = set(run.crashed)
-        abandoned = control_state.replay_tail(c, tail)
-        for record in tail:
-            if record.get("type") == "job_state" and isinstance(record.get("to"), dict):
-                self.job.state = JobState.from_dict(record["to"])
+        abandoned = control_state.replay_tail(c, tail)  # a journal of schema 7 or older
+        if older.job is not None:
+            self.job.state = JobState.from_dict(older.job)
         c.restore_decisions(read_journal(self.run_dir.path / "decisions.jsonl"))
+        abandoned += control_state.abandoned(c, read_journal(self.run_dir.path / "history.jsonl"))
         # The goodput ledger from the journals; the outage, from when the supervisor that
         # died last wrote something (a report's metrics, a journal record) until now.
         c.goodput = goodput_of(self.run_dir.path)
-        heard = [last_written(self.run_dir.path / n) for n in ("metrics.jsonl", "journal.wal")]
+        heard = [last_written(self.run_dir.path / n)
+                 for n in ("metrics.jsonl", "journal.wal", "history.jsonl")]  # fmt: skip
         back = time.time()
         down_since = max((t for t in heard if t is not None), default=back)
         outage = {
@@ -273,13 +284,13 @@ class SupervisorActor:
             "down_s": round(max(back - down_since, 0.0), 3),
         }
         c.goodput.outage(outage)
-        self.run_dir.wal(
+        self.run_dir.history(
             {
                 "type": "supervisor_restored",
                 "incarnation": self.incarnation,
-                "from_state": state is not None,
+                "from_state": run is not None,
                 "tail_records": len(tail),
-                "abandoned": abandoned,
+                "abandoned": sorted(set(abandoned)),
                 "pending": sorted(c.pending),
                 "job": self.job.state.to_dict(),
                 "outage": outage,
@@ -292,13 +303,19 @@ class SupervisorActor:
             abandoned=len(abandoned),
         )
 
-    def _read_summary(self, ended: dict[str, Any]) -> dict[str, Any]:
+    def _job_moved(self, record: dict[str, Any]) -> None:
+        """The job's state moved (`JobStateMachine.step`): into the history, and a state
+        record, so a supervisor restarted from here resumes from the new phase."""
+        self.run_dir.history(record)
+        self.write_state()
+
+    def _read_summary(self, status: str) -> dict[str, Any]:
         try:
             summary = json.loads((self.run_dir.path / "summary.json").read_text())
         except (OSError, ValueError):
             summary = None
         if not isinstance(summary, dict):
-            summary = {"run_id": self.spec.run_id, "status": ended.get("status", "failed")}
+            summary = {"run_id": self.spec.run_id, "status": status}
         return summary
 
     def write_state(self, *, before_reply: bool = False) -> None:
@@ -316,10 +333,16 @@ class SupervisorActor:
             slots=self.slots.state_records(),
             group=group.record() if group is not None else self._group_record,
             controller=c.state_dict(),
-            recovery=self.recovery.state() if self.recovery is not None else None,
+            # Before the loop has built them (a call answered first after a restart): as
+            # restored, so a state record written then keeps the restart in progress.
+            recovery=self.recovery.state() if self.recovery is not None else self._recovery_record,
             crashed=tuple(sorted(self._crashed)),
             last_seq=self.slots.seqs(),
-            hang=self.watch.record(),
+            hang=self.watch.record() if self._watching else self._hang_record,
+            ranks_ended=(
+                {str(r): v for r, v in self.rank_results.items()} if self._ranks_ended else None
+            ),
+            ended=self._ended,
         )
         self.run_dir.wal(self._state_log.entry(state.to_record(), defer_full=before_reply))
         self._state_changes = c.changes
@@ -361,7 +384,9 @@ class SupervisorActor:
         if count >= self._token_journaled.get(call, 0) * 10:
             self._token_journaled[call] = max(count, 1)
             log.warning("call_refused", call=call, reason="token", count=count)
-            self.run_dir.wal({"type": "refused", "call": call, "reason": "token", "count": count})
+            self.run_dir.history(
+                {"type": "refused", "call": call, "reason": "token", "count": count}
+            )
         return False
 
     def _require(self, token: Any, call: str) -> None:
@@ -393,7 +418,7 @@ class SupervisorActor:
             # The old sinks finish what they hold in the background; new notifies go to the new.
             previous, self.notifier = self.notifier, self._notifier(policy)
             threading.Thread(target=previous.close, daemon=True).start()
-        self.run_dir.wal(
+        self.run_dir.history(
             {"type": "policy_reloaded", "file": filename, "from": old, "to": policy.name}
         )
         log.warning("policy_reloaded", file=filename, name=policy.name)
@@ -415,7 +440,7 @@ class SupervisorActor:
         """Journal a refused policy (the one in force stays); its error lines, capped."""
         errors = [d.format() for d in exc.diagnostics][:MAX_REFUSAL_LINES]
         log.warning("policy_refused", file=filename, errors=len(exc.diagnostics))
-        self.run_dir.wal(
+        self.run_dir.history(
             {
                 "type": "policy_refused",
                 "file": filename,
@@ -471,6 +496,7 @@ class SupervisorActor:
         decision taken on another node's report is in them once it is settled)."""
         if not self._authorized(token, "settled") or not _a_tick(tick) or type(rank) is not int:
             return {"settled": False, "commands": []}
+        await self._commit()  # a command decided in a call still waiting for its record
         return {"settled": self.settled_now(tick), "commands": self.controller.commands_for(rank)}
 
     async def report_many(self, token: Any, node: Any, items: Any) -> dict[int, list[Any]]:
@@ -527,7 +553,9 @@ class SupervisorActor:
             return
         lost = self.slots.answered_below(rank, seq, below)
         if lost:
-            self.run_dir.wal({"type": "batches_lost", "rank": rank, "node": node, "count": lost})
+            self.run_dir.history(
+                {"type": "batches_lost", "rank": rank, "node": node, "count": lost}
+            )
 
     async def hang_seen(self, token: Any, node: Any, items: Any) -> None:
         """A node agent suspected one of its ranks and pinged its ranks: what it saw.
@@ -638,7 +666,7 @@ class SupervisorActor:
             "ranks": self.slots.on_node(node_id), "outcome": "killing" if kill else "refused",
             "reason": reason, "at": round(time.time(), 4),
         }  # fmt: skip
-        self.run_dir.wal(record)
+        self.run_dir.history(record)
         log.warning("chaos_kill_node", **{k: v for k, v in record.items() if k != "type"})
         return {"kill": kill, "reason": reason}
 
@@ -670,14 +698,14 @@ class SupervisorActor:
             if note is None:
                 self.controller.rejected["outage_note"] += 1
                 continue
-            self.run_dir.wal({"type": "supervisor_outage", "note": note})
+            self.run_dir.history({"type": "supervisor_outage", "note": note})
             log.warning("supervisor_outage", **note)
 
     def _outage_fields(self) -> dict[str, Any]:
         """The summary's outages so far, merged from every watcher's notes in the journal (read
         once): the supervisor's with their total, and the node agents' their ranks noticed."""
-        journal = read_journal(self.run_dir.path / "journal.wal")
-        notes = [r["note"] for r in journal if r.get("type") == "supervisor_outage"]
+        history = read_journal(self.run_dir.path / "history.jsonl")
+        notes = [r["note"] for r in history if r.get("type") == "supervisor_outage"]
         outages = liveness.merge_outages(notes)
         return {
             "supervisor_outages": outages,
@@ -722,7 +750,7 @@ class SupervisorActor:
         stopping = self.state in ("starting", "running") and self.controller.stop(text)
         if stopping:
             log.warning("stop_requested", reason=text)
-            self.run_dir.wal({"type": "stop_requested", "reason": text})
+            self.run_dir.history({"type": "stop_requested", "reason": text})
         return {"stopping": stopping, "state": self.state}
 
     def _status(self) -> dict[str, Any]:
@@ -789,6 +817,10 @@ class SupervisorActor:
             # Restarted after every rank had ended (their actors are gone): just finish.
             return self._finish()
         me = ray.get_runtime_context().current_actor
+        if self._group_record is None:
+            # This supervisor's first state record, before it starts anything: one restarted
+            # from here knows a run had begun (and starts its group over, see below).
+            self.write_state()
         await self._start_agents()
         group = self.group = WorkerGroup(
             self.spec, supervisor=me, rendezvous=self.rendezvous, slots=self.slots
@@ -811,7 +843,7 @@ class SupervisorActor:
         )
         try:
             self._watch_from_start()
-            self.run_dir.wal(
+            self.run_dir.history(
                 {
                     "type": "supervisor_started",
                     "incarnation": self.incarnation,
@@ -820,7 +852,7 @@ class SupervisorActor:
             )
             if self._group_record is None:
                 if self.incarnation > 1:
-                    # Died while starting the group, before its first state record: start
+                    # Died while starting the group, before a state record held it: start
                     # over (the actors it had created carry names a new group would reuse).
                     kill_run_actors(self.spec.run_id)
                     self.job.state = JobState()
@@ -861,7 +893,9 @@ class SupervisorActor:
             await self.recovery.settle(self.rank_results)
             # Before the ranks are killed: a supervisor restarted from here on finishes
             # from these results instead of looking for the actors.
-            self.run_dir.wal({"type": "ranks_ended", "results": self.rank_results})
+            self.run_dir.history({"type": "ranks_ended", "results": self.rank_results})
+            self._ranks_ended = True
+            self.write_state()
         finally:
             group.shutdown()
             with contextlib.suppress(ray.exceptions.RayError):
@@ -920,7 +954,7 @@ class SupervisorActor:
             asyncio.gather(*(h.where.remote() for h in handles.values())), AGENT_START_S
         )
         self.agent_handles.update(handles)
-        self.run_dir.wal({"type": "agents_started", "nodes": nodes})
+        self.run_dir.history({"type": "agents_started", "nodes": nodes})
 
     async def _agents_for_new(self) -> None:
         """A node that joined the cluster since the agents started gets one too (every
@@ -956,7 +990,7 @@ class SupervisorActor:
             return
         self.agent_handles.update(handles)  # the group's too: it holds this dict
         log.info("agents_started", nodes=nodes, joined_late=True)
-        self.run_dir.wal({"type": "agents_started", "nodes": nodes, "joined_late": True})
+        self.run_dir.history({"type": "agents_started", "nodes": nodes, "joined_late": True})
 
     def _watch_from_start(self) -> None:
         """Every rank into the hang watch: with the start-up allowance, or, after a restart of
@@ -964,6 +998,7 @@ class SupervisorActor:
         while no supervisor watched is found within its own timeout, not the start-up one)."""
         now = time.monotonic()
         ticks = self.controller.tick_of
+        self._watching = True
         for rank in range(self.spec.workers):
             entry = self._hang_record.get(str(rank))
             if not self.watch.resumed(rank, now, ticks.get(rank, -1), entry):
@@ -1202,7 +1237,9 @@ class SupervisorActor:
         if error is not None:
             summary["error"] = error
         self.run_dir.write_summary(summary)
-        self.run_dir.wal({"type": "run_ended", "status": status})
+        self.run_dir.history({"type": "run_ended", "status": status})
+        self._ended = status
+        self.write_state()
         self.run_dir.close()
         self._summary = summary
         return summary

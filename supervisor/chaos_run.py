@@ -206,9 +206,9 @@ def analyze(
     anomalies = sorted(read_jsonl(run_dir / "anomalies.jsonl"), key=lambda a: _at(a.get("ts")))
     decisions = read_jsonl(run_dir / "decisions.jsonl")
     metrics = [m for path in metrics_paths(run_dir) for m in read_jsonl(path)]
-    wal = read_jsonl(run_dir / "journal.wal")
+    history = read_jsonl(run_dir / "history.jsonl")
     fired = _fired(run_dir)
-    restarts = [r["outage"] for r in wal
+    restarts = [r["outage"] for r in history
                 if r.get("type") == "supervisor_restored" and isinstance(r.get("outage"), dict)]  # fmt: skip
     used: set[int] = set()
     rows = []

@@ -48,7 +48,8 @@ def goodput_of(
     if metrics is None:
         metrics = [m for f in metrics_paths(p) for m in read_journal(f)]
     return GoodputLedger.replay(
-        read_journal(p / "journal.wal"),
+        # The history (journal.wal held it in runs before state schema 8).
+        read_journal(p / "journal.wal") + read_journal(p / "history.jsonl"),
         metrics=metrics,
         anomalies=read_journal(p / "anomalies.jsonl") if anomalies is None else anomalies,
         lead=lead,

@@ -449,7 +449,7 @@ class Recovery:
                 f"node {name} is lost: Ray's GCS lists it dead ({node.reason}); "
                 f"{_ranks_text(set(ranks)) if ranks else 'no rank'} ran on it"
             )
-            self.run_dir.wal({
+            self.run_dir.history({
                 "type": "node_lost", "node": name, "node_id": node.node_id, "ranks": ranks,
                 "reason": reason, "detected_at": round(time.time(), 4),
             })  # fmt: skip
@@ -973,7 +973,7 @@ class Recovery:
                 f"committed: {', '.join(map(str, steps))}"
             )
             floor = checkpoint_tick(directory, resume) or 0
-        self.run_dir.wal({
+        self.run_dir.history({
             "type": "full_restart", "resume_step": resume, "committed_steps": steps,
             "reached_step": reached, "reason": f"restarting every rank {resumed}", "cause": cause,
         })  # fmt: skip

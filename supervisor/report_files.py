@@ -19,7 +19,14 @@ MAX_FILE_BYTES = 256 << 20
 MAX_NAMED_PROBLEMS = 5
 
 # A run directory without summary.json but with one of these is a run in progress (or cut short).
-_RUN_FILES = (".remedy-run", "journal.wal", "decisions.jsonl", "anomalies.jsonl", "metrics.jsonl")
+_RUN_FILES = (
+    ".remedy-run",
+    "journal.wal",
+    "history.jsonl",
+    "decisions.jsonl",
+    "anomalies.jsonl",
+    "metrics.jsonl",
+)
 _NUMBERS = ("steps_completed", "steps_executed", "goodput", "wall_s")
 _TEXTS = ("outcome", "rule", "action", "reason")
 

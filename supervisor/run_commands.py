@@ -104,7 +104,7 @@ def silent_supervisor(ref: RunRef) -> str:
     newest = 0.0
     run_dir = ref.run_dir
     if run_dir is not None:
-        for name in ("journal.wal", "metrics.jsonl"):
+        for name in ("journal.wal", "history.jsonl", "metrics.jsonl"):
             with contextlib.suppress(OSError):
                 newest = max(newest, (run_dir / name).stat().st_mtime)
     if newest:
@@ -277,7 +277,7 @@ def log_line(event: dict[str, Any]) -> str | None:
 
 
 def journal_line(record: dict[str, Any]) -> str:
-    """One line for a journal.wal record: when, what, and its reason or its fields."""
+    """One line for a history record: when, what, and its reason or its fields."""
     skip = {"run_id", "event", "ts", "type", "from", "to", "reason"}
     said = record.get("reason") or ", ".join(
         f"{k}={json.dumps(v, default=str)[:120]}" for k, v in record.items() if k not in skip
@@ -295,8 +295,10 @@ def _logs_from_run_dir(ref: RunRef) -> int:
         if text is not None:
             entries.append((_epoch(ts), len(entries), text))
 
-    for record in _jsonl(ref.run_dir / "journal.wal"):
-        add(record.get("ts"), wal_line(record))
+    # The history; a run of remedy before state schema 8 kept it in journal.wal.
+    for name in ("journal.wal", "history.jsonl"):
+        for record in _jsonl(ref.run_dir / name):
+            add(record.get("ts"), history_line(record))
     anomalies = _jsonl(ref.run_dir / "anomalies.jsonl")
     for a in anomalies:  # placed when its rank saw it, not when the supervisor wrote it
         add(a.get("detected_at", a.get("ts")), log_line({**a, "event": "anomaly"}))
@@ -339,9 +341,10 @@ def _epoch(ts: Any) -> float:
     return 0.0
 
 
-def wal_line(record: dict[str, Any]) -> str | None:
-    """A readable line for a journal.wal record; None for the bookkeeping ones (state
-    records, full or delta, and the decisions, which decisions.jsonl gives in full)."""
+def history_line(record: dict[str, Any]) -> str | None:
+    """A readable line for a history.jsonl record (or an older run's journal.wal record);
+    None for the bookkeeping ones (state records, full or delta, and the decisions, which
+    decisions.jsonl gives in full)."""
     kind = record.get("type")
     if kind in ("decided", "resolved", STATE, DELTA):
         return None

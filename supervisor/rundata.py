@@ -185,10 +185,11 @@ def write_fallback_summary(run_dir: str | Path, run_id: str, reason: str, **extr
 
 
 def _started_policy(path: Path) -> str | None:
-    """The policy the run's supervisor was started with, from its journal.wal, or None."""
+    """The policy the run's supervisor was started with, from its history, or None."""
     started = [
         r["policy"]
-        for r in read_journal(path / "journal.wal")
+        for name in ("journal.wal", "history.jsonl")  # journal.wal: runs before state schema 8
+        for r in read_journal(path / name)
         if r.get("type") == "supervisor_started" and isinstance(r.get("policy"), str)
     ]
     return started[-1] if started else None

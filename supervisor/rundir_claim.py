@@ -17,7 +17,7 @@ from remedy.supervisor.exceptions import UsageError
 
 MARKER = ".remedy-run"
 # Files that mark a directory as holding a run already: a second run there would mix journals.
-RUN_FILES = (MARKER, "summary.json", "journal.wal", "decisions.jsonl")
+RUN_FILES = (MARKER, "summary.json", "journal.wal", "history.jsonl", "decisions.jsonl")
 
 
 @dataclass

@@ -4,12 +4,14 @@
 | `decisions.jsonl` | one decision with its outcome (structlog JSON) |
 | `anomalies.jsonl` | one anomaly event |
 | `metrics.jsonl` | one step of one rank |
-| `journal.wal` | write-ahead records: a decision before dispatch, its resolution after |
+| `journal.wal` | the supervisor's state records (`RunState`), and deltas between them |
+| `history.jsonl` | what the supervisor did: decisions taken and resolved, job moves, restarts |
 | `summary.json` | the run's status and totals |
 | `checkpoints/` | durable checkpoints |
 
-Every line is flushed as it is written; write-ahead records are fsynced, so
-a supervisor that dies mid-decision can tell what it had promised.
+Every line is flushed as it is written; the state records are fsynced, so a
+supervisor that dies mid-decision resumes from what it had promised. The
+history is what people and reports read; no restore depends on it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def _jsonl_logger(fh: TextIO) -> Any:
 # Step records of ranks that report through a node agent: one file per agent
 # (`remedy.supervisor.agent`), read together with `metrics.jsonl`.
 AGENT_METRICS_GLOB = "metrics-agent-*.jsonl"
+# The record types of journal.wal (`supervisor.core.run_state`): RunState, full or as a delta.
+WAL_TYPES = ("state", "state_delta")
 
 
 def metrics_paths(path: str | os.PathLike[str]) -> list[Path]:
@@ -112,11 +116,22 @@ class RunDir:
         self._files["output.jsonl"].write("\n".join(encode(x) for x in lines) + "\n")
 
     def wal(self, record: dict[str, Any]) -> None:
-        """A write-ahead record, on disk before this returns."""
+        """A state record (`state` or `state_delta`) of the write-ahead journal, on disk before
+        this returns. The journal holds nothing else: a restarted supervisor reads only it."""
+        if record.get("type") not in WAL_TYPES:
+            raise ValueError(
+                f"journal.wal holds state records only, not {record.get('type')!r}: "
+                "write it to the history"
+            )
         self._logger("journal.wal").msg("wal", run_id=self.run_id, **record)
         fh = self._files["journal.wal"]
         fh.flush()
         os.fsync(fh.fileno())
+
+    def history(self, record: dict[str, Any]) -> None:
+        """One line of `history.jsonl`: something the supervisor saw or did (flushed, not
+        fsynced: what must survive a crash is in the state records)."""
+        self._logger("history.jsonl").msg("history", run_id=self.run_id, **record)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         tmp = self.path / ".summary.json.tmp"

@@ -3,8 +3,9 @@
 One `Controller` serves a whole job. The Ray supervisor actor wraps it; in
 single-process mode the Guard drives one directly. Per batch it validates
 the untrusted input (a malformed event is rejected and counted, never
-raised), records anomalies and metrics, asks the policy engine, journals
-each decision before it is dispatched (write-ahead), queues in-process
+raised), records anomalies and metrics, asks the policy engine, counts
+each decision as a change (its shell writes a state record holding it before
+a reply can carry its command) and puts it in the history, queues in-process
 actions as commands for every rank, and resolves decisions once the ranks
 report how applying them went.
 
@@ -40,12 +41,12 @@ from remedy.supervisor.core import control_state
 from remedy.supervisor.core.effects import (
     AnomalyRecord,
     DecisionRecord,
+    HistoryRecord,
     Journal,
     JournalCarrier,
     MetricRecords,
     Notify,
     NotifyCarrier,
-    WalRecord,
     log_notify,
 )
 from remedy.supervisor.core.goodput import REWINDING_ACTIONS, GoodputLedger
@@ -441,7 +442,9 @@ class Controller:
         ):  # the ranks' next rewind is this one's: its steps are lost to it
             self.goodput.expect_rewind(self._clock(), d.anomaly.kind)
         self._emit(
-            WalRecord({"type": "decided", "decision": d.to_dict(), "command": command.to_dict()})
+            HistoryRecord(
+                {"type": "decided", "decision": d.to_dict(), "command": command.to_dict()}
+            )
         )
         self.pending[d.decision_id] = _Pending(d, command, targets, self._clock())
 
@@ -454,14 +457,14 @@ class Controller:
             self._resolve_now(d, *self.notify(effect))
         elif d.action == "abort":
             self.abort_reason = str(d.params.get("reason") or d.reason)
-            self._emit(WalRecord({"type": "decided", "decision": d.to_dict(), "command": None}))
+            self._emit(HistoryRecord({"type": "decided", "decision": d.to_dict(), "command": None}))
             self._resolve_now(d, "applied", "run aborted")
             # Ranks stop at their next boundary.
             self._dispatch_stop(d)
         elif self.group_action is None:
             self._resolve_now(d, "failed", f"{d.action} needs a worker group; none is attached")
         else:
-            self._emit(WalRecord({"type": "decided", "decision": d.to_dict(), "command": None}))
+            self._emit(HistoryRecord({"type": "decided", "decision": d.to_dict(), "command": None}))
             result = self.group_action(d)
             if result is None:
                 self.deferred[d.decision_id] = d
@@ -511,7 +514,9 @@ class Controller:
         if d.action == "restart_rank" and outcome == "applied":
             for rank in d.ranks:
                 self.forget_rank(rank)
-        self._emit(WalRecord({"type": "resolved", "decision_id": decision_id, "outcome": outcome}))
+        self._emit(
+            HistoryRecord({"type": "resolved", "decision_id": decision_id, "outcome": outcome})
+        )
         self._journal(d, outcome, detail=detail, **extra)
         self.handle(
             self.engine.record_outcome(decision_id, outcome, tick=self._tick(), detail=detail)
@@ -615,7 +620,7 @@ class Controller:
         first = next(iter(failed), None) or pending.outcomes[min(pending.outcomes)]
         outcome = "failed" if failed else "applied"
         self._emit(
-            WalRecord({"type": "resolved", "decision_id": d.decision_id, "outcome": outcome})
+            HistoryRecord({"type": "resolved", "decision_id": d.decision_id, "outcome": outcome})
         )
         follow = self.engine.record_outcome(
             d.decision_id, outcome, tick=self._tick(), detail=first.detail

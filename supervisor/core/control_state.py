@@ -1,21 +1,25 @@
 """The Controller's state record, and rebuilding a Controller from the journal.
 
-`journal.wal` is the source of truth of a supervised run. Besides the
-write-ahead records of each decision (`decided`) and its resolution
-(`resolved`), the supervisor writes a `state` record whenever what it has
-promised changed (before the reply that carries a new command goes out) and
-every few seconds: the engine's state (counters, cooldowns, budget, the
-decision sequence number), the pending commands with their targets and the
-outcomes received, the ids already closed, each rank's step and tick, and
-the counters of the summary.
+`journal.wal` is the source of truth of a supervised run, and from state
+schema 8 on it holds nothing but the supervisor's state (`run_state.RunState`,
+full records and deltas). Its `controller` section is `dump`'s: the
+engine's state (counters, cooldowns, budget, the decision sequence number),
+the pending commands with their targets and the outcomes received, the ids
+already closed, each rank's step and tick, and the counters of the summary.
+The supervisor writes one whenever what it has promised changed (before the
+reply that carries a new command goes out) and every few seconds.
 
-A restarted supervisor loads the last state record (`restore`) and replays
-the records after it (`replay_tail`): a decision journaled after the last
-state record was never dispatched (no reply carried it: the record is
-written before the reply), so it is abandoned, and the rank's batch that
-caused it, re-sent because it was never answered, is decided again, under
-an id of the new incarnation; a resolution after the last state record is
-redone when the outcome it came with is re-sent. Nothing here touches Ray.
+A restarted supervisor loads the last one (`load`). A decision taken after
+it was never dispatched (no reply carried it: the record is written before
+the reply), so it is abandoned, and the rank's batch that caused it, re-sent
+because it was never answered, is decided again, under an id of the new
+incarnation (`abandoned` names them from the history); a resolution after
+it is redone when the outcome it came with is re-sent.
+
+Journals of state schema 7 and older also held the run's history
+(`decided`, `resolved`, `job_state`, `ranks_ended`, `run_ended`, ...):
+`older_tail` and `replay_tail` read what a restore needs of it. Nothing
+here touches Ray.
 """
 
 from __future__ import annotations
@@ -208,8 +212,38 @@ def _decision(raw: dict[str, Any]) -> Decision:
     return dataclasses.replace(Decision.from_dict({**raw, "anomaly": checked}), anomaly=event)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class OlderTail:
+    """What a journal of state schema 7 or older held besides its state records and a
+    restarted supervisor needs: how many supervisors started, whether the ranks or the run
+    had ended, and the job state moves after the last state record. Empty for a journal of
+    schema 8 on, whose state records hold all of it."""
+
+    lives: int = 0
+    ranks_ended: dict[str, Any] | None = None
+    ended: str | None = None
+    job: dict[str, Any] | None = None
+
+
+def older_tail(journal: list[dict[str, Any]], tail: list[dict[str, Any]]) -> OlderTail:
+    """`OlderTail` of `journal` (all its records) and `tail` (those after its last state)."""
+    lives = sum(1 for r in journal if r.get("type") == "supervisor_started")
+    ranks_ended = next((r.get("results") for r in reversed(journal)
+                        if r.get("type") == "ranks_ended"), None)  # fmt: skip
+    ended = next((r.get("status") for r in reversed(journal) if r.get("type") == "run_ended"), None)
+    job = next((r["to"] for r in reversed(tail)
+                if r.get("type") == "job_state" and isinstance(r.get("to"), dict)), None)  # fmt: skip
+    return OlderTail(
+        lives=lives,
+        ranks_ended=ranks_ended if isinstance(ranks_ended, dict) else None,
+        ended=None if ended is None else str(ended),
+        job=job,
+    )
+
+
 def replay_tail(c: Controller, tail: list[dict[str, Any]]) -> list[str]:
-    """Replay the journal records after the last state record; return the abandoned decision ids.
+    """The `decided` records after the last state record of a journal of schema 7 or older;
+    returns the abandoned decision ids.
 
     A `decided` decision is abandoned (it went to no rank; its cause will be
     decided again) but its number is never reused. A `resolved` one changes
@@ -233,6 +267,23 @@ def replay_tail(c: Controller, tail: list[dict[str, Any]]) -> list[str]:
         if decision_id not in c.pending and decision_id not in c._closed:
             abandoned.append(decision_id)
     return abandoned
+
+
+def abandoned(c: Controller, history: Iterable[dict[str, Any]]) -> list[str]:
+    """The decisions of `history` (the run's `history.jsonl`) that the restored `c` neither
+    holds (pending, deferred) nor has closed or journaled: taken after the last state record,
+    so never dispatched. Each was taken under an earlier supervisor's incarnation, whose
+    decision ids this one's never reuse."""
+    out = []
+    for record in history:
+        decision = record.get("decision") if record.get("type") == "decided" else None
+        if not isinstance(decision, dict):
+            continue
+        decision_id = str(decision.get("decision_id"))
+        if not (decision_id in c.pending or decision_id in c.deferred
+                or decision_id in c._closed or decision_id in c._journaled):  # fmt: skip
+            out.append(decision_id)
+    return out
 
 
 def split_at_last_state(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[Any]]:

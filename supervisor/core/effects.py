@@ -9,8 +9,9 @@ The core writes no file itself. What it journals leaves as `Journal`
 effects, carried out in the order they are emitted and before the call
 that emitted them returns (`journal_to` writes them into a run directory):
 
-- `WalRecord`: a write-ahead record for `journal.wal`, fsynced; a decision
-  is recorded before its command can reach a rank, its resolution after;
+- `HistoryRecord`: one line of `history.jsonl`, what the supervisor did (a
+  decision taken, one resolved); what a crash must not lose is in the state
+  records the shell writes before a reply carries a command;
 - `DecisionRecord`: one line of `decisions.jsonl` (a decision with its outcome);
 - `AnomalyRecord`: one line of `anomalies.jsonl`;
 - `MetricRecords`: the step records of one report, for `metrics.jsonl`.
@@ -54,8 +55,8 @@ def log_notify(effect: Notify) -> tuple[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
-class WalRecord:
-    """Append `record` to the write-ahead journal (`journal.wal`)."""
+class HistoryRecord:
+    """Append `record` to the run's history (`history.jsonl`)."""
 
     record: dict[str, Any]
 
@@ -81,7 +82,7 @@ class MetricRecords:
     records: list[dict[str, Any]]
 
 
-Journal = WalRecord | DecisionRecord | AnomalyRecord | MetricRecords
+Journal = HistoryRecord | DecisionRecord | AnomalyRecord | MetricRecords
 # Carries out one `Journal` effect before returning.
 JournalCarrier = Callable[[Journal], None]
 
@@ -89,7 +90,7 @@ JournalCarrier = Callable[[Journal], None]
 class JournalFiles(Protocol):
     """The journals of a run directory (`workers.rundir.RunDir`)."""
 
-    def wal(self, record: dict[str, Any]) -> None: ...
+    def history(self, record: dict[str, Any]) -> None: ...
     def decision(self, record: dict[str, Any]) -> None: ...
     def anomaly(self, record: dict[str, Any]) -> None: ...
     def metrics_many(self, records: list[dict[str, Any]]) -> None: ...
@@ -100,8 +101,8 @@ def journal_to(files: JournalFiles) -> JournalCarrier:
 
     def carry(effect: Journal) -> None:
         match effect:
-            case WalRecord(record):
-                files.wal(record)
+            case HistoryRecord(record):
+                files.history(record)
             case DecisionRecord(record):
                 files.decision(record)
             case AnomalyRecord(record):

@@ -31,7 +31,14 @@ migrates the older ones:
 - schema 7: `hang` (rank -> [p99 step time, first steps seen]: the hang
   watch's state, `HangWatch.record`), so a restarted supervisor watches
   each rank with its own timeout instead of a start-up allowance; read as
-  empty from older records (the ranks then get the start-up allowance).
+  empty from older records (the ranks then get the start-up allowance);
+- schema 8: `ranks_ended` (rank -> each rank's final result, once every rank
+  has ended: a supervisor restarted from there finishes from them) and
+  `ended` (the run's status once it has ended). From schema 8 on journal.wal
+  holds state records only; the journals of older schemas also held the
+  run's history (`decided`, `job_state`, `run_ended`, ...), which
+  `control_state.older_tail` still reads when resuming one of them. Read as
+  None from older records.
 
 A record of a newer schema is refused with a sentence that says so.
 
@@ -57,7 +64,7 @@ from remedy.supervisor.core.restart import RestartState, Stage
 
 STATE = "state"
 DELTA = "state_delta"
-SCHEMA = 7
+SCHEMA = 8
 # The maps of a state record keyed by rank, as (section, key) paths; key None: the section
 # itself, the list of slot records (`RankSlots.state_records`, keyed by each record's "rank")
 # or a map keyed by rank.
@@ -102,6 +109,10 @@ class RunState:
     last_seq: dict[Any, int] = field(default_factory=dict)
     # rank -> the hang watch's entry for it (`HangWatch.record`); keys are strings.
     hang: dict[str, list[float]] = field(default_factory=dict)
+    # rank -> its final result, once every rank has ended (keys are strings once read back).
+    ranks_ended: dict[str, Any] | None = None
+    # The run's status once it has ended (`summary.json` holds the rest).
+    ended: str | None = None
 
     def to_record(self) -> dict[str, Any]:
         """The journal record (JSON-able)."""
@@ -118,6 +129,8 @@ class RunState:
             "recovery": self.recovery,
             "crashed": list(self.crashed),
             "hang": self.hang,
+            "ranks_ended": self.ranks_ended,
+            "ended": self.ended,
         }
 
     @classmethod
@@ -135,6 +148,8 @@ class RunState:
             crashed=tuple(str(p) for p in record["crashed"]),
             last_seq={str(r): int(n) for r, n in record["last_seq"].items()},
             hang=dict(record["hang"]),
+            ranks_ended=None if record["ranks_ended"] is None else dict(record["ranks_ended"]),
+            ended=None if record["ended"] is None else str(record["ended"]),
         )
 
 
@@ -172,6 +187,12 @@ def migrate(record: dict[str, Any]) -> dict[str, Any]:
     if schema == 6:
         out["hang"] = {}
         out["schema"] = schema = 7
+    if schema == 7:
+        # Where the run had got to was in the history records of the journal then
+        # (`ranks_ended`, `run_ended`): `control_state.older_tail` reads them.
+        out["ranks_ended"] = None
+        out["ended"] = None
+        out["schema"] = schema = 8
     return out
 
 

@@ -39,7 +39,9 @@ def test_the_policys_abort_moves_the_job_to_aborting_then_aborted(
     )  # fmt: skip
     summary = run_supervised(spec)
     assert summary["status"] == "aborted", summary
-    job = [r for r in read_jsonl(tmp_path / "run" / "journal.wal") if r.get("type") == "job_state"]
+    job = [
+        r for r in read_jsonl(tmp_path / "run" / "history.jsonl") if r.get("type") == "job_state"
+    ]
     assert [r["to"]["phase"] for r in job] == ["running", "aborting", "aborted"], job
     assert job[1]["reason"] == "aborting: the policy's abort: a NaN loss ends this run", job[1]
     assert summary["job"]["phase"] == "aborted"

@@ -44,9 +44,9 @@ def test_two_ranks_through_an_agent_match_the_run_without(
     with_agents = _run(on, "on")
     direct = _run(off, "off")
     assert with_agents["status"] == direct["status"] == "completed"
-    wal = read_jsonl(on / "journal.wal")
-    assert [r["type"] for r in wal].count("agents_started") == 1
-    assert not any(r["type"] == "agents_started" for r in read_jsonl(off / "journal.wal"))
+    history = read_jsonl(on / "history.jsonl")
+    assert [r["type"] for r in history].count("agents_started") == 1
+    assert not any(r["type"] == "agents_started" for r in read_jsonl(off / "history.jsonl"))
     # The step records are in the agent's file, not in metrics.jsonl, and a report reads them.
     (agent_file,) = on.glob("metrics-agent-*.jsonl")
     assert read_jsonl(agent_file) and not read_jsonl(on / "metrics.jsonl")
@@ -56,7 +56,7 @@ def test_two_ranks_through_an_agent_match_the_run_without(
     assert _decisions(on) == _decisions(off)
     rollback = next(d for d in read_jsonl(on / "decisions.jsonl") if d["action"] == "rollback")
     assert rollback["outcome"] == "applied"
-    resolved = [r for r in wal if r["type"] == "resolved"]
+    resolved = [r for r in history if r["type"] == "resolved"]
     assert [r["decision_id"] for r in resolved].count(rollback["decision_id"]) == 1
 
     # Both ranks rolled back at the same boundary (which one depends on timing, with or

@@ -110,7 +110,7 @@ def _assert_outage(run_dir: Path, summary: dict[str, Any], seen: dict[str, Any])
     assert set(outage["noticed_by"]) <= {"driver", "rank 0", "rank 1"} | agents, outage
     assert summary["supervisor_outage_s"] == outage["duration_s"]
     notes = [
-        r["note"] for r in read_jsonl(run_dir / "journal.wal") if r["type"] == "supervisor_outage"
+        r["note"] for r in read_jsonl(run_dir / "history.jsonl") if r["type"] == "supervisor_outage"
     ]
     assert notes and all(n["ended"] is not None for n in notes)
     # The merged outage begins with the earliest note (a rank's report held at its agent may

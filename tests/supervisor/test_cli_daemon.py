@@ -158,9 +158,11 @@ def test_detached_run_is_watched_and_stopped_from_other_shells() -> None:
             assert list((run_dir / "checkpoints").glob(f"*{step}*")), (
                 "the final checkpoint is on disk"
             )
-            wal = [json.loads(line) for line in (run_dir / "journal.wal").read_text().splitlines()]
-            assert any(r.get("type") == "stop_requested" for r in wal)
-            job = [r for r in wal if r.get("type") == "job_state"]
+            history = [
+                json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()
+            ]
+            assert any(r.get("type") == "stop_requested" for r in history)
+            job = [r for r in history if r.get("type") == "job_state"]
             assert [r["to"]["phase"] for r in job][-2:] == ["aborting", "aborted"], job
             assert job[-2]["reason"] == "aborting: an operator's stop: remedy stop", job[-2]
 

@@ -121,8 +121,8 @@ def test_two_concurrent_runs_both_complete(tmp_path: Path) -> None:
     entries = [json.loads(p.read_text()) for p in (home / ".remedy" / "runs").glob("*.json")]
     assert sorted(e["state"] for e in entries) == ["completed", "completed"]
     assert all(e["ray_token"] is None and len(e["token"]) == 32 for e in entries)
-    wal = (first_dir / "journal.wal").read_text()
-    assert '"policy_reloaded"' in wal and '"to": "v2"' in wal
+    history = (first_dir / "history.jsonl").read_text()
+    assert '"policy_reloaded"' in history and '"to": "v2"' in history
 
 
 def test_terminated_run_stops_its_private_ray(tmp_path: Path) -> None:

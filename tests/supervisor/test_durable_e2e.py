@@ -35,7 +35,7 @@ def _run(
 
 def _phases(tmp: Path) -> list[str]:
     states = [
-        r["to"]["phase"] for r in read_jsonl(tmp / "journal.wal") if r.get("type") == "job_state"
+        r["to"]["phase"] for r in read_jsonl(tmp / "history.jsonl") if r.get("type") == "job_state"
     ]
     return [p for i, p in enumerate(states) if i == 0 or states[i - 1] != p]
 
@@ -85,7 +85,7 @@ def test_replacement_that_keeps_failing_leads_to_a_full_group_restart(
     assert all(r["incarnation"] >= 2 for r in ranks)
     assert {r["resumed"]["step"] for r in ranks} == {20}
     assert _phases(tmp_path) == ["running", "recovering", "restarting-all", "running", "finished"]
-    [full] = [r for r in read_jsonl(tmp_path / "journal.wal") if r.get("type") == "full_restart"]
+    [full] = [r for r in read_jsonl(tmp_path / "history.jsonl") if r.get("type") == "full_restart"]
     assert (
         full["resume_step"] == 20 and "newest of the steps every rank committed" in full["reason"]
     )
@@ -124,7 +124,7 @@ def test_full_restart_that_fails_too_aborts(ray_cluster: None, tmp_path: Path) -
     assert summary["status"] == "aborted", summary
     assert _phases(tmp_path)[-3:] == ["restarting-all", "aborting", "aborted"]
     reasons = [
-        r["reason"] for r in read_jsonl(tmp_path / "journal.wal") if r.get("type") == "job_state"
+        r["reason"] for r in read_jsonl(tmp_path / "history.jsonl") if r.get("type") == "job_state"
     ]
     assert any("full-group restart failed" in r for r in reasons), reasons
     [restart] = [

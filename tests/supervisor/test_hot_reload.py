@@ -99,6 +99,6 @@ def test_watched_policy_file_reloads_a_running_job(ray_cluster: None, tmp_path: 
     policy.write_text(V2)
     summary = finished(actor)
     assert summary["status"] == "completed"
-    wal = read_jsonl(tmp_path / "watched" / "journal.wal")
-    reloads = [r for r in wal if r.get("type") == "policy_reloaded"]
+    history = read_jsonl(tmp_path / "watched" / "history.jsonl")
+    reloads = [r for r in history if r.get("type") == "policy_reloaded"]
     assert reloads and reloads[0]["to"] == "v2"

@@ -1,6 +1,6 @@
 """Whatever bytes are saved over a running job's policy file, or sent with `policy apply`, the run goes on.
 
-Each bad policy is refused, journaled in journal.wal with its errors, and the
+Each bad policy is refused, journaled in history.jsonl with its errors, and the
 policy in force is kept; a good one saved afterwards still applies.
 """
 
@@ -82,10 +82,10 @@ def test_hostile_saves_and_applies_never_kill_the_run(
     while max(ray.get(actor.status.remote(spec.token))["step"].values(), default=0) < 3:
         assert time.monotonic() < deadline, "the run never started"
         time.sleep(0.2)
-    wal = run_dir / "journal.wal"
+    history = run_dir / "history.jsonl"
     for n, data in enumerate(HOSTILE.values(), start=1):
         _save(policy, data, n)
-        _wait_for(wal, "policy_refused", n)
+        _wait_for(history, "policy_refused", n)
     # The same bytes sent directly, past the CLI's own check, are refused too.
     errors = ray.get(actor.apply_policy.remote(HOSTILE["binary"], "sent.yaml", spec.token))
     assert errors and errors[0].startswith("sent.yaml:")
@@ -96,11 +96,11 @@ def test_hostile_saves_and_applies_never_kill_the_run(
     assert err.startswith(f"{bad}:") and "Traceback" not in err
     assert ray.get(actor.status.remote(spec.token))["policy"] == "v1"
     _save(policy, V2.encode(), len(HOSTILE) + 1)
-    _wait_for(wal, "policy_reloaded", 1)
+    _wait_for(history, "policy_reloaded", 1)
     assert ray.get(actor.status.remote(spec.token))["policy"] == "v2"
     summary = finished(actor)
     assert summary["status"] == "completed"
-    refused = [r for r in _wal(wal) if r.get("type") == "policy_refused"]
+    refused = [r for r in _wal(history) if r.get("type") == "policy_refused"]
     assert len(refused) == len(HOSTILE) + 1  # every save, and the direct call
     for record in refused:
         assert record["kept"] == "v1" and record["errors"], record

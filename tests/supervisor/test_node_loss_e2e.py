@@ -70,9 +70,9 @@ def clean_digest(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def node_loss_times(run_dir: Path, summary: dict[str, Any]) -> dict[str, float]:
     """Seconds from the kill to the node's loss being found, and to every rank's next step."""
-    wal = read_jsonl(run_dir / "journal.wal")
-    [kill] = [r for r in wal if r.get("type") == "chaos_kill_node"]
-    [lost] = [r for r in wal if r.get("type") == "node_lost"]
+    history = read_jsonl(run_dir / "history.jsonl")
+    [kill] = [r for r in history if r.get("type") == "chaos_kill_node"]
+    [lost] = [r for r in history if r.get("type") == "node_lost"]
     [record] = summary["recoveries"]
     return {
         "detect_s": round(lost["detected_at"] - kill["at"], 3),
@@ -92,10 +92,10 @@ def test_kill_node_loses_two_ranks_both_replaced_on_the_other_node(
     ranks = summary["ranks"]
     assert [r["steps_completed"] for r in ranks] == [STEPS] * 4
     assert {r["result"]["params_digest"] for r in ranks} == {clean_digest}
-    wal = read_jsonl(tmp_path / "journal.wal")
-    [kill] = [r for r in wal if r.get("type") == "chaos_kill_node"]
+    history = read_jsonl(tmp_path / "history.jsonl")
+    [kill] = [r for r in history if r.get("type") == "chaos_kill_node"]
     assert kill["outcome"] == "killing" and kill["ranks"] == [1, 3]
-    [lost] = [r for r in wal if r.get("type") == "node_lost"]
+    [lost] = [r for r in history if r.get("type") == "node_lost"]
     assert lost["node_id"] == kill["node_id"] and lost["ranks"] == [1, 3]
     assert "Ray's GCS lists it dead" in lost["reason"]
     decisions = read_jsonl(tmp_path / "decisions.jsonl")
@@ -126,7 +126,7 @@ def test_kill_node_without_spares_starts_both_ranks_cold_on_the_other_node(
     summary = supervised(cluster, tmp_path, spares=0, faults=[fault])
     assert summary["status"] == "completed", summary
     assert {r["result"]["params_digest"] for r in summary["ranks"]} == {clean_digest}
-    [lost] = [r for r in read_jsonl(tmp_path / "journal.wal") if r.get("type") == "node_lost"]
+    [lost] = [r for r in read_jsonl(tmp_path / "history.jsonl") if r.get("type") == "node_lost"]
     assert lost["ranks"] == [1, 3]
     [record] = summary["recoveries"]
     assert record["replacements"] == {"1": "new actor", "3": "new actor"}, record
@@ -144,9 +144,9 @@ def test_kill_node_with_node_agents_on(cluster: Cluster, clean_digest: str, tmp_
     summary = supervised(cluster, tmp_path, spares=4, faults=[fault], node_agents="on")
     assert summary["status"] == "completed", summary
     assert {r["result"]["params_digest"] for r in summary["ranks"]} == {clean_digest}
-    wal = read_jsonl(tmp_path / "journal.wal")
-    assert [r["type"] for r in wal].count("agents_started") == 1
-    [kill] = [r for r in wal if r.get("type") == "chaos_kill_node"]
+    history = read_jsonl(tmp_path / "history.jsonl")
+    assert [r["type"] for r in history].count("agents_started") == 1
+    [kill] = [r for r in history if r.get("type") == "chaos_kill_node"]
     assert kill["outcome"] == "killing" and kill["ranks"] == [1, 3]
     [record] = summary["recoveries"]
     assert sorted(record["ranks"]) == [1, 3]
@@ -165,8 +165,8 @@ def test_a_hang_on_one_node_is_found_by_the_agents_with_node_agents_on(
     fault = {"kind": "hang_rank", "at_step": KILL_STEP, "rank": VICTIM}
     summary = supervised(cluster, tmp_path, spares=2, faults=[fault], node_agents="on")
     assert summary["status"] == "completed", summary
-    wal = read_jsonl(tmp_path / "journal.wal")
-    [started] = [r for r in wal if r["type"] == "agents_started"]
+    history = read_jsonl(tmp_path / "history.jsonl")
+    [started] = [r for r in history if r["type"] == "agents_started"]
     assert len(started["nodes"]) == 3
     [restart] = [d for d in read_jsonl(tmp_path / "decisions.jsonl")
                  if d["action"] == "restart_rank"]  # fmt: skip
@@ -195,10 +195,10 @@ def test_a_node_that_joins_during_the_run_gets_an_agent_and_the_lost_ranks_repor
     (journaled, `joined_late`); a worker node then killed loses its two ranks, which are placed
     on the new node, the least loaded, and report through its agent."""
     cluster.replace_dead_workers()
-    wal = tmp_path / "journal.wal"
+    history = tmp_path / "history.jsonl"
 
     def journaled(late: bool) -> dict[str, Any] | None:
-        return next((r for r in read_jsonl(wal) if r.get("type") == "agents_started"
+        return next((r for r in read_jsonl(history) if r.get("type") == "agents_started"
                      and bool(r.get("joined_late")) is late), None)  # fmt: skip
 
     long = [*ARGS[:1], "1000", *ARGS[2:]]  # long enough for a node to join before the kill
@@ -213,7 +213,7 @@ def test_a_node_that_joins_during_the_run_gets_an_agent_and_the_lost_ranks_repor
         victim.kill()
         summary = run.result(timeout=600)
     assert summary["status"] == "completed", summary
-    [lost] = [r for r in read_jsonl(wal) if r.get("type") == "node_lost"]
+    [lost] = [r for r in read_jsonl(history) if r.get("type") == "node_lost"]
     assert lost["node_id"] == victim.node_id and len(lost["ranks"]) == 2
     [record] = summary["recoveries"]
     assert sorted(record["ranks"]) == lost["ranks"]
@@ -244,10 +244,10 @@ def test_a_node_that_held_every_rank_is_lost_and_the_whole_group_restarts_elsewh
     assert summary["status"] == "completed", summary
     assert [r["steps_completed"] for r in summary["ranks"]] == [STEPS] * 2
     assert {r["result"]["params_digest"] for r in summary["ranks"]} == {digest}
-    wal = read_jsonl(run_dir / "journal.wal")
-    [kill] = [r for r in wal if r.get("type") == "chaos_kill_node"]
+    history = read_jsonl(run_dir / "history.jsonl")
+    [kill] = [r for r in history if r.get("type") == "chaos_kill_node"]
     assert kill["ranks"] == [0, 1], kill
-    states = [r for r in wal if r.get("type") == "job_state"]
+    states = [r for r in history if r.get("type") == "job_state"]
     # The ranks may be found lost one by one (their own deaths) or together (the node's).
     phases = [r["to"]["phase"] for r in states]
     phases = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
@@ -255,7 +255,7 @@ def test_a_node_that_held_every_rank_is_lost_and_the_whole_group_restarts_elsewh
     # At once: one failed targeted restart (no survivor to take the state from), no retries.
     [failed] = [r for r in states if r["input"] == "RestartFailed"]
     assert failed["to"]["attempts"] == 1 and "cannot work" in failed["reason"], failed
-    [full] = [r for r in wal if r.get("type") == "full_restart"]
+    [full] = [r for r in history if r.get("type") == "full_restart"]
     assert full["resume_step"] in (10, 15), full  # the newest both committed before the kill
     # On the worker nodes left (one, or more where an earlier test added a node): none on the
     # killed node, none on the head.

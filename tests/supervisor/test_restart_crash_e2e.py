@@ -69,11 +69,11 @@ def test_supervisor_killed_during_restart_rank(
 ) -> None:
     """Rank 3 hangs; the supervisor dies at `point` of its restart; the restart and the run complete."""
     summary = _run(tmp_path, [HANG], crash_points=[point], **options)
-    journal = read_jsonl(tmp_path / "journal.wal")
+    history = read_jsonl(tmp_path / "history.jsonl")
     # The crash landed inside the restart: the supervisor came back in the middle of it.
-    [restored] = [r for r in journal if r["type"] == "supervisor_restored"]
-    state, _ = fold(journal[: journal.index(restored)])
-    assert state is not None and state["crashed"] == [point]
+    [restored] = [r for r in history if r["type"] == "supervisor_restored"]
+    state = _last_state_of(read_jsonl(tmp_path / "journal.wal"), incarnation=1)
+    assert state["crashed"] == [point]
     assert restored["job"]["phase"] == phase, restored
     assert summary["status"] == "completed", summary
     assert summary["supervisor_restarts"] == 1
@@ -86,7 +86,7 @@ def test_supervisor_killed_during_restart_rank(
     assert [(d["ranks"], d["outcome"]) for d in restarts] == [([3], "applied")], restarts
     ids = [d["decision_id"] for d in decisions]
     assert len(ids) == len(set(ids))
-    phases = [r["to"]["phase"] for r in journal if r.get("type") == "job_state"]
+    phases = [r["to"]["phase"] for r in history if r.get("type") == "job_state"]
     assert phases[-1] == "finished"
 
 
@@ -109,9 +109,9 @@ def test_a_survivor_left_in_the_crashed_launchs_rendezvous_is_replaced(
     assert {r["result"]["params_digest"] for r in ranks} == {clean_digest}
     # Rank 2 is its second process; rank 3 its third (the crashed launch's was killed).
     assert [r["incarnation"] for r in ranks] == [1, 1, 2, 3], ranks
-    journal = read_jsonl(tmp_path / "journal.wal")
+    history = read_jsonl(tmp_path / "history.jsonl")
     stuck = [
-        r for r in journal
+        r for r in history
         if r.get("type") == "job_state" and r["input"] == "RanksLost"
         and r["to"]["reason"] == restart.STUCK_JOINING
     ]  # fmt: skip
@@ -141,10 +141,8 @@ def test_a_rank_that_hangs_while_the_supervisor_is_away_is_found_by_its_own_time
     assert summary["status"] == "completed", summary
     assert summary["supervisor_restarts"] == 1
     assert [r["steps_completed"] for r in summary["ranks"]] == [STEPS] * 4
-    journal = read_jsonl(tmp_path / "journal.wal")
-    [restored] = [r for r in journal if r["type"] == "supervisor_restored"]
-    state, _ = fold(journal[: journal.index(restored)])
-    assert state is not None and set(state["hang"]) == {"0", "1", "2", "3"}, state["hang"]
+    state = _last_state_of(read_jsonl(tmp_path / "journal.wal"), incarnation=1)
+    assert set(state["hang"]) == {"0", "1", "2", "3"}, state["hang"]
     decisions = read_jsonl(tmp_path / "decisions.jsonl")
     restarts = [d for d in decisions if d["action"] == "restart_rank"]
     assert [(d["ranks"], d["outcome"], d["anomaly"]["kind"]) for d in restarts] == [
@@ -153,3 +151,13 @@ def test_a_rank_that_hangs_while_the_supervisor_is_away_is_found_by_its_own_time
     [hang] = [a for a in read_jsonl(tmp_path / "anomalies.jsonl") if a["kind"] == "rank_hang"]
     timeout = hang["details"]["timeout_s"]
     assert timeout < HangWatchConfig().startup_s and timeout <= WATCH["first_step_s"], hang
+
+
+def _last_state_of(wal: list[dict[str, Any]], incarnation: int) -> dict[str, Any]:
+    """The newest state the supervisor of `incarnation` wrote to journal.wal (which holds
+    only state records): what the next one resumed from."""
+    for end in range(len(wal), 0, -1):
+        state, _ = fold(wal[:end])
+        if state is not None and state["incarnation"] == incarnation:
+            return state
+    raise AssertionError(f"no state record of incarnation {incarnation}")

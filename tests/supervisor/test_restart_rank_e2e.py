@@ -62,7 +62,7 @@ def _assert_recovered(
     [record] = summary["recoveries"]
     assert (record["ranks"], record["blocked"]) == ([rank], [])
     states = [
-        r["to"]["phase"] for r in read_jsonl(tmp / "journal.wal") if r.get("type") == "job_state"
+        r["to"]["phase"] for r in read_jsonl(tmp / "history.jsonl") if r.get("type") == "job_state"
     ]
     # Consecutive records of one phase: a survivor still blocked joins the same recovery.
     phases = [p for i, p in enumerate(states) if i == 0 or states[i - 1] != p]
@@ -175,7 +175,7 @@ def test_a_replacement_that_dies_as_it_joins_is_launched_again(
     assert [r["incarnation"] for r in ranks] == [1, 1, 3, 1], ranks
     restart = [d for d in read_jsonl(tmp_path / "decisions.jsonl") if d["action"] == "restart_rank"]
     assert [(d["outcome"], d["ranks"]) for d in restart] == [("applied", [2])], restart
-    states = [r for r in read_jsonl(tmp_path / "journal.wal") if r.get("type") == "job_state"]
+    states = [r for r in read_jsonl(tmp_path / "history.jsonl") if r.get("type") == "job_state"]
     assert [(r["input"], r["to"]["phase"]) for r in states] == [
         ("Started", "running"),
         ("RanksLost", "recovering"),

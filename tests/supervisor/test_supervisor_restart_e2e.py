@@ -14,6 +14,7 @@ import pytest
 import ray
 
 from remedy.supervisor.actor import NAMESPACE, supervisor_name
+from remedy.supervisor.core.run_state import fold
 from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
 from remedy.supervisor.worker_group import run_actor_names
@@ -83,8 +84,9 @@ def _assert_survived(tmp: Path, summary: dict[str, Any], baseline: Any, workers:
     assert summary["status"] == "completed", summary
     assert summary["supervisor_restarts"] == 1
     assert json.loads((tmp / "summary.json").read_text())["supervisor_restarts"] == 1
-    journal = read_jsonl(tmp / "journal.wal")
+    journal = read_jsonl(tmp / "history.jsonl")
     assert [r["incarnation"] for r in journal if r["type"] == "supervisor_started"] == [1, 2]
+    assert {r["type"] for r in read_jsonl(tmp / "journal.wal")} <= {"state", "state_delta"}
     # Nothing lost, nothing repeated: the same decisions, outcomes and params as without the kill.
     decisions = read_jsonl(tmp / "decisions.jsonl")
     # In any order: which rank's report reaches the supervisor first varies from run to run.
@@ -170,22 +172,45 @@ def test_wait_survives_a_restart_after_the_run_ended(ray_cluster: None, tmp_path
         ray.kill(sup, no_restart=True)
 
 
+def _ended_journal(spec: RunSpec, rank: dict[str, Any], older: bool) -> list[dict[str, Any]]:
+    """journal.wal of a 1-rank run whose rank has ended: a state record with `ranks_ended`
+    (state schema 8), or, `older`, the history records a journal held before it."""
+    running = {"phase": "running", "generation": 0, "lost": [], "reason": "", "attempts": 0}
+    if older:
+        return [
+            {"type": "supervisor_started", "incarnation": 1},
+            {"type": "job_state", "input": "Started", "to": running},
+            {"type": "ranks_ended", "results": {"0": rank}},
+        ]
+    from remedy.policies import Engine  # noqa: PLC0415
+    from remedy.supervisor.core.control import Controller  # noqa: PLC0415
+    from remedy.supervisor.core.job_state import JobState  # noqa: PLC0415
+    from remedy.supervisor.core.run_state import RunState  # noqa: PLC0415
+    from remedy.supervisor.policy_source import load_policy_source  # noqa: PLC0415
+    from remedy.supervisor.rank_slots import RankSlots  # noqa: PLC0415
+
+    engine = Engine(load_policy_source(spec.policy), run_id=spec.run_id)
+    state = RunState(
+        incarnation=1, started=time.time() - 5, job=JobState.from_dict(running),
+        slots=RankSlots(1).state_records(), last_seq=RankSlots(1).seqs(), group=None,
+        controller=Controller(engine, world_size=1).state_dict(), ranks_ended={"0": rank},
+    )  # fmt: skip
+    return [state.to_record()]
+
+
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("older", [False, True], ids=["state-record", "schema-7-history"])
 def test_restart_after_every_rank_ended_finishes_from_the_journal(
-    ray_cluster: None, tmp_path: Path
+    ray_cluster: None, tmp_path: Path, older: bool
 ) -> None:
-    """Died after the ranks ended, before the summary: the next supervisor writes it from journal.wal alone."""
+    """Died after the ranks ended, before the summary: the next supervisor writes it from journal.wal
+    alone, from its state record, or from the history records of a journal of schema 7."""
     from remedy.supervisor.actor import launch_supervisor  # noqa: PLC0415
 
     spec = RunSpec(target=TARGET, run_dir=str(tmp_path), threads_per_rank=1)
     rank = {"rank": 0, "incarnation": 1, "status": "completed", "steps_completed": 5,
             "steps_executed": 5, "final_loss": 0.25}  # fmt: skip
-    running = {"phase": "running", "generation": 0, "lost": [], "reason": "", "attempts": 0}
-    records = [
-        {"type": "supervisor_started", "incarnation": 1},
-        {"type": "job_state", "input": "Started", "to": running},
-        {"type": "ranks_ended", "results": {"0": rank}},
-    ]
+    records = _ended_journal(spec, rank, older)
     (tmp_path / "journal.wal").write_text("".join(json.dumps(r) + "\n" for r in records))
     sup = launch_supervisor(spec)
     try:
@@ -195,7 +220,10 @@ def test_restart_after_every_rank_ended_finishes_from_the_journal(
     assert summary["status"] == "completed" and summary["supervisor_restarts"] == 1
     assert summary["ranks"] == [rank] and summary["final_loss"] == 0.25
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
-    assert [r["type"] for r in read_jsonl(tmp_path / "journal.wal")][-1] == "run_ended"
+    assert [r["type"] for r in read_jsonl(tmp_path / "history.jsonl")][-1] == "run_ended"
+    # The end is in the last state record: a supervisor restarted now would not run it again.
+    state, _ = fold(read_jsonl(tmp_path / "journal.wal"))
+    assert state is not None and state["ended"] == "completed" and state["incarnation"] == 2
 
 
 def _stop_supervisor_at(run_id: str, run_dir: Path, step: int, stopped: list[int]) -> None:
@@ -242,5 +270,5 @@ def test_stopped_supervisor_is_killed_restarted_and_the_outage_recorded(
     assert outage["duration_s"] > outage["noticed_after_s"], outage
     assert set(outage["noticed_by"]) <= {"driver", "rank 0", "rank 1"}, outage
     assert summary["supervisor_outage_s"] == outage["duration_s"]
-    notes = [r for r in read_jsonl(tmp_path / "journal.wal") if r["type"] == "supervisor_outage"]
+    notes = [r for r in read_jsonl(tmp_path / "history.jsonl") if r["type"] == "supervisor_outage"]
     assert notes and all(n["note"]["ended"] is not None for n in notes)

@@ -38,7 +38,7 @@ def _run(tmp: Path, **kw: Any) -> dict[str, Any]:
 
 def _assert_degraded_then_failed(run: Path, summary: dict[str, Any], answer: str) -> None:
     assert summary["status"] == "failed", summary
-    job = [r for r in read_jsonl(run / "journal.wal") if r.get("type") == "job_state"]
+    job = [r for r in read_jsonl(run / "history.jsonl") if r.get("type") == "job_state"]
     assert [r["to"]["phase"] for r in job] == ["running", "degraded", "failed"], job
     said = job[1]["reason"]
     assert "rank 1" in said and "not replaced" in said and answer in said, said

@@ -1,10 +1,11 @@
-"""`remedy logs` reads journal.wal for what happened to the job, never its bookkeeping records."""
+"""`remedy logs` reads the history (and an older run's journal.wal) for what happened to the job,
+never the state records."""
 
 from __future__ import annotations
 
 from remedy.supervisor.core.job_state import JobState
 from remedy.supervisor.core.run_state import RunState, StateLog
-from remedy.supervisor.run_commands import wal_line
+from remedy.supervisor.run_commands import history_line
 
 
 def test_state_records_full_and_delta_make_no_log_line() -> None:
@@ -15,6 +16,6 @@ def test_state_records_full_and_delta_make_no_log_line() -> None:
     full = log.entry(record)
     delta = log.entry({**record, "crashed": [2]})
     assert full["type"] == "state" and delta["type"] == "state_delta"
-    assert wal_line(full) is None and wal_line(delta) is None
-    said = wal_line({"type": "job_state", "to": {"phase": "degraded"}, "reason": "rank 2 lost"})
+    assert history_line(full) is None and history_line(delta) is None
+    said = history_line({"type": "job_state", "to": {"phase": "degraded"}, "reason": "rank 2 lost"})
     assert said == "remedy: job degraded: rank 2 lost"

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from remedy.workers.rundir import RunDir, _jsonl_logger, read_jsonl
 
 
@@ -44,3 +46,18 @@ def test_an_anomaly_keeps_when_its_rank_saw_it_beside_when_it_was_written(tmp_pa
     first, second = read_jsonl(tmp_path / "anomalies.jsonl")
     assert first["detected_at"] == 1_700_000_000.25 and isinstance(first["ts"], str)
     assert "detected_at" not in second
+
+
+def test_journal_wal_takes_state_records_only_and_the_history_the_rest(tmp_path: Path) -> None:
+    """journal.wal is what a restarted supervisor resumes from: a record of another type is
+    refused there with a sentence (nothing written), and goes to history.jsonl."""
+    run_dir = RunDir(tmp_path, "r")
+    run_dir.wal({"type": "state", "schema": 8})
+    run_dir.wal({"type": "state_delta", "set": {}})
+    with pytest.raises(ValueError, match=r"journal\.wal holds state records only, not 'decided'"):
+        run_dir.wal({"type": "decided", "decision": {}})
+    run_dir.history({"type": "decided", "decision": {}})
+    run_dir.close()
+    assert [r["type"] for r in read_jsonl(tmp_path / "journal.wal")] == ["state", "state_delta"]
+    [decided] = read_jsonl(tmp_path / "history.jsonl")
+    assert decided["type"] == "decided" and decided["run_id"] == "r" and decided["ts"]

@@ -79,10 +79,17 @@ def test_malformed_input_is_rejected_and_counted(controller: Controller) -> None
 
 
 def test_write_ahead_then_journal_on_outcome(controller: Controller, tmp_path: Path) -> None:
-    """A decision is in the WAL before dispatch and in decisions.jsonl once every rank reports."""
+    """A decision is a change before dispatch (the shell writes a state record holding it before
+    a reply carries its command), in the history, and in decisions.jsonl once every rank
+    reports."""
+    changes = controller.changes
     commands = controller.ingest({"rank": 0, "step": 5, "tick": 5, "events": [nan(0, 5)]})
-    wal = read_jsonl(tmp_path / "journal.wal")
-    assert [r["type"] for r in wal] == ["decided", "decided"]
+    assert controller.changes > changes
+    assert {p.command.decision_id for p in controller.pending.values()} == {
+        c["decision_id"] for c in commands
+    }
+    history = read_jsonl(tmp_path / "history.jsonl")
+    assert [r["type"] for r in history] == ["decided", "decided"]
     assert read_jsonl(tmp_path / "decisions.jsonl") == []
     assert commands[0]["apply_at_tick"] == 6
     ids = [c["decision_id"] for c in commands]
@@ -98,7 +105,8 @@ def test_write_ahead_then_journal_on_outcome(controller: Controller, tmp_path: P
         ("shrink_lr", "applied"),
     ]
     assert all(d["run_id"] == "r" and d["reason"] and d["ts"] for d in journal)
-    assert [r["type"] for r in read_jsonl(tmp_path / "journal.wal")][-2:] == [
+    assert not (tmp_path / "journal.wal").exists()  # the shell's: state records only
+    assert [r["type"] for r in read_jsonl(tmp_path / "history.jsonl")][-2:] == [
         "resolved",
         "resolved",
     ]

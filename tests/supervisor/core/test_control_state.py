@@ -12,7 +12,7 @@ import pytest
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller, Outcomes
-from remedy.supervisor.core.effects import WalRecord, journal_to
+from remedy.supervisor.core.effects import journal_to
 from remedy.supervisor.journals import read_journal
 from remedy.workers.commands import Outcome
 from remedy.workers.rundir import RunDir, read_jsonl
@@ -125,17 +125,47 @@ def test_restored_controller_decides_like_the_original(tmp_path: Path) -> None:
     assert restored.action_counts == original.action_counts
 
 
-def test_decision_after_the_last_state_record_is_abandoned_and_its_number_never_reused(
+def test_decision_after_the_last_state_record_is_abandoned_and_decided_anew(
     tmp_path: Path,
 ) -> None:
-    """A decided record in the tail went to no rank: abandoned; the re-sent batch decides anew under a new id."""
+    """A decision after the last state record went to no rank (a reply waits for the record):
+    the history names it abandoned, and the re-sent batch decides anew under this
+    incarnation's ids."""
     c = _controller(tmp_path)
     c.ingest(_batch(0, 1))
-    c.journal(WalRecord({"type": control_state.STATE, "controller": c.state_dict()}))  # type: ignore[misc]
+    RunDir(tmp_path, "r").wal({"type": control_state.STATE, "controller": c.state_dict()})
     lost = c.ingest(_batch(0, 5, _nan(0, 5)))  # decided, then the supervisor died before replying
     lost_ids = {cmd["decision_id"] for cmd in lost}
-    records = read_journal(tmp_path / "journal.wal")
-    state, tail = control_state.split_at_last_state(records)
+    state, tail = control_state.split_at_last_state(read_journal(tmp_path / "journal.wal"))
+    assert state is not None and tail == []  # journal.wal holds state records only
+    restored = _restored(tmp_path, state["controller"])
+    restored.restore_decisions(read_jsonl(tmp_path / "decisions.jsonl"))
+    history = read_jsonl(tmp_path / "history.jsonl")
+    assert set(control_state.abandoned(restored, history)) == lost_ids
+    again = restored.ingest(_batch(0, 5, _nan(0, 5)))  # the unanswered batch, re-sent
+    assert [cmd["action"] for cmd in again] == ["rollback", "shrink_lr"]
+    new_ids = {cmd["decision_id"] for cmd in again}
+    assert not new_ids & lost_ids
+    assert all("-s2-" in i for i in new_ids)
+    # The new decisions, pending, are not abandoned ones.
+    now = read_jsonl(tmp_path / "history.jsonl")
+    assert set(control_state.abandoned(restored, now)) == lost_ids
+
+
+def test_a_schema_7_journals_decided_tail_is_abandoned_and_its_number_never_reused(
+    tmp_path: Path,
+) -> None:
+    """A journal of state schema 7 held the `decided` records too: one in the tail went to no
+    rank, so it is abandoned; the re-sent batch decides anew under a new id and number."""
+    c = _controller(tmp_path)
+    c.ingest(_batch(0, 1))
+    state_record = {"type": control_state.STATE, "controller": c.state_dict()}
+    lost = c.ingest(_batch(0, 5, _nan(0, 5)))  # decided, then the supervisor died before replying
+    lost_ids = {cmd["decision_id"] for cmd in lost}
+    decided = [r for r in read_jsonl(tmp_path / "history.jsonl") if r["type"] == "decided"]
+    older = tmp_path / "older.wal"
+    older.write_text("".join(json.dumps(r, default=str) + "\n" for r in [state_record, *decided]))
+    state, tail = control_state.split_at_last_state(read_journal(older))
     assert state is not None and [r["type"] for r in tail] == ["decided", "decided"]
     restored = _restored(tmp_path, state["controller"])
     assert set(control_state.replay_tail(restored, tail)) == lost_ids
@@ -143,7 +173,6 @@ def test_decision_after_the_last_state_record_is_abandoned_and_its_number_never_
     assert [cmd["action"] for cmd in again] == ["rollback", "shrink_lr"]
     new_ids = {cmd["decision_id"] for cmd in again}
     assert not new_ids & lost_ids
-    assert all("-s2-" in i for i in new_ids)
     assert restored.engine.seq == c.engine.seq + 2
     assert max(cmd["seq"] for cmd in again) > max(cmd["seq"] for cmd in lost)
 
@@ -172,9 +201,9 @@ def test_torn_last_journal_line_is_skipped(tmp_path: Path) -> None:
     """A crash mid-write leaves half a line: the reader skips it and finds the state record before it."""
     c = _controller(tmp_path)
     c.ingest(_batch(0, 1))
-    c.journal(WalRecord({"type": control_state.STATE, "controller": c.state_dict()}))  # type: ignore[misc]
+    RunDir(tmp_path, "r").wal({"type": control_state.STATE, "controller": c.state_dict()})
     with open(tmp_path / "journal.wal", "a", encoding="utf-8") as fh:
-        fh.write('{"type": "decided", "decis')
+        fh.write('{"type": "state_delta", "se')
     state, tail = control_state.split_at_last_state(read_journal(tmp_path / "journal.wal"))
     assert state is not None and tail == []
 

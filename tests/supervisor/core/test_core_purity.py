@@ -16,9 +16,9 @@ from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import (
     AnomalyRecord,
     DecisionRecord,
+    HistoryRecord,
     Journal,
     MetricRecords,
-    WalRecord,
 )
 
 POLICY = """
@@ -84,10 +84,10 @@ def test_a_decision_and_its_outcome_are_journaled_as_effects_without_a_file(
     [command] = c.ingest(batch)
     # The step record, the anomaly, then the decision, written ahead of the command that
     # carries it: the shell carries each out before the call returns, so before any reply.
-    assert [type(e) for e in effects] == [MetricRecords, AnomalyRecord, WalRecord]
+    assert [type(e) for e in effects] == [MetricRecords, AnomalyRecord, HistoryRecord]
     assert isinstance(effects[1], AnomalyRecord) and effects[1].record["kind"] == "nonfinite_loss"
     decided = effects[2]
-    assert isinstance(decided, WalRecord) and decided.record["type"] == "decided"
+    assert isinstance(decided, HistoryRecord) and decided.record["type"] == "decided"
     assert decided.record["command"]["decision_id"] == command["decision_id"]
     effects.clear()
     for rank in (0, 1):
@@ -101,9 +101,9 @@ def test_a_decision_and_its_outcome_are_journaled_as_effects_without_a_file(
         }
         c.ingest({"rank": rank, "step": 6, "tick": 6, "outcomes": [outcome]})
     # Resolved once every rank has reported, then the decision's line with its outcome.
-    assert [type(e) for e in effects] == [WalRecord, DecisionRecord]
+    assert [type(e) for e in effects] == [HistoryRecord, DecisionRecord]
     resolved, line = effects
-    assert isinstance(resolved, WalRecord) and isinstance(line, DecisionRecord)
+    assert isinstance(resolved, HistoryRecord) and isinstance(line, DecisionRecord)
     assert resolved.record == {
         "type": "resolved",
         "decision_id": command["decision_id"],

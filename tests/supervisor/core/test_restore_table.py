@@ -1,4 +1,8 @@
-"""Crash after any journal write of a rollback, an operator stop or a group restart: nothing lost or repeated."""
+"""Crash after any journal write of a rollback, an operator stop or a group restart: nothing lost or repeated.
+
+The writes are the state records of journal.wal (the shell's) and the history lines
+(the Controller's, `decided` and `resolved`); a restored supervisor reads journal.wal
+and decisions.jsonl only."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import pytest
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import WalRecord, journal_to
+from remedy.supervisor.core.effects import journal_to
 from remedy.supervisor.journals import read_journal
 from remedy.workers.rundir import RunDir, read_jsonl
 
@@ -59,12 +63,13 @@ class Shell:
 
     def __init__(self, run_dir: Path, incarnation: int) -> None:
         self.run_dir = run_dir
+        self.files = RunDir(run_dir, "r")
         self.restarts: list[str] = []  # group actions handed to "the worker group"
         engine = Engine(load_policy_text(POLICY, "t.yaml"), run_id="r", incarnation=incarnation)
         self.c = Controller(
             engine,
             world_size=WORLD,
-            journal=journal_to(RunDir(run_dir, "r")),
+            journal=journal_to(self.files),
             group_action=self._group,
         )
         self._changes = -1
@@ -75,19 +80,18 @@ class Shell:
     def keep_state(self) -> None:
         if self.c.changes != self._changes:
             state = json.loads(json.dumps(self.c.state_dict(), default=str))
-            assert self.c.journal is not None
-            self.c.journal(WalRecord({"type": control_state.STATE, "controller": state}))
+            self.files.wal({"type": control_state.STATE, "controller": state})
             self._changes = self.c.changes
 
     @classmethod
     def restored(cls, run_dir: Path, incarnation: int) -> Shell:
-        """A new supervisor from the journal: last state record, the tail, decisions.jsonl."""
+        """A new supervisor from the journal: its last state record, then decisions.jsonl."""
         shell = cls(run_dir, incarnation)
         journal = read_journal(run_dir / "journal.wal")
         state, tail = control_state.split_at_last_state(journal)
+        assert tail == [], "journal.wal holds state records only"
         if state is not None:
             shell.c.load_state_dict(state["controller"])
-        control_state.replay_tail(shell.c, tail)
         shell.c.restore_decisions(read_jsonl(run_dir / "decisions.jsonl"))
         shell.restarts = list(shell.c.deferred)
         return shell
@@ -143,7 +147,7 @@ def _run(tmp: Path, flow: Flow, crash_at: int | None) -> tuple[Shell, list[Rank]
             replies = shell.c.ingest(batch)
             shell.keep_state()  # before the reply leaves
             rank.take(replies, step)
-            now = len(read_journal(tmp / "journal.wal"))
+            now = len(read_journal(tmp / "journal.wal")) + len(read_journal(tmp / "history.jsonl"))
             if crash_at is not None and writes < crash_at <= now and not crashes:
                 crashes += 1
                 shell = Shell.restored(tmp, 2)
@@ -170,6 +174,7 @@ def test_a_crash_after_any_journal_write_loses_and_repeats_nothing(
     clean = read_jsonl(tmp_path / "clean" / "decisions.jsonl")
     expected = sorted((d["action"], d["outcome"]) for d in clean)
     assert expected, "the flow decided nothing"
+    assert writes > 0, "the flow wrote no journal record"
     for crash_at in range(1, writes + 1):
         tmp = tmp_path / f"crash{crash_at}"
         shell, ranks, _ = _run(tmp, flow, crash_at)

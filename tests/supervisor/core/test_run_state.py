@@ -224,7 +224,7 @@ def test_a_record_of_schema_2_is_read_as_today() -> None:
         controller={"format": 1},
     )  # fmt: skip
     old = {**run.to_record(), "schema": 2}
-    assert migrate(old)["schema"] == SCHEMA == 7
+    assert migrate(old)["schema"] == SCHEMA == 8
     assert RunState.from_record(old) == run
 
 
@@ -295,3 +295,27 @@ def test_a_schema_6_record_has_no_hang_watch_state_and_todays_keeps_it() -> None
     assert delta["type"] == DELTA and delta["ranks"] == {"hang": {"1": [0.25, 3]}}
     state, _ = fold([first, delta])
     assert state is not None and RunState.from_record(state).hang["1"] == [0.25, 3]
+
+
+@pytest.mark.timeout(30)
+def test_a_schema_7_record_has_no_end_and_todays_keeps_the_ranks_results_and_the_runs_end() -> None:
+    """Schema 7 kept where the run had got to in history records of the journal (read by
+    `control_state.older_tail`): its record reads with neither. Today's record holds the
+    ranks' results once they have ended and the run's status once it has, and a delta
+    carries each when it comes."""
+    run = RunState(
+        incarnation=2, started=1.0, job=JobState(Phase.RUNNING, 0), slots=[], group=None,
+        controller={"format": 1},
+    )  # fmt: skip
+    old = {**run.to_record(), "schema": 7}
+    del old["ranks_ended"], old["ended"]
+    assert migrate(old)["schema"] == 8
+    assert RunState.from_record(old) == run
+    log = StateLog()
+    first = log.entry(run.to_record())
+    results = {"0": {"rank": 0, "status": "completed", "steps_completed": 5}}
+    ended = replace(run, ranks_ended=results, ended="completed")
+    delta = log.entry(ended.to_record())
+    assert delta["type"] == DELTA and delta["set"] == {"ranks_ended": results, "ended": "completed"}
+    state, _ = fold([json.loads(json.dumps(first)), json.loads(json.dumps(delta))])
+    assert state is not None and RunState.from_record(state) == ended
