@@ -77,6 +77,8 @@ class LoopGuard:
         see the norm before clipping, as under a Guard)."""
         ctx = context or get_context()
         self._ctx = ctx
+        if ctx is not None and ctx.membership is not None:
+            ctx.membership.framework_loop()  # a lost peer ends this rank: it is replaced
         self.model = model
         self.optimizer: Any = None
         self.scheduler: Any = None

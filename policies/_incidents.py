@@ -98,6 +98,13 @@ class IncidentMerger:
             (int(t), AnomalyEvent.from_dict(e)) for t, e in state["decided"].items()
         )
 
+    def rewound(self, tick: int) -> None:
+        """Every rank restarted from `tick` (a full-group restart from a checkpoint, or from the
+        start): the steps from there on run again, so an event of a tick at or after it is a
+        new incident, not a late part of the one decided there before."""
+        for t in [t for t in self._decided if t >= tick]:
+            del self._decided[t]
+
     def flush(self) -> list[AnomalyEvent]:
         """Every held incident, merged: the run is ending."""
         return [self._merge(self._pop(tick)) for tick in sorted(self._held)]

@@ -890,7 +890,7 @@ class Recovery:
     async def _check_survivors(self, live: list[int], *, first: bool) -> restart.Checked:
         """Survivors still blocked in the broken collective or stuck in a rendezvous, and ranks
         lost meanwhile: all killed."""
-        blocked, stuck = await self._blocked(live)
+        blocked, stuck, framework = await self._blocked(live)
         if first:
             self._marks["survivors_checked"] = time.time()
         joined = [r for r in live if r in self._joining]
@@ -903,17 +903,18 @@ class Recovery:
             self.group.kill(r)
         blocked = [r for r in blocked if r not in joined]
         stuck = [r for r in stuck if r not in joined]
+        framework = [r for r in framework if r not in joined]
         # gloo: a survivor waiting on a peer that itself left the collective (not on the
         # killed rank) stays blocked until that peer's process exits, and one waiting in a
         # rendezvous for a peer that died there waits for good; each is replaced too, from
         # a survivor that did recover.
-        for r in (*blocked, *stuck):
+        for r in (*blocked, *stuck, *framework):
             self._ticks[r] = -1
             self.losses.mark(r, self.slots.incarnation(r))
             self.slots.lose(r)
             self.controller.drop_rank(r)
             self.group.kill(r)
-        return restart.Checked(tuple(blocked), tuple(joined), tuple(stuck))
+        return restart.Checked(tuple(blocked), tuple(joined), tuple(stuck), tuple(framework))
 
     async def _applied(
         self, d: Decision, info: dict[str, Any], ranks: list[int], t_detect: float, what: str
@@ -985,6 +986,8 @@ class Recovery:
             self.slots.lose(r)
         self._ticks = dict.fromkeys(world, -1)  # before the launch: no report is missed
         info = await self.group.restart_all(resume)
+        # What was decided on the steps run again is settled by running them again.
+        c.rewound(floor, "from step 0" if resume is None else f"from checkpoint step {resume}")
         self._reissue_pending()
         self.write_state()
         self.crash_point("restart_all:launched")
@@ -1026,20 +1029,24 @@ class Recovery:
             pending.dropped.clear()
             pending.targets = set(world)
 
-    async def _blocked(self, live: list[int]) -> tuple[list[int], list[int]]:
-        """Survivors that have not caught the broken collective's error after a grace period,
-        and those still joining a generation: no generation is being formed now (the ranks
+    async def _blocked(self, live: list[int]) -> tuple[list[int], list[int], list[int]]:
+        """Survivors that have not caught the broken collective's error after a grace period;
+        those still joining a generation: no generation is being formed now (the ranks
         it needed were just killed, or it was abandoned), so one still in its rendezvous
-        after the grace waits there for a peer that is gone (`phases.JOINING`)."""
+        after the grace waits there for a peer that is gone (`phases.JOINING`); and those
+        under a framework's loop, which never re-form the group (`phases.regroups`), at
+        once."""
         grace = max(BLOCKED_GRACE_S, *(3 * self.watch.p99(r) for r in live))
         deadline = time.monotonic() + grace
         while True:
             # A survivor that joined the restart meanwhile (its node found lost) is not waited on.
             live = [r for r in live if r not in self._joining]
             if not live:
-                return [], []
+                return [], [], []
             pings = await self.group.ping_all(self.watch.config.ping_timeout_s, ranks=live)
             still = [r for r in live if phases.of(pings[r]) != RECOVERING]
+            # A survivor under a framework's loop never re-forms the group: nothing to wait for.
+            waiting = [r for r in still if phases.regroups(pings[r]) is not False]
             # A survivor that answered nothing yet is not known to be blocked: the first
             # calls of a restarted supervisor to the ranks it adopted can be slow.
             silent = [r for r in still if not isinstance(pings[r], dict)]
@@ -1047,9 +1054,11 @@ class Recovery:
             # would be left to take the state from), so more time costs nothing there;
             # on a loaded node their error handlers may just not have run yet.
             extra = SILENT_GRACE_S if silent or len(still) == len(live) else 0.0
-            if not still or time.monotonic() > deadline + extra:
+            if not waiting or time.monotonic() > deadline + extra:
                 stuck = [r for r in still if phases.of(pings[r]) == JOINING]
-                return [r for r in still if r not in stuck], stuck
+                framework = [r for r in still if r not in waiting and r not in stuck]
+                blocked = [r for r in still if r not in stuck and r not in framework]
+                return blocked, stuck, framework
             await asyncio.sleep(0.02)
 
     async def _formed(self, generation: int) -> bool:

@@ -107,6 +107,9 @@ class Membership:
         self._lock = threading.Lock()
         self._mark: tuple[int, dict[str, Any]] | None = None
         self.phase = phases.STARTING
+        # Whether this rank survives a lost peer by re-forming the group (a Guard does); False
+        # once a framework's loop is known to drive it (`framework_loop`); None: not known yet.
+        self.regroups: bool | None = None
         self.step = 0
         self.tick = 0
         self.recoveries = 0
@@ -175,6 +178,7 @@ class Membership:
             "rank": self.rank,
             "generation": self.generation,
             "phase": self.phase,
+            "regroups": self.regroups,
             "step": self.step,
             "tick": self.tick,
             "pid": os.getpid(),
@@ -184,9 +188,17 @@ class Membership:
         }
 
     # ---------------------------------------------------------- training side
+    def framework_loop(self) -> None:
+        """A framework's loop drives this rank (`integrations`: Lightning's, Hugging Face's):
+        its process group is the framework's, in which a failed collective is raised, not
+        survived, so this rank never leaves a broken group to re-form the next one. The
+        supervisor then replaces it at once instead of waiting for it to (`phases.regroups`)."""
+        self.regroups = False
+
     def attach(self, guard: Guard) -> None:
         """The Guard exists: say so at once, which ends the supervisor's start-up allowance."""
         self.timeline["guard"] = time.time()
+        self.regroups = True
         if guard.sharded:  # its mesh's groups and the mirror's: released with the world's
             self._sockets.grow()
         self.phase = phases.BOUNDARY

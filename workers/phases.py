@@ -29,6 +29,14 @@ IN_LOOP = (STEP, BOUNDARY)
 IN_RECOVERY = (RECOVERING, JOINING)
 
 
+def regroups(ping: Any) -> bool | None:
+    """Whether the rank of a ping answer survives a lost peer by re-forming the group: True
+    under a Guard, False under a framework's loop (whose process group is the framework's),
+    None when not known (no answer, no Guard yet, or a rank of an older remedy)."""
+    value = ping.get("regroups") if isinstance(ping, dict) else None
+    return value if isinstance(value, bool) else None
+
+
 def of(ping: Any) -> str | None:
     """The phase a rank's ping answer gives (None: no answer, or a dead actor)."""
     return ping.get("phase") if isinstance(ping, dict) else None

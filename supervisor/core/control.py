@@ -522,6 +522,45 @@ class Controller:
             self.engine.record_outcome(decision_id, outcome, tick=self._tick(), detail=detail)
         )
 
+    def rewound(self, tick: int, resumed: str) -> list[str]:
+        """Every rank restarted from tick `tick` (`resumed`: from where, as a sentence's end).
+
+        The steps from there on run again, so what was decided on them is settled
+        by the restart: a pending rewind (a rollback) of an anomaly at or after
+        `tick` is applied by it, since no rank holds any state from after it any
+        more (the new ranks would otherwise rewind again at their first boundary,
+        and skip batches that were never bad). An anomaly that comes again in the
+        redone steps is a new incident, decided anew. Returns the decisions settled.
+        """
+        self.incidents.rewound(tick)
+        settled = []
+        for pending in list(self.pending.values()):
+            d = pending.decision
+            if (
+                _internal(d.decision_id)
+                or d.action not in REWINDING_ACTIONS
+                or d.anomaly.tick < tick
+            ):
+                continue
+            detail = (
+                f"carried out by the full-group restart: every rank resumed {resumed}, before "
+                f"this anomaly's step {d.anomaly.step}; the steps after it run again, and an "
+                "anomaly that comes again there is decided anew"
+            )
+            self._close(d.decision_id)
+            self._emit(
+                HistoryRecord(
+                    {"type": "resolved", "decision_id": d.decision_id, "outcome": "applied"}
+                )
+            )
+            follow = self.engine.record_outcome(
+                d.decision_id, "applied", tick=self._tick(), detail=detail
+            )
+            self._journal(d, "applied", detail=detail, apply_at_step=pending.command.apply_at_step)
+            self.handle(follow)
+            settled.append(d.decision_id)
+        return settled
+
     def drop_rank(self, rank: int) -> list[str]:
         """A rank was lost: it leaves the targets of every pending command.
 

@@ -61,6 +61,10 @@ STILL_BLOCKED = "still blocked in the broken collective"
 # A survivor that formed no generation since a peer died in its rendezvous: gloo waits
 # for that peer's connection without a timeout (`workers.phases.JOINING`).
 STUCK_JOINING = "still in the rendezvous of a generation that can no longer form"
+# A survivor whose loop a framework drives (Lightning's, Hugging Face's): the process group
+# is the framework's, and its failed collective ends the rank (`workers.phases.regroups`).
+FRAMEWORK_LOOP = "in a framework's loop (it does not re-form the framework's process group)"
+NONE_CAN_REGROUP = "the survivors run a framework's loop, which does not re-form its process group"
 
 
 class Stage(enum.StrEnum):
@@ -157,11 +161,13 @@ class Killed:
 class Checked:
     """The survivors were checked: `blocked` are still in the broken collective,
     `stuck` still in the rendezvous of a generation that can no longer form,
-    `joined` were lost meanwhile (all killed by the shell); each is replaced too."""
+    `framework` in a framework's loop, which never re-forms the group, `joined`
+    were lost meanwhile (all killed by the shell); each is replaced too."""
 
     blocked: tuple[int, ...] = ()
     joined: tuple[int, ...] = ()
     stuck: tuple[int, ...] = ()
+    framework: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,18 +398,20 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
             # The tick to pass is the one from before the loss, not a failed attempt's.
             st = replace(st, stage=Stage.CHECK, front=front if st.first else st.front)
             return s.then(st, CheckSurvivors(tuple(st.live), retry=not st.first))
-        case Checked(blocked, joined, stuck):
+        case Checked(blocked, joined, stuck, framework):
             st = replace(st, ranks=_union(st.ranks, joined), blocked=())
             if not st.live:
                 return _failed(replace(s, state=st), NO_SOURCE, cause, k, final=True)
-            for ranks, why in ((blocked, STILL_BLOCKED), (stuck, STUCK_JOINING)):
+            found = ((blocked, STILL_BLOCKED), (stuck, STUCK_JOINING), (framework, FRAMEWORK_LOOP))
+            for ranks, why in found:
                 if ranks:
                     s = s.job_input(RanksLost(frozenset(ranks), why), k)
-            if blocked or stuck:
-                st = replace(st, ranks=_union(st.ranks, blocked, stuck),
-                             blocked=_union(blocked, stuck))  # fmt: skip
+            if blocked or stuck or framework:
+                st = replace(st, ranks=_union(st.ranks, blocked, stuck, framework),
+                             blocked=_union(blocked, stuck, framework))  # fmt: skip
                 if not st.live:
-                    return _failed(replace(s, state=st), NONE_RECOVERED, cause, k, final=True)
+                    why = NONE_RECOVERED if blocked or stuck else NONE_CAN_REGROUP
+                    return _failed(replace(s, state=st), why, cause, k, final=True)
             st = replace(st, stage=Stage.LAUNCH)
             return s.then(st, Launch(st.ranks, min(st.live), retry=not st.first))
         case Launched(info):

@@ -104,3 +104,46 @@ def test_callback_under_remedy_run_reports_to_the_supervisor(
     assert {"rollback", "shrink_lr"} <= {
         d["action"] for d in decisions if d["outcome"] == "applied"
     }
+
+
+@pytest.mark.ray
+def test_a_lost_rank_under_lightning_restarts_every_rank_and_settles_the_pending_rollback(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """2 ranks under Lightning's DDP; rank 1 is SIGKILLed at step 15, right after the NaN of
+    step 14, before its rollback reaches a boundary. Lightning's process group is the
+    framework's: the survivor says it never re-forms it (`regroups` False) and is replaced at
+    once, not after a grace, so `restart_rank` restarts every rank from the start of the
+    training function (no checkpoint under the callbacks). The restart ran the NaN's step
+    again, so the pending rollback is settled by it, not sent to the new ranks; its
+    shrink_lr is. The NaN that comes again in the new processes is a new incident, decided
+    anew (the policy's cooldown holds it back, and says so), and the run completes."""
+    from remedy.supervisor.core import restart  # noqa: PLC0415 - Ray side, only here
+    from remedy.supervisor.runner import run_supervised  # noqa: PLC0415
+    from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
+
+    target = f"{Path(__file__).with_name('lightning_train.py')}:main"
+    run = tmp_path / "run"
+    kill = {"kind": "kill_rank", "at_step": NAN_AT_BATCH, "rank": 1}
+    spec = RunSpec(target=target, run_dir=str(run), workers=2, spares=2, faults=[kill],
+                   threads_per_rank=1)  # fmt: skip
+    summary = run_supervised(spec)
+    assert summary["status"] == "completed", summary["ranks"]
+    assert summary["steps_completed"] == STEPS
+    assert [r["incarnation"] for r in summary["ranks"]] == [2, 2]
+    assert all(r["result"]["finite"] for r in summary["ranks"])
+    decisions = read_jsonl(run / "decisions.jsonl")
+    [restart_rank] = [d for d in decisions if d["action"] == "restart_rank"]
+    assert restart_rank["outcome"] == "applied"
+    assert restart.NONE_CAN_REGROUP in restart_rank["detail"]
+    history = read_jsonl(run / "history.jsonl")
+    lost = [
+        r["reason"] for r in history if r.get("type") == "job_state" and r["input"] == "RanksLost"
+    ]
+    assert lost[-1].startswith(restart.FRAMEWORK_LOOP), lost
+    nan = [d for d in decisions if d["anomaly"]["kind"] == "nonfinite_loss"]
+    assert [(d["action"], d["outcome"]) for d in nan] == [
+        ("rollback", "applied"), ("shrink_lr", "applied"), ("rollback", "suppressed"),
+    ], nan  # fmt: skip
+    assert nan[0]["detail"].startswith("carried out by the full-group restart"), nan[0]
+    assert "cooling down" in nan[2]["reason"], nan[2]

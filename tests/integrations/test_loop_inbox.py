@@ -163,3 +163,17 @@ def test_ranks_under_a_callback_apply_a_command_at_the_same_boundary(tmp_path: P
     mp.start_processes(_rank_main, args=(str(tmp_path),), nprocs=2, start_method="fork")
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks == [{"step": 3, "outcome": "applied", "lr_scale": 0.5}] * 2
+
+
+def test_a_rank_under_a_callback_says_it_never_re_forms_its_group() -> None:
+    """The membership of a rank whose loop a framework drives answers `regroups: False` from
+    the LoopGuard's creation on, so the supervisor replaces it at once when a peer is lost
+    instead of waiting for it to regroup (`supervisor.recovery.Recovery._blocked`); before,
+    nothing is claimed."""
+    from remedy.workers.membership import Membership  # noqa: PLC0415
+
+    membership = Membership(rank=0, world_size=2, store_addr=("127.0.0.1", 1), backend="gloo")
+    assert membership.status()["regroups"] is None
+    sup = _Supervisor([])
+    _loop_guard(context=WorkerContext(rank=0, world_size=2, reporter=sup, membership=membership))
+    assert membership.status()["regroups"] is False

@@ -1,6 +1,7 @@
 """The recovery's survivor check against ranks' ping answers: a survivor still `joining` a
 generation after the grace is replaced, one that leaves the rendezvous in time is not, and
-a launch with a rank still joining it is not taken as formed (`workers.phases.JOINING`)."""
+a launch with a rank still joining it is not taken as formed (`workers.phases.JOINING`), and
+survivors under a framework's loop, which never re-form the group, are not waited for."""
 
 from __future__ import annotations
 
@@ -64,8 +65,8 @@ def _recovery(group: Group) -> tuple[Recovery, list[int]]:
     return recovery, dropped
 
 
-def _status(phase: str, generation: int) -> dict[str, Any]:
-    return {"phase": phase, "generation": generation, "tick": 5, "step": 5}
+def _status(phase: str, generation: int, regroups: bool | None = True) -> dict[str, Any]:
+    return {"phase": phase, "generation": generation, "tick": 5, "step": 5, "regroups": regroups}
 
 
 def _check(recovery: Recovery, *, retry: bool) -> restart.RestartInput | None:
@@ -116,3 +117,21 @@ def test_a_launch_with_a_rank_still_joining_it_is_not_formed() -> None:
     assert asyncio.run(_recovery(joining)[0]._formed(1)) is False
     formed = Group(lambda r, _: _status(phases.BOUNDARY, 1))
     assert asyncio.run(_recovery(formed)[0]._formed(1)) is True
+
+
+def test_survivors_under_a_frameworks_loop_are_replaced_without_waiting() -> None:
+    """Lightning's or Hugging Face's loop owns the process group: a survivor there is still in
+    its loop, and says it never re-forms the group (`regroups` False, `Membership.framework_loop`).
+    The check hands every such survivor back, apart, after one ping round, where survivors
+    whose regrouping is not known are waited for through the grace (every one still blocked:
+    the grace and `SILENT_GRACE_S`, about 5 s)."""
+    group = Group(lambda r, _: _status(phases.STARTING, 0, regroups=False))
+    recovery, dropped = _recovery(group)
+    checked = _check(recovery, retry=False)
+    assert checked == restart.Checked(blocked=(), joined=(), stuck=(), framework=(0, 1, 2))
+    assert group.rounds == 1 and group.killed == [0, 1, 2] and dropped == [0, 1, 2]
+    unknown = Group(lambda r, _: _status(phases.STEP, 0, regroups=None) if r == 1
+                    else _status(phases.RECOVERING, 0))  # fmt: skip
+    recovery, _ = _recovery(unknown)
+    assert _check(recovery, retry=False) == restart.Checked(blocked=(1,), joined=(), stuck=())
+    assert unknown.rounds > 1  # waited through the grace for rank 1 to catch the error

@@ -236,3 +236,43 @@ def test_a_rank_with_reports_still_on_their_way_holds_the_incident(tmp_path: Pat
     assert [(m["kind"], m["rank"]) for m in decided[0].anomaly.details["merged"]] == [
         ("nonfinite_grad", 1)
     ]
+
+
+def test_a_full_restart_from_before_an_anomaly_settles_its_rewind_and_decides_it_anew(
+    controller: Controller, tmp_path: Path
+) -> None:
+    """Every rank restarted from step 0 while a NaN's rollback was pending (a rank died first):
+    the restart undid the steps after the NaN, so the rollback is applied by it and is not
+    sent to the new ranks (which would rewind again at their first boundary and skip batches
+    that were never bad); the chain's next step (shrink_lr) still goes to them. The NaN that
+    comes again in the redone steps, at the same tick, is a new incident: decided anew, not
+    merged into the one decided before the restart (seen under the Lightning callbacks, whose
+    every rank loss is a full restart)."""
+    first = controller.ingest({"rank": 0, "step": 14, "tick": 14, "events": [nan(0, 14)]})
+    rollback, shrink = (c["decision_id"] for c in first)
+    settled = controller.rewound(0, "from step 0")
+    assert settled == [rollback]
+    [line] = read_jsonl(tmp_path / "decisions.jsonl")
+    assert (line["decision_id"], line["action"], line["outcome"]) == (
+        rollback,
+        "rollback",
+        "applied",
+    )
+    assert line["detail"].startswith(
+        "carried out by the full-group restart: every rank resumed from step 0"
+    )
+    assert [c["decision_id"] for c in controller.commands_for(1)] == [shrink]
+    again = controller.ingest({"rank": 0, "step": 14, "tick": 14, "events": [nan(0, 14)]})
+    assert [c["action"] for c in again if c["decision_id"] != shrink] == ["rollback", "shrink_lr"]
+    assert not controller.incidents.late
+
+
+def test_a_full_restart_from_a_checkpoint_after_the_anomaly_keeps_its_rewind() -> None:
+    """A checkpoint newer than the anomaly already holds the rollback's result or will get it:
+    a pending rollback of an earlier tick is not settled by the restart (it is re-issued)."""
+    engine = Engine(load_policy_text(POLICY, "control.yaml"), run_id="r")
+    c = Controller(engine, world_size=2)
+    c.incidents.hold_s = 0.0
+    c.ingest({"rank": 0, "step": 14, "tick": 14, "events": [nan(0, 14)]})
+    assert c.rewound(20, "from checkpoint step 20") == []
+    assert {p.decision.action for p in c.pending.values()} == {"rollback", "shrink_lr"}

@@ -109,6 +109,19 @@ def test_no_survivor_left_restarts_the_whole_group_at_once() -> None:
     assert job.attempts == 1 and st.why == f"targeted restart failed: {restart.NONE_RECOVERED}"
 
 
+def test_survivors_under_a_frameworks_loop_restart_the_whole_group_and_say_why() -> None:
+    """Survivors in Lightning's or Hugging Face's loop never re-form the group: each is lost
+    for that reason, and with none left the whole group restarts, saying so (not that the
+    survivors failed to recover)."""
+    st, job, _ = _run(RestartState("d1", WORLD), RUNNING, Begin((3,), "dead"))
+    st, job, _ = _run(st, job, restart.Killed(5))
+    st, job, fx = _run(st, job, Checked(framework=(0, 1, 2)))
+    assert Job(RanksLost(frozenset({0, 1, 2}), restart.FRAMEWORK_LOOP)) in fx
+    assert Job(RestartFailed(restart.NONE_CAN_REGROUP, final=True)) in fx
+    assert _acts(fx) == [RestartAll("rank_hang")] and job.phase is Phase.RESTARTING_ALL
+    assert st.why == f"targeted restart failed: {restart.NONE_CAN_REGROUP}"
+
+
 def test_every_rank_lost_restarts_the_whole_group_at_once() -> None:
     """A node that held every rank: the decision's ranks are the whole world."""
     st, job, fx = _run(RestartState("d1", WORLD), RUNNING, Begin((0, 1, 2, 3), "node lost"))
