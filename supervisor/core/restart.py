@@ -473,7 +473,9 @@ def _next_attempt(s: _Step, cause: str, k: int) -> _Step:
 def _failed(s: _Step, reason: str, cause: str, k: int, *, final: bool = False) -> _Step:
     """An attempt failed: one failed attempt for the job; the next one launches again, after a
     pause. `final`: no survivor is left to take the state from, so the whole group restarts."""
-    why = f"targeted restart failed: {reason}"
+    # Under a framework's loop no targeted restart could work: it did not fail, it was not one.
+    head = "no targeted restart" if reason == NONE_CAN_REGROUP else "targeted restart failed"
+    why = f"{head}: {reason}"
     s = s.job_input(RestartFailed(reason, final), k)
     st = replace(s.state, first=False, why=why)
     if s.job.phase is Phase.RECOVERING:

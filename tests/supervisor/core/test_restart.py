@@ -119,7 +119,7 @@ def test_survivors_under_a_frameworks_loop_restart_the_whole_group_and_say_why()
     assert Job(RanksLost(frozenset({0, 1, 2}), restart.FRAMEWORK_LOOP)) in fx
     assert Job(RestartFailed(restart.NONE_CAN_REGROUP, final=True)) in fx
     assert _acts(fx) == [RestartAll("rank_hang")] and job.phase is Phase.RESTARTING_ALL
-    assert st.why == f"targeted restart failed: {restart.NONE_CAN_REGROUP}"
+    assert st.why == f"no targeted restart: {restart.NONE_CAN_REGROUP}"
 
 
 def test_every_rank_lost_restarts_the_whole_group_at_once() -> None:
