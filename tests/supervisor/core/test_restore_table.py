@@ -1,8 +1,9 @@
 """Crash after any journal write of a rollback, an operator stop or a group restart: nothing lost or repeated.
 
-The writes are the state records of journal.wal (the shell's) and the history lines
-(the Controller's, `decided` and `resolved`); a restored supervisor reads journal.wal
-and decisions.jsonl only."""
+The writes are the state records of journal.wal (the shell's: `RunState`, a full record
+then deltas, as the supervisor writes them with `StateLog`) and the history lines (the
+Controller's, `decided` and `resolved`); a restored supervisor reads journal.wal (folded
+to its newest `RunState`) and decisions.jsonl only."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import journal_to
+from remedy.supervisor.core.job_state import JobState, Phase
+from remedy.supervisor.core.run_state import RunState, StateLog
 from remedy.supervisor.journals import read_journal
+from remedy.supervisor.rank_slots import RankSlots
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """
@@ -73,14 +77,21 @@ class Shell:
             group_action=self._group,
         )
         self._changes = -1
+        self.incarnation = incarnation
+        self.log = StateLog()  # a new supervisor's first record is a full one
 
     def _group(self, d: Decision) -> None:
         self.restarts.append(d.decision_id)  # carried out later, asynchronously
 
     def keep_state(self) -> None:
         if self.c.changes != self._changes:
-            state = json.loads(json.dumps(self.c.state_dict(), default=str))
-            self.files.wal({"type": control_state.STATE, "controller": state})
+            slots = RankSlots(WORLD)
+            state = RunState(
+                incarnation=self.incarnation, started=0.0, job=JobState(Phase.RUNNING, 0),
+                slots=slots.state_records(), last_seq=slots.seqs(), group=None,
+                controller=json.loads(json.dumps(self.c.state_dict(), default=str)),
+            )  # fmt: skip
+            self.files.wal(self.log.entry(state.to_record()))
             self._changes = self.c.changes
 
     @classmethod
@@ -91,7 +102,9 @@ class Shell:
         state, tail = control_state.split_at_last_state(journal)
         assert tail == [], "journal.wal holds state records only"
         if state is not None:
-            shell.c.load_state_dict(state["controller"])
+            run = RunState.from_record(state)
+            assert run.incarnation == incarnation - 1
+            shell.c.load_state_dict(run.controller)
         shell.c.restore_decisions(read_jsonl(run_dir / "decisions.jsonl"))
         shell.restarts = list(shell.c.deferred)
         return shell
