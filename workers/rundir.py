@@ -11,7 +11,8 @@
 
 Every line is flushed as it is written; the state records are fsynced, so a
 supervisor that dies mid-decision resumes from what it had promised. The
-history is what people and reports read; no restore depends on it.
+history is what people and reports read; a restarted supervisor takes no
+control state from it.
 """
 
 from __future__ import annotations
