@@ -25,8 +25,9 @@ POLICY = str(HERE / "durable_policy.yaml")
 def _run(
     tmp: Path, workers: int, steps: int, faults: list[dict[str, Any]], *args: str, **kw: Any
 ) -> dict[str, Any]:
+    kw.setdefault("policy", POLICY)
     spec = RunSpec(
-        target=TARGET, policy=POLICY, workers=workers, run_dir=str(tmp), faults=faults,
+        target=TARGET, workers=workers, run_dir=str(tmp), faults=faults,
         argv=["--steps", str(steps), *args], threads_per_rank=1,
         hang_watch={"first_step_s": 10.0}, **kw,
     )  # fmt: skip
@@ -132,3 +133,61 @@ def test_full_restart_that_fails_too_aborts(ray_cluster: None, tmp_path: Path) -
     ]
     assert restart["outcome"] in ("failed", "escalated")
     assert "full-group restart failed" in restart["detail"]
+
+
+# A NaN's rollback that skips the batches after it: a rank that applied it trains other
+# batches than a rank that never saw it, so the parameters tell which happened.
+SKIPPING_POLICY = """\
+version: 1
+name: rollback-at-full-restart
+rules:
+  - name: nan-rollback
+    when: {anomaly: nonfinite_loss}
+    do:
+      - rollback: {steps_back: 10, skip_batches: 2}
+        on_failure: abort
+    cooldown_steps: 20
+  - name: rank-restart
+    when: {anomaly: [rank_hang, rank_dead]}
+    do:
+      - restart_rank: {}
+        on_failure: abort
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_a_rollback_still_pending_at_a_full_restart_is_settled_by_it(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """Rank 0's loss is NaN at step 32; rank 1 is SIGKILLed at the start of step 33, so rank 0
+    is in step 33's broken collective when the rollback's boundary comes, and never applies
+    it. No targeted restart is allowed: every rank restarts from checkpoint 30, before the
+    NaN's step. The rollback is settled by that restart (journaled applied, saying so), not
+    sent to the new ranks, which would rewind again and skip two good batches: the run ends
+    bitwise equal to a run without either fault."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(SKIPPING_POLICY)
+    faults = [
+        {"kind": "nan_loss", "at_step": 32, "rank": 0},
+        {"kind": "kill_rank", "at_step": 33, "rank": 1},
+    ]
+    run = tmp_path / "run"
+    summary = _run(run, 2, 40, faults, policy=str(policy), max_targeted_restarts=0)
+    assert summary["status"] == "completed", summary
+    twin = _run(tmp_path / "twin", 2, 40, [], policy=str(policy))
+    assert twin["status"] == "completed", twin
+    digests = {r["result"]["params_digest"] for r in summary["ranks"]}
+    assert digests == {r["result"]["params_digest"] for r in twin["ranks"]}, (digests, twin)
+    assert [r["incarnation"] for r in summary["ranks"]] == [2, 2]
+    assert {r["resumed"]["step"] for r in summary["ranks"]} == {30}
+    decisions = read_jsonl(run / "decisions.jsonl")
+    [rollback] = [d for d in decisions if d["action"] == "rollback"]
+    assert rollback["outcome"] == "applied", rollback
+    assert rollback["detail"].startswith("carried out by the full-group restart"), rollback
+    assert "result" not in rollback or not rollback["result"], rollback  # no rank rewound
+    [restart] = [d for d in decisions if d["action"] == "restart_rank"]
+    assert restart["outcome"] == "applied", restart
+    # The NaN's step ran twice, the rest once each, and no step was rewound by a rollback:
+    # 0-32 before the restart (33 killed there), 30-39 after it.
+    assert summary["steps_executed"] == 33 + 10, summary
