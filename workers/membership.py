@@ -190,8 +190,9 @@ class Membership:
     # ---------------------------------------------------------- training side
     def framework_loop(self) -> None:
         """A framework's loop drives this rank (`integrations`: Lightning's, Hugging Face's):
-        its process group is the framework's, in which a failed collective is raised, not
-        survived, so this rank never leaves a broken group to re-form the next one. The
+        a failed collective (the callbacks' agreement on commands, or one of the framework's
+        own) is raised through the framework's loop and ends it, not survived, so this rank
+        never leaves a broken group to re-form the next one. The
         supervisor then replaces it at once instead of waiting for it to (`phases.regroups`)."""
         self.regroups = False
 

@@ -31,7 +31,7 @@ IN_RECOVERY = (RECOVERING, JOINING)
 
 def regroups(ping: Any) -> bool | None:
     """Whether the rank of a ping answer survives a lost peer by re-forming the group: True
-    under a Guard, False under a framework's loop (whose process group is the framework's),
+    under a Guard, False under a framework's loop (which a failed collective ends),
     None when not known (no answer, no Guard yet, or a rank of an older remedy)."""
     value = ping.get("regroups") if isinstance(ping, dict) else None
     return value if isinstance(value, bool) else None

@@ -61,10 +61,16 @@ STILL_BLOCKED = "still blocked in the broken collective"
 # A survivor that formed no generation since a peer died in its rendezvous: gloo waits
 # for that peer's connection without a timeout (`workers.phases.JOINING`).
 STUCK_JOINING = "still in the rendezvous of a generation that can no longer form"
-# A survivor whose loop a framework drives (Lightning's, Hugging Face's): the process group
-# is the framework's, and its failed collective ends the rank (`workers.phases.regroups`).
-FRAMEWORK_LOOP = "in a framework's loop (it does not re-form the framework's process group)"
-NONE_CAN_REGROUP = "the survivors run a framework's loop, which does not re-form its process group"
+# A survivor whose loop a framework drives (Lightning's, Hugging Face's): a failed collective
+# is raised through that loop and ends the rank (`workers.phases.regroups`).
+FRAMEWORK_LOOP = (
+    "in a framework's loop, which a failed collective ends (it cannot re-form the process "
+    "group and go on)"
+)
+NONE_CAN_REGROUP = (
+    "the survivors run a framework's loop, which a failed collective ends: none can re-form "
+    "the process group and go on"
+)
 
 
 class Stage(enum.StrEnum):
