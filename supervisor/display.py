@@ -18,6 +18,7 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from typing import Any, Protocol, TextIO
 
 PROGRESS_EVERY_S = 5.0
@@ -79,9 +80,23 @@ def outage_line(note: dict[str, Any]) -> str:
     )
 
 
+# Up to this many ranks, the ranks line names each one's state; beyond, it counts them.
+RANKS_LISTED = 16
+
+
 def ranks_line(p: dict[str, Any]) -> str:
+    """Each rank's state; with more than `RANKS_LISTED` ranks, how many are in each state,
+    and which ranks are not in the most common one (the first `RANKS_LISTED` of them)."""
     ranks = p.get("ranks") or {}
-    return "ranks: " + "  ".join(f"{r}:{state}" for r, state in ranks.items())
+    if len(ranks) <= RANKS_LISTED:
+        return "ranks: " + "  ".join(f"{r}:{state}" for r, state in ranks.items())
+    kinds = Counter(str(state).split()[0] for state in ranks.values())
+    common = kinds.most_common(1)[0][0]
+    odd = [(r, s) for r, s in ranks.items() if str(s).split()[0] != common]
+    counts = "; ".join(f"{n:,} {kind}" for kind, n in kinds.most_common())
+    listed = ", ".join(f"{r}:{s}" for r, s in odd[:RANKS_LISTED])
+    more = f", +{len(odd) - RANKS_LISTED:,} more" if len(odd) > RANKS_LISTED else ""
+    return f"ranks: {counts}" + (f" ({listed}{more})" if odd else "")
 
 
 class JsonLinesDisplay:

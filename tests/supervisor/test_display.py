@@ -164,3 +164,22 @@ def test_feed_keeps_its_own_keys_and_ignores_numbers_no_display_can_use() -> Non
     assert events[0]["ts"] == 10.0
     assert events[-1]["total"] is None and events[-1]["samples_per_s"] is None
     assert 5 not in feed.last_seen and feed.total is None
+
+
+def test_the_ranks_line_counts_the_ranks_of_a_large_run_and_names_the_odd_ones() -> None:
+    """Up to 16 ranks each is named; beyond, the line counts each state and names the ranks
+    not in the most common one, so 4,096 ranks fit on one line."""
+    from remedy.supervisor.display import ranks_line  # noqa: PLC0415
+
+    few = {"ranks": {"0": "training", "1": "starting"}}
+    assert ranks_line(few) == "ranks: 0:training  1:starting"
+    many = {str(r): "training" for r in range(4096)}
+    many["7"], many["300"] = "quiet 12s", "quiet 9s"
+    many["9"] = "recovering"
+    assert ranks_line({"ranks": many}) == (
+        "ranks: 4,093 training; 2 quiet; 1 recovering (7:quiet 12s, 9:recovering, 300:quiet 9s)"
+    )
+    lost = {str(r): ("lost" if r < 20 else "training") for r in range(100)}
+    line = ranks_line({"ranks": lost})
+    assert line.startswith("ranks: 80 training; 20 lost (0:lost, 1:lost,")
+    assert line.endswith("15:lost, +4 more)")
