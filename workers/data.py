@@ -16,9 +16,14 @@ epoch is shuffled differently and every rank reads its own shard.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+import structlog
+
+log = structlog.get_logger("remedy.data")
 
 
 class DataExhausted(Exception):
@@ -61,6 +66,10 @@ class BatchCursor:
         self.skipped: set[int] = set()
         # A plain iterable's batches to yield again before reading on (see `unread`).
         self._again: deque[tuple[int, Any]] = deque()
+        # Batches this process has drawn from a plain iterable, over its epochs; below the
+        # position after a resume or an adoption, the next read catches up (`_catch_up`).
+        self.drawn = 0
+        self.caught_up = 0  # batches read and dropped to catch up, in this process
 
     @property
     def rewindable(self) -> bool:
@@ -73,6 +82,8 @@ class BatchCursor:
             self.position = index + 1
             if index not in self.skipped:
                 return index, batch
+        if self._fetch is None and self.drawn < self.position:
+            self._catch_up()
         while self.position in self.skipped:
             self._read()
             self.position += 1
@@ -81,6 +92,26 @@ class BatchCursor:
         self.position += 1
         return index, batch
 
+    def _catch_up(self) -> None:
+        """Read and drop a plain iterable's batches up to the position.
+
+        A fresh process whose position was set ahead (a resume from a durable
+        checkpoint, a replacement adopting a peer's state) would otherwise train
+        the source's first batches again under later step numbers; an indexable
+        source simply reads at the position. The batches in between are read
+        (a `DataLoader` loads them) and dropped, once, in order, over epochs.
+        """
+        target, start, t0 = self.position, self.drawn, time.perf_counter()
+        while self.drawn < target:
+            self._read()
+            self.caught_up += 1
+        log.info(
+            "data_caught_up",
+            position=target,
+            batches=target - start,
+            seconds=round(time.perf_counter() - t0, 3),
+        )
+
     def _read(self) -> Any:
         if self._fetch is not None:
             return self._fetch_at(self.position)
@@ -88,18 +119,23 @@ class BatchCursor:
             self._start_epoch(self.epoch)
         assert self._iter is not None
         try:
-            return next(self._iter)
+            batch = next(self._iter)
         except StopIteration:
             pass
+        else:
+            self.drawn += 1
+            return batch
         if not self._more_epochs(self.epoch + 1):
             raise DataExhausted(self._end_message())
         self.epoch += 1
         self._epoch_start = self.position
         self._start_epoch(self.epoch)
         try:
-            return next(self._iter)
+            batch = next(self._iter)
         except StopIteration:
             raise DataExhausted(f"epoch {self.epoch} of the data yielded no batch") from None
+        self.drawn += 1
+        return batch
 
     def _fetch_at(self, position: int) -> Any:
         assert self._fetch is not None

@@ -273,6 +273,13 @@ class Membership:
             # The failed step is discarded: back to the boundary it started from.
             position, rng = self._mark
             guard.cursor.position = position
+            step_mark = guard.step_mark
+            if not guard.cursor.rewindable and step_mark is not None and step_mark.batch_index >= 0:
+                # A plain iterable cannot read the step's batch again: it is given back, so
+                # this rank trains it next, as a replacement that catches up to this position
+                # does (the rank would otherwise run one batch ahead of its peers, and out of
+                # data a step before them).
+                guard.cursor.unread([(step_mark.batch_index, step_mark.batch)])
             restore_rng(rng)
             guard.optimizer.zero_grad(set_to_none=True)
         if guard.mirror is not None:

@@ -173,11 +173,14 @@ class Replays:
         return mark
 
     def fetched(self, mark: StepMark, index: int, batch: Any, *, rewindable: bool) -> None:
-        """The step's batch: kept (with the RNG state after fetching it) only if it cannot be
-        read again."""
+        """The step's batch: kept only if it cannot be read again (a survivor that loses the
+        step to a failed collective trains it again, `Membership.recover`), and with the RNG
+        state after fetching it where steps may be replayed."""
         mark.batch_index = index
-        if self.window and not rewindable:
-            mark.batch, mark.forward_rng = batch, capture_rng()
+        if not rewindable:
+            mark.batch = batch
+            if self.window:
+                mark.forward_rng = capture_rng()
 
     def keep(self, guard: Guard, loss: float, *, flagged: str) -> None:
         """Keep the state from before the current step's update (a detector flagged it)."""

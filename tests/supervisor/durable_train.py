@@ -6,7 +6,9 @@ make a rollback reach past the snapshot ring to the disk. With
 `--fail-replacement gen1` a replacement rank (incarnation 2 or more) of
 generation 1 raises before training, as a node that keeps failing would:
 targeted restarts fail and the full-group restart (generation 2) succeeds;
-with `always` every replacement raises, the full restart too.
+with `always` every replacement raises, the full restart too. With
+`--loader` the same batches come from a plain `DataLoader`, which a new
+process cannot read at its position: it reads up to it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # Steps of a few ms would end the run before a command's round trip (heartbeats every 0.5 s).
     p.add_argument("--step-sleep", type=float, default=0.03)
     p.add_argument("--fail-replacement", choices=["none", "gen1", "always"], default="none")
+    # The same batches from a plain DataLoader, which cannot be read at an index.
+    p.add_argument("--loader", action="store_true")
     return p.parse_args(argv)
 
 
@@ -64,11 +68,16 @@ def main(argv: list[str]) -> dict[str, Any]:
         x, y = b
         return nn.functional.mse_loss(m(x), y)
 
+    data: Any = batch
+    if args.loader:
+        shard = [batch(i) for i in range(args.steps)]
+        xs, ys = torch.cat([x for x, _ in shard]), torch.cat([y for _, y in shard])
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, ys), batch_size=16)
     guard = Guard(
         model,
         optimizer,
         loss_fn=loss_fn,
-        data=batch,
+        data=data,
         max_steps=args.steps,
         config=GuardConfig(
             snapshot_every=args.snapshot_every,

@@ -191,3 +191,44 @@ def test_a_rollback_still_pending_at_a_full_restart_is_settled_by_it(
     # The NaN's step ran twice, the rest once each, and no step was rewound by a rollback:
     # 0-32 before the restart (33 killed there), 30-39 after it.
     assert summary["steps_executed"] == 33 + 10, summary
+
+
+@pytest.fixture(scope="module")
+def loader_twin(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The parameters' digest of 2 ranks, 40 steps, from plain DataLoaders, without faults."""
+    twin = _run(tmp_path_factory.mktemp("twin"), 2, 40, [], "--loader")
+    assert twin["status"] == "completed", twin
+    [digest] = {r["result"]["params_digest"] for r in twin["ranks"]}
+    return digest
+
+
+@pytest.mark.timeout(240)
+def test_a_plain_dataloader_survives_a_targeted_restart_bitwise(
+    loader_twin: str, tmp_path: Path
+) -> None:
+    """Rank 1 is SIGKILLed at step 33 of a DataLoader run. The survivor gives the failed
+    step's batch back to its loader's stream; the replacement, a new process, reads its
+    loader up to the adopted position before training. Both ranks end bitwise equal to the
+    run without the kill. (The survivor used to drop that batch, run out of data a step
+    before the replacement and end, leaving it to wait 120 s for an order: the run failed.)"""
+    faults = [{"kind": "kill_rank", "at_step": 33, "rank": 1}]
+    summary = _run(tmp_path, 2, 40, faults, "--loader")
+    assert summary["status"] == "completed", summary
+    assert [r["incarnation"] for r in summary["ranks"]] == [1, 2]
+    assert {r["result"]["params_digest"] for r in summary["ranks"]} == {loader_twin}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_a_plain_dataloader_resumes_a_full_restart_bitwise(
+    loader_twin: str, tmp_path: Path
+) -> None:
+    """No targeted restart: every rank restarts from checkpoint 30 in a new process, whose
+    DataLoader starts at its first batch. Each reads up to batch 30 first and ends bitwise
+    equal to the run without the kill (without that it trained batches 0-9 as steps 30-39)."""
+    faults = [{"kind": "kill_rank", "at_step": 33, "rank": 1}]
+    summary = _run(tmp_path, 2, 40, faults, "--loader", max_targeted_restarts=0)
+    assert summary["status"] == "completed", summary
+    assert {r["resumed"]["step"] for r in summary["ranks"]} == {30}
+    assert {r["result"]["params_digest"] for r in summary["ranks"]} == {loader_twin}
+    assert summary["steps_executed"] == 33 + 10, summary

@@ -157,3 +157,40 @@ def test_epochs_are_not_duplicate_samples_but_a_looping_source_is(as_epochs: boo
     kinds = [k for batch in guard for k in guard.step(batch).events]
     assert guard.close()["steps_completed"] == 320
     assert ("duplicate_samples" in kinds) is not as_epochs, kinds
+
+
+def test_a_plain_iterable_set_ahead_catches_up_before_its_next_batch() -> None:
+    """A fresh process given a position (a resume, a replacement adopting a peer's state)
+    reads and drops the batches before it, over epochs, instead of training the first ones
+    again; a position set back (a rollback in the same process) reads on from the stream."""
+
+    class Stream:  # re-iterable, not indexable
+        def __iter__(self) -> Any:
+            return iter([10, 11, 12, 13])
+
+    cursor = BatchCursor(Stream(), epochs=3)
+    cursor.position = 6  # epoch 1, its third batch
+    assert cursor.next() == (6, 12)
+    assert (cursor.epoch, cursor.drawn, cursor.caught_up) == (1, 7, 6)
+    cursor.position = 3  # back: a plain iterable cannot rewind, the stream goes on
+    assert cursor.next() == (3, 13)
+    assert cursor.caught_up == 6
+    loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2)
+    fresh = BatchCursor(loader)
+    fresh.position = 3
+    index, (batch,) = fresh.next()
+    assert index == 3 and batch.tolist() == [6.0, 7.0]
+
+
+def test_a_survivors_failed_step_gives_its_batch_back_to_a_plain_iterable() -> None:
+    """`unread` after a failed step: the same batch is trained next, at the same index, and
+    the stream reads on after it without a catch-up."""
+    cursor = BatchCursor(iter(range(100, 110)))
+    for _ in range(3):
+        cursor.next()
+    index, batch = cursor.next()
+    cursor.position = index  # back to the failed step's boundary
+    cursor.unread([(index, batch)])
+    assert cursor.next() == (3, 103)
+    assert cursor.next() == (4, 104)
+    assert cursor.caught_up == 0
