@@ -29,9 +29,13 @@ ARGS = ["--steps", "40", "--layers", "1", "--width", "32", "--batch-size", "4",
 def _stop_when_up(name: str, stopped: list[int], done: threading.Event) -> None:
     """SIGSTOP the actor `name` as soon as it answers where it runs."""
     while not done.is_set():
-        with contextlib.suppress(ValueError, ray.exceptions.RayError):
+        try:
             actor = ray.get_actor(name, namespace=NAMESPACE)
-            _node, pid = ray.get(actor.where.remote(), timeout=10)
+        except ValueError:  # not created yet
+            time.sleep(0.1)
+            continue
+        with contextlib.suppress(ray.exceptions.RayError):
+            pid = ray.get(actor.where.remote(), timeout=10)[1]  # (node, pid, node id, start)
             os.kill(pid, signal.SIGSTOP)
             stopped.append(pid)
             return
