@@ -90,9 +90,10 @@ def ranks_line(p: dict[str, Any]) -> str:
     ranks = p.get("ranks") or {}
     if len(ranks) <= RANKS_LISTED:
         return "ranks: " + "  ".join(f"{r}:{state}" for r, state in ranks.items())
-    kinds = Counter(str(state).split()[0] for state in ranks.values())
+    kind_of = {r: str(state).split()[0] for r, state in ranks.items()}  # "quiet 12s": quiet
+    kinds = Counter(kind_of.values())
     common = kinds.most_common(1)[0][0]
-    odd = [(r, s) for r, s in ranks.items() if str(s).split()[0] != common]
+    odd = [(r, s) for r, s in ranks.items() if kind_of[r] != common]
     counts = "; ".join(f"{n:,} {kind}" for kind, n in kinds.most_common())
     listed = ", ".join(f"{r}:{s}" for r, s in odd[:RANKS_LISTED])
     more = f", +{len(odd) - RANKS_LISTED:,} more" if len(odd) > RANKS_LISTED else ""

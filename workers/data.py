@@ -104,7 +104,7 @@ class BatchCursor:
         target, start, t0 = self.position, self.drawn, time.perf_counter()
         while self.drawn < target:
             self._read()
-            self.caught_up += 1
+        self.caught_up += target - start
         log.info(
             "data_caught_up",
             position=target,
