@@ -538,10 +538,10 @@ class SupervisorActor:
             newest = max((s for s in seqs[:MAX_ITEM_SEQS] if type(s) is int), default=None)
             below = item.pop("unanswered_from", None)
             self._answered_below(rank, newest, below, node=str(node)[:64])
-            self._ingest(item, write_metrics=False, gauges=False)
+            self._ingest(item, write_metrics=False, gauges=False, answer=False)
             answer.add(rank)
         await self._commit()  # before the reply: no rank holds a command the journal lacks
-        return {rank: self.controller.commands_for(rank) for rank in sorted(answer)}
+        return self.controller.commands_for_ranks(sorted(answer))
 
     def _answered_below(self, rank: Any, seq: Any, below: Any, *, node: str | None = None) -> None:
         """The rank says every batch number below `below` was answered: stop awaiting the ones
@@ -610,11 +610,14 @@ class SupervisorActor:
             loop.call_soon(flush)
         await asyncio.shield(self._committing)
 
-    def _ingest(self, batch: Any, *, write_metrics: bool, gauges: bool) -> list[dict[str, Any]]:
+    def _ingest(
+        self, batch: Any, *, write_metrics: bool, gauges: bool, answer: bool = True
+    ) -> list[dict[str, Any]]:
         """One rank's accepted report: to the controller, the displays, gauges and hang watch.
 
         `write_metrics=False, gauges=False`: an agent's item, whose step records and
-        per-rank gauges the agent wrote and set already.
+        per-rank gauges the agent wrote and set already; `answer=False`: the commands
+        are not built (`Controller.ingest`).
         """
         if isinstance(batch, dict) and "outages" in batch:
             self._outage_notes(batch.pop("outages"))
@@ -624,7 +627,7 @@ class SupervisorActor:
         failed = isinstance(batch, dict) and batch.pop("collective_failed", None) is True
         # Ranks whose earlier reports are still on their way: an incident of theirs may be too.
         self.controller.incomplete = self.slots.incomplete()
-        commands = self.controller.ingest(batch, write_metrics=write_metrics)
+        commands = self.controller.ingest(batch, write_metrics=write_metrics, answer=answer)
         report = self.controller.last_report
         if report is not None and ending:
             self.watch.forget(report.rank)

@@ -527,7 +527,9 @@ class Recovery:
         )
         log.warning(kind, rank=rank, reason=reason)
         answered = len(c.decisions)
-        c.ingest({"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]})
+        c.ingest(
+            {"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]}, answer=False
+        )
         self._if_unreplaced(rank, kind, reason, c.decisions[answered:])
 
     def running(self) -> bool:

@@ -258,13 +258,17 @@ class Controller:
         self.goodput = GoodputLedger()
 
     # ---------------------------------------------------------------- ingest
-    def ingest(self, batch: Any, *, write_metrics: bool = True) -> list[dict[str, Any]]:
+    def ingest(
+        self, batch: Any, *, write_metrics: bool = True, answer: bool = True
+    ) -> list[dict[str, Any]]:
         """Take one report batch from a rank; return the commands that rank still owes.
 
         Each item is validated on its own (`report_validation`): invalid ones
         are counted in `rejected` by reason and change nothing; the rest are
         decided as if they had come alone. `write_metrics=False`: the step
         records are in a node agent's metrics file already (`supervisor.agent`).
+        `answer=False`: nobody waits for the commands (an agent's call answers each
+        of its ranks after every item was taken): none are built.
         """
         now = self._clock()
         rank = batch.get("rank") if isinstance(batch, dict) else None
@@ -313,7 +317,7 @@ class Controller:
             events += self._check_stragglers()
         if events:
             self._decide(events, now)
-        return self.commands_for(rank)
+        return self.commands_for(rank) if answer else []
 
     def _decide(self, events: list[AnomalyEvent], now: float) -> None:
         """The one place where the valid events of a batch reach the policy engine.
@@ -370,6 +374,21 @@ class Controller:
             for p in self.pending.values()
             if (rank in p.targets and rank not in p.outcomes) or rank in p.dropped
         ]
+
+    def commands_for_ranks(self, ranks: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
+        """`commands_for` each of `ranks`, for one reply: each command is copied once and the
+        ranks owing it share that copy (its receiver takes one per rank: `AgentCore.commands`)."""
+        copies: dict[str, dict[str, Any]] = {}
+        out: dict[int, list[dict[str, Any]]] = {}
+        for rank in ranks:
+            owed = out[rank] = []
+            for decision_id, p in self.pending.items():
+                if (rank in p.targets and rank not in p.outcomes) or rank in p.dropped:
+                    wire = copies.get(decision_id)
+                    if wire is None:
+                        wire = copies[decision_id] = {**p.wire, "params": dict(p.wire["params"])}
+                    owed.append(wire)
+        return out
 
     def record_anomaly(self, ev: AnomalyEvent) -> None:
         """Count and log an anomaly that no policy decision follows (a rank lost while a

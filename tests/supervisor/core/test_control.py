@@ -276,3 +276,21 @@ def test_a_full_restart_from_a_checkpoint_after_the_anomaly_keeps_its_rewind() -
     c.ingest({"rank": 0, "step": 14, "tick": 14, "events": [nan(0, 14)]})
     assert c.rewound(20, "from checkpoint step 20") == []
     assert {p.decision.action for p in c.pending.values()} == {"rollback", "shrink_lr"}
+
+
+def test_one_reply_for_many_ranks_owes_each_what_it_would_alone(controller: Controller) -> None:
+    """An agent's reply (`commands_for_ranks`) gives each rank the commands `commands_for`
+    gives it, one copy of each command shared by the ranks owing it, never the pending
+    command itself; a report taken with `answer=False` is taken and answered with nothing."""
+    assert controller.ingest({"rank": 1, "step": 3, "tick": 3}, answer=False) == []
+    assert controller.step_of[1] == 3  # taken all the same
+    first = controller.ingest({"rank": 0, "step": 5, "tick": 5, "events": [nan(0, 5)]})
+    rollback, shrink = (c["decision_id"] for c in first)
+    controller.ingest({"rank": 1, "step": 6, "tick": 6, "outcomes": [outcome(rollback, 1)]})
+    reply = controller.commands_for_ranks([0, 1])
+    assert reply == {0: controller.commands_for(0), 1: controller.commands_for(1)}
+    assert [c["decision_id"] for c in reply[0]] == [rollback, shrink]
+    assert [c["decision_id"] for c in reply[1]] == [shrink]
+    assert reply[0][1] is reply[1][0]  # one copy of `shrink` in the reply
+    reply[0][1]["params"]["factor"] = 0.0
+    assert controller.commands_for(1)[0]["params"]["factor"] == 0.5
