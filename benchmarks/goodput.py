@@ -476,7 +476,7 @@ def project(costs: Costs, *, step_s: float, checkpoint_s: float, full_restart: b
     the steps it measured, and finds a hang after `step_multiple` step times (its hang
     watch's timeout, measured here at a 50 ms step).
     """
-    from remedy.supervisor.hang_watch import HangWatchConfig  # noqa: PLC0415
+    from remedy.supervisor.core.hang_watch import HangWatchConfig  # noqa: PLC0415
 
     total = sum(n for n, _ in LLAMA3_CAUSES.values())
     rate = total / (LLAMA3_DAYS * 86400)

@@ -46,6 +46,7 @@ from remedy.supervisor.agent_hang import Sightings
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import Notify, journal_to, log_notify
+from remedy.supervisor.core.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.supervisor.core.job_state import (
     AbortRequested,
     JobState,
@@ -55,10 +56,10 @@ from remedy.supervisor.core.job_state import (
     Started,
     TransitionError,
 )
+from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.core.run_state import RunState, StateLog
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
-from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.supervisor.journals import goodput_of, last_written, read_journal
 from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch, verdict_window_s
 from remedy.supervisor.node_watch import POLL_S as NODE_POLL_S
@@ -69,7 +70,6 @@ from remedy.supervisor.policy_source import (
     load_policy_source,
     policy_from_bytes,
 )
-from remedy.supervisor.rank_slots import RankSlots
 from remedy.supervisor.recovery import Recovery
 from remedy.supervisor.rendezvous import Rendezvous
 from remedy.supervisor.spec import NAMESPACE, RunSpec, supervisor_name

@@ -78,8 +78,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.supervisor import liveness, waits
 from remedy.supervisor.agent_core import AgentCore
+from remedy.supervisor.core.hang_watch import DEAD, HangWatchConfig
 from remedy.supervisor.exceptions import WaitTimeout
-from remedy.supervisor.hang_watch import DEAD, HangWatchConfig
 from remedy.supervisor.pings import ping_actors
 from remedy.supervisor.spec import NAMESPACE, supervisor_name
 from remedy.workers import process_faults

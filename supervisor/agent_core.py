@@ -55,9 +55,9 @@ from itertools import pairwise
 from typing import Any
 
 from remedy.supervisor.agent_hang import AGENT_PING_EVERY_S, RECOVERING_QUIET_S, sighting_items
+from remedy.supervisor.core.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
+from remedy.supervisor.core.rank_slots import RankSlots, Slot, SlotState, unanswered_from
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
-from remedy.supervisor.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
-from remedy.supervisor.rank_slots import RankSlots, Slot, SlotState, unanswered_from
 from remedy.workers import phases
 from remedy.workers.phases import IN_LOOP, IN_RECOVERY
 

@@ -1,6 +1,6 @@
 """Hang and death detection under node agents: the agents ping, the supervisor names.
 
-Without agents the supervisor's hang watch (`supervisor.hang_watch`) is fed
+Without agents the supervisor's hang watch (`supervisor.core.hang_watch`) is fed
 by every rank's reports, and when it suspects a rank the supervisor pings
 every rank. Under node agents each agent runs the same watch over its own
 ranks, fed by the reports it takes (it sees each at once; the supervisor
@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from remedy.supervisor.hang_watch import DEAD, NO_ANSWER, HangWatch
+from remedy.supervisor.core.hang_watch import DEAD, NO_ANSWER, HangWatch
 
 # A sighting older than this is not part of a judging round: the agent pings again
 # every `recovery.PING_EVERY_S` while a rank stays stalled, so a live stall's are newer.

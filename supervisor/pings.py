@@ -14,7 +14,7 @@ from typing import Any
 
 import ray
 
-from remedy.supervisor.hang_watch import DEAD, NO_ANSWER
+from remedy.supervisor.core.hang_watch import DEAD, NO_ANSWER
 
 # Ray's `RayActorError` is either `ActorDiedError` (the process is gone) or
 # `ActorUnavailableError`, which says nothing of the process: a caller that cannot

@@ -82,10 +82,10 @@ if TYPE_CHECKING:
 
     from remedy.supervisor.agent_hang import Sighting, Sightings
     from remedy.supervisor.core.control import Controller
+    from remedy.supervisor.core.hang_watch import HangWatch, Verdict
     from remedy.supervisor.core.job_state import JobStateMachine
-    from remedy.supervisor.hang_watch import HangWatch, Verdict
+    from remedy.supervisor.core.rank_slots import RankSlots
     from remedy.supervisor.node_watch import DeadNode
-    from remedy.supervisor.rank_slots import RankSlots
     from remedy.supervisor.spec import RunSpec
     from remedy.supervisor.worker_group import WorkerGroup
     from remedy.workers.rundir import RunDir

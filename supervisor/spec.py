@@ -39,7 +39,7 @@ class RunSpec:
     verbose: bool = False
     # Multi-rank jobs: warm spare actors kept ready to replace a lost rank
     # (None: 1 when workers > 1), the hang watch's timeouts
-    # (`supervisor.hang_watch.HangWatchConfig` keys), and the targeted
+    # (`supervisor.core.hang_watch.HangWatchConfig` keys), and the targeted
     # restarts that may fail in a row before the whole group restarts.
     spares: int | None = None
     hang_watch: dict[str, float] = field(default_factory=dict)

@@ -38,11 +38,11 @@ import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.supervisor import placement
+from remedy.supervisor.core.hang_watch import DEAD
+from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.exceptions import WaitTimeout
-from remedy.supervisor.hang_watch import DEAD
 from remedy.supervisor.pings import ping_actors
 from remedy.supervisor.rank import RankActor
-from remedy.supervisor.rank_slots import RankSlots
 from remedy.supervisor.spec import NAMESPACE, RunSpec
 
 if TYPE_CHECKING:

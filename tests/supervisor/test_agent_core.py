@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from remedy.supervisor.agent_core import AgentCore, digest_metrics
-from remedy.supervisor.rank_slots import RankSlots
+from remedy.supervisor.core.rank_slots import RankSlots
 
 TOKEN = "t" * 32
 

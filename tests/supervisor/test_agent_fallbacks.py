@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from remedy.supervisor.agent_hang import Sightings
-from remedy.supervisor.hang_watch import NO_ANSWER, HangWatch, HangWatchConfig, Verdict
+from remedy.supervisor.core.hang_watch import NO_ANSWER, HangWatch, HangWatchConfig, Verdict
 from remedy.supervisor.recovery import AGENT_QUIET_S, Recovery
 
 NODES = {0: "a", 1: "a", 2: "b", 3: "b"}

@@ -15,7 +15,7 @@ from remedy.supervisor.agent_hang import (
     Sightings,
     sighting_items,
 )
-from remedy.supervisor.hang_watch import DEAD, NO_ANSWER, HangWatch, HangWatchConfig
+from remedy.supervisor.core.hang_watch import DEAD, NO_ANSWER, HangWatch, HangWatchConfig
 
 TOKEN = "t" * 32
 # Short allowances: a rank is suspect 0.5 s after its last tick once it has taken 3 steps.

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import ray
 
+from remedy.supervisor.core.hang_watch import DEAD
+from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.exceptions import WaitTimeout
-from remedy.supervisor.hang_watch import DEAD
-from remedy.supervisor.rank_slots import RankSlots
 from remedy.supervisor.worker_group import WorkerGroup
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from remedy.supervisor.agent_hang import Sighting
-from remedy.supervisor.hang_watch import HangWatch, Verdict
+from remedy.supervisor.core.hang_watch import HangWatch, Verdict
 from remedy.supervisor.recovery import Recovery
 
 REASON = "did not answer a ping within 0.25s"

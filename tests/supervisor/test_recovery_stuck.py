@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from remedy.supervisor.core import restart
+from remedy.supervisor.core.hang_watch import HangWatch
+from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.core.restart import RestartState, Stage
-from remedy.supervisor.hang_watch import HangWatch
-from remedy.supervisor.rank_slots import RankSlots
 from remedy.supervisor.recovery import Recovery
 from remedy.workers import phases
 

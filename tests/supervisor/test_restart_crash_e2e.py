@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from remedy.supervisor.core import restart
+from remedy.supervisor.core.hang_watch import HangWatchConfig
 from remedy.supervisor.core.run_state import fold
-from remedy.supervisor.hang_watch import HangWatchConfig
 from remedy.supervisor.runner import run_supervised
 from remedy.supervisor.spec import RunSpec
 from remedy.workers.rundir import read_jsonl

@@ -185,9 +185,9 @@ def _ended_journal(spec: RunSpec, rank: dict[str, Any], older: bool) -> list[dic
     from remedy.policies import Engine  # noqa: PLC0415
     from remedy.supervisor.core.control import Controller  # noqa: PLC0415
     from remedy.supervisor.core.job_state import JobState  # noqa: PLC0415
+    from remedy.supervisor.core.rank_slots import RankSlots  # noqa: PLC0415
     from remedy.supervisor.core.run_state import RunState  # noqa: PLC0415
     from remedy.supervisor.policy_source import load_policy_source  # noqa: PLC0415
-    from remedy.supervisor.rank_slots import RankSlots  # noqa: PLC0415
 
     engine = Engine(load_policy_source(spec.policy), run_id=spec.run_id)
     state = RunState(

@@ -38,6 +38,7 @@ ALLOWED = {
     "remedy.supervisor",
     "remedy.workers",  # the package only: its names load on first use
     "remedy.workers.commands",  # the command and outcome records ranks and core exchange
+    "remedy.workers.phases",  # the names of a rank's phases, which the hang watch reads
 }
 
 

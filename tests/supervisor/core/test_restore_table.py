@@ -21,9 +21,9 @@ from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import journal_to
 from remedy.supervisor.core.job_state import JobState, Phase
+from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.core.run_state import RunState, StateLog
 from remedy.supervisor.journals import read_journal
-from remedy.supervisor.rank_slots import RankSlots
 from remedy.workers.rundir import RunDir, read_jsonl
 
 POLICY = """

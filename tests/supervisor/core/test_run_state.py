@@ -14,6 +14,7 @@ from remedy.policies import Engine, load_policy
 from remedy.supervisor.core import restart
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.job_state import JobState, Phase
+from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.core.restart import RestartState, Stage
 from remedy.supervisor.core.run_state import (
     DELTA,
@@ -26,7 +27,6 @@ from remedy.supervisor.core.run_state import (
     fold,
     migrate,
 )
-from remedy.supervisor.rank_slots import RankSlots
 
 # A `state` line of journal.wal written by remedy at 08a4111 (schema 1): a 2-rank run of
 # tests/supervisor/daemon_train.py with a NaN at step 30, taken while its rollback and
