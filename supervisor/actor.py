@@ -48,15 +48,25 @@ from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import Notify, journal_to, log_notify
 from remedy.supervisor.core.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.supervisor.core.job_state import (
-    AbortRequested,
     JobState,
     JobStateMachine,
     Phase,
-    RanksEnded,
     Started,
-    TransitionError,
 )
 from remedy.supervisor.core.rank_slots import RankSlots
+from remedy.supervisor.core.run_core import (
+    Effect,
+    Ended,
+    Ending,
+    Lost,
+    Pass,
+    RankDied,
+    RankEnded,
+    RankReturned,
+    ReplacementFailed,
+    RunCore,
+    Status,
+)
 from remedy.supervisor.core.run_state import RunState, StateLog
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
@@ -157,16 +167,16 @@ class SupervisorActor:
         # Supervisors of this run before this one: the newest state record's, or, in a journal
         # of schema 7 or older, its `supervisor_started` records. 0 for a new run.
         lives = max(run.incarnation if run is not None else 0, older.lives)
-        self.incarnation = 1 + lives
+        incarnation = 1 + lives
         policy = load_policy_source(self.spec.policy)
         engine = Engine(
             policy,
             run_id=self.spec.run_id,
             dry_run=self.spec.dry_run,
-            incarnation=self.incarnation,
+            incarnation=incarnation,
         )
         self.notifier = self._notifier(policy)
-        self.controller = Controller(
+        controller = Controller(
             engine,
             world_size=self.spec.workers,
             journal=journal_to(self.run_dir),
@@ -176,18 +186,20 @@ class SupervisorActor:
             notify=self._notify,
             node_of=self._node_of,
         )
-        self.started = time.time()
-        self.rank_results: dict[int, dict[str, Any]] = {}
+        # The run's state record and its ranks' ends, with the controller, the job's state
+        # machine and the rank slots (incarnations): what `write_state` records.
+        self.core = RunCore(
+            controller,
+            JobStateMachine(journal=self._job_moved, max_targeted=self.spec.max_targeted_restarts),
+            RankSlots(self.spec.workers, rejected=controller.rejected),
+            incarnation=incarnation,
+            started=time.time(),
+        )
         self.feed = Feed(self.spec.workers)  # what displays poll (see `events`)
         self.metrics = RunMetrics(
             RayBackend(), run_id=self.spec.run_id, checkpoints=self.run_dir.checkpoints
         )
-        # Multi-rank lifecycle: slots with incarnations, the job's state machine,
-        # the rendezvous store, the hang watch, and targeted restarts.
-        self.slots = RankSlots(self.spec.workers, rejected=self.controller.rejected)
-        self.job = JobStateMachine(
-            journal=self._job_moved, max_targeted=self.spec.max_targeted_restarts
-        )
+        # Multi-rank lifecycle: the rendezvous store, the hang watch, and targeted restarts.
         self.watch = HangWatch(HangWatchConfig(**self.spec.hang_watch))  # type: ignore[arg-type]
         self.node_watch = NodeWatch()
         # Under node agents: what the agents saw when they pinged their ranks (agent_hang).
@@ -208,26 +220,38 @@ class SupervisorActor:
         self._state_changes = -1  # controller changes covered by the last state record
         self._state_log = StateLog()  # full state records, and deltas between them
         self._state_at = 0.0
-        self._group_record: dict[str, Any] | None = None  # set when restoring
-        self._recovery_record: dict[str, Any] | None = None  # the restart in progress, if any
-        self._hang_record: dict[str, Any] = {}  # the hang watch's, to go on watching from
-        self._watching = False  # the hang watch has every rank (`_watch_from_start`)
-        self._ranks_ended = False  # restored after every rank had ended
-        self._ended: str | None = None  # the run's status, once it has ended
         self.agent_nodes: list[str] = []  # nodes with an agent of this run (or one starting)
         self.agent_handles: dict[str, Any] = {}  # node id -> its agent, once started
         self._new_nodes_at = 0.0  # when to look for nodes that joined since (`_agents_for_new`)
         self._agents_starting: set[asyncio.Task[None]] = set()
         self._agent_ranks: dict[str, set[int]] = {}  # agent (node) -> the ranks it sent
         self._committing: asyncio.Future[None] | None = None  # the state record calls await
-        # Crash points (chaos) already passed in an earlier life: each fires once per run.
-        self._crashed: set[str] = set()
         if lives:
             self._restore(run, older, tail)
             # Nobody else will call `start` on a restarted supervisor: call it ourselves,
             # so the loop resumes with no driver around.
             ray.get_runtime_context().current_actor.start.remote()
         _quiet_gc()
+
+    @property
+    def controller(self) -> Controller:
+        return self.core.controller
+
+    @property
+    def job(self) -> JobStateMachine:
+        return self.core.job
+
+    @property
+    def slots(self) -> RankSlots:
+        return self.core.slots
+
+    @property
+    def incarnation(self) -> int:
+        return self.core.incarnation
+
+    @property
+    def started(self) -> float:
+        return self.core.started
 
     @property
     def state(self) -> str:
@@ -245,26 +269,15 @@ class SupervisorActor:
         schema 7 or older, what `older` and `tail` hold besides)."""
         ended = run.ended if run is not None and run.ended is not None else older.ended
         if ended is not None:
-            self._ended = ended
+            self.core.ended = ended
             self._summary = {"status": ended, **self._read_summary(ended)}
             self._done.set()
             return
         c = self.controller
-        ranks_ended = run.ranks_ended if run is not None else None
-        if ranks_ended is None:
-            ranks_ended = older.ranks_ended
-        if ranks_ended is not None:
-            self._ranks_ended = True
-            self.rank_results = {int(r): v for r, v in ranks_ended.items()}
         if run is not None:
-            c.load_state_dict(run.controller)
-            self.slots = RankSlots.from_records(run.slots, run.last_seq)
-            self.job.state = run.job
-            self.started = run.started
-            self._group_record = run.group
-            self._recovery_record = run.recovery
-            self._hang_record = run.hang
-            self._crashed = set(run.crashed)
+            self.core.restore(run)
+        if not self.core.ranks_ended and older.ranks_ended is not None:
+            self.core.results_ended(older.ranks_ended)
         abandoned = control_state.replay_tail(c, tail)  # a journal of schema 7 or older
         if older.job is not None:
             self.job.state = JobState.from_dict(older.job)
@@ -324,28 +337,11 @@ class SupervisorActor:
         `before_reply`: a call waits for it, so a full record that only bounds the
         journal's tail is put off to the loop's next pass (`StateLog.entry`).
         """
-        c = self.controller
-        group = self.group
-        state = RunState(
-            incarnation=self.incarnation,
-            started=self.started,
-            job=self.job.state,
-            slots=self.slots.state_records(),
-            group=group.record() if group is not None else self._group_record,
-            controller=c.state_dict(),
-            # Before the loop has built them (a call answered first after a restart): as
-            # restored, so a state record written then keeps the restart in progress.
-            recovery=self.recovery.state() if self.recovery is not None else self._recovery_record,
-            crashed=tuple(sorted(self._crashed)),
-            last_seq=self.slots.seqs(),
-            hang=self.watch.record() if self._watching else self._hang_record,
-            ranks_ended=(
-                {str(r): v for r, v in self.rank_results.items()} if self._ranks_ended else None
-            ),
-            ended=self._ended,
-        )
+        # The group, the restart and the hang watch give their own records once the loop has
+        # built them; before (a call answered first after a restart), the restored ones.
+        state = self.core.record()
         self.run_dir.wal(self._state_log.entry(state.to_record(), defer_full=before_reply))
-        self._state_changes = c.changes
+        self._state_changes = self.controller.changes
         self._state_at = time.monotonic()
 
     def _keep_state(self, *, before_reply: bool = False) -> None:
@@ -360,9 +356,8 @@ class SupervisorActor:
         crash tests what a restarted supervisor makes of it; it says the point
         was passed (`RunState.crashed`).
         """
-        if point not in self.spec.crash_points or point in self._crashed:
+        if not self.core.crash_due(point, self.spec.crash_points):
             return
-        self._crashed.add(point)
         self.write_state()
         log.warning("crash_injected", point=point)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -825,11 +820,11 @@ class SupervisorActor:
         asyncio.get_running_loop().call_later(LINGER_S, leave)
 
     async def _loop(self) -> dict[str, Any]:
-        if self._ranks_ended:
+        if self.core.ranks_ended:
             # Restarted after every rank had ended (their actors are gone): just finish.
             return self._finish()
         me = ray.get_runtime_context().current_actor
-        if self._group_record is None:
+        if self.core.group_record is None:
             # This supervisor's first state record, before it starts anything: one restarted
             # from here knows a run had begun (and starts its group over, see below).
             self.write_state()
@@ -837,6 +832,7 @@ class SupervisorActor:
         group = self.group = WorkerGroup(
             self.spec, supervisor=me, rendezvous=self.rendezvous, slots=self.slots
         )
+        self.core.provide(group=group.record)
         group.agents = self.agent_handles  # they kill their node's ranks by pid
         # A policy that replays: ranks hold at a flagged step's boundary for its decision.
         group.hold_on_flag = self.controller.engine.policy.uses("replay_step")
@@ -853,6 +849,7 @@ class SupervisorActor:
             crash_point=self.crash_point,
             check_nodes=self.check_nodes,
         )
+        self.core.provide(recovery=self.recovery.state)
         try:
             self._watch_from_start()
             self.run_dir.history(
@@ -862,19 +859,19 @@ class SupervisorActor:
                     "policy": self.spec.policy,  # what `explain` loads while the run goes on
                 }
             )
-            if self._group_record is None:
+            if self.core.group_record is None:
                 if self.incarnation > 1:
                     # Died while starting the group, before a state record held it: start
                     # over (the actors it had created carry names a new group would reuse).
                     kill_run_actors(self.spec.run_id)
-                    self.job.state = JobState()
+                    self.core.restart_job()
                 await group.start()
                 self.job.step(Started(0))
             else:
                 restarts = [d for d in self.controller.deferred.values()
                             if d.action == "restart_rank"]  # fmt: skip
-                self.recovery.restore(self._recovery_record, restarts)
-                await self._adopt(group, self._group_record)
+                self.recovery.restore(self.core.recovery_record, restarts)
+                await self._adopt(group, self.core.group_record)
                 for d in restarts:  # a restart the crashed supervisor had begun: go on
                     self.recovery.resume(d)
             self.write_state()
@@ -893,7 +890,7 @@ class SupervisorActor:
                 if self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED):
                     await self.recovery.check_hangs()
                     self.recovery.check_back()
-                self._abort_if_asked()
+                self._carry(self.core.step(Pass()))
                 await self._watch_policy()
                 due = time.monotonic() - self._state_at >= STATE_EVERY_S
                 if due or self._state_log.full_due:  # a full record put off by a reply
@@ -902,11 +899,11 @@ class SupervisorActor:
                     self._keep_state()
                 await asyncio.sleep(POLL_S)
             await self._node_verdicts(group)
-            await self.recovery.settle(self.rank_results)
+            await self.recovery.settle(self.core.results)
             # Before the ranks are killed: a supervisor restarted from here on finishes
             # from these results instead of looking for the actors.
-            self.run_dir.history({"type": "ranks_ended", "results": self.rank_results})
-            self._ranks_ended = True
+            self.run_dir.history({"type": "ranks_ended", "results": self.core.results})
+            self.core.ranks_ended = True
             self.write_state()
         finally:
             group.shutdown()
@@ -1010,9 +1007,9 @@ class SupervisorActor:
         while no supervisor watched is found within its own timeout, not the start-up one)."""
         now = time.monotonic()
         ticks = self.controller.tick_of
-        self._watching = True
+        self.core.provide(hang=self.watch.record)
         for rank in range(self.spec.workers):
-            entry = self._hang_record.get(str(rank))
+            entry = self.core.hang_record.get(str(rank))
             if not self.watch.resumed(rank, now, ticks.get(rank, -1), entry):
                 self.watch.started(rank, now)
 
@@ -1030,20 +1027,15 @@ class SupervisorActor:
         if self.group is not None:
             self.group.followed.discard(rank)
         if result == DEAD:
-            assert self.recovery is not None
             when = "after its run call lost touch" if followed else "while the supervisor was away"
-            self.rank_results[rank] = {
-                "rank": rank,
-                "status": "failed",
-                "error": f"rank process died {when}",
-            }
-            self.recovery.lost(rank, "rank_dead", f"rank {rank}'s process is gone")
+            self._carry(self.core.step(RankDied(
+                rank, self.slots.incarnation(rank), f"rank process died {when}",
+                f"rank {rank}'s process is gone",
+            )))  # fmt: skip
             return
-        if result.get("incarnation") != self.slots.incarnation(rank):
-            return  # a replaced incarnation's late result
-        self.rank_results[rank] = result
-        self.feed.set_rank_state(rank, str(result.get("status")))
-        self.slots.end(rank)
+        incarnation = result.get("incarnation")
+        if type(incarnation) is int:
+            self._carry(self.core.step(RankReturned(rank, incarnation, result)))
 
     def _notifier(self, policy: Policy) -> Notifier:
         """The policy's sinks, plus `REMEDY_NOTIFY_WEBHOOK` from `remedy run`'s environment."""
@@ -1120,24 +1112,30 @@ class SupervisorActor:
             # a restart may replace this rank (its node found lost meanwhile): the loss below
             # is about the incarnation that ran here, and dropped if that one is replaced.
             await self.check_nodes(group, now=True)
-            assert self.recovery is not None
-            if incarnation == self.slots.incarnation(rank):
-                self.rank_results[rank] = {
-                    "rank": rank, "status": "failed", "error": f"rank process died: {exc}",
-                }  # fmt: skip
-            self.recovery.lost(
-                rank, "rank_dead", f"rank {rank}'s process died ({_why_gone(exc)})",
-                details={"error": str(exc)[:300], "incarnation": incarnation},
-                incarnation=incarnation,
-            )  # fmt: skip
+            self._carry(self.core.step(RankDied(
+                rank, incarnation, f"rank process died: {exc}",
+                f"rank {rank}'s process died ({_why_gone(exc)})",
+                {"error": str(exc)[:300], "incarnation": incarnation},
+            )))  # fmt: skip
             return
-        if incarnation != self.slots.incarnation(rank):
-            return  # a replaced incarnation's late result
-        self.rank_results[rank] = result
-        self.feed.set_rank_state(rank, str(result.get("status")))
-        if result.get("status") == "failed" and self.recovery is not None:
-            self.recovery.replacement_failed(rank, str(result.get("error")))
-        self.slots.end(rank)
+        self._carry(self.core.step(RankReturned(rank, incarnation, result)))
+
+    def _carry(self, effects: list[Effect]) -> None:
+        """Carry out what the run's core returned."""
+        for effect in effects:
+            match effect:
+                case Lost(rank, kind, reason, details, incarnation):
+                    assert self.recovery is not None  # ranks end only once the loop built it
+                    self.recovery.lost(
+                        rank, kind, reason, details=dict(details), incarnation=incarnation
+                    )
+                case ReplacementFailed(rank, why):
+                    if self.recovery is not None:
+                        self.recovery.replacement_failed(rank, why)
+                case RankEnded(rank, status):
+                    self.feed.set_rank_state(rank, status)
+                case Status():
+                    pass  # `_finish` reads it
 
     def _restart_pending(self) -> bool:
         """A restart runs while no rank's process does (a node that held every rank was lost):
@@ -1145,58 +1143,15 @@ class SupervisorActor:
         a restart still waiting on the group then ends with it (`Recovery.settle`)."""
         if self.recovery is None or not self.recovery.running():
             return False
-        results = self.rank_results
-        return not (
-            len(results) == self.spec.workers
-            and all(r.get("status") == "completed" for r in results.values())
-        )
-
-    def _abort_if_asked(self) -> None:
-        """An operator's stop or the policy's abort: the job is aborting (journaled once, with
-        why). A restart under way is let finish first: the ranks stop from a formed group."""
-        c = self.controller
-        if self.job.state.phase not in (Phase.RUNNING, Phase.DEGRADED):
-            return
-        if c.stop_reason is not None:
-            self.job.step(AbortRequested(f"an operator's stop: {c.stop_reason}"))
-        elif c.abort_reason is not None:
-            self.job.step(AbortRequested(f"the policy's abort: {c.abort_reason}"))
+        return not self.core.all_completed()
 
     def _finish(self, error: str | None = None) -> dict[str, Any]:
         c = self.controller
         c.finish()
-        results = [self.rank_results[r] for r in sorted(self.rank_results)]
-        if error is not None:
-            status = "failed"
-        elif c.stop_reason is not None:
-            status = "stopped"
-        elif c.abort_reason is not None:
-            status = "aborted"
-        elif (
-            len(results) == self.spec.workers
-            and all(r.get("status") == "completed" for r in results)
-            and self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED)
-        ):
-            status = "completed"  # degraded: the lost ranks came back, and completed
-        elif (
-            len(results) == self.spec.workers
-            and all(r.get("status") in ("completed", "aborted") for r in results)
-            and self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED)
-        ):
-            # A rank stopped itself (an OOM nothing relieved, `oom_give_up_steps`): the
-            # run is aborted for that rank's reason, not failed.
-            status = "aborted"
-            c.abort_reason = next(
-                str(r.get("stop_reason") or "a rank stopped itself")
-                for r in results
-                if r.get("status") == "aborted"
-            )
-        else:
-            status = "failed"
-        # A degraded job ends for the reason it degraded (a lost rank nothing replaced).
-        why = self.job.state.reason if self.job.state.phase is Phase.DEGRADED else ""
-        with contextlib.suppress(TransitionError):  # ended already
-            self.job.step(RanksEnded(status, why if status != "completed" else ""))
+        results = [self.core.results[r] for r in sorted(self.core.results)]
+        [ending] = self.core.step(Ending(error))
+        assert isinstance(ending, Status)
+        status = ending.status
         self.notifier.close()  # deliveries still queued get a last chance, then are journaled
         lead = results[0] if results else {}
         completed = int(lead.get("steps_completed", 0))
@@ -1250,7 +1205,7 @@ class SupervisorActor:
             summary["error"] = error
         self.run_dir.write_summary(summary)
         self.run_dir.history({"type": "run_ended", "status": status})
-        self._ended = status
+        self.core.step(Ended(status))
         self.write_state()
         self.run_dir.close()
         self._summary = summary

@@ -105,11 +105,16 @@ class RankSlots:
 
     @classmethod
     def from_records(
-        cls, records: list[dict[str, Any]], seqs: dict[str, int] | None = None
+        cls,
+        records: list[dict[str, Any]],
+        seqs: dict[str, int] | None = None,
+        *,
+        rejected: Counter[str] | None = None,
     ) -> RankSlots:
         """The slots `records()` describes (a restarted supervisor's); or `state_records()`
-        with `seqs()` (keys as JSON gives them back: strings)."""
-        slots = cls(0)
+        with `seqs()` (keys as JSON gives them back: strings). `rejected`: where refusals are
+        counted, as in the constructor."""
+        slots = cls(0, rejected=rejected)
         for r in records:
             rank = int(r["rank"])
             slots.slots[rank] = Slot(

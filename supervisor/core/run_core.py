@@ -1,0 +1,302 @@
+"""The run as a whole: one owner of its state record, and the decisions about its ranks' ends.
+
+`RunCore` holds what the supervisor's state record (`RunState`) says: the
+policy side (`Controller`), the job's phase (`JobStateMachine`), the rank
+slots, each rank's final result, the run's status once it ended, the chaos
+crash points passed, and the records of the parts that run in the shell
+(the worker group's, the restart's, the hang watch's). A part the shell has
+built gives its record itself (`provide`); until then the record a restarted
+supervisor read is kept, so a state record written first after a restart
+keeps the restart in progress. `record` builds the state record; `restore`
+is its inverse.
+
+`step(input) -> effects` takes one input about the run:
+
+- `RankReturned`: a rank's run call returned its summary (its training function ended);
+- `RankDied`: a rank's process is gone (its run call raised, or the call that
+  follows an adopted rank found it gone);
+- `Pass`: a pass of the supervisor's loop: an operator's stop or the policy's
+  abort moves the job to aborting (once, and only from running or degraded:
+  a restart under way is let finish, so the ranks stop from a formed group);
+- `Ending`: the loop is over (every rank ended) or the supervisor failed:
+  the run's status, decided from the ranks' results and the job's phase;
+- `Ended`: the run's summary is written: the run has ended;
+
+and returns what the shell carries out: `Lost` (a lost rank, for the policy
+or the restart under way: `Recovery.lost`), `ReplacementFailed` (a rank a
+restart is starting failed), `RankEnded` (the displays show its status) and
+`Status` (the run's). The job's moves are journaled by the job state
+machine's own journal (a history line and a state record).
+
+No Ray, no torch, no I/O and no clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.job_state import (
+    AbortRequested,
+    JobState,
+    JobStateMachine,
+    Phase,
+    RanksEnded,
+    TransitionError,
+)
+from remedy.supervisor.core.rank_slots import RankSlots
+from remedy.supervisor.core.run_state import RunState
+
+_GOING = (Phase.RUNNING, Phase.DEGRADED)
+
+
+# ------------------------------------------------------------------- inputs
+@dataclass(frozen=True, slots=True)
+class RankReturned:
+    """The run call of `rank`'s process `incarnation` returned `result` (its summary)."""
+
+    rank: int
+    incarnation: int
+    result: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RankDied:
+    """`rank`'s process `incarnation` is gone: `error` is its result's, `reason` the loss's."""
+
+    rank: int
+    incarnation: int
+    error: str
+    reason: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """A pass of the supervisor's loop."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """The loop is over; `error`: the supervisor failed (a bug of its own), and why."""
+
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The run's summary is written with `status`."""
+
+    status: str
+
+
+Input = RankReturned | RankDied | Pass | Ending | Ended
+
+
+# ------------------------------------------------------------------ effects
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """Report `rank` lost (`Recovery.lost`): the evidence is about process `incarnation`."""
+
+    rank: int
+    kind: str
+    reason: str
+    details: Mapping[str, Any]
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplacementFailed:
+    """A rank a restart is starting failed (`Recovery.replacement_failed`)."""
+
+    rank: int
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class RankEnded:
+    """`rank` ended with `status`: its slot is closed; the displays show it."""
+
+    rank: int
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """The run ends with `status`."""
+
+    status: str
+
+
+Effect = Lost | ReplacementFailed | RankEnded | Status
+# A part of the shell that gives its own record once built (`RunCore.provide`).
+Provider = Callable[[], Any]
+
+
+@dataclass
+class RunCore:
+    """The run's state and its ranks' ends (see the module docstring)."""
+
+    controller: Controller
+    job: JobStateMachine
+    slots: RankSlots
+    incarnation: int
+    started: float
+    # rank -> its final result (its process's summary, or why it is gone)
+    results: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Every rank ended (the results are final): a supervisor restarted from here finishes.
+    ranks_ended: bool = False
+    ended: str | None = None  # the run's status, once its summary is written
+    crashed: set[str] = field(default_factory=set)  # chaos crash points passed
+    # The shell's parts' records as restored (until each part provides its own).
+    group_record: dict[str, Any] | None = None
+    recovery_record: dict[str, Any] | None = None
+    hang_record: dict[str, Any] = field(default_factory=dict)
+    _providers: dict[str, Provider] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- step
+    def step(self, inp: Input) -> list[Effect]:
+        match inp:
+            case RankReturned(rank, incarnation, result):
+                return self._returned(rank, incarnation, dict(result))
+            case RankDied(rank, incarnation, error, reason, details):
+                if incarnation == self.slots.incarnation(rank):
+                    self.results[rank] = {"rank": rank, "status": "failed", "error": error}
+                return [Lost(rank, "rank_dead", reason, dict(details), incarnation)]
+            case Pass():
+                self._abort_if_asked()
+                return []
+            case Ending(error):
+                return [Status(self._end(error))]
+            case Ended(status):
+                self.ended = status
+                return []
+        raise TypeError(f"not an input of the run: {inp!r}")
+
+    def _returned(self, rank: int, incarnation: int, result: dict[str, Any]) -> list[Effect]:
+        if incarnation != self.slots.incarnation(rank):
+            return []  # a replaced incarnation's late result
+        self.results[rank] = result
+        status = str(result.get("status"))
+        out: list[Effect] = []
+        if status == "failed":  # a restart starting this rank learns at once
+            out.append(ReplacementFailed(rank, str(result.get("error"))))
+        self.slots.end(rank)
+        out.append(RankEnded(rank, status))
+        return out
+
+    def _abort_if_asked(self) -> None:
+        c = self.controller
+        if self.job.state.phase not in _GOING:
+            return
+        if c.stop_reason is not None:
+            self.job.step(AbortRequested(f"an operator's stop: {c.stop_reason}"))
+        elif c.abort_reason is not None:
+            self.job.step(AbortRequested(f"the policy's abort: {c.abort_reason}"))
+
+    def _end(self, error: str | None) -> str:
+        """The run's status, and the job's last move."""
+        c = self.controller
+        results = [self.results[r] for r in sorted(self.results)]
+        every = len(results) == self.controller.world_size
+        going = self.job.state.phase in _GOING
+        if error is not None:
+            status = "failed"
+        elif c.stop_reason is not None:
+            status = "stopped"
+        elif c.abort_reason is not None:
+            status = "aborted"
+        elif every and going and all(r.get("status") == "completed" for r in results):
+            status = "completed"  # degraded: the lost ranks came back, and completed
+        elif every and going and all(r.get("status") in ("completed", "aborted") for r in results):
+            # A rank stopped itself (an OOM nothing relieved, `oom_give_up_steps`): the
+            # run is aborted for that rank's reason, not failed.
+            status = "aborted"
+            c.abort_reason = next(
+                str(r.get("stop_reason") or "a rank stopped itself")
+                for r in results
+                if r.get("status") == "aborted"
+            )
+        else:
+            status = "failed"
+        # A degraded job ends for the reason it degraded (a lost rank nothing replaced).
+        why = self.job.state.reason if self.job.state.phase is Phase.DEGRADED else ""
+        with contextlib.suppress(TransitionError):  # ended already
+            self.job.step(RanksEnded(status, why if status != "completed" else ""))
+        return status
+
+    # ------------------------------------------------------------- queries
+    def all_completed(self) -> bool:
+        """Every rank's current process completed the run."""
+        results = self.results
+        return len(results) == self.controller.world_size and all(
+            r.get("status") == "completed" for r in results.values()
+        )
+
+    def crash_due(self, point: str, asked: Collection[str]) -> bool:
+        """Chaos: whether to crash at `point` now (asked for, and not passed in an earlier
+        life); a point due is marked passed, for the state record written before the crash."""
+        if point not in asked or point in self.crashed:
+            return False
+        self.crashed.add(point)
+        return True
+
+    # -------------------------------------------------------------- record
+    def provide(self, **parts: Provider) -> None:
+        """The shell's parts that give their records themselves from now on: `group`
+        (`WorkerGroup.record`), `recovery` (`Recovery.state`), `hang` (`HangWatch.record`)."""
+        unknown = parts.keys() - {"group", "recovery", "hang"}
+        if unknown:
+            raise TypeError(f"no such part of the state record: {sorted(unknown)}")
+        self._providers.update(parts)
+
+    def _part(self, name: str, restored: Any) -> Any:
+        provider = self._providers.get(name)
+        return provider() if provider is not None else restored
+
+    def record(self) -> RunState:
+        """The state record of the run as it stands."""
+        return RunState(
+            incarnation=self.incarnation,
+            started=self.started,
+            job=self.job.state,
+            slots=self.slots.state_records(),
+            group=self._part("group", self.group_record),
+            controller=self.controller.state_dict(),
+            recovery=self._part("recovery", self.recovery_record),
+            crashed=tuple(sorted(self.crashed)),
+            last_seq=self.slots.seqs(),
+            hang=self._part("hang", self.hang_record),
+            ranks_ended=(
+                {str(r): v for r, v in self.results.items()} if self.ranks_ended else None
+            ),
+            ended=self.ended,
+        )
+
+    def restore(self, run: RunState) -> None:
+        """Take the run back from its newest state record (`RunState.from_record`)."""
+        self.controller.load_state_dict(run.controller)
+        self.slots = RankSlots.from_records(
+            run.slots, run.last_seq, rejected=self.controller.rejected
+        )
+        self.job.state = run.job
+        self.started = run.started
+        self.group_record = run.group
+        self.recovery_record = run.recovery
+        self.hang_record = run.hang
+        self.crashed = set(run.crashed)
+        if run.ranks_ended is not None:
+            self.results_ended(run.ranks_ended)
+        self.ended = run.ended
+
+    def results_ended(self, results: Mapping[str, Any]) -> None:
+        """Every rank had ended, with `results` (rank -> result; keys as a record holds them)."""
+        self.ranks_ended = True
+        self.results = {int(r): dict(v) for r, v in results.items()}
+
+    def restart_job(self) -> None:
+        """The group starts over from nothing (a supervisor that died while starting it)."""
+        self.job.state = JobState()

@@ -1,0 +1,214 @@
+"""The run's core, one input at a time: ranks' ends, an abort asked for, the run's status, and
+its state record taken back by a new supervisor."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from remedy.policies import Engine, load_policy_text
+from remedy.supervisor.core.control import Controller
+from remedy.supervisor.core.job_state import (
+    JobState,
+    JobStateMachine,
+    Phase,
+    RanksLost,
+    RanksUnreplaced,
+    Started,
+)
+from remedy.supervisor.core.rank_slots import RankSlots
+from remedy.supervisor.core.run_core import (
+    Ended,
+    Ending,
+    Lost,
+    Pass,
+    RankDied,
+    RankEnded,
+    RankReturned,
+    ReplacementFailed,
+    RunCore,
+    Status,
+)
+from remedy.supervisor.core.run_state import RunState
+
+POLICY = """
+version: 1
+name: run-core-test
+rules:
+  - name: told
+    when: {anomaly: data_stall}
+    do: [notify]
+"""
+
+
+def make(world: int = 2, *, max_targeted: int = 3) -> RunCore:
+    controller = Controller(
+        Engine(load_policy_text(POLICY, "run_core.yaml"), run_id="r"), world_size=world
+    )
+    core = RunCore(
+        controller,
+        JobStateMachine(max_targeted=max_targeted),
+        RankSlots(world, rejected=controller.rejected),
+        incarnation=1,
+        started=1000.0,
+    )
+    core.job.step(Started(0))
+    return core
+
+
+def done(rank: int, status: str = "completed", **more: Any) -> dict[str, Any]:
+    return {"rank": rank, "status": status, "incarnation": 1, **more}
+
+
+def test_a_rank_that_returned_is_ended_and_shown() -> None:
+    core = make()
+    assert core.step(RankReturned(0, 1, done(0))) == [RankEnded(0, "completed")]
+    assert core.results == {0: done(0)}
+    assert core.slots.slots[0].state.value == "ended"
+    assert not core.all_completed()
+    core.step(RankReturned(1, 1, done(1)))
+    assert core.all_completed()
+
+
+def test_a_failed_result_tells_a_restart_starting_that_rank() -> None:
+    core = make()
+    effects = core.step(RankReturned(1, 1, done(1, "failed", error="boom")))
+    assert effects == [ReplacementFailed(1, "boom"), RankEnded(1, "failed")]
+
+
+def test_a_replaced_processs_late_result_changes_nothing() -> None:
+    core = make()
+    core.slots.replace(1)  # rank 1 replaced: incarnation 2
+    assert core.step(RankReturned(1, 1, done(1))) == []  # incarnation 2 runs now
+    assert core.results == {}
+    assert core.slots.slots[1].state.value != "ended"
+
+
+def test_a_dead_process_is_a_failed_result_and_a_loss_about_that_process() -> None:
+    core = make()
+    [lost] = core.step(RankDied(1, 1, "rank process died: gone", "rank 1's process died", {"x": 1}))
+    assert lost == Lost(1, "rank_dead", "rank 1's process died", {"x": 1}, 1)
+    assert core.results[1] == {"rank": 1, "status": "failed", "error": "rank process died: gone"}
+    # The death of a process already replaced: no result for the new one; the loss still goes
+    # to `Recovery.lost`, which drops evidence about a replaced incarnation.
+    core.slots.replace(0)
+    [stale] = core.step(RankDied(0, 1, "rank process died: late", "rank 0's process died"))
+    assert stale.incarnation == 1 and 0 not in core.results
+
+
+def test_a_stop_asked_for_moves_the_job_to_aborting_once() -> None:
+    core = make()
+    core.step(Pass())
+    assert core.job.state.phase is Phase.RUNNING
+    core.controller.stop_reason = "maintenance"
+    core.step(Pass())
+    assert core.job.state.phase is Phase.ABORTING
+    assert core.job.state.reason == "an operator's stop: maintenance"
+    moves = len(core.job.history)
+    core.step(Pass())
+    assert len(core.job.history) == moves
+
+
+def test_an_abort_waits_for_a_restart_under_way() -> None:
+    core = make()
+    core.job.step(RanksLost(frozenset({1}), "rank 1 hung"))
+    core.controller.abort_reason = "gpu_ecc"
+    core.step(Pass())
+    assert core.job.state.phase is Phase.RECOVERING
+
+
+@pytest.mark.parametrize(
+    ("results", "asked", "error", "status"),
+    [
+        ([done(0), done(1)], {}, None, "completed"),
+        ([done(0), done(1)], {}, "the supervisor failed: KeyError()", "failed"),
+        ([done(0), done(1)], {"stop_reason": "ops"}, None, "stopped"),
+        ([done(0), done(1, "aborted")], {"abort_reason": "gpu_ecc"}, None, "aborted"),
+        ([done(0)], {}, None, "failed"),  # one rank never ended
+        ([done(0), done(1, "failed", error="x")], {}, None, "failed"),
+    ],
+)
+def test_the_runs_status(
+    results: list[dict[str, Any]], asked: dict[str, str], error: str | None, status: str
+) -> None:
+    core = make()
+    for r in results:
+        core.step(RankReturned(r["rank"], 1, r))
+    for key, value in asked.items():
+        setattr(core.controller, key, value)
+    assert core.step(Ending(error)) == [Status(status)]
+    assert core.job.state.ended
+    assert core.ended is None  # not until the summary is written
+    core.step(Ended(status))
+    assert core.ended == status
+
+
+def test_a_rank_that_stopped_itself_aborts_the_run_for_its_reason() -> None:
+    core = make()
+    core.step(RankReturned(0, 1, done(0)))
+    core.step(RankReturned(1, 1, done(1, "aborted", stop_reason="OOM not relieved")))
+    assert core.step(Ending()) == [Status("aborted")]
+    assert core.controller.abort_reason == "OOM not relieved"
+    assert core.job.state.phase is Phase.ABORTED
+
+
+def test_a_degraded_job_ends_for_the_reason_it_degraded() -> None:
+    core = make()
+    core.job.step(RanksUnreplaced(frozenset({1}), "rank 1 hung; not replaced: notify"))
+    core.step(RankReturned(0, 1, done(0, "failed", error="peer gone")))
+    assert core.step(Ending()) == [Status("failed")]
+    assert core.job.state.phase is Phase.FAILED
+    assert "not replaced: notify" in core.job.state.reason
+
+
+def test_the_state_record_is_taken_back_whole_by_a_new_supervisor() -> None:
+    core = make()
+    core.slots.accept(0, 1, 1)
+    core.step(RankReturned(0, 1, done(0)))
+    core.step(RankReturned(1, 1, done(1)))
+    core.ranks_ended = True
+    assert core.crash_due("after_decision", ["after_decision"])
+    assert not core.crash_due("after_decision", ["after_decision"])  # once per run
+    assert not core.crash_due("before_kill", [])
+    core.provide(group=lambda: {"generation": 0}, hang=lambda: {"0": [1.0, 2.0]})
+    record = json.loads(json.dumps(core.record().to_record()))  # as journal.wal holds it
+    assert record["group"] == {"generation": 0} and record["recovery"] is None
+    assert record["ranks_ended"] == {"0": done(0), "1": done(1)}
+
+    again = make()
+    again.incarnation = 2
+    again.restore(RunState.from_record(record))
+    assert again.crashed == {"after_decision"}
+    assert again.ranks_ended and again.results == {0: done(0), 1: done(1)}
+    assert again.group_record == {"generation": 0}
+    assert again.hang_record == {"0": [1.0, 2.0]}
+    assert json.loads(json.dumps(again.record().to_record())) == {**record, "incarnation": 2}
+
+
+def test_restored_slots_count_their_refusals_where_the_summary_reads_them() -> None:
+    core = make()
+    core.slots.accept(1, 1, 5)
+    again = make()
+    again.restore(RunState.from_record(json.loads(json.dumps(core.record().to_record()))))
+    assert not again.slots.accept(1, 1, 5)  # a duplicate
+    assert not again.slots.accept(1, 7, 6)  # an incarnation never started
+    assert again.controller.rejected["batch_duplicate_seq"] == 1
+    assert again.controller.rejected["batch_stale_incarnation"] == 1
+
+
+def test_until_a_part_provides_its_record_the_restored_one_is_written() -> None:
+    core = make()
+    core.recovery_record = {"stage": "launch"}
+    assert core.record().recovery == {"stage": "launch"}
+    core.provide(recovery=lambda: None)  # the restart, built: none in progress
+    assert core.record().recovery is None
+    with pytest.raises(TypeError, match="no such part"):
+        core.provide(groups=dict)
+
+
+def test_a_group_started_over_starts_the_job_over() -> None:
+    core = make()
+    core.restart_job()
+    assert core.job.state == JobState()
