@@ -55,17 +55,22 @@ from remedy.supervisor.core.job_state import (
 )
 from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.core.run_core import (
+    Answer,
+    BatchesLost,
     Effect,
     Ended,
     Ending,
     Lost,
+    OutageNotes,
     Pass,
     RankDied,
     RankEnded,
     RankReturned,
     ReplacementFailed,
+    Report,
     RunCore,
     Status,
+    Taken,
 )
 from remedy.supervisor.core.run_state import RunState, StateLog
 from remedy.supervisor.exceptions import Unauthorized
@@ -101,8 +106,6 @@ MAX_REFUSAL_LINES = 50
 # How long an ended run's supervisor stays for late callers (`wait`, `status`,
 # `attach`) before it removes itself; a driver that waited kills it at once.
 LINGER_S = 60.0
-# Batch numbers one agent item may stand for (a digest of a few seconds of one rank).
-MAX_ITEM_SEQS = 4096
 # How long the node agents may take to start.
 AGENT_START_S = 120.0
 # How often the supervisor looks for nodes that joined the cluster after its agents started.
@@ -459,20 +462,10 @@ class SupervisorActor:
         if not self._authorized(batch.pop("token", None) if isinstance(batch, dict) else None,
                                 "report"):  # fmt: skip
             return []
-        duplicates = self.slots.refused_duplicate
-        if isinstance(batch, dict) and not self.slots.accept(
-            batch.get("rank"), batch.get("incarnation"), batch.get("seq")
-        ):
-            if self.slots.refused_duplicate > duplicates:
-                # Seen already (a call Ray retried after a restart): its reply was lost,
-                # so answer again with what the rank still owes.
-                return self.controller.commands_for(batch["rank"])
-            return []
-        if isinstance(batch, dict):
-            self._answered_below(
-                batch.get("rank"), batch.get("seq"), batch.pop("unanswered_from", None)
-            )
-        commands = self._ingest(batch, write_metrics=True, gauges=True)
+        answer = self._took(self.core.step(Report(batch)), gauges=True)
+        commands = self.controller.commands_for(answer.rank) if answer is not None else []
+        if answer is not None and answer.retried:
+            return commands  # seen already: answered again, not taken again
         self._keep_state(before_reply=True)  # no rank holds a command the journal lacks
         holding = batch.get("holding") if isinstance(batch, dict) else None
         if self.controller.last_report is not None and _a_tick(holding):
@@ -509,48 +502,14 @@ class SupervisorActor:
         """
         if not self._authorized(token, "report_many") or not isinstance(items, list):
             return {}
-        answer = self._agent_ranks.setdefault(str(node)[:64], set())
+        node = str(node)[:64]
+        answer = self._agent_ranks.setdefault(node, set())
         for item in items[: self.spec.workers]:
-            if not isinstance(item, dict):
-                self.controller.rejected["batch_item"] += 1
-                continue
-            rank, incarnation, seqs = (
-                item.get("rank"),
-                item.get("incarnation"),
-                item.pop("seqs", []),
-            )
-            if type(rank) is not int or rank not in self.slots.slots or not isinstance(seqs, list):
-                self.controller.rejected["batch_item"] += 1
-                continue
-            duplicates = self.slots.refused_duplicate
-            fresh = [s for s in seqs[:MAX_ITEM_SEQS] if self.slots.accept(rank, incarnation, s)]
-            if seqs and not fresh:
-                if self.slots.refused_duplicate > duplicates:
-                    answer.add(rank)  # a retried call: answered again, not taken again
-                continue
-            if not seqs and not self.slots.accept(rank, incarnation, None):
-                continue
-            newest = max((s for s in seqs[:MAX_ITEM_SEQS] if type(s) is int), default=None)
-            below = item.pop("unanswered_from", None)
-            self._answered_below(rank, newest, below, node=str(node)[:64])
-            self._ingest(item, write_metrics=False, gauges=False, answer=False)
-            answer.add(rank)
+            took = self._took(self.core.step(Report(item, node)), gauges=False)
+            if took is not None:
+                answer.add(took.rank)
         await self._commit()  # before the reply: no rank holds a command the journal lacks
         return self.controller.commands_for_ranks(sorted(answer))
-
-    def _answered_below(self, rank: Any, seq: Any, below: Any, *, node: str | None = None) -> None:
-        """The rank says every batch number below `below` was answered: stop awaiting the ones
-        this supervisor lacks (`RankSlots.answered_below`). Only a node agent that answered
-        them and died before sending them on leaves any (step records only: it wrote those to
-        its metrics file, and answers a batch with events or outcomes only once it is sent on),
-        or a report that failed at the rank and went out again under a new number."""
-        if type(rank) is not int or rank not in self.slots.slots:
-            return
-        lost = self.slots.answered_below(rank, seq, below)
-        if lost:
-            self.run_dir.history(
-                {"type": "batches_lost", "rank": rank, "node": node, "count": lost}
-            )
 
     async def hang_seen(self, token: Any, node: Any, items: Any) -> None:
         """A node agent suspected one of its ranks and pinged its ranks: what it saw.
@@ -605,41 +564,33 @@ class SupervisorActor:
             loop.call_soon(flush)
         await asyncio.shield(self._committing)
 
-    def _ingest(
-        self, batch: Any, *, write_metrics: bool, gauges: bool, answer: bool = True
-    ) -> list[dict[str, Any]]:
-        """One rank's accepted report: to the controller, the displays, gauges and hang watch.
-
-        `write_metrics=False, gauges=False`: an agent's item, whose step records and
-        per-rank gauges the agent wrote and set already; `answer=False`: the commands
-        are not built (`Controller.ingest`).
-        """
-        if isinstance(batch, dict) and "outages" in batch:
-            self._outage_notes(batch.pop("outages"))
-        # The rank's loop is done: it takes no more steps, so no progress is to be waited for.
-        ending = isinstance(batch, dict) and batch.pop("ending", None) is True
-        # The rank's collective has just failed: a peer may be gone (`Recovery.alarm`).
-        failed = isinstance(batch, dict) and batch.pop("collective_failed", None) is True
-        # Ranks whose earlier reports are still on their way: an incident of theirs may be too.
-        self.controller.incomplete = self.slots.incomplete()
-        commands = self.controller.ingest(batch, write_metrics=write_metrics, answer=answer)
-        report = self.controller.last_report
-        if report is not None and ending:
-            self.watch.forget(report.rank)
-        if report is not None and failed and self.recovery is not None:
-            self.recovery.alarm(report.rank)
-        if report is not None:
-            valid = report.as_batch()
-            self.feed.observe(valid)
-            if gauges:
-                self.metrics.observe(valid)
-            self.metrics.goodput(self.controller.goodput, self.started)
-            self.watch.beat(report.rank, report.tick, time.monotonic(), step_times(report.metrics))
-            if self.recovery is not None:
-                self.recovery.progress(report.rank, report.tick)
+    def _took(self, effects: list[Effect], *, gauges: bool) -> Answer | None:
+        """Carry out what the core made of one report (`Report`): the hang watch, a restart
+        waiting on the group and the displays see what the controller accepted; returns
+        whom to answer. `gauges=False`: an agent's item, whose per-rank gauges its agent set."""
+        answer = None
+        for effect in effects:
+            match effect:
+                case Taken(rank, tick, report, ending, failed):
+                    if ending:
+                        self.watch.forget(rank)
+                    if failed and self.recovery is not None:
+                        self.recovery.alarm(rank)
+                    valid = report.as_batch()
+                    self.feed.observe(valid)
+                    if gauges:
+                        self.metrics.observe(valid)
+                    self.metrics.goodput(self.controller.goodput, self.started)
+                    self.watch.beat(rank, tick, time.monotonic(), step_times(report.metrics))
+                    if self.recovery is not None:
+                        self.recovery.progress(rank, tick)
+                case Answer():
+                    answer = effect
+                case _:
+                    self._carry([effect])
         self.feed.decisions(self.controller.decisions)
         self.metrics.decisions(self.controller.decisions)
-        return commands
+        return answer
 
     async def chaos_kill_node(self, token: Any, rank: int, node_id: str) -> dict[str, Any]:
         """Chaos (`kill_node`): may `rank` kill its node `node_id`? Journaled, either way, first.
@@ -1134,8 +1085,14 @@ class SupervisorActor:
                         self.recovery.replacement_failed(rank, why)
                 case RankEnded(rank, status):
                     self.feed.set_rank_state(rank, status)
-                case Status():
-                    pass  # `_finish` reads it
+                case BatchesLost(rank, node, count):
+                    self.run_dir.history(
+                        {"type": "batches_lost", "rank": rank, "node": node, "count": count}
+                    )
+                case OutageNotes(notes):
+                    self._outage_notes(notes)
+                case Status() | Answer() | Taken():
+                    pass  # read by whoever stepped the core
 
     def _restart_pending(self) -> bool:
         """A restart runs while no rank's process does (a node that held every rank was lost):

@@ -12,6 +12,10 @@ is its inverse.
 
 `step(input) -> effects` takes one input about the run:
 
+- `Report`: a rank's report batch, sent by the rank itself or as one item of
+  its node agent's call: taken once by the rank's slot (a batch number seen
+  already is a call Ray retried: answered again, not taken again; one of a
+  replaced process is refused), then by the controller;
 - `RankReturned`: a rank's run call returned its summary (its training function ended);
 - `RankDied`: a rank's process is gone (its run call raised, or the call that
   follows an adopted rank found it gone);
@@ -22,7 +26,10 @@ is its inverse.
   the run's status, decided from the ranks' results and the job's phase;
 - `Ended`: the run's summary is written: the run has ended;
 
-and returns what the shell carries out: `Lost` (a lost rank, for the policy
+and returns what the shell carries out: `Answer` (the rank is answered in
+this call with the commands it owes), `Taken` (the batch the controller
+accepted, for the hang watch, a restart waiting on the group and the
+displays), `BatchesLost` and `OutageNotes` (for the history), `Lost` (a lost rank, for the policy
 or the restart under way: `Recovery.lost`), `ReplacementFailed` (a rank a
 restart is starting failed), `RankEnded` (the displays show its status) and
 `Status` (the run's). The job's moves are journaled by the job state
@@ -53,7 +60,21 @@ from remedy.supervisor.core.run_state import RunState
 _GOING = (Phase.RUNNING, Phase.DEGRADED)
 
 
+# What one item of a node agent's call may stand for: batch numbers of one rank (a digest
+# of a few seconds of it).
+MAX_ITEM_SEQS = 4096
+
+
 # ------------------------------------------------------------------- inputs
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A rank's report batch (untrusted): its own call's (`node` None), or one item of the
+    call of the agent of `node`, which carries `seqs`, the batch numbers it stands for."""
+
+    batch: Any
+    node: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class RankReturned:
     """The run call of `rank`'s process `incarnation` returned `result` (its summary)."""
@@ -93,10 +114,48 @@ class Ended:
     status: str
 
 
-Input = RankReturned | RankDied | Pass | Ending | Ended
+Input = Report | RankReturned | RankDied | Pass | Ending | Ended
 
 
 # ------------------------------------------------------------------ effects
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Answer `rank` in this call with the commands it owes (`retried`: a call seen already,
+    whose reply was lost)."""
+
+    rank: int
+    retried: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """The controller accepted this report of `rank` at `tick` (`report`: the valid part, as a
+    batch); `ending`: the rank's loop is done; `collective_failed`: its collective just
+    failed (a peer may be gone)."""
+
+    rank: int
+    tick: int
+    report: Any  # report_validation.Report
+    ending: bool = False
+    collective_failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BatchesLost:
+    """`count` batch numbers of `rank` that its agent answered and never sent on."""
+
+    rank: int
+    node: str | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutageNotes:
+    """Outages a rank or its driver saw end (untrusted notes, for `liveness.valid_note`)."""
+
+    notes: Any
+
+
 @dataclass(frozen=True, slots=True)
 class Lost:
     """Report `rank` lost (`Recovery.lost`): the evidence is about process `incarnation`."""
@@ -131,7 +190,7 @@ class Status:
     status: str
 
 
-Effect = Lost | ReplacementFailed | RankEnded | Status
+Effect = Answer | Taken | BatchesLost | OutageNotes | Lost | ReplacementFailed | RankEnded | Status
 # A part of the shell that gives its own record once built (`RunCore.provide`).
 Provider = Callable[[], Any]
 
@@ -160,6 +219,10 @@ class RunCore:
     # ---------------------------------------------------------------- step
     def step(self, inp: Input) -> list[Effect]:
         match inp:
+            case Report(batch, None):
+                return self._report(batch)
+            case Report(item, str() as node):
+                return self._item(item, node)
             case RankReturned(rank, incarnation, result):
                 return self._returned(rank, incarnation, dict(result))
             case RankDied(rank, incarnation, error, reason, details):
@@ -175,6 +238,81 @@ class RunCore:
                 self.ended = status
                 return []
         raise TypeError(f"not an input of the run: {inp!r}")
+
+    def _report(self, batch: Any) -> list[Effect]:
+        """A rank's own report: its slot takes its number, then the controller the batch."""
+        out: list[Effect] = []
+        if isinstance(batch, dict):
+            rank, duplicates = batch.get("rank"), self.slots.refused_duplicate
+            if not self.slots.accept(rank, batch.get("incarnation"), batch.get("seq")):
+                if self.slots.refused_duplicate > duplicates and type(rank) is int:
+                    # Seen already (a call Ray retried after a restart): its reply was lost,
+                    # so it is answered again with what the rank still owes.
+                    out.append(Answer(rank, retried=True))
+                return out
+            out += self._answered_below(rank, batch.get("seq"), batch.pop("unanswered_from", None))
+        out += self._take(batch, write_metrics=True)
+        taken = next((e for e in out if isinstance(e, Taken)), None)
+        if taken is not None:  # an invalid batch gets no commands
+            out.append(Answer(taken.rank))
+        return out
+
+    def _item(self, item: Any, node: str) -> list[Effect]:
+        """One rank's item of a node agent's call: its slot takes each batch number it stands
+        for; an item all of whose numbers were seen is a retried call's (answered, not taken)."""
+        c = self.controller
+        if not isinstance(item, dict):
+            c.rejected["batch_item"] += 1
+            return []
+        rank, incarnation, seqs = item.get("rank"), item.get("incarnation"), item.pop("seqs", [])
+        if type(rank) is not int or rank not in self.slots.slots or not isinstance(seqs, list):
+            c.rejected["batch_item"] += 1
+            return []
+        duplicates = self.slots.refused_duplicate
+        fresh = [s for s in seqs[:MAX_ITEM_SEQS] if self.slots.accept(rank, incarnation, s)]
+        if seqs and not fresh:
+            retried = self.slots.refused_duplicate > duplicates
+            return [Answer(rank, retried=True)] if retried else []
+        if not seqs and not self.slots.accept(rank, incarnation, None):
+            return []
+        newest = max((s for s in seqs[:MAX_ITEM_SEQS] if type(s) is int), default=None)
+        out = self._answered_below(rank, newest, item.pop("unanswered_from", None), node)
+        out += self._take(item, write_metrics=False)
+        out.append(Answer(rank))  # an agent's rank is answered whether its item was valid or not
+        return out
+
+    def _answered_below(
+        self, rank: Any, seq: Any, below: Any, node: str | None = None
+    ) -> list[Effect]:
+        """The rank says every batch number below `below` was answered: the ones its slot still
+        awaits are not awaited any more (`RankSlots.answered_below`). Only a node agent that
+        answered them and died before sending them on leaves any (step records only: it
+        wrote those to its metrics file, and answers a batch with events or outcomes only
+        once it is sent on), or a report that failed at the rank and went out again under a
+        new number."""
+        if type(rank) is not int or rank not in self.slots.slots:
+            return []
+        lost = self.slots.answered_below(rank, seq, below)
+        return [BatchesLost(rank, node, lost)] if lost else []
+
+    def _take(self, batch: Any, *, write_metrics: bool) -> list[Effect]:
+        """The controller takes the batch; `write_metrics=False`: an agent's item, whose step
+        records are in the agent's metrics file already."""
+        out: list[Effect] = []
+        if isinstance(batch, dict) and "outages" in batch:
+            out.append(OutageNotes(batch.pop("outages")))
+        # The rank's loop is done: it takes no more steps, so no progress is to be waited for.
+        ending = isinstance(batch, dict) and batch.pop("ending", None) is True
+        # The rank's collective has just failed: a peer may be gone (`Recovery.alarm`).
+        failed = isinstance(batch, dict) and batch.pop("collective_failed", None) is True
+        c = self.controller
+        # Ranks whose earlier reports are still on their way: an incident of theirs may be too.
+        c.incomplete = self.slots.incomplete()
+        c.ingest(batch, write_metrics=write_metrics, answer=False)
+        report = c.last_report
+        if report is not None:
+            out.append(Taken(report.rank, report.tick, report, ending, failed))
+        return out
 
     def _returned(self, rank: int, incarnation: int, result: dict[str, Any]) -> list[Effect]:
         if incarnation != self.slots.incarnation(rank):

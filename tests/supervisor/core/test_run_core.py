@@ -20,16 +20,21 @@ from remedy.supervisor.core.job_state import (
 )
 from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.core.run_core import (
+    Answer,
+    BatchesLost,
     Ended,
     Ending,
     Lost,
+    OutageNotes,
     Pass,
     RankDied,
     RankEnded,
     RankReturned,
     ReplacementFailed,
+    Report,
     RunCore,
     Status,
+    Taken,
 )
 from remedy.supervisor.core.run_state import RunState
 
@@ -212,3 +217,52 @@ def test_a_group_started_over_starts_the_job_over() -> None:
     core = make()
     core.restart_job()
     assert core.job.state == JobState()
+
+
+def batch(rank: int, seq: int, tick: int, incarnation: int = 1, **more: Any) -> dict[str, Any]:
+    return {"rank": rank, "incarnation": incarnation, "seq": seq, "step": tick, "tick": tick,
+            **more}  # fmt: skip
+
+
+def test_a_ranks_report_is_taken_once_and_answered() -> None:
+    core = make()
+    effects = core.step(Report(batch(0, 1, 3)))
+    assert [type(e) for e in effects] == [Taken, Answer]
+    assert (effects[0].rank, effects[0].tick, effects[1]) == (0, 3, Answer(0))
+    assert core.controller.tick_of[0] == 3
+    # The same call again (Ray retried it after a restart): answered, not taken again.
+    assert core.step(Report(batch(0, 1, 4))) == [Answer(0, retried=True)]
+    assert core.controller.tick_of[0] == 3
+    # A replaced process's report: refused, counted, not answered.
+    assert core.step(Report(batch(0, 2, 5, incarnation=9))) == []
+    assert core.controller.rejected["batch_stale_incarnation"] == 1
+    # A batch the controller refuses gets no commands.
+    assert core.step(Report({**batch(1, 1, 2), "step": "x"})) == []
+
+
+def test_a_reports_flags_and_notes_go_to_the_shell() -> None:
+    core = make()
+    notes = [{"watcher": "rank", "duration_s": 3.0}]
+    taken, answer = core.step(
+        Report(batch(1, 1, 2, ending=True, collective_failed=True, outages=notes))
+    )[1:]
+    assert core.step(Report(batch(0, 1, 2, outages=notes)))[0] == OutageNotes(notes)
+    assert isinstance(taken, Taken) and taken.ending and taken.collective_failed
+    assert answer == Answer(1)
+
+
+def test_an_agents_items_are_each_taken_by_their_slot() -> None:
+    core = make()
+    item = {**batch(0, 3, 5), "seqs": [1, 2, 3]}
+    del item["seq"]
+    effects = core.step(Report(item, "node-a"))
+    assert [type(e) for e in effects] == [Taken, Answer]
+    again = {**batch(0, 3, 5), "seqs": [2, 3]}
+    assert core.step(Report(again, "node-a")) == [Answer(0, retried=True)]
+    for bad in ("not an item", {"rank": 7, "seqs": [1]}, {"rank": 1, "seqs": "1"}):
+        assert core.step(Report(bad, "node-a")) == []
+    assert core.controller.rejected["batch_item"] == 3
+    # Numbers 4-9 skipped: the agent says every number below 10 was answered (it died
+    # before sending them on): no longer awaited, and said.
+    late = {**batch(0, 10, 9), "seqs": [10], "unanswered_from": 10}
+    assert core.step(Report(late, "node-a"))[0] == BatchesLost(0, "node-a", 6)
