@@ -51,7 +51,6 @@ from remedy.supervisor.core.job_state import (
     JobState,
     JobStateMachine,
     Phase,
-    Started,
 )
 from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.core.run_core import (
@@ -60,16 +59,20 @@ from remedy.supervisor.core.run_core import (
     Effect,
     Ended,
     Ending,
+    GroupStarted,
     Lost,
+    OperatorStop,
     OutageNotes,
     Pass,
     RankDied,
     RankEnded,
     RankReturned,
+    RanksAllEnded,
     ReplacementFailed,
     Report,
     RunCore,
     Status,
+    StopAsked,
     Taken,
 )
 from remedy.supervisor.core.run_state import RunState, StateLog
@@ -696,7 +699,9 @@ class SupervisorActor:
         """
         self._require(token, "stop")
         text = " ".join(str(reason).split())[:200] or "stopped"
-        stopping = self.state in ("starting", "running") and self.controller.stop(text)
+        stopping = self.state in ("starting", "running") and bool(
+            self.core.step(OperatorStop(text))
+        )
         if stopping:
             log.warning("stop_requested", reason=text)
             self.run_dir.history({"type": "stop_requested", "reason": text})
@@ -817,7 +822,7 @@ class SupervisorActor:
                     kill_run_actors(self.spec.run_id)
                     self.core.restart_job()
                 await group.start()
-                self.job.step(Started(0))
+                self.core.step(GroupStarted(0))
             else:
                 restarts = [d for d in self.controller.deferred.values()
                             if d.action == "restart_rank"]  # fmt: skip
@@ -854,7 +859,7 @@ class SupervisorActor:
             # Before the ranks are killed: a supervisor restarted from here on finishes
             # from these results instead of looking for the actors.
             self.run_dir.history({"type": "ranks_ended", "results": self.core.results})
-            self.core.ranks_ended = True
+            self.core.step(RanksAllEnded())
             self.write_state()
         finally:
             group.shutdown()
@@ -1091,7 +1096,7 @@ class SupervisorActor:
                     )
                 case OutageNotes(notes):
                     self._outage_notes(notes)
-                case Status() | Answer() | Taken():
+                case Status() | Answer() | Taken() | StopAsked():
                     pass  # read by whoever stepped the core
 
     def _restart_pending(self) -> bool:

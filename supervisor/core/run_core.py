@@ -16,17 +16,20 @@ is its inverse.
   its node agent's call: taken once by the rank's slot (a batch number seen
   already is a call Ray retried: answered again, not taken again; one of a
   replaced process is refused), then by the controller;
+- `GroupStarted`: every rank of the first group joined its generation;
 - `RankReturned`: a rank's run call returned its summary (its training function ended);
 - `RankDied`: a rank's process is gone (its run call raised, or the call that
   follows an adopted rank found it gone);
+- `OperatorStop`: `remedy stop`: a final checkpoint on every rank, then a clean end;
 - `Pass`: a pass of the supervisor's loop: an operator's stop or the policy's
   abort moves the job to aborting (once, and only from running or degraded:
   a restart under way is let finish, so the ranks stop from a formed group);
+- `RanksAllEnded`: every rank has ended: the results are final;
 - `Ending`: the loop is over (every rank ended) or the supervisor failed:
   the run's status, decided from the ranks' results and the job's phase;
 - `Ended`: the run's summary is written: the run has ended;
 
-and returns what the shell carries out: `Answer` (the rank is answered in
+and returns what the shell carries out: `StopAsked` (a stop taken), `Answer` (the rank is answered in
 this call with the commands it owes), `Taken` (the batch the controller
 accepted, for the hang watch, a restart waiting on the group and the
 displays), `BatchesLost` and `OutageNotes` (for the history), `Lost` (a lost rank, for the policy
@@ -52,6 +55,7 @@ from remedy.supervisor.core.job_state import (
     JobStateMachine,
     Phase,
     RanksEnded,
+    Started,
     TransitionError,
 )
 from remedy.supervisor.core.rank_slots import RankSlots
@@ -96,8 +100,27 @@ class RankDied:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupStarted:
+    """Every rank of the first group joined generation `generation`."""
+
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorStop:
+    """An operator's stop (`remedy stop`), with its reason."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Pass:
     """A pass of the supervisor's loop."""
+
+
+@dataclass(frozen=True, slots=True)
+class RanksAllEnded:
+    """Every rank has ended (the loop is over): the results are final."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +137,27 @@ class Ended:
     status: str
 
 
-Input = Report | RankReturned | RankDied | Pass | Ending | Ended
+Input = (
+    Report
+    | GroupStarted
+    | RankReturned
+    | RankDied
+    | OperatorStop
+    | Pass
+    | RanksAllEnded
+    | Ending
+    | Ended
+)
 
 
 # ------------------------------------------------------------------ effects
+@dataclass(frozen=True, slots=True)
+class StopAsked:
+    """An operator's stop was taken: its commands are pending (`Controller.stop`)."""
+
+    reason: str
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """Answer `rank` in this call with the commands it owes (`retried`: a call seen already,
@@ -190,7 +230,17 @@ class Status:
     status: str
 
 
-Effect = Answer | Taken | BatchesLost | OutageNotes | Lost | ReplacementFailed | RankEnded | Status
+Effect = (
+    StopAsked
+    | Answer
+    | Taken
+    | BatchesLost
+    | OutageNotes
+    | Lost
+    | ReplacementFailed
+    | RankEnded
+    | Status
+)
 # A part of the shell that gives its own record once built (`RunCore.provide`).
 Provider = Callable[[], Any]
 
@@ -229,8 +279,17 @@ class RunCore:
                 if incarnation == self.slots.incarnation(rank):
                     self.results[rank] = {"rank": rank, "status": "failed", "error": error}
                 return [Lost(rank, "rank_dead", reason, dict(details), incarnation)]
+            case GroupStarted(generation):
+                self.job.step(Started(generation))
+                return []
+            case OperatorStop(reason):
+                # False, changing nothing, when a stop or an abort is under way already.
+                return [StopAsked(reason)] if self.controller.stop(reason) else []
             case Pass():
                 self._abort_if_asked()
+                return []
+            case RanksAllEnded():
+                self.ranks_ended = True
                 return []
             case Ending(error):
                 return [Status(self._end(error))]

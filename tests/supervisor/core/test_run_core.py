@@ -24,16 +24,20 @@ from remedy.supervisor.core.run_core import (
     BatchesLost,
     Ended,
     Ending,
+    GroupStarted,
     Lost,
+    OperatorStop,
     OutageNotes,
     Pass,
     RankDied,
     RankEnded,
     RankReturned,
+    RanksAllEnded,
     ReplacementFailed,
     Report,
     RunCore,
     Status,
+    StopAsked,
     Taken,
 )
 from remedy.supervisor.core.run_state import RunState
@@ -266,3 +270,18 @@ def test_an_agents_items_are_each_taken_by_their_slot() -> None:
     # before sending them on): no longer awaited, and said.
     late = {**batch(0, 10, 9), "seqs": [10], "unanswered_from": 10}
     assert core.step(Report(late, "node-a"))[0] == BatchesLost(0, "node-a", 6)
+
+
+def test_an_operators_stop_is_taken_once_and_the_loop_moves_the_job() -> None:
+    core = make(max_targeted=3)
+    core.job.state = JobState()
+    core.step(GroupStarted(0))
+    assert core.job.state.phase is Phase.RUNNING
+    assert core.step(OperatorStop("maintenance")) == [StopAsked("maintenance")]
+    assert [c["action"] for c in core.controller.commands_for(0)] == ["checkpoint_now", "abort"]
+    assert core.step(OperatorStop("again")) == []  # under way already
+    core.step(Pass())
+    assert core.job.state.phase is Phase.ABORTING
+    assert not core.ranks_ended
+    core.step(RanksAllEnded())
+    assert core.ranks_ended and core.record().ranks_ended == {}
