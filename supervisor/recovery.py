@@ -69,7 +69,7 @@ from remedy.supervisor.core.job_state import (
     RanksUnreplaced,
     Regrouped,
 )
-from remedy.supervisor.core.losses import Losses
+from remedy.supervisor.core.losses import Losses, Route
 from remedy.supervisor.core.restart import RestartState
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.spec import NAMESPACE
@@ -481,21 +481,24 @@ class Recovery:
         its ranks) is about nothing running now, and is dropped.
         """
         current = self.slots.incarnation(rank)
-        if incarnation is not None and incarnation != current:
+        route = self.losses.route(
+            rank, current, incarnation, starting=self._replacing(rank), under_way=self._under_way()
+        )
+        if route is Route.STALE:
             log.info("loss_of_a_replaced_process", rank=rank, kind=kind, incarnation=incarnation,
                      current=current)  # fmt: skip
             return
-        incarnation = current
-        if not self.losses.first(rank, incarnation):
+        if route is Route.REPORTED:
             return
+        incarnation = current
         node = self.slots.slots[rank].node
         if node is not None:
             node_ranks = self.slots.on_node(node, lost_too=True)
             self.losses.on_node(rank, node, node_ranks, time.time())
-        if self._replacing(rank):
+        if route is Route.START_FAILED:
             self.replacement_failed(rank, reason)
             return
-        if self._under_way():
+        if route is Route.JOIN:
             self._join(rank, kind, reason, incarnation, details)
             return
         # The slot is closed (its reports refused) only when a restart replaces it:

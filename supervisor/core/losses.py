@@ -8,13 +8,29 @@ the supervisor's state record (`record`, `from_record`), so a supervisor
 that Ray restarts neither reports a process lost twice nor forgets which
 node its lost ranks ran on. Pure: no Ray, no clock of its own (wall times
 are given).
+
+Where a loss goes (`route`) is decided here too: evidence about a process
+already replaced is dropped, a process reported once is not reported again,
+a rank that a restart is starting failed that start, a rank lost while a
+restart is decided or under way joins it, and any other goes to the policy.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+
+class Route(enum.StrEnum):
+    """Where the loss of a rank's process goes (`Losses.route`)."""
+
+    STALE = "stale"  # the evidence is about a process already replaced: dropped
+    REPORTED = "reported"  # this process was reported lost already
+    START_FAILED = "start_failed"  # a restart is starting this rank: that start failed
+    JOIN = "join"  # a restart is decided or under way: it replaces this rank too
+    POLICY = "policy"  # to the policy, as an anomaly
 
 
 @dataclass
@@ -27,6 +43,27 @@ class Losses:
     lost_on: dict[int, tuple[str, float]] = field(default_factory=dict)
     # node -> the ranks it held when the first of them was found lost
     held: dict[str, set[int]] = field(default_factory=dict)
+
+    def route(
+        self,
+        rank: int,
+        current: int,
+        evidence: int | None,
+        *,
+        starting: bool,
+        under_way: bool,
+    ) -> Route:
+        """Where the loss of `rank` goes: `current` is its process now, `evidence` the one the
+        evidence is about (None: the current one); `starting`: a restart is starting this
+        rank; `under_way`: a restart is decided or running. A process routed anywhere but
+        `STALE` or `REPORTED` is marked reported (`first`)."""
+        if evidence is not None and evidence != current:
+            return Route.STALE
+        if not self.first(rank, current):
+            return Route.REPORTED
+        if starting:
+            return Route.START_FAILED
+        return Route.JOIN if under_way else Route.POLICY
 
     def first(self, rank: int, incarnation: int) -> bool:
         """Mark (rank, incarnation) reported; False if it was already."""

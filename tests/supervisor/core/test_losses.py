@@ -7,7 +7,9 @@ import json
 import time
 from dataclasses import dataclass
 
-from remedy.supervisor.core.losses import Losses
+import pytest
+
+from remedy.supervisor.core.losses import Losses, Route
 from remedy.supervisor.recovery import NODE_LOSS_WINDOW_S, Recovery
 
 WINDOW = 60.0
@@ -22,6 +24,25 @@ def test_a_process_is_reported_once_and_again_only_after_it_came_back() -> None:
     assert losses.first(2, 2)
     losses.mark(3, 1)  # a restart took it in
     assert not losses.first(3, 1)
+
+
+@pytest.mark.parametrize(
+    ("evidence", "starting", "under_way", "route"),
+    [
+        (1, False, False, Route.STALE),  # about process 1, replaced by 2 already
+        (None, False, False, Route.POLICY),
+        (2, False, False, Route.POLICY),
+        (2, True, True, Route.START_FAILED),  # a restart is starting it: that start failed
+        (2, False, True, Route.JOIN),  # lost while a restart is decided or running
+    ],
+)
+def test_where_a_loss_goes(
+    evidence: int | None, starting: bool, under_way: bool, route: Route
+) -> None:
+    losses = Losses(WINDOW)
+    assert losses.route(3, 2, evidence, starting=starting, under_way=under_way) is route
+    again = losses.route(3, 2, None, starting=starting, under_way=under_way)
+    assert again is (Route.POLICY if route is Route.STALE else Route.REPORTED)
 
 
 def test_a_node_is_silent_once_every_rank_it_held_is_lost_within_the_window() -> None:
