@@ -466,8 +466,10 @@ class SupervisorActor:
                                 "report"):  # fmt: skip
             return []
         answer = self._took(self.core.step(Report(batch)), gauges=True)
-        commands = self.controller.commands_for(answer.rank) if answer is not None else []
-        if answer is not None and answer.retried:
+        if answer is None:
+            return []  # refused (its slot or the controller): nothing owed, nothing taken
+        commands = self.controller.commands_for(answer.rank)
+        if answer.retried:
             return commands  # seen already: answered again, not taken again
         self._keep_state(before_reply=True)  # no rank holds a command the journal lacks
         holding = batch.get("holding") if isinstance(batch, dict) else None

@@ -411,3 +411,20 @@ def test_what_the_controller_refuses_moves_no_watcher(ray_cluster: None, tmp_pat
                                          "step_time_s": 0.1}}  # fmt: skip
     assert sup.controller.rejected == {"batch_tick_too_far_ahead": 1, "metrics_invalid": 1}
     sup.run_dir.close()
+
+
+def test_a_report_its_slot_refuses_is_answered_with_nothing(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """A replaced process's report that holds at a flagged step gets nothing back, not whether
+    that step is settled: the last batch the controller took was another rank's."""
+    policy = tmp_path / "nan.yaml"
+    policy.write_text(POLICY)
+    spec = RunSpec(target=TARGET, policy=str(policy), run_dir=str(tmp_path / "run"), workers=2)
+    sup = SupervisorActor.__ray_actor_class__(spec.to_dict())  # type: ignore[attr-defined]
+    head = {"token": spec.token, "seq": 1, "step": 6, "tick": 6}
+    assert asyncio.run(sup.report({**head, "rank": 0, "incarnation": 1})) == []
+    stale = {**head, "rank": 1, "incarnation": 9, "holding": 6}
+    assert asyncio.run(sup.report(stale)) == []
+    assert sup.controller.rejected["batch_stale_incarnation"] == 1
+    sup.run_dir.close()
