@@ -369,15 +369,13 @@ class Controller:
         return {rank: mark.step for rank, mark in self._marks.items()}
 
     def commands_for(self, rank: int) -> list[dict[str, Any]]:
-        return [
-            {**p.wire, "params": dict(p.wire["params"])}
-            for p in self.pending.values()
-            if (rank in p.targets and rank not in p.outcomes) or rank in p.dropped
-        ]
+        """The commands `rank` still owes (each a copy)."""
+        return self.commands_for_ranks((rank,))[rank]
 
     def commands_for_ranks(self, ranks: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
-        """`commands_for` each of `ranks`, for one reply: each command is copied once and the
-        ranks owing it share that copy (its receiver takes one per rank: `AgentCore.commands`)."""
+        """The commands each of `ranks` still owes, for one reply: each command is copied once
+        and the ranks owing it share that copy (its receiver takes one per rank:
+        `AgentCore.commands`)."""
         copies: dict[str, dict[str, Any]] = {}
         out: dict[int, list[dict[str, Any]]] = {}
         for rank in ranks:
