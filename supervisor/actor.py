@@ -56,11 +56,13 @@ from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.core.run_core import (
     Answer,
     BatchesLost,
+    Dropped,
     Effect,
     Ended,
     Ending,
     GroupStarted,
-    Lost,
+    Joined,
+    NotReplaced,
     OperatorStop,
     OutageNotes,
     Pass,
@@ -74,6 +76,7 @@ from remedy.supervisor.core.run_core import (
     Status,
     StopAsked,
     Taken,
+    ToPolicy,
 )
 from remedy.supervisor.core.run_state import RunState, StateLog
 from remedy.supervisor.exceptions import Unauthorized
@@ -345,7 +348,7 @@ class SupervisorActor:
         """
         # The group, the restart and the hang watch give their own records once the loop has
         # built them; before (a call answered first after a restart), the restored ones.
-        state = self.core.record()
+        state = self.core.record(time.time())
         self.run_dir.wal(self._state_log.entry(state.to_record(), defer_full=before_reply))
         self._state_changes = self.controller.changes
         self._state_at = time.monotonic()
@@ -803,6 +806,8 @@ class SupervisorActor:
             slots=self.slots,
             watch=self.watch,
             sightings=self.sightings,
+            step=self.core.step,
+            lost_ranks=lambda: self.core.lost,
             write_state=self.write_state,
             crash_point=self.crash_point,
             check_nodes=self.check_nodes,
@@ -828,7 +833,7 @@ class SupervisorActor:
             else:
                 restarts = [d for d in self.controller.deferred.values()
                             if d.action == "restart_rank"]  # fmt: skip
-                self.recovery.restore(self.core.recovery_record, restarts)
+                self.recovery.restore(self.core.recovery_record)
                 await self._adopt(group, self.core.group_record)
                 for d in restarts:  # a restart the crashed supervisor had begun: go on
                     self.recovery.resume(d)
@@ -988,7 +993,7 @@ class SupervisorActor:
             when = "after its run call lost touch" if followed else "while the supervisor was away"
             self._carry(self.core.step(RankDied(
                 rank, self.slots.incarnation(rank), f"rank process died {when}",
-                f"rank {rank}'s process is gone",
+                f"rank {rank}'s process is gone", time.time(),
             )))  # fmt: skip
             return
         incarnation = result.get("incarnation")
@@ -1072,7 +1077,7 @@ class SupervisorActor:
             await self.check_nodes(group, now=True)
             self._carry(self.core.step(RankDied(
                 rank, incarnation, f"rank process died: {exc}",
-                f"rank {rank}'s process died ({_why_gone(exc)})",
+                f"rank {rank}'s process died ({_why_gone(exc)})", time.time(),
                 {"error": str(exc)[:300], "incarnation": incarnation},
             )))  # fmt: skip
             return
@@ -1082,14 +1087,9 @@ class SupervisorActor:
         """Carry out what the run's core returned."""
         for effect in effects:
             match effect:
-                case Lost(rank, kind, reason, details, incarnation):
+                case Dropped() | ReplacementFailed() | Joined() | ToPolicy() | NotReplaced():
                     assert self.recovery is not None  # ranks end only once the loop built it
-                    self.recovery.lost(
-                        rank, kind, reason, details=dict(details), incarnation=incarnation
-                    )
-                case ReplacementFailed(rank, why):
-                    if self.recovery is not None:
-                        self.recovery.replacement_failed(rank, why)
+                    self.recovery.carry_losses([effect])
                 case RankEnded(rank, status):
                     self.feed.set_rank_state(rank, status)
                 case BatchesLost(rank, node, count):

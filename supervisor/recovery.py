@@ -25,15 +25,13 @@ decision fails (the policy's `on_failure` follows). Each transition is
 journaled with its reason; the failed attempts are counted once, by the job
 state (`JobState.attempts`).
 
-A rank lost while a restart is already decided or under way (two ranks found
-hung in one ping round, a survivor that stops during a recovery) joins that
-restart instead of going to the policy again: its anomaly is recorded, the
-job state's lost set grows, and the restart replaces it too (`_join`). A
-second decision would be cooled down or suppressed, and nothing would
-replace the rank. A lost rank that no decision replaces (the policy notified, ran dry, or its
-restart was suppressed) moves the job to `degraded` (`_if_unreplaced`); a
-dead one ends the run, a hung one that makes progress again brings the job
-back (`check_back`).
+Where a loss goes is the run's core's to decide (`core.lost_ranks`): a rank
+lost while a restart is already decided or under way (two ranks found hung
+in one ping round, a survivor that stops during a recovery) joins that
+restart, which replaces it too; a lost rank that no decision replaces moves
+the job to `degraded`, and a dead one ends the run; a hung one that makes
+progress again brings the job back (`check_back`). This module feeds those
+findings in (`lost`) and carries out what became of them (`carry_losses`).
 
 What a restart does next is decided by a pure machine, `core.restart.step`
 (kill, check the survivors, launch, wait for a step, back off, restart
@@ -58,18 +56,21 @@ from typing import TYPE_CHECKING, Any
 import ray
 import structlog
 
-from remedy.policies import AnomalyEvent, Decision
+from remedy.policies import Decision
 from remedy.supervisor import placement, waits
 from remedy.supervisor.agent import agent_name
 from remedy.supervisor.core import restart
-from remedy.supervisor.core.job_state import (
-    Phase,
-    RanksBack,
-    RanksLost,
-    RanksUnreplaced,
-    Regrouped,
+from remedy.supervisor.core.job_state import Phase, Regrouped
+from remedy.supervisor.core.lost_ranks import (
+    Dropped,
+    Joined,
+    NotReplaced,
+    RankLost,
+    RanksMoving,
+    ReplacementFailed,
+    ToPolicy,
+    restart_under_way,
 )
-from remedy.supervisor.core.losses import Losses, Route
 from remedy.supervisor.core.restart import RestartState
 from remedy.supervisor.exceptions import SupervisorError
 from remedy.supervisor.spec import NAMESPACE
@@ -84,7 +85,9 @@ if TYPE_CHECKING:
     from remedy.supervisor.core.control import Controller
     from remedy.supervisor.core.hang_watch import HangWatch, Verdict
     from remedy.supervisor.core.job_state import JobStateMachine
+    from remedy.supervisor.core.lost_ranks import LostRanks
     from remedy.supervisor.core.rank_slots import RankSlots
+    from remedy.supervisor.core.run_core import Effect, Input
     from remedy.supervisor.node_watch import DeadNode
     from remedy.supervisor.spec import RunSpec
     from remedy.supervisor.worker_group import WorkerGroup
@@ -120,9 +123,6 @@ AGENT_ASK_S = 1.0
 # agent pings its ranks within `agent.HANG_CHECK_S` of their report, and live ranks answer
 # in milliseconds.
 ALARM_GRACE_S = 0.15
-# A rank found lost this long before Ray calls its node dead is counted among the
-# node's lost ranks (Ray's verdict takes the GCS's health-check time, 15 s by default).
-NODE_LOSS_WINDOW_S = 60.0
 
 
 # The effects of an attempt: any error carrying one out is one failed attempt.
@@ -158,12 +158,15 @@ class Recovery:
         slots: RankSlots,
         watch: HangWatch,
         sightings: Sightings,
+        step: Callable[[Input], list[Effect]],
+        lost_ranks: Callable[[], LostRanks],
         write_state: Callable[[], None],
         crash_point: Callable[[str], None],
         check_nodes: Callable[..., Awaitable[None]],
     ) -> None:
-        """The parts of the supervisor a recovery reads and moves, and the three things it
-        asks of the supervisor: a state record now, a chaos crash point, a look at the nodes."""
+        """The parts of the supervisor a recovery reads and moves, and what it asks of the
+        supervisor: the run's core to step with a loss (`step`) and its record of losses
+        (`lost_ranks`), a state record now, a chaos crash point, a look at the nodes."""
         self.group = group
         self.spec = spec
         self.run_dir = run_dir
@@ -172,24 +175,20 @@ class Recovery:
         self.slots = slots
         self.watch = watch
         self.sightings = sightings
+        self.step = step
+        self._lost_ranks = lost_ranks
         self.write_state = write_state
         self.crash_point = crash_point
         self.check_nodes = check_nodes
         self.records: list[dict[str, Any]] = []  # one per restart, for the summary and benchmarks
-        # Processes reported lost, and the nodes lost ones ran on (in the state record).
-        self.losses = Losses(NODE_LOSS_WINDOW_S)
-        self._detected_at: dict[int, float] = {}
         self._failed: dict[int, str] = {}  # replacement rank -> why it failed
         self._next_ping = 0.0
         self._alarm_rank = -1  # the rank whose failed collective raised the watch's alarm
         self._judged = -1  # the agents' sightings (their version) last judged
         self._task: asyncio.Task[None] | None = None
-        self._restarting: set[int] = set()  # every rank, while a full-group restart runs
         self._suspected_at = 0.0  # wall time the current stall was first suspected
         self._ping_started = 0.0  # wall time the latest ping round began
         self._marks: dict[str, float] = {}  # wall times of the restart in progress
-        # Ranks lost while a restart was under way, with why: that restart takes them in.
-        self._joining: dict[int, str] = {}
         self._machine: RestartState | None = None  # the restart in progress (core.restart)
         # While a restart waits for the group to step: each rank's newest tick, fed by
         # the supervisor's report path (`progress`), which wakes the waiting restart.
@@ -218,7 +217,7 @@ class Recovery:
         sends its sightings; the supervisor pings only the ranks no agent has
         answered for `ALARM_GRACE_S` after the alarm (a lost node's).
         """
-        if self._under_way() or self.watch.alarmed_at is not None:
+        if restart_under_way(self.controller, self.job) or self.watch.alarmed_at is not None:
             return
         self.watch.alarm(time.monotonic())
         self._alarm_rank = rank
@@ -434,14 +433,14 @@ class Recovery:
         """Nodes Ray calls dead: every rank on them is lost at once, journaled with the node.
 
         The first of a node's ranks goes to the policy as `node_lost`; the others,
-        lost in the same instant, join the restart it decides (`_join`), so one
+        lost in the same instant, join the restart it decides (`LostRanks`), so one
         restart replaces them all, on the surviving nodes (`WorkerGroup.dead_nodes`).
         """
         for node in dead:
             self.group.node_died(node.node_id)
             # Its ranks not yet replaced, and those found lost on their own in the last
-            # NODE_LOSS_WINDOW_S (before Ray's verdict on the node; replaced already, perhaps).
-            earlier = self.losses.earlier(node.node_id, time.time())
+            # `lost_ranks.NODE_LOSS_WINDOW_S` (before Ray's verdict on the node; replaced already, perhaps).
+            earlier = self.lost_ranks.losses.earlier(node.node_id, time.time())
             current = self.slots.on_node(node.node_id, lost_too=True)
             ranks = sorted({*current, *earlier})
             name = placement.label(node.node_id, node.ip)
@@ -460,10 +459,16 @@ class Recovery:
                 })  # fmt: skip
 
     def silent_nodes(self) -> set[str]:
-        """Nodes every rank of which was found lost in the last `NODE_LOSS_WINDOW_S`: what a
+        """Nodes every rank of which was found lost in the last `lost_ranks.NODE_LOSS_WINDOW_S`: what a
         node's death looks like before Ray's verdict on it (a peer's failed collective finds
         its ranks gone in well under a second; the GCS takes its health-check time)."""
-        return self.losses.silent_nodes(time.time())
+        return self.lost_ranks.losses.silent_nodes(time.time())
+
+    @property
+    def lost_ranks(self) -> LostRanks:
+        """The run's core's record of losses (`core.lost_ranks`): changed by stepping the core
+        with a loss, and by a restart taking in the ranks it replaces."""
+        return self._lost_ranks()
 
     def lost(
         self,
@@ -474,173 +479,65 @@ class Recovery:
         details: dict[str, Any] | None = None,
         incarnation: int | None = None,
     ) -> None:
-        """Report `rank` (its current incarnation) lost to the policy, once.
+        """`rank` (its current incarnation) was found lost: to the run's core, which decides
+        where the loss goes (`LostRanks`); what it decided is carried out here.
 
         `incarnation`: the one the evidence is about; evidence about a process
         already replaced (a ping round that was out while a node's loss replaced
         its ranks) is about nothing running now, and is dropped.
         """
-        current = self.slots.incarnation(rank)
-        route = self.losses.route(
-            rank, current, incarnation, starting=self._replacing(rank), under_way=self._under_way()
+        self.carry_losses(
+            self.step(RankLost(rank, kind, reason, time.time(), details or {}, incarnation))
         )
-        if route is Route.STALE:
-            log.info("loss_of_a_replaced_process", rank=rank, kind=kind, incarnation=incarnation,
-                     current=current)  # fmt: skip
-            return
-        if route is Route.REPORTED:
-            return
-        incarnation = current
-        node = self.slots.slots[rank].node
-        if node is not None:
-            node_ranks = self.slots.on_node(node, lost_too=True)
-            self.losses.on_node(rank, node, node_ranks, time.time())
-        if route is Route.START_FAILED:
-            self.replacement_failed(rank, reason)
-            return
-        if route is Route.JOIN:
-            self._join(rank, kind, reason, incarnation, details)
-            return
-        # The slot is closed (its reports refused) only when a restart replaces it:
-        # if the policy does not restart it, a slow rank that comes back still counts.
-        self._detected_at[rank] = time.time()
-        self._marks = {
-            "suspected": self._suspected_at or self._detected_at[rank],
-            "pinged": self._ping_started or self._detected_at[rank],  # the confirming round
-        }
-        c = self.controller
-        # The group stalls from here until the restart: that time is lost to this loss.
-        c.goodput.disrupted(self._detected_at[rank], kind)
-        preempted = c.drop_rank(rank)
-        ev = AnomalyEvent(
-            kind=kind,
-            rank=rank,
-            # The step the group is stuck at: a hung rank's own reports may lag behind.
-            step=max(c.step_of.values(), default=0),
-            tick=max(c.tick_of.values(), default=0),
-            severity="critical",
-            source="supervisor",
-            ts=time.time(),
-            details={
-                "reason": reason,
-                "incarnation": incarnation,
-                "preempted": preempted,
-                **(details or {}),
-            },
-        )
-        log.warning(kind, rank=rank, reason=reason)
-        answered = len(c.decisions)
-        c.ingest(
-            {"rank": rank, "step": ev.step, "tick": ev.tick, "events": [ev.to_dict()]}, answer=False
-        )
-        self._if_unreplaced(rank, kind, reason, c.decisions[answered:])
+
+    def carry_losses(self, effects: list[Effect]) -> None:
+        """Carry out what became of losses (`core.lost_ranks`); other effects are left."""
+        for effect in effects:
+            match effect:
+                case Dropped(rank, kind, incarnation, current):
+                    log.info("loss_of_a_replaced_process", rank=rank, kind=kind,
+                             incarnation=incarnation, current=current)  # fmt: skip
+                case ReplacementFailed(rank, why):
+                    self.replacement_failed(rank, why)
+                case Joined(rank, kind, why):
+                    log.warning(kind, rank=rank, reason=why)
+                    self.write_state()
+                    self._moved.set()  # an attempt waiting on the group starts over with it
+                case ToPolicy(rank, kind, reason, at):
+                    # The restart's timeline, if the policy restarts it: from the first
+                    # suspicion and the ping round that confirmed it.
+                    self._marks = {
+                        "suspected": self._suspected_at or at,
+                        "pinged": self._ping_started or at,
+                    }
+                    log.warning(kind, rank=rank, reason=reason)
+                case NotReplaced(rank, why, ending):
+                    log.warning("rank_not_replaced", rank=rank, reason=why)
+                    if ending:
+                        self.group.kill_all()
 
     def running(self) -> bool:
         """A restart is being carried out: the run goes on while it does, even with no rank's
         process left (a node that held every rank was lost; the restart starts them anew)."""
         return self._task is not None and not self._task.done()
 
-    def _under_way(self) -> bool:
-        """A restart is decided (it may not have begun yet) or running."""
-        c = self.controller
-        return any(
-            d.action == "restart_rank" for d in c.deferred.values()
-        ) or self.job.state.phase in (
-            Phase.RECOVERING,
-            Phase.RESTARTING_ALL,
-        )
-
-    def _join(
-        self,
-        rank: int,
-        kind: str,
-        reason: str,
-        incarnation: int,
-        details: dict[str, Any] | None,
-    ) -> None:
-        """`rank` was lost while a restart is under way: that restart replaces it too."""
-        c = self.controller
-        self._detected_at[rank] = time.time()
-        c.goodput.disrupted(self._detected_at[rank], kind)
-        c.drop_rank(rank)
-        why = f"{reason}; joins the restart under way"
-        c.record_anomaly(
-            AnomalyEvent(
-                kind=kind,
-                rank=rank,
-                step=max(c.step_of.values(), default=0),
-                tick=max(c.tick_of.values(), default=0),
-                severity="critical",
-                source="supervisor",
-                ts=time.time(),
-                details={"reason": why, "incarnation": incarnation, **(details or {})},
-            )
-        )
-        log.warning(kind, rank=rank, reason=why)
-        self._joining[rank] = f"{kind} on rank {rank}"
-        if self.job.state.phase in (Phase.RECOVERING, Phase.RESTARTING_ALL):
-            self.job.step(RanksLost(frozenset({rank}), why))
-        self.write_state()
-        self._moved.set()  # an attempt waiting on the group starts over with it
-
     def _take_joining(self) -> dict[int, str]:
         """The ranks that joined the restart (still in the group), with why; taken."""
-        joined = {r: why for r, why in self._joining.items() if r in self.slots.slots}
-        self._joining.clear()
-        return joined
-
-    def _if_unreplaced(
-        self, rank: int, kind: str, reason: str, answers: list[dict[str, Any]]
-    ) -> None:
-        """A lost rank no decision replaces: the job is degraded; a dead one ends the run.
-
-        The policy may answer a loss with a notification, run dry, or have its
-        restart suppressed: then nothing brings the rank back, the other ranks
-        wait on it, and the job must not go on saying it is running.
-        """
-        deferred = self.controller.deferred.values()
-        if any(d.action == "restart_rank" and rank in d.ranks for d in deferred):
-            return
-        if self.job.state.phase not in (Phase.RUNNING, Phase.DEGRADED):
-            return
-        said = "; ".join(
-            f"rule '{a.get('rule')}' chose {a.get('action')} ({a.get('outcome')})" for a in answers
-        )
-        why = f"{reason}; not replaced: {said or 'no rule of the policy answered it'}"
-        # Its peers cannot take one more step without a dead rank: waiting for them to
-        # time out of their regroup wait ends the same way, minutes later.
-        ending = kind in ("rank_dead", "node_lost") and self.controller.abort_reason is None
-        if ending:
-            why += "; the run cannot go on without it: ending it"
-        self.job.step(RanksUnreplaced(frozenset({rank}), why))
-        log.warning("rank_not_replaced", rank=rank, reason=why)
-        if ending:
-            self.group.kill_all()
+        joined = self.lost_ranks.take_joining()
+        return {r: why for r, why in joined.items() if r in self.slots.slots}
 
     def check_back(self) -> None:
         """Lost ranks that nothing replaced and that made progress since: the job runs again."""
-        state = self.job.state
-        if state.phase is not Phase.DEGRADED:
+        if self.job.state.phase is not Phase.DEGRADED:
             return
-        suspects = set(self.watch.suspects(time.monotonic()))
-        back = frozenset(r for r in state.lost if r not in suspects and r in self.group.actors)
-        if back:
-            for r in back:  # a later hang of the same process is found again
-                self.losses.back(r, self.slots.incarnation(r))
-            self.job.step(RanksBack(back))
+        suspects = frozenset(self.watch.suspects(time.monotonic()))
+        self.step(RanksMoving(suspects, frozenset(self.group.actors)))
 
     def _restarting_all(self) -> bool:
         return self.job.state.phase is Phase.RESTARTING_ALL
 
-    def _replacing(self, rank: int) -> bool:
-        """True while `rank` is being started by a restart (targeted or full-group)."""
-        state = self.job.state
-        if state.phase is Phase.RECOVERING:
-            return rank in state.lost
-        return state.phase is Phase.RESTARTING_ALL and rank in self._restarting
-
     def replacement_failed(self, rank: int, why: str) -> None:
-        if self._replacing(rank):
+        if self.lost_ranks.replacing(rank, self.job):
             self._failed[rank] = why
             self._moved.set()
 
@@ -662,9 +559,9 @@ class Recovery:
             self._ticks = dict.fromkeys(world, -1)
         deadline = time.monotonic() + REGROUP_TIMEOUT_S
         while not all(self._ticks.get(r, -1) > past for r in world):
-            if self._joining:
+            if self.lost_ranks.joining:
                 raise RestartError(
-                    f"{_ranks_text(set(self._joining))} lost while the group re-formed"
+                    f"{_ranks_text(set(self.lost_ranks.joining))} lost while the group re-formed"
                 )
             failed = {r: why for r, why in self._failed.items() if r in replaced}
             if failed:
@@ -724,31 +621,18 @@ class Recovery:
     def state(self) -> dict[str, Any]:
         """What a restarted supervisor needs of the restart in progress (for the state record)."""
         return {
-            "detected_at": {str(r): t for r, t in self._detected_at.items()},
             "marks": dict(self._marks),
             "restart": self._machine.to_dict() if self._machine is not None else None,
-            "joining": {str(r): why for r, why in self._joining.items()},
             "records": self.records,
-            "losses": self.losses.record(
-                {r: s.incarnation for r, s in self.slots.slots.items()}, time.time()
-            ),
         }
 
-    def restore(self, state: dict[str, Any] | None, deferred: list[Decision]) -> None:
-        """Take the state record's part back; the lost ranks of `deferred` restarts count as reported."""
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """Take the state record's part back (the losses' part is the core's: `LostRanks`)."""
         if state:
-            self._detected_at = {int(r): float(t) for r, t in state["detected_at"].items()}
             self._marks = {str(k): float(v) for k, v in state["marks"].items()}
             if state.get("restart"):
                 self._machine = RestartState.from_dict(state["restart"])
-            self._joining = {int(r): str(why) for r, why in state.get("joining", {}).items()}
             self.records = list(state["records"])
-            self.losses = Losses.from_record(state.get("losses"), NODE_LOSS_WINDOW_S)
-        for d in deferred:
-            for rank in d.ranks:
-                if rank in self.slots.slots:
-                    # Found gone on adoption: part of this restart, not a new loss.
-                    self.losses.mark(rank, self.slots.incarnation(rank))
 
     def resume(self, d: Decision) -> None:
         """Carry on restart `d`, which a supervisor that crashed left in progress."""
@@ -867,14 +751,15 @@ class Recovery:
                 except RestartError as exc:
                     return restart.AllFailed(str(exc))
                 finally:
-                    self._restarting.clear()
+                    self.lost_ranks.started_all()
                 return restart.AllRestarted(info)
             case restart.KillAll():
                 self.group.kill_all()  # nothing left to supervise: the run ends
                 return None
             case restart.Resolve(outcome, detail, ranks, info):
                 if outcome == "applied" and info is not None:
-                    t_detect = min(self._detected_at.get(r, time.time()) for r in ranks)
+                    detected = self.lost_ranks.detected_at
+                    t_detect = min(detected.get(r, time.time()) for r in ranks)
                     await self._applied(d, info, list(ranks), t_detect, detail)
                 else:
                     c.resolve_group_action(d.decision_id, outcome, detail)
@@ -898,11 +783,10 @@ class Recovery:
         blocked, stuck, framework = await self._blocked(live)
         if first:
             self._marks["survivors_checked"] = time.time()
-        joined = [r for r in live if r in self._joining]
         # Lost while this attempt waited on the survivors (the rest of a lost node's
         # ranks, found by Ray's verdict on the node): replaced with the others, now.
+        joined = sorted(self.lost_ranks.take_joining(live))
         for r in joined:
-            del self._joining[r]
             self._ticks[r] = -1
             self.slots.lose(r)
             self.group.kill(r)
@@ -915,7 +799,7 @@ class Recovery:
         # a survivor that did recover.
         for r in (*blocked, *stuck, *framework):
             self._ticks[r] = -1
-            self.losses.mark(r, self.slots.incarnation(r))
+            self.lost_ranks.losses.mark(r, self.slots.incarnation(r))
             self.slots.lose(r)
             self.controller.drop_rank(r)
             self.group.kill(r)
@@ -984,10 +868,9 @@ class Recovery:
             "reached_step": reached, "reason": f"restarting every rank {resumed}", "cause": cause,
         })  # fmt: skip
         c.goodput.expect_rewind(time.time(), cause)
-        self._restarting = set(world)
+        self.lost_ranks.starting_all(world, self.slots)
         self._failed.clear()
         for r in world:
-            self.losses.mark(r, self.slots.incarnation(r))
             self.slots.lose(r)
         self._ticks = dict.fromkeys(world, -1)  # before the launch: no report is missed
         info = await self.group.restart_all(resume)
@@ -1045,7 +928,7 @@ class Recovery:
         deadline = time.monotonic() + grace
         while True:
             # A survivor that joined the restart meanwhile (its node found lost) is not waited on.
-            live = [r for r in live if r not in self._joining]
+            live = [r for r in live if r not in self.lost_ranks.joining]
             if not live:
                 return [], [], []
             pings = await self.group.ping_all(self.watch.config.ping_timeout_s, ranks=live)

@@ -4,7 +4,9 @@
 policy side (`Controller`), the job's phase (`JobStateMachine`), the rank
 slots, each rank's final result, the run's status once it ended, the chaos
 crash points passed, and the records of the parts that run in the shell
-(the worker group's, the restart's, the hang watch's). A part the shell has
+(the worker group's, the restart's, the hang watch's), and the losses
+reported (`LostRanks`, which shares the `recovery` section with the
+restart's record). A part the shell has
 built gives its record itself (`provide`); until then the record a restarted
 supervisor read is kept, so a state record written first after a restart
 keeps the restart in progress. `record` builds the state record; `restore`
@@ -19,7 +21,11 @@ is its inverse.
 - `GroupStarted`: every rank of the first group joined its generation;
 - `RankReturned`: a rank's run call returned its summary (its training function ended);
 - `RankDied`: a rank's process is gone (its run call raised, or the call that
-  follows an adopted rank found it gone);
+  follows an adopted rank found it gone): it is lost, as below;
+- `RankLost`: a rank found lost (hung, gone, or with its node): where the loss
+  goes and what the job does about it is `LostRanks`'s to decide
+  (`supervisor.core.lost_ranks`); `RanksMoving`: lost ranks nothing replaced
+  that move again bring a degraded job back;
 - `OperatorStop`: `remedy stop`: a final checkpoint on every rank, then a clean end;
 - `Pass`: a pass of the supervisor's loop: an operator's stop or the policy's
   abort moves the job to aborting (once, and only from running or degraded:
@@ -32,10 +38,10 @@ is its inverse.
 and returns what the shell carries out: `StopAsked` (a stop taken), `Answer` (the rank is answered in
 this call with the commands it owes), `Taken` (the batch the controller
 accepted, for the hang watch, a restart waiting on the group and the
-displays), `BatchesLost` and `OutageNotes` (for the history), `Lost` (a lost rank, for the policy
-or the restart under way: `Recovery.lost`), `ReplacementFailed` (a rank a
-restart is starting failed), `RankEnded` (the displays show its status) and
-`Status` (the run's). The job's moves are journaled by the job state
+displays), `BatchesLost` and `OutageNotes` (for the history), `ReplacementFailed` (a rank a
+restart is starting failed), `RankEnded` (the displays show its status),
+`Status` (the run's), and what became of a loss (`Dropped`,
+`Joined`, `ToPolicy`, `NotReplaced`: `Recovery.carry_losses`). The job's moves are journaled by the job state
 machine's own journal (a history line and a state record).
 
 No Ray, no torch, no I/O and no clock.
@@ -58,6 +64,12 @@ from remedy.supervisor.core.job_state import (
     Started,
     TransitionError,
 )
+from remedy.supervisor.core.lost_ranks import Dropped as Dropped
+from remedy.supervisor.core.lost_ranks import Joined as Joined
+from remedy.supervisor.core.lost_ranks import LostRanks, RankLost, RanksMoving
+from remedy.supervisor.core.lost_ranks import NotReplaced as NotReplaced
+from remedy.supervisor.core.lost_ranks import ReplacementFailed as ReplacementFailed
+from remedy.supervisor.core.lost_ranks import ToPolicy as ToPolicy
 from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.core.run_state import RunState
 
@@ -90,12 +102,14 @@ class RankReturned:
 
 @dataclass(frozen=True, slots=True)
 class RankDied:
-    """`rank`'s process `incarnation` is gone: `error` is its result's, `reason` the loss's."""
+    """`rank`'s process `incarnation` is gone, found at wall time `at`: `error` is its result's,
+    `reason` the loss's."""
 
     rank: int
     incarnation: int
     error: str
     reason: str
+    at: float
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -142,6 +156,8 @@ Input = (
     | GroupStarted
     | RankReturned
     | RankDied
+    | RankLost
+    | RanksMoving
     | OperatorStop
     | Pass
     | RanksAllEnded
@@ -197,25 +213,6 @@ class OutageNotes:
 
 
 @dataclass(frozen=True, slots=True)
-class Lost:
-    """Report `rank` lost (`Recovery.lost`): the evidence is about process `incarnation`."""
-
-    rank: int
-    kind: str
-    reason: str
-    details: Mapping[str, Any]
-    incarnation: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReplacementFailed:
-    """A rank a restart is starting failed (`Recovery.replacement_failed`)."""
-
-    rank: int
-    why: str
-
-
-@dataclass(frozen=True, slots=True)
 class RankEnded:
     """`rank` ended with `status`: its slot is closed; the displays show it."""
 
@@ -236,10 +233,13 @@ Effect = (
     | Taken
     | BatchesLost
     | OutageNotes
-    | Lost
     | ReplacementFailed
     | RankEnded
     | Status
+    | Dropped
+    | Joined
+    | ToPolicy
+    | NotReplaced
 )
 # A part of the shell that gives its own record once built (`RunCore.provide`).
 Provider = Callable[[], Any]
@@ -264,6 +264,8 @@ class RunCore:
     group_record: dict[str, Any] | None = None
     recovery_record: dict[str, Any] | None = None
     hang_record: dict[str, Any] = field(default_factory=dict)
+    # The losses reported and what became of them (the `recovery` section's loss part).
+    lost: LostRanks = field(default_factory=LostRanks)
     _providers: dict[str, Provider] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- step
@@ -275,10 +277,14 @@ class RunCore:
                 return self._item(item, node)
             case RankReturned(rank, incarnation, result):
                 return self._returned(rank, incarnation, dict(result))
-            case RankDied(rank, incarnation, error, reason, details):
+            case RankDied(rank, incarnation, error, reason, at, details):
                 if incarnation == self.slots.incarnation(rank):
                     self.results[rank] = {"rank": rank, "status": "failed", "error": error}
-                return [Lost(rank, "rank_dead", reason, dict(details), incarnation)]
+                return self.step(RankLost(rank, "rank_dead", reason, at, details, incarnation))
+            case RankLost() | RanksMoving():
+                return list(
+                    self.lost.step(inp, controller=self.controller, job=self.job, slots=self.slots)
+                )
             case GroupStarted(generation):
                 self.job.step(Started(generation))
                 return []
@@ -454,8 +460,17 @@ class RunCore:
         provider = self._providers.get(name)
         return provider() if provider is not None else restored
 
-    def record(self) -> RunState:
-        """The state record of the run as it stands."""
+    def _recovery(self, now: float) -> dict[str, Any] | None:
+        """The `recovery` section: the restart's part (its carrier's) and the losses' (this
+        core's); None before either holds anything."""
+        restart = self._part("recovery", self.recovery_record)
+        if restart is None and not (self.lost.detected_at or self.lost.losses.reported):
+            return None
+        incarnations = {r: s.incarnation for r, s in self.slots.slots.items()}
+        return {**(restart or {}), **self.lost.record(incarnations, now)}
+
+    def record(self, now: float) -> RunState:
+        """The state record of the run as it stands at wall time `now`."""
         return RunState(
             incarnation=self.incarnation,
             started=self.started,
@@ -463,7 +478,7 @@ class RunCore:
             slots=self.slots.state_records(),
             group=self._part("group", self.group_record),
             controller=self.controller.state_dict(),
-            recovery=self._part("recovery", self.recovery_record),
+            recovery=self._recovery(now),
             crashed=tuple(sorted(self.crashed)),
             last_seq=self.slots.seqs(),
             hang=self._part("hang", self.hang_record),
@@ -483,6 +498,13 @@ class RunCore:
         self.started = run.started
         self.group_record = run.group
         self.recovery_record = run.recovery
+        self.lost = LostRanks.from_record(run.recovery)
+        for d in self.controller.deferred.values():
+            if d.action != "restart_rank":
+                continue
+            for rank in d.ranks:  # found gone on adoption: part of that restart, not a new loss
+                if rank in self.slots.slots:
+                    self.lost.losses.mark(rank, self.slots.incarnation(rank))
         self.hang_record = run.hang
         self.crashed = set(run.crashed)
         if run.ranks_ended is not None:

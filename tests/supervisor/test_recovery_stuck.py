@@ -12,6 +12,7 @@ from typing import Any
 
 from remedy.supervisor.core import restart
 from remedy.supervisor.core.hang_watch import HangWatch
+from remedy.supervisor.core.lost_ranks import LostRanks
 from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.core.restart import RestartState, Stage
 from remedy.supervisor.recovery import Recovery
@@ -45,6 +46,7 @@ class Group:
 
 def _recovery(group: Group) -> tuple[Recovery, list[int]]:
     dropped: list[int] = []
+    lost = LostRanks()
 
     async def nothing(*_: Any, **__: Any) -> None:
         return None
@@ -58,6 +60,8 @@ def _recovery(group: Group) -> tuple[Recovery, list[int]]:
         slots=RankSlots(WORLD),
         watch=HangWatch(),
         sightings=None,
+        step=lambda _: [],
+        lost_ranks=lambda: lost,
         write_state=lambda: None,
         crash_point=lambda _: None,
         check_nodes=nothing,

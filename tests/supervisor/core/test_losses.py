@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 
 import pytest
 
 from remedy.supervisor.core.losses import Losses, Route
-from remedy.supervisor.recovery import NODE_LOSS_WINDOW_S, Recovery
+from remedy.supervisor.core.lost_ranks import LostRanks
 
 WINDOW = 60.0
 
@@ -73,44 +72,21 @@ def test_the_record_keeps_current_processes_and_recent_losses_only() -> None:
     assert Losses.from_record(None, WINDOW).reported == set()  # an older record: none
 
 
-@dataclass
-class _Slot:
-    incarnation: int
-    node: str | None
-
-
-class _Slots:
-    def __init__(self) -> None:
-        self.slots = {0: _Slot(1, "a"), 1: _Slot(1, "a"), 2: _Slot(3, "b"), 3: _Slot(1, "b")}
-
-    def incarnation(self, rank: int) -> int:
-        return self.slots[rank].incarnation
-
-
-def _recovery() -> Recovery:
-    """A Recovery with just what its state record reads and restores (no Ray, no group)."""
-    rec = Recovery.__new__(Recovery)
-    rec.slots = _Slots()  # type: ignore[assignment]
-    rec._detected_at, rec._marks, rec._machine, rec._joining, rec.records = {}, {}, None, {}, []
-    rec.losses = Losses(NODE_LOSS_WINDOW_S)
-    return rec
-
-
 def test_a_restarted_supervisor_keeps_what_was_lost_where() -> None:
     """Before: rank 3 of node b was found lost (and reported to the policy), then rank 2 too. The
     supervisor is restarted from its state record: node b still reads as silent (all its ranks
     lost), Ray's later verdict on it still names both ranks, and neither process is reported lost
     a second time."""
-    before = _recovery()
+    before = LostRanks()
     now = time.time()
     assert before.losses.first(3, 1) and before.losses.first(2, 3)
     before.losses.on_node(3, "b", [2, 3], now - 1.0)
     before.losses.on_node(2, "b", [2], now - 0.5)
-    record = json.loads(json.dumps(before.state()))  # as the state record stores it
+    incarnations = {0: 1, 1: 1, 2: 3, 3: 1}
+    record = json.loads(json.dumps(before.record(incarnations, now)))  # as the state record has it
 
-    after = _recovery()
-    after.restore(record, deferred=[])
-    assert after.silent_nodes() == {"b"}
+    after = LostRanks.from_record(record)
+    assert after.losses.silent_nodes(time.time()) == {"b"}
     assert after.losses.earlier("b", time.time()) == {2, 3}
     assert not after.losses.first(3, 1) and not after.losses.first(2, 3)
     assert after.losses.first(0, 1)  # a rank never lost is reported when it is

@@ -22,10 +22,10 @@ from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.core.run_core import (
     Answer,
     BatchesLost,
+    Dropped,
     Ended,
     Ending,
     GroupStarted,
-    Lost,
     OperatorStop,
     OutageNotes,
     Pass,
@@ -39,9 +39,11 @@ from remedy.supervisor.core.run_core import (
     Status,
     StopAsked,
     Taken,
+    ToPolicy,
 )
 from remedy.supervisor.core.run_state import RunState
 
+NOW = 2000.0  # wall time of the state records
 POLICY = """
 version: 1
 name: run-core-test
@@ -97,14 +99,16 @@ def test_a_replaced_processs_late_result_changes_nothing() -> None:
 
 def test_a_dead_process_is_a_failed_result_and_a_loss_about_that_process() -> None:
     core = make()
-    [lost] = core.step(RankDied(1, 1, "rank process died: gone", "rank 1's process died", {"x": 1}))
-    assert lost == Lost(1, "rank_dead", "rank 1's process died", {"x": 1}, 1)
+    effects = core.step(
+        RankDied(1, 1, "rank process died: gone", "rank 1's process died", 5.0, {"x": 1})
+    )
+    assert effects[0] == ToPolicy(1, "rank_dead", "rank 1's process died", 5.0)
     assert core.results[1] == {"rank": 1, "status": "failed", "error": "rank process died: gone"}
-    # The death of a process already replaced: no result for the new one; the loss still goes
-    # to `Recovery.lost`, which drops evidence about a replaced incarnation.
+    # The death of a process already replaced: no result for the new one, and the loss is
+    # about nothing running now.
     core.slots.replace(0)
-    [stale] = core.step(RankDied(0, 1, "rank process died: late", "rank 0's process died"))
-    assert stale.incarnation == 1 and 0 not in core.results
+    stale = core.step(RankDied(0, 1, "rank process died: late", "rank 0's process died", 6.0))
+    assert stale == [Dropped(0, "rank_dead", 1, 2)] and 0 not in core.results
 
 
 def test_a_stop_asked_for_moves_the_job_to_aborting_once() -> None:
@@ -182,7 +186,7 @@ def test_the_state_record_is_taken_back_whole_by_a_new_supervisor() -> None:
     assert not core.crash_due("after_decision", ["after_decision"])  # once per run
     assert not core.crash_due("before_kill", [])
     core.provide(group=lambda: {"generation": 0}, hang=lambda: {"0": [1.0, 2.0]})
-    record = json.loads(json.dumps(core.record().to_record()))  # as journal.wal holds it
+    record = json.loads(json.dumps(core.record(NOW).to_record()))  # as journal.wal holds it
     assert record["group"] == {"generation": 0} and record["recovery"] is None
     assert record["ranks_ended"] == {"0": done(0), "1": done(1)}
 
@@ -193,14 +197,14 @@ def test_the_state_record_is_taken_back_whole_by_a_new_supervisor() -> None:
     assert again.ranks_ended and again.results == {0: done(0), 1: done(1)}
     assert again.group_record == {"generation": 0}
     assert again.hang_record == {"0": [1.0, 2.0]}
-    assert json.loads(json.dumps(again.record().to_record())) == {**record, "incarnation": 2}
+    assert json.loads(json.dumps(again.record(NOW).to_record())) == {**record, "incarnation": 2}
 
 
 def test_restored_slots_count_their_refusals_where_the_summary_reads_them() -> None:
     core = make()
     core.slots.accept(1, 1, 5)
     again = make()
-    again.restore(RunState.from_record(json.loads(json.dumps(core.record().to_record()))))
+    again.restore(RunState.from_record(json.loads(json.dumps(core.record(NOW).to_record()))))
     assert not again.slots.accept(1, 1, 5)  # a duplicate
     assert not again.slots.accept(1, 7, 6)  # an incarnation never started
     assert again.controller.rejected["batch_duplicate_seq"] == 1
@@ -210,9 +214,9 @@ def test_restored_slots_count_their_refusals_where_the_summary_reads_them() -> N
 def test_until_a_part_provides_its_record_the_restored_one_is_written() -> None:
     core = make()
     core.recovery_record = {"stage": "launch"}
-    assert core.record().recovery == {"stage": "launch"}
+    assert core.record(NOW).recovery == {"stage": "launch", **core.lost.record({}, NOW)}
     core.provide(recovery=lambda: None)  # the restart, built: none in progress
-    assert core.record().recovery is None
+    assert core.record(NOW).recovery is None
     with pytest.raises(TypeError, match="no such part"):
         core.provide(groups=dict)
 
@@ -284,4 +288,4 @@ def test_an_operators_stop_is_taken_once_and_the_loop_moves_the_job() -> None:
     assert core.job.state.phase is Phase.ABORTING
     assert not core.ranks_ended
     core.step(RanksAllEnded())
-    assert core.ranks_ended and core.record().ranks_ended == {}
+    assert core.ranks_ended and core.record(NOW).ranks_ended == {}
