@@ -6,7 +6,7 @@ process at `--hang-step`), `--repeat` times with node agents off (the
 supervisor's hang watch suspects, the supervisor pings every rank and
 names the hung one) and as often with them on (the agent of the rank's
 node suspects, pings its ranks and sends its sightings; the supervisor
-names the rank from them, `supervisor.agent_hang`), alternating so that
+names the rank from them, `supervisor.core.sightings`), alternating so that
 both see the same machine load. The detection time is from the fault's
 marker (written just before the rank stops itself) to the `rank_hang`
 being decided (`detected_at` of the run's recovery record). Then one

@@ -42,7 +42,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from remedy.policies import Decision, Engine, Policy, PolicyError
 from remedy.supervisor import liveness, placement
 from remedy.supervisor.agent import alive_nodes, kill_agents, launch_agents
-from remedy.supervisor.agent_hang import Sightings
 from remedy.supervisor.core import control_state
 from remedy.supervisor.core.control import Controller
 from remedy.supervisor.core.effects import Notify, journal_to, log_notify
@@ -79,6 +78,7 @@ from remedy.supervisor.core.run_core import (
     ToPolicy,
 )
 from remedy.supervisor.core.run_state import RunState, StateLog
+from remedy.supervisor.core.sightings import Sightings
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.journals import goodput_of, last_written, read_journal
@@ -211,7 +211,7 @@ class SupervisorActor:
         # Multi-rank lifecycle: the rendezvous store, the hang watch, and targeted restarts.
         self.watch = HangWatch(HangWatchConfig(**self.spec.hang_watch))  # type: ignore[arg-type]
         self.node_watch = NodeWatch()
-        # Under node agents: what the agents saw when they pinged their ranks (agent_hang).
+        # Under node agents: what the agents saw when they pinged their ranks (core.sightings).
         self.sightings = Sightings()
         self.rendezvous = Rendezvous()
         self.group: WorkerGroup | None = None

@@ -32,7 +32,7 @@ It also watches its ranks for hangs with the supervisor's `HangWatch`, fed
 by each report as it comes: when it suspects one it pings its ranks and,
 if one is still stalled, sends the sightings upward at once (`hang_seen`);
 the supervisor names the hung or dead rank from every agent's sightings
-(`supervisor.agent_hang`).
+(`supervisor.core.sightings`).
 
 Every call upward is bounded (`upward_bound`), and the agent keeps the
 ranks' watch on the supervisor (`supervisor.liveness`): a rank's reports
@@ -367,7 +367,7 @@ class NodeAgent:
     # ---------------------------------------------------------------- hangs
     async def ping_ranks(self, token: Any) -> list[dict[str, Any]]:
         """The supervisor's ask, judging a stall another node's agent saw: ping this node's
-        ranks now and answer with the sightings (`supervisor.agent_hang`)."""
+        ranks now and answer with the sightings (`supervisor.core.sightings`)."""
         if token != self._token:
             return []
         self._ensure_loop()

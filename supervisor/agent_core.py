@@ -35,7 +35,7 @@ a rank's report is answered with the commands kept for it.
 The agent's hang watch (`watch`, the supervisor's `HangWatch` over this
 node's ranks) moves with each report taken; `ping_due` paces the agent's
 ping rounds and `sightings` turns a round's answers into what goes upward
-(`supervisor.agent_hang`).
+(`supervisor.core.sightings`).
 
 `record()` is the agent's small state record (slots and each rank's last
 step and tick), from which a restarted agent rebuilds itself (`restore`):
@@ -54,10 +54,10 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from remedy.supervisor.agent_hang import AGENT_PING_EVERY_S, RECOVERING_QUIET_S, sighting_items
 from remedy.supervisor.core.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.supervisor.core.rank_slots import RankSlots, Slot, SlotState, unanswered_from
 from remedy.supervisor.core.report_validation import Limits, RankMark, Report, validate_batch
+from remedy.supervisor.core.sightings import AGENT_PING_EVERY_S, RECOVERING_QUIET_S, sighting_items
 from remedy.workers import phases
 from remedy.workers.phases import IN_LOOP, IN_RECOVERY
 
@@ -146,7 +146,7 @@ class AgentCore:
         self._unsent: dict[int, set[int]] = {}
         self.changed = False  # slots moved since the last `record()`
         # The supervisor's hang watch over this node's ranks, on this object's clock, fed by
-        # each report as it comes (`supervisor.agent_hang`: the agent pings when it suspects).
+        # each report as it comes (`supervisor.core.sightings`: the agent pings when it suspects).
         self.watch = HangWatch(hang_watch)
         self.suspected_at = 0.0  # when the current stall was first suspected (0: none)
         # Per rank, when its latest reports were taken (this clock): its pace (`report_period`).

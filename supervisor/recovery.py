@@ -1,11 +1,13 @@
 """Finding lost ranks and replacing only them: the supervisor side of `restart_rank`.
 
 `check_hangs` runs in the supervisor's loop while the job is running: when
-the hang watch suspects a rank it pings every rank and names the hung or
-dead one (`HangWatch.judge`), which becomes a `rank_hang` / `rank_dead`
-anomaly (source `supervisor`) for the policy like any other. The lost rank
-leaves the targets of pending commands at once (`Controller.drop_rank`), so
-a rollback waiting on it neither deadlocks nor holds the disruption budget.
+to ping whom, and whom the answers name hung or dead, is decided by a pure
+machine (`core.hang_check.HangCheck`); this module pings, asks the node
+agents and looks at the nodes for it. A rank it names becomes a `rank_hang`
+/ `rank_dead` anomaly (source `supervisor`) for the policy like any other.
+The lost rank leaves the targets of pending commands at once
+(`Controller.drop_rank`), so a rollback waiting on it neither deadlocks nor
+holds the disruption budget.
 
 When the policy answers `restart_rank`, `start` runs a targeted restart as
 a task: kill the lost ranks, start a warm spare (else a new actor) as each
@@ -59,7 +61,7 @@ import structlog
 from remedy.policies import Decision
 from remedy.supervisor import placement, waits
 from remedy.supervisor.agent import agent_name
-from remedy.supervisor.core import restart
+from remedy.supervisor.core import hang_check, restart
 from remedy.supervisor.core.job_state import Phase, Regrouped
 from remedy.supervisor.core.lost_ranks import (
     Dropped,
@@ -81,13 +83,13 @@ from remedy.workers.phases import JOINING, RECOVERING
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from remedy.supervisor.agent_hang import Sighting, Sightings
     from remedy.supervisor.core.control import Controller
-    from remedy.supervisor.core.hang_watch import HangWatch, Verdict
+    from remedy.supervisor.core.hang_watch import HangWatch
     from remedy.supervisor.core.job_state import JobStateMachine
     from remedy.supervisor.core.lost_ranks import LostRanks
     from remedy.supervisor.core.rank_slots import RankSlots
     from remedy.supervisor.core.run_core import Effect, Input
+    from remedy.supervisor.core.sightings import Sightings
     from remedy.supervisor.node_watch import DeadNode
     from remedy.supervisor.spec import RunSpec
     from remedy.supervisor.worker_group import WorkerGroup
@@ -111,18 +113,8 @@ BLOCKED_GRACE_S = 0.3
 SILENT_GRACE_S = 5.0
 # How long the survivors' control threads get to abort their NCCL communicators.
 ABORT_S = 10.0
-# No second ping round for the same stall sooner than this.
-PING_EVERY_S = 0.25
-# Under node agents: how long past its timeout a rank the supervisor's watch holds
-# stalled, and no agent has said anything of, waits before the supervisor pings itself.
-AGENT_QUIET_S = 5.0
 # How long an agent asked to ping its ranks may take beyond the ping's own timeout.
 AGENT_ASK_S = 1.0
-# Under node agents, how long after a failed collective's alarm (`Recovery.alarm`) the
-# supervisor waits for the agents' sightings before pinging the ranks none answered for: an
-# agent pings its ranks within `agent.HANG_CHECK_S` of their report, and live ranks answer
-# in milliseconds.
-ALARM_GRACE_S = 0.15
 
 
 # The effects of an attempt: any error carrying one out is one failed attempt.
@@ -182,12 +174,11 @@ class Recovery:
         self.check_nodes = check_nodes
         self.records: list[dict[str, Any]] = []  # one per restart, for the summary and benchmarks
         self._failed: dict[int, str] = {}  # replacement rank -> why it failed
-        self._next_ping = 0.0
-        self._alarm_rank = -1  # the rank whose failed collective raised the watch's alarm
-        self._judged = -1  # the agents' sightings (their version) last judged
+        # When to ping whom, and whom the answers name (`core.hang_check`).
+        self.hang_check = hang_check.HangCheck(
+            watch, sightings, self._incarnation, agents=spec.node_agents == "on"
+        )
         self._task: asyncio.Task[None] | None = None
-        self._suspected_at = 0.0  # wall time the current stall was first suspected
-        self._ping_started = 0.0  # wall time the latest ping round began
         self._marks: dict[str, float] = {}  # wall times of the restart in progress
         self._machine: RestartState | None = None  # the restart in progress (core.restart)
         # While a restart waits for the group to step: each rank's newest tick, fed by
@@ -197,126 +188,53 @@ class Recovery:
 
     # ------------------------------------------------------------- detection
     async def check_hangs(self) -> None:
-        """Name hung and dead ranks: by the agents' sightings under node agents, else by
-        pinging every rank when the hang watch suspects one; after an alarm (`alarm`), at
-        once."""
-        if self.spec.node_agents == "on":
-            await self._check_by_agents()
-        else:
-            await self._check_by_pings()
+        """A look for hung and dead ranks (`HangCheck`): its pings, asks and node checks carried
+        out, each answer stepped back in, until the look is over."""
+        check = self.hang_check
+        effects = check.step(
+            hang_check.Look(time.monotonic(), time.time(), tuple(self.group.actors))
+        )
+        while effects:
+            [effect] = effects
+            match effect:
+                case hang_check.AskAgents(ranks):
+                    await self._ask_agents(list(ranks))
+                    effects = check.step(hang_check.Asked(time.monotonic()))
+                case hang_check.Ping(ranks):
+                    cfg = self.watch.config
+                    pings = await self.group.ping_all(
+                        cfg.ping_timeout_s,
+                        None if ranks is None else [r for r in ranks if r in self.group.actors],
+                        patience=cfg.ping_patience,
+                    )
+                    effects = check.step(hang_check.Pinged(pings, time.monotonic()))
+                case hang_check.Found(losses):
+                    # Their node may be what died: its loss is reported first, for all its
+                    # ranks at once, and their own losses are then parts of it (reported once).
+                    await self.check_nodes(self.group, now=True)
+                    for f in losses:
+                        self.lost(f.rank, f.kind, f.reason, details=dict(f.details or {}),
+                                  incarnation=f.incarnation)  # fmt: skip
+                    effects = check.step(hang_check.Reported())
 
     def alarm(self, rank: int) -> None:
-        """`rank` said its collective failed: ping every rank now (`HangWatch.alarm`).
+        """`rank` said its collective failed: the next look judges every rank now
+        (`HangCheck.alarm`).
 
         A peer whose process or node is gone fails its group's collectives at
         once, and the survivors say so in the report they send before waiting
         for an order. Its silence would take the hang watch's timeout (`floor_s`,
         0.5 s at least) and the ping round that confirms it; the alarm starts that
         round now. A restart under way has its own checks: an alarm then is left.
-        Under node agents, each agent whose ranks said so pings them itself and
-        sends its sightings; the supervisor pings only the ranks no agent has
-        answered for `ALARM_GRACE_S` after the alarm (a lost node's).
         """
-        if restart_under_way(self.controller, self.job) or self.watch.alarmed_at is not None:
+        if restart_under_way(self.controller, self.job):
             return
-        self.watch.alarm(time.monotonic())
-        self._alarm_rank = rank
-        self._next_ping = 0.0
-        self._suspected_at = time.time()
-        log.info("collective_failed_alarm", rank=rank)
+        if self.hang_check.alarm(rank, time.monotonic(), time.time()):
+            log.info("collective_failed_alarm", rank=rank)
 
     def _incarnation(self, rank: int) -> int:
         slot = self.slots.slots.get(rank)
         return slot.incarnation if slot is not None else -1
-
-    async def _check_by_agents(self) -> None:
-        """Under node agents: judge a stall an agent saw, over every agent's sightings.
-
-        A round starts when an agent's fresh sighting holds a rank stalled. The
-        ranks no agent has a fresh sighting of (another node's, which its agent
-        does not suspect yet) are pinged by their agents on the supervisor's ask,
-        one call per node. The supervisor pings ranks itself only where that
-        fails: the ranks whose agent did not answer the ask (a lost node's), and
-        a stall its own watch sees that no agent has said anything of for
-        `AGENT_QUIET_S` past the rank's timeout (an agent that is down or wedged).
-        """
-        now = time.monotonic()
-        watch, sightings = self.watch, self.sightings
-        alarm = watch.alarmed_at
-        if alarm is not None:
-            if now - alarm >= ALARM_GRACE_S:  # else the agents' sightings are on their way
-                await self._judge_alarm(alarm)
-            return
-        stalled = {
-            r: s for r, s in sightings.stalled(now, self._incarnation).items() if watch.knows(r)
-        }
-        if not stalled:
-            seen = sightings.fresh(now, self._incarnation)
-            unseen = [
-                r for r in watch.suspects(now)
-                if r not in seen and watch.age(r, now) > watch.timeout(r) + AGENT_QUIET_S
-            ]  # fmt: skip
-            if unseen:
-                await self._check_by_pings()
-            else:
-                self._suspected_at = 0.0
-            return
-        # Judged again on each new sighting (judging pings nothing); the agents of ranks
-        # without a fresh sighting are asked at most every PING_EVERY_S.
-        ranks = list(self.group.actors)
-        pings, missing = sightings.round(ranks, now, self._incarnation)
-        direct: dict[int, Any] = {}
-        pinged: dict[int, int] = {}  # the incarnation of each rank the supervisor pinged
-        if missing and now >= self._next_ping:
-            self._next_ping = now + PING_EVERY_S
-            await self._ask_agents(missing)
-            pings, missing = sightings.round(ranks, time.monotonic(), self._incarnation)
-            if missing:  # their agents did not answer: the supervisor pings them itself
-                cfg = watch.config
-                pinged = {r: self._incarnation(r) for r in missing}
-                direct = await self.group.ping_all(
-                    cfg.ping_timeout_s, [r for r in missing if r in self.group.actors],
-                    patience=cfg.ping_patience,
-                )  # fmt: skip
-        elif sightings.version == self._judged:
-            return
-        self._judged = sightings.version
-        self._suspected_at = min(s.suspected_at or time.time() for s in stalled.values())
-        judged_at = time.monotonic()
-        used = sightings.fresh(judged_at, self._incarnation)
-        self._ping_started = min((used[r].pinged_at for r in pings if r in used), default=0.0)
-        suspects = set(stalled) | {r for r in watch.suspects(judged_at) if r in direct}
-        verdict = watch.judge({**pings, **direct}, sorted(suspects), now=judged_at)
-        await self._found(verdict, now=now, pinged=pinged, seen=used)
-        if verdict.hung or verdict.dead:
-            sightings.clear()  # the next stall is judged on sightings taken after this one
-
-    async def _judge_alarm(self, alarm: float) -> None:
-        """Under node agents, `ALARM_GRACE_S` after a failed collective's alarm: the ranks no
-        agent has answered for since are pinged by the supervisor (a lost node's ranks, whose
-        agent is gone with them), and every rank is judged on the agents' sightings and those
-        pings (`HangWatch.alarm`)."""
-        watch, sightings = self.watch, self.sightings
-        now = time.monotonic()
-        ranks = list(self.group.actors)
-        fresh = {r: s for r, s in sightings.fresh(now, self._incarnation).items()
-                 if s.received >= alarm}  # fmt: skip
-        missing = [r for r in ranks if r not in fresh]
-        pinged = {r: self._incarnation(r) for r in missing}
-        self._ping_started = time.time()
-        cfg = watch.config
-        direct = await self.group.ping_all(
-            cfg.ping_timeout_s, missing, patience=cfg.ping_patience
-        ) if missing else {}  # fmt: skip
-        answered = time.monotonic()
-        for rank, p in direct.items():
-            watch.answered(rank, p, answered)
-        pings = {**{r: s.ping for r, s in fresh.items()}, **direct}
-        verdict = watch.judge(pings, watch.suspects(answered), now=answered)
-        await self._found(verdict, now=now, pinged=pinged, seen=fresh)
-        watch.clear_alarm(now)
-        if verdict.hung or verdict.dead:
-            sightings.clear()
 
     async def _ask_agents(self, ranks: list[int]) -> None:
         """The agents of `ranks`' nodes ping their ranks now; their sightings are taken.
@@ -345,89 +263,6 @@ class Recovery:
                 log.warning("agent_did_not_answer", node=calls[fut], error=str(exc)[:200])
                 continue
             self.sightings.add(calls[fut][:12], items, time.monotonic())
-
-    async def _check_by_pings(self) -> None:
-        now = time.monotonic()
-        suspects = self.watch.suspects(now)
-        if not suspects:
-            self._suspected_at = 0.0
-            self.watch.clear_alarm(now)  # every rank moved since: nothing is left to look for
-            return
-        self._suspected_at = self._suspected_at or time.time()
-        if now < self._next_ping:
-            return
-        self._next_ping = now + PING_EVERY_S
-        watch = self.watch
-        self._ping_started = time.time()
-        # Which process each answer is about: a rank replaced while the round was out (its
-        # node found dead meanwhile, say) must not be judged on its old process's silence.
-        pinged = {r: self.slots.incarnation(r) for r in self.group.actors}
-        pings = await self.group.ping_all(
-            watch.config.ping_timeout_s, patience=watch.config.ping_patience
-        )
-        answered = time.monotonic()
-        for rank, p in pings.items():
-            watch.answered(rank, p, answered)
-        # Judged against who is still stalled after the ping (reports may have come meanwhile).
-        verdict = watch.judge(pings, watch.suspects(answered), now=answered)
-        await self._found(verdict, now=now, pinged=pinged)
-        watch.clear_alarm(now)
-
-    async def _found(
-        self,
-        verdict: Verdict,
-        *,
-        now: float,
-        pinged: dict[int, int],
-        seen: dict[int, Sighting] | None = None,
-    ) -> None:
-        """A ping round's verdict to the policy: each hung or dead rank lost, once, with what
-        was seen of it. Every way of looking for a lost rank (the supervisor's own pings, the
-        agents' sightings, a failed collective's alarm) ends here.
-
-        `pinged`: the incarnation of each rank the supervisor pinged itself; `seen`: under
-        node agents, the sightings judged on (a rank without one was pinged by the
-        supervisor, its agent having said nothing). A rank the alarm alone made a suspect
-        (`HangWatch.alarmed`) is named "after rank R's collective failed". Their node may
-        be what died: its loss is reported first, for all its ranks at once, and their own
-        losses are then parts of it (reported once).
-        """
-        if not (verdict.hung or verdict.dead):
-            return
-        watch = self.watch
-        alarmed = {r for r in verdict.hung + verdict.dead if watch.alarmed(r, now)}
-        await self.check_nodes(self.group, now=True)
-        for rank in verdict.hung + verdict.dead:
-            s = seen.get(rank) if seen is not None else None
-            gone = rank in verdict.dead
-            details: dict[str, Any] = {}
-            if gone:
-                text = f"rank {rank}'s process is gone"
-            else:
-                age, timeout = (
-                    (s.age_s, s.timeout_s)
-                    if s is not None
-                    else (watch.age(rank, now), watch.timeout(rank))
-                )
-                text = f"rank {rank} made no progress for {age:.2f}s"
-                details = {"age_s": round(age, 3), "timeout_s": round(timeout, 3)}
-            if rank in alarmed:
-                text += f" after rank {self._alarm_rank}'s collective failed"
-                details["alarm_rank"] = self._alarm_rank
-            elif not gone:
-                text += f" (timeout {timeout:.2f}s)"
-            if not gone:
-                text += f" and {verdict.reason}"
-            if seen is not None:  # under node agents: who saw it
-                seen_by = "the supervisor" if s is None else "its node's agent"
-                text += f", as {seen_by} saw"
-                details["found_by"] = "supervisor" if s is None else "agent"
-                if s is not None:
-                    details["agent_node"] = s.node
-            self.lost(
-                rank, "rank_dead" if gone else "rank_hang", text, details=details or None,
-                incarnation=s.incarnation if s is not None else pinged.get(rank),
-            )  # fmt: skip
 
     def nodes_lost(self, dead: list[DeadNode]) -> None:
         """Nodes Ray calls dead: every rank on them is lost at once, journaled with the node.
@@ -507,8 +342,8 @@ class Recovery:
                     # The restart's timeline, if the policy restarts it: from the first
                     # suspicion and the ping round that confirmed it.
                     self._marks = {
-                        "suspected": self._suspected_at or at,
-                        "pinged": self._ping_started or at,
+                        "suspected": self.hang_check.suspected_at or at,
+                        "pinged": self.hang_check.ping_started or at,
                     }
                     log.warning(kind, rank=rank, reason=reason)
                 case NotReplaced(rank, why, ending):

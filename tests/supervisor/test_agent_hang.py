@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from remedy.supervisor.agent_core import AgentCore
-from remedy.supervisor.agent_hang import (
+from remedy.supervisor.core.hang_watch import DEAD, NO_ANSWER, HangWatch, HangWatchConfig
+from remedy.supervisor.core.sightings import (
     AGENT_PING_EVERY_S,
     FRESH_S,
     RECOVERING_QUIET_S,
@@ -15,7 +16,6 @@ from remedy.supervisor.agent_hang import (
     Sightings,
     sighting_items,
 )
-from remedy.supervisor.core.hang_watch import DEAD, NO_ANSWER, HangWatch, HangWatchConfig
 
 TOKEN = "t" * 32
 # Short allowances: a rank is suspect 0.5 s after its last tick once it has taken 3 steps.

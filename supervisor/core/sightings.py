@@ -37,7 +37,7 @@ from typing import Any
 from remedy.supervisor.core.hang_watch import DEAD, NO_ANSWER, HangWatch
 
 # A sighting older than this is not part of a judging round: the agent pings again
-# every `recovery.PING_EVERY_S` while a rank stays stalled, so a live stall's are newer.
+# every `AGENT_PING_EVERY_S` while a rank stays stalled, so a live stall's are newer.
 FRESH_S = 1.0
 # No second ping round of an agent's ranks sooner than this (as the supervisor's).
 AGENT_PING_EVERY_S = 0.25
