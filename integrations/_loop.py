@@ -57,8 +57,119 @@ REFUSED_UNDER_FRAMEWORKS: dict[str, str] = {
 }
 
 
+class LoopStep:
+    """One step of a framework's loop, measured around its hooks: the losses of its forwards,
+    the global gradient norm before clipping, whether its update was dropped, its time, and
+    the loader's wait before it (from the end of the step before)."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self._norm = GradNorm(params) if params else None
+        self.losses: list[float] = []
+        self.grad_norm = math.nan
+        self.dropped = False  # this step's update is skipped
+        self.loader_s = 0.0
+        self._started = time.perf_counter()
+        self._ended: float | None = None  # when the step before ended: the loader's wait starts
+
+    def fetched(self) -> None:
+        """The framework fetched this step's batch since the last step ended: that is the
+        loader's wait (with the framework's own bookkeeping, small beside a stall)."""
+        self.loader_s = time.perf_counter() - self._ended if self._ended is not None else 0.0
+
+    def begin(self) -> None:
+        """The step starts now: no loss yet, nothing dropped."""
+        self.losses = []
+        self.dropped = False
+        self._started = time.perf_counter()
+
+    def record_loss(self, loss: Any) -> None:
+        """The loss of one forward of this step (several with gradient accumulation)."""
+        if isinstance(loss, torch.Tensor):
+            loss = float(loss.detach().float().mean())
+        if isinstance(loss, int | float):
+            self.losses.append(float(loss))
+
+    @property
+    def loss(self) -> float:
+        return sum(self.losses) / len(self.losses) if self.losses else math.nan
+
+    def measure_grads(self) -> torch.Tensor | None:
+        """The global gradient norm (kept as `grad_norm`); the tensor, for clipping."""
+        norm_t = self._norm() if self._norm is not None else None
+        self.grad_norm = float(norm_t) if norm_t is not None else math.nan
+        return norm_t
+
+    @property
+    def finite(self) -> bool:
+        """Whether the step's loss and gradient norm are both finite (its update may go on)."""
+        return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self._started
+
+    def ended(self) -> None:
+        """The step is over, reported and all: the loader's wait for the next starts."""
+        self._ended = time.perf_counter()
+
+
+class LoopCursor:
+    """The loop's batch position, as far as remedy can know it, and the updates it dropped.
+
+    The framework owns the data: remedy counts the batches the loop's steps
+    took (`batch`), drops the updates of the next batches a `skip_batches`
+    asks for (`skip_next`), and drops any update whose loss or gradient norm
+    is not finite (`drop`).
+    """
+
+    def __init__(self) -> None:
+        self.batch = 0  # the loop's next batch, counted from its first
+        self.skipped_updates: set[int] = set()  # logical steps whose update was dropped
+        self.skipped_batches: list[int] = []  # steps dropped because a command asked it
+        self._left = 0  # updates still to drop for `skip_next`
+
+    def skip_next(self, count: int) -> list[int]:
+        """Drop the updates of the loop's next `count` batches; returns their positions."""
+        self._left += count
+        return list(range(self.batch, self.batch + count))
+
+    def drop(self, step: int, *, bad: bool) -> bool:
+        """Whether the update of logical step `step` is dropped (`bad`: it is not finite)."""
+        if not (bad or self._left > 0):
+            return False
+        if self._left > 0:
+            self.skipped_batches.append(step)
+            self._left -= 1
+        self.skipped_updates.add(step)
+        return True
+
+    def advance(self) -> None:
+        """The step took its batch."""
+        self.batch += 1
+
+    def rewound(self, step: int) -> None:
+        """A rollback to logical step `step`: the updates dropped from there on are undone."""
+        self.skipped_updates = {s for s in self.skipped_updates if s < step}
+
+
+def _agreement_group() -> tuple[Any, torch.device]:
+    """The process group every rank agrees through on which commands are due (None for one
+    rank), and the device its collectives use."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None, torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        return dist.group.WORLD, torch.device("cuda", torch.cuda.current_device())
+    return dist.group.WORLD, torch.device("cpu")
+
+
 class LoopGuard:
-    """Detection, decisions and in-process actions for one rank of a framework's loop."""
+    """Detection, decisions and in-process actions for one rank of a framework's loop.
+
+    Its parts: the step measured (`LoopStep`), the loop's batch position and
+    dropped updates (`LoopCursor`), the Guard's command inbox and outbox, the
+    remediations in force, the snapshot ring, the detectors and the chaos
+    injector.
+    """
 
     def __init__(
         self,
@@ -94,7 +205,8 @@ class LoopGuard:
             ctx.reporter if ctx is not None and ctx.reporter is not None else self._local(policy)
         )
         self._params = [p for p in model.parameters() if p.requires_grad]
-        self._norm = GradNorm(self._params)
+        self.this_step = LoopStep(self._params)
+        self.cursor = LoopCursor()
         self._memory = MemoryProbe(self._params[0].device if self._params else torch.device("cpu"))
         self.step_count = 0
         self.tick = 0
@@ -104,16 +216,7 @@ class LoopGuard:
         self._lr_in_force = contextlib.ExitStack()
         self.inbox = CommandInbox()  # the Guard's inbox and outbox: one implementation
         self.outbox = Outbox(self.reporter, self.inbox, rank=self.rank, heartbeat_s=HEARTBEAT_S)
-        self._group = (
-            dist.group.WORLD
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-            else None
-        )
-        self._group_device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if self._group is not None and dist.get_backend() == "nccl"
-            else torch.device("cpu")
-        )
+        self._group, self._group_device = _agreement_group()
         self._recent_stats: deque[StepStats] = deque(maxlen=50)
         self.grad_clip = grad_clip
         faults = ctx.faults if ctx is not None else []
@@ -133,17 +236,6 @@ class LoopGuard:
             )
         )
         self.steps_asked: int | None = None  # the framework's max_steps, told by the callback
-        self.skipped_updates: set[int] = set()  # logical steps whose update was dropped
-        self.skipped_batches: list[int] = []
-        self._loader_time = 0.0
-        self._step_ended: float | None = None  # when the last step ended: the loader's wait starts
-        self._losses: list[float] = []
-        self._grad_norm = math.nan
-        self._skipped = False
-        self._skip_left = 0
-        self._next_batch = 0
-        self._t0 = time.perf_counter()
-        self._recent: list[float] = []  # the last 10 losses, for the summary
         self.stop_reason: str | None = None
         self._closed: dict[str, Any] | None = None
 
@@ -191,27 +283,18 @@ class LoopGuard:
         self.inbox.apply(due, self)
         if due:
             self._send()
-        # The framework fetched this step's batch since the last step ended: that is the
-        # loader's wait (with the framework's own bookkeeping, small beside a stall).
         self.injector.before_batch(self.step_count)
-        self._loader_time = (
-            time.perf_counter() - self._step_ended if self._step_ended is not None else 0.0
-        )
+        self.this_step.fetched()
         self.injector.before_step(self.step_count)
         if self.optimizer is not None and self.step_count % self.snapshot_every == 0:
             steps = self.snapshots.steps()
             if not steps or steps[-1] != self.step_count:
                 self.snapshots.push(self.take_snapshot())
-        self._losses = []
-        self._skipped = False
-        self._t0 = time.perf_counter()
+        self.this_step.begin()
 
     def record_loss(self, loss: Any) -> None:
         """The loss of one forward of this step (several with gradient accumulation)."""
-        if isinstance(loss, torch.Tensor):
-            loss = float(loss.detach().float().mean())
-        if isinstance(loss, int | float):
-            self._losses.append(float(loss))
+        self.this_step.record_loss(loss)
 
     def before_optimizer_step(self) -> bool:
         """Measure the gradients; drop them if the update would be bad or is being skipped.
@@ -220,18 +303,12 @@ class LoopGuard:
         which torch optimizers treat as "no update").
         """
         self.injector.on_grads(self.step_count, self._params)
-        norm_t = self._norm() if self._params else None
-        self._grad_norm = float(norm_t) if norm_t is not None else math.nan
-        loss = self.loss
-        bad = not (math.isfinite(loss) and math.isfinite(self._grad_norm))
-        if bad or self._skip_left > 0:
-            if self._skip_left > 0:
-                self.skipped_batches.append(self.step_count)
-            self._skip_left = max(self._skip_left - 1, 0)
+        step = self.this_step
+        norm_t = step.measure_grads()
+        if self.cursor.drop(self.step_count, bad=not step.finite):
             for p in self._params:
                 p.grad = None
-            self._skipped = True
-            self.skipped_updates.add(self.step_count)
+            step.dropped = True
         else:
             if self.grad_clip is not None and norm_t is not None:
                 coef = (self.grad_clip / (norm_t + 1e-6)).clamp(max=1.0)
@@ -239,39 +316,40 @@ class LoopGuard:
             # The framework steps the optimizer next: the cut LR holds for that step only, and
             # end_step puts the scheduled LR back, as the Guard does around its own step.
             self._lr_in_force.enter_context(self.remediation.lr_cut.applied(self.optimizer))
-        return self._skipped
+        return step.dropped
 
     def chaos_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """This step's loss with the chaos file's loss faults applied (the loss itself if none)."""
-        return self.injector.on_loss(self.step_count, self._next_batch, loss)
+        return self.injector.on_loss(self.step_count, self.cursor.batch, loss)
 
     @property
     def loss(self) -> float:
-        return sum(self._losses) / len(self._losses) if self._losses else math.nan
+        return self.this_step.loss
 
     def end_step(self) -> None:
         """After the optimizer step: run the detectors, report, count the step."""
         self._lr_in_force.close()  # if the step never ran (a GradScaler skipped it)
         allocated, reserved, capacity = self._memory.read()
+        step = self.this_step
         stats = StepStats(
             step=self.step_count,
             tick=self.tick,
             rank=self.rank,
-            loss=self.loss,
-            grad_norm=self._grad_norm,
+            loss=step.loss,
+            grad_norm=step.grad_norm,
             lr=self.remediation.lr_cut.effective(float(self.optimizer.param_groups[0]["lr"]))
             if self.optimizer
             else math.nan,
-            step_time_s=time.perf_counter() - self._t0,
-            loader_time_s=self._loader_time,
-            batch_index=self._next_batch,
+            step_time_s=step.elapsed_s,
+            loader_time_s=step.loader_s,
+            batch_index=self.cursor.batch,
             loss_scale=float(self.scaler.get_scale())
             if self.scaler is not None and self.scaler.is_enabled()
             else None,
             mem_bytes=allocated,
             mem_reserved_bytes=reserved,
             mem_capacity_bytes=capacity,
-            optimizer_skipped=self._skipped,
+            optimizer_skipped=step.dropped,
         )
         events = self.detectors.observe(stats)
         for e in events:
@@ -282,12 +360,11 @@ class LoopGuard:
             record["chaos"] = chaos
         self.outbox.metrics(record)
         self._recent_stats.append(stats)
-        self._recent = [*self._recent[-9:], stats.loss]
-        self._next_batch += 1
+        self.cursor.advance()
         self.step_count += 1
         self.tick += 1
         self._send(force=bool(events))
-        self._step_ended = time.perf_counter()
+        step.ended()
 
     def close(self) -> dict[str, Any]:
         """Flush the last report; close the in-process journal; return this rank's totals.
@@ -303,9 +380,9 @@ class LoopGuard:
             "stop_reason": self.stop_reason,
             "steps_completed": self.step_count,
             "steps_executed": self.tick,
-            "updates_skipped": len(self.skipped_updates),
+            "updates_skipped": len(self.cursor.skipped_updates),
             "final_loss": self._final_loss(),
-            "skipped_batches": list(self.skipped_batches),
+            "skipped_batches": list(self.cursor.skipped_batches),
         }
         short = self._short_of_asked()
         if short is not None:
@@ -334,7 +411,8 @@ class LoopGuard:
         )
 
     def _final_loss(self) -> float | None:
-        losses = [v for m in self._recent[-10:] if math.isfinite(v := float(m))]
+        """The mean of the finite losses of the last 10 steps."""
+        losses = [v for s in list(self._recent_stats)[-10:] if math.isfinite(v := float(s.loss))]
         return sum(losses) / len(losses) if losses else None
 
     def _send(self, *, force: bool = False, wait: bool = False, ending: bool = False) -> None:
@@ -346,7 +424,7 @@ class LoopGuard:
         return Snapshot(
             step=self.step_count,
             tick=self.tick,
-            cursor=self._next_batch,
+            cursor=self.cursor.batch,
             model=clone_to_host(self.model.state_dict()),
             optimizer=clone_to_host(self.optimizer.state_dict()),
             scheduler=clone_to_host(self.scheduler.state_dict()) if self.scheduler else None,
@@ -369,7 +447,7 @@ class LoopGuard:
             self.scaler.load_state_dict(snap.scaler)
         restore_rng(snap.rng)
         self.step_count = snap.step
-        self.skipped_updates = {s for s in self.skipped_updates if s < snap.step}
+        self.cursor.rewound(snap.step)
         self.snapshots.drop_after(snap.step)
         self.detectors.reset()
         self.optimizer.zero_grad(set_to_none=True)
@@ -414,8 +492,7 @@ class LoopGuard:
 
     def skip_next(self, count: int) -> list[int]:
         """Drop the updates of the loop's next `count` batches; returns their positions."""
-        self._skip_left += count
-        return list(range(self._next_batch, self._next_batch + count))
+        return self.cursor.skip_next(count)
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
