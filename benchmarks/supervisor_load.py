@@ -36,11 +36,15 @@ often as its ranks report where that is longer; see
 prints the same figures for the supervisor, and projects 16,384 ranks from
 the CPU the supervisor spent per agent call. `--ray-floor` runs each level
 again against an actor whose calls return at once: the CPU per call that is
-Ray's alone.
+Ray's alone. `--direct 512` runs that many ranks reporting straight to the
+supervisor first, with the same traffic, and prints the supervisor's CPU
+per rank report both ways and their ratio (what the agents save it).
 
     python benchmarks/supervisor_load.py [--ranks 64,256,1024] [--seconds 30] [--search]
     python benchmarks/supervisor_load.py --profile 1024
     python benchmarks/supervisor_load.py --agents --ranks 512,4096 --heartbeat-s 1 --step-hz 2
+    python benchmarks/supervisor_load.py --agents --direct 512 --ranks 512,4096 --seconds 110 \
+        --heartbeat-s 1 --step-hz 2 --events-per-s 4
     python benchmarks/supervisor_load.py --agents --profile 4096 --seconds 10 --heartbeat-s 1 --step-hz 2
     python benchmarks/supervisor_load.py --agents --ray-floor --ranks 4096 --seconds 60 --heartbeat-s 1 \
         --step-hz 2 --events-per-s 3
@@ -489,6 +493,10 @@ def main() -> None:
     )
     p.add_argument("--events-per-s", type=float, default=4.0, help="anomalies/s in all (--agents)")
     p.add_argument("--project", type=int, default=16384, help="ranks to project (--agents)")
+    p.add_argument("--direct", default="",
+                   help="--agents: these rank counts reporting directly too, in the same run "
+                        "and with the same traffic, for the supervisor's CPU per rank report "
+                        "both ways")  # fmt: skip
     args = p.parse_args()
     cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s,
            "event_every_s": args.event_every, "match_share": args.match_share}  # fmt: skip
@@ -503,7 +511,7 @@ def main() -> None:
         profile(args.profile, args.seconds, cfg)
         return
     if args.agents:
-        agents_main(args)
+        agents_main(args, cfg)
         return
     rows = [level(int(r), args, cfg) for r in args.ranks.split(",")]
     if args.search:
@@ -537,8 +545,16 @@ def main() -> None:
               f"at {per_rank:.2f} batches per rank per second")  # fmt: skip
 
 
-def agents_main(args: argparse.Namespace) -> None:
-    """`--agents`: each rank count through node agents, then the summary and the projection."""
+def agents_main(args: argparse.Namespace, cfg: dict[str, float]) -> None:
+    """`--agents`: each rank count through node agents, then the summary and the projection;
+    with `--direct`, those rank counts reporting directly too, and the supervisor's CPU per
+    rank report both ways."""
+    direct = []
+    for ranks in (int(r) for r in args.direct.split(",") if r):
+        # The same anomalies in all as through agents (`--events-per-s`), half of them answered.
+        same = {**cfg, "event_every_s": ranks / args.events_per_s, "match_share": 0.5}
+        print(f"\n{ranks} ranks reporting directly to the supervisor (no agents)")
+        direct.append(level(ranks, args, same))
     rows = []
     for ranks in (int(r) for r in args.ranks.split(",")):
         with tempfile.TemporaryDirectory() as tmp_s:
@@ -565,6 +581,24 @@ def agents_main(args: argparse.Namespace) -> None:
             print(f"{r['ranks']} ranks: {r['sup_cpu_per_call'] * 1e6:.0f} us of supervisor CPU per "
                   f"agent call, of which Ray's floor {r['floor_cpu_per_call'] * 1e6:.0f} us "
                   f"({r['floor_cpu_per_call'] / r['sup_cpu_per_call']:.0%})")  # fmt: skip
+    if direct:
+        # What agents save the supervisor: its CPU per rank report, direct against through them.
+        print(f"\n{'ranks':>6}{'reporting':>11}{'reports/s':>11}{'sup CPU/s':>11}"
+              f"{'us/report':>11}{'keeps up':>10}")  # fmt: skip
+        for r in direct:
+            print(f"{r['ranks']:>6}{'directly':>11}{r['batches_s']:>11.0f}"
+                  f"{r['cpu_per_batch'] * r['batches_s']:>11.3f}{r['cpu_per_batch'] * 1e6:>11.0f}"
+                  f"{r['keeps_up']!s:>10}")  # fmt: skip
+        for r in rows:
+            print(f"{r['ranks']:>6}{'agents':>11}{r['reports_s']:>11.0f}{r['sup_cpu']:>11.3f}"
+                  f"{r['sup_cpu'] / r['reports_s'] * 1e6:>11.0f}{not r['growing']!s:>10}")  # fmt: skip
+        per_report = statistics.median(r["cpu_per_batch"] for r in direct)
+        for r in rows:
+            through = r["sup_cpu"] / r["reports_s"]
+            print(f"{r['ranks']} ranks through agents ({args.ranks_per_node} ranks a node): "
+                  f"{per_report / through:.1f}x less supervisor CPU per rank report than "
+                  f"reporting directly ({per_report * 1e6:.0f} us, the median of the direct "
+                  f"levels; {through * 1e6:.0f} us through agents)")  # fmt: skip
     big = max(rows, key=lambda r: r["ranks"])
     nodes = -(-args.project // args.ranks_per_node)
     digest_s = args.digest_s or paced_period(digest_period(nodes), args.heartbeat_s)
