@@ -97,9 +97,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("remedy.recovery")
 
-# A replaced rank and its peers must each complete a step in the new
-# generation within this long, or the attempt failed.
-REGROUP_TIMEOUT_S = 120.0
+# A replaced rank and its peers must each complete a step in the new generation within
+# this long of the launch (`core.restart`, which keeps the deadline in the state record).
+REGROUP_TIMEOUT_S = restart.REGROUP_TIMEOUT_S
 # How long survivors get to catch the broken collective's error after the
 # lost rank is killed (at least three times their p99 step time): gloo fails the
 # blocked collectives of the killed rank's peers within ~50 ms here, and each
@@ -383,16 +383,23 @@ class Recovery:
             self._moved.set()
 
     async def _until_stepped(
-        self, world: list[int], past: int, replaced: list[int], *, fresh: bool = False
+        self,
+        world: list[int],
+        past: int,
+        replaced: list[int],
+        *,
+        fresh: bool = False,
+        deadline: float = 0.0,
     ) -> None:
         """Wait until every rank of `world` reported a tick past `past` (a step of the new generation).
 
         Woken by `progress` and `replacement_failed`, not by polling. Raises
-        `RestartError` when a rank of `replaced` failed, or at `REGROUP_TIMEOUT_S`.
+        `RestartError` when a rank of `replaced` failed, or at wall time `deadline`
+        (the launch's, from the state record; 0: `REGROUP_TIMEOUT_S` from now).
         """
         if fresh:  # no tick seen yet in this supervisor's life
             self._ticks = dict.fromkeys(world, -1)
-        deadline = time.monotonic() + REGROUP_TIMEOUT_S
+        deadline = deadline or time.time() + REGROUP_TIMEOUT_S
         while not all(self._ticks.get(r, -1) > past for r in world):
             if self.lost_ranks.joining:
                 raise RestartError(
@@ -403,10 +410,10 @@ class Recovery:
                 raise RestartError(
                     "; ".join(f"rank {r}: {why}" for r, why in sorted(failed.items()))
                 )
-            left = deadline - time.monotonic()
+            left = deadline - time.time()
             if left <= 0:
                 raise RestartError(
-                    f"the group did not step within {REGROUP_TIMEOUT_S:g}s "
+                    f"the group did not step within {REGROUP_TIMEOUT_S:g}s of the launch "
                     f"({await self._where_they_are(world)})"
                 )
             self._moved.clear()
@@ -556,20 +563,22 @@ class Recovery:
                 info = await self.group.replace(list(ranks), source=source, retry=retry)
                 if not retry:
                     self._marks["launched"] = time.time()
-                return restart.Launched(info)
-            case restart.AwaitSteps(past, ranks, live, fresh):
+                return restart.Launched(info, time.time())
+            case restart.AwaitSteps(past, ranks, live, fresh, deadline):
                 if machine.first and not fresh:
                     # After the state record of the new incarnations, spares and generation.
                     self.crash_point("restart_rank:launched")
-                if fresh:  # after a resume: the crashed supervisor's launch
-                    await self._until_stepped(world, past, list(ranks), fresh=True)
+                if fresh:  # after a resume: the crashed supervisor's launch, and its deadline
+                    await self._until_stepped(
+                        world, past, list(ranks), fresh=True, deadline=deadline
+                    )
                     return restart.Stepped()
                 now = time.monotonic()
                 for r in ranks:
                     self.watch.started(r, now)
                 for r in live:
                     self.watch.allow(r, REGROUP_TIMEOUT_S, now)
-                await self._until_stepped(world, past, list(ranks))
+                await self._until_stepped(world, past, list(ranks), deadline=deadline)
                 # Back to step-time timeouts: a second hang is found as fast.
                 for r in world:
                     self.watch.settle(r)

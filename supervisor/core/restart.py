@@ -52,6 +52,10 @@ from remedy.supervisor.core.job_state import (
 )
 
 SCHEMA = 1
+# A replaced rank and its peers must each complete a step in the new generation within
+# this long of the launch, or the attempt failed. The deadline is in the state record: a
+# supervisor restarted while the group re-forms waits out the rest of it, not a new one.
+REGROUP_TIMEOUT_S = 120.0
 # What a restart that never tried a targeted attempt says when it ends as a full one.
 TARGETED_OFF = "targeted restarts are off (max_targeted_restarts is 0)"
 _UNDER_WAY = (Phase.RECOVERING, Phase.RESTARTING_ALL)
@@ -97,6 +101,7 @@ class RestartState:
     blocked: tuple[int, ...] = ()  # survivors found still blocked, replaced too
     launched: dict[str, Any] | None = None  # what the latest launch started
     why: str = TARGETED_OFF  # why a full-group restart, if it comes to that
+    deadline: float = 0.0  # wall time by which the group must step (0: none set yet)
     # Once done: how it ended (its last effects), carried out again by a supervisor that
     # died before it resolved the decision.
     end: tuple[Effect, ...] = ()
@@ -117,6 +122,7 @@ class RestartState:
             "blocked": list(self.blocked),
             "launched": self.launched,
             "why": self.why,
+            "deadline": self.deadline,
             "end": [_end_dict(e) for e in self.end],
         }
 
@@ -134,6 +140,8 @@ class RestartState:
             blocked=tuple(int(r) for r in data["blocked"]),
             launched=data["launched"],
             why=str(data["why"]),
+            # A record written before the deadline was kept has none: the wait starts afresh.
+            deadline=float(data.get("deadline", 0.0)),
             end=tuple(_end_of(e) for e in data["end"]),
         )
 
@@ -178,9 +186,11 @@ class Checked:
 
 @dataclass(frozen=True, slots=True)
 class Launched:
-    """Replacements started; `info`: generation, source, how each rank was replaced."""
+    """Replacements started at wall time `at` (0: unknown); `info`: generation, source, how
+    each rank was replaced."""
 
     info: dict[str, Any]
+    at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,13 +293,15 @@ class CheckFormed:
 
 @dataclass(frozen=True, slots=True)
 class AwaitSteps:
-    """Wait until every rank reported a tick past `past`; `fresh`: no tick of this
-    supervisor's life counts yet (after a resume). Answer `Stepped` or `AttemptFailed`."""
+    """Wait until every rank reported a tick past `past`, at the latest until wall time
+    `deadline` (0: `REGROUP_TIMEOUT_S` from now); `fresh`: no tick of this supervisor's life
+    counts yet (after a resume). Answer `Stepped` or `AttemptFailed`."""
 
     past: int
     ranks: tuple[int, ...]
     live: tuple[int, ...]
     fresh: bool = False
+    deadline: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,16 +432,20 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
                     return _failed(replace(s, state=st), why, cause, k, final=True)
             st = replace(st, stage=Stage.LAUNCH)
             return s.then(st, Launch(st.ranks, min(st.live), retry=not st.first))
-        case Launched(info):
+        case Launched(info, at):
             launched = (
                 {**info, "blocked": list(st.blocked)} if st.first or st.blocked else dict(info)
             )
-            st = replace(st, stage=Stage.STEP, launched=launched)
-            return s.then(st, AwaitSteps(st.front, st.ranks, tuple(st.live)))
+            deadline = at + REGROUP_TIMEOUT_S if at else 0.0
+            st = replace(st, stage=Stage.STEP, launched=launched, deadline=deadline)
+            return s.then(st, AwaitSteps(st.front, st.ranks, tuple(st.live), deadline=deadline))
         case Formed(formed):
             if not formed:
                 return _next_attempt(replace(s, state=replace(st, first=True)), cause, k)
-            return s.then(st, AwaitSteps(st.front, st.ranks, tuple(st.live), fresh=True))
+            # The crashed supervisor's launch: its deadline holds (the group may be late).
+            return s.then(
+                st, AwaitSteps(st.front, st.ranks, tuple(st.live), fresh=True, deadline=st.deadline)
+            )
         case Stepped():
             info = st.launched or {}
             s = s.job_input(Regrouped(int(info["generation"])), k)

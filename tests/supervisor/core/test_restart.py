@@ -225,6 +225,24 @@ def test_with_targeted_restarts_off_the_whole_group_restarts_at_once() -> None:
     ]
 
 
+def test_the_wait_for_a_step_has_the_launchs_deadline_which_a_resume_keeps() -> None:
+    """The group must step within REGROUP_TIMEOUT_S of the launch; the deadline is in the state
+    record, so a supervisor restarted while the group re-forms waits out the rest of it, not a
+    whole new one. A record from before the deadline was kept has none (a fresh wait)."""
+    checked = RestartState("d1", WORLD, Stage.LAUNCH, (3,), front=7)
+    recovering = JobState(Phase.RECOVERING, 0, frozenset({3}), "hang")
+    st, job, fx = _run(checked, recovering, Launched(INFO, at=1000.0))
+    deadline = 1000.0 + restart.REGROUP_TIMEOUT_S
+    assert fx == [AwaitSteps(7, (3,), (0, 1, 2), deadline=deadline)] and st.deadline == deadline
+    back = RestartState.from_dict(json.loads(json.dumps(st.to_dict())))
+    st, job, fx = _run(back, job, Resume((3,), "hang"))
+    assert fx == [CheckFormed(1)]
+    _, _, fx = _run(st, job, Formed(True))
+    assert fx == [AwaitSteps(7, (3,), (0, 1, 2), fresh=True, deadline=deadline)]
+    old = {k: v for k, v in st.to_dict().items() if k != "deadline"}
+    assert RestartState.from_dict(old).deadline == 0.0
+
+
 def test_a_run_stopped_from_outside_ends_the_restart_with_why() -> None:
     st, job, _ = _run(RestartState("d1", WORLD), RUNNING, Begin((3,), "hang"))
     job = JobState(Phase.ABORTING, 0, reason="operator stop")
