@@ -129,6 +129,7 @@ class AgentHost:
         self.sup, self.token, self.t0 = supervisor, token, time.monotonic()
         self.windows: dict[int, dict[str, Any]] = {}
         self.decision_s: list[float] = []
+        self.decision_at: list[float] = []  # when each was sent, in seconds into the run
         self.no_command = 0
         self.receipts: dict[str, list[float]] = {}
         self.calls = {"digest": 0, "event": 0}
@@ -155,6 +156,7 @@ class AgentHost:
         cpu = [(cpu_s(p) - c) / span for p, c in zip(pids, cpu0, strict=False)]
         cpu.append((cpu_s() - cpu0[-1]) / span)
         return {"seconds": span, "windows": self.windows, "decision_s": self.decision_s,
+                "decision_at": self.decision_at,
                 "no_command": self.no_command, "receipts": self.receipts, "calls": self.calls,
                 "items": self.items, "cpu": cpu, "take_s": self.take_s, "taken": self.taken,
                 "late": self.late,
@@ -229,6 +231,7 @@ class AgentHost:
         if matched is not None:
             if any(c["anomaly_step"] == matched for c in new):
                 self.decision_s.append(time.monotonic() - sent)
+                self.decision_at.append(sent - self.t0)
             else:
                 self.no_command += 1
 
@@ -422,6 +425,14 @@ def agent_level(
           f"events answered without their command); every rank holds a command after p99 "
           f"{figures['fanout_p99'] * 1e3:.0f} ms (n={len(fanout)}); agent call round trip p99 "
           f"{figures['rtt_p99'] * 1e3:.1f} ms (n={figures['rtts']})")  # fmt: skip
+    # Where the tail is: the slowest decisions with the moment of the run they were sent in
+    # (several in one window, with that window's round trips up too, is the machine stalling).
+    sent_at = [(s, at) for res in results for s, at in zip(res["decision_s"], res["decision_at"],
+                                                            strict=True)]  # fmt: skip
+    slowest = sorted(sent_at, reverse=True)[:5]
+    print(
+        "  slowest decisions: " + ", ".join(f"{s * 1e3:.0f} ms at {at:.0f} s" for s, at in slowest)
+    )
     print(f"  event loops running late (a 10 ms sleep's overshoot), p99: the supervisor's "
           f"{figures['sup_late_p99'] * 1e3:.1f} ms (n={figures['sup_lates']}), what a call waits "
           f"behind; the agent hosts' {figures['host_late_p99'] * 1e3:.1f} ms "
