@@ -295,7 +295,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, enable_task_events=False)  # type: ignore[call-overload]
 class NullSupervisor:
     """`--ray-floor`: answers the supervisor's calls at once, doing nothing, so the figures
     measured against it are Ray's share of a call alone."""
@@ -337,7 +337,11 @@ def agent_level(
            "event_p": args.events_per_s / (ranks * args.step_hz)}  # fmt: skip
     token = spec.token
     actor_class = NullSupervisor if floor else SupervisorActor
-    sup = actor_class.remote(spec.to_dict())  # type: ignore[attr-defined]
+    task_events = getattr(args, "task_events", "off") == "on"
+    # `--task-events on`: Ray's task events for the supervisor's calls, which a run leaves off.
+    sup = actor_class.options(enable_task_events=task_events).remote(  # type: ignore[attr-defined]
+        spec.to_dict()
+    )
     ray.get(sup.status.remote(token))
     actors = [AgentHost.remote() for _ in range(hosts)]  # type: ignore[attr-defined]
     ray.get([a.__ray_ready__.remote() for a in actors])

@@ -495,6 +495,12 @@ def main() -> None:
     )
     p.add_argument("--events-per-s", type=float, default=4.0, help="anomalies/s in all (--agents)")
     p.add_argument("--project", type=int, default=16384, help="ranks to project (--agents)")
+    p.add_argument(
+        "--task-events",
+        choices=("off", "on"),
+        default="off",
+        help="--agents: Ray's task events for the supervisor's calls (a run's: off)",
+    )
     p.add_argument("--direct", default="",
                    help="--agents: these rank counts reporting directly too, in the same run "
                         "and with the same traffic, for the supervisor's CPU per rank report "

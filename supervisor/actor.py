@@ -163,7 +163,11 @@ def _quiet_gc() -> None:
     gc.set_threshold(GC_YOUNG, older, oldest)
 
 
-@ray.remote(num_cpus=0)
+# Ray records every call of an actor as task events for its dashboard and state API, each
+# sent to the GCS, which keeps 100,000 in all and drops the rest. The supervisor takes a call
+# per rank report (or per node agent's digest): hundreds a second for weeks, which would
+# flood that table and pay the recording on each call. Its calls are journaled by remedy.
+@ray.remote(num_cpus=0, enable_task_events=False)  # type: ignore[call-overload]
 class SupervisorActor:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = RunSpec(**spec)

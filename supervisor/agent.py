@@ -210,7 +210,8 @@ def this_nodes_agent(run_id: str) -> Any | None:
         return None
 
 
-@ray.remote(num_cpus=0)
+# No task events for its calls (one per rank report): as for the supervisor's (`actor.py`).
+@ray.remote(num_cpus=0, enable_task_events=False)  # type: ignore[call-overload]
 class NodeAgent:
     """One node's agent (see the module docstring)."""
 
