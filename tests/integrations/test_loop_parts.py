@@ -46,7 +46,7 @@ def test_the_loaders_wait_runs_from_the_end_of_the_step_before() -> None:
     step.ended()
     time.sleep(0.02)
     step.fetched()
-    assert step.loader_s >= 0.02
+    assert step.loader_s >= 0.015  # slept 0.02 s; a margin for the two clocks
     step.begin()
     assert step.elapsed_s < step.loader_s
 

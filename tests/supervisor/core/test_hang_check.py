@@ -260,7 +260,8 @@ def test_under_agents_an_alarm_waits_for_their_sightings_then_pings_the_ranks_no
     assert h.rounds == [] and h.found == []
     h.sightings.add("a", [_sighting(r, stalled=False, ping=MOVING, age_s=0.0) for r in (0, 1)],
                     now + 0.05)  # fmt: skip
-    h.look(now + ALARM_GRACE_S)
+    # Past the grace (not at it: `(now + grace) - now` is not `grace` in floating point).
+    h.look(now + ALARM_GRACE_S + 0.01)
     assert h.rounds == [[2, 3]]
     [losses] = h.found
     assert [(f.rank, f.kind) for f in losses] == [(2, "rank_dead"), (3, "rank_dead")]
