@@ -368,9 +368,6 @@ class Recovery:
         suspects = frozenset(self.watch.suspects(time.monotonic()))
         self.step(RanksMoving(suspects, frozenset(self.group.actors)))
 
-    def _restarting_all(self) -> bool:
-        return self.job.state.phase is Phase.RESTARTING_ALL
-
     def replacement_failed(self, rank: int, why: str) -> None:
         if self.lost_ranks.replacing(rank, self.job):
             self._failed[rank] = why

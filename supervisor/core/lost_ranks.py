@@ -36,7 +36,7 @@ No Ray, no torch, no I/O and no clock: wall times are given.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -289,7 +289,7 @@ class LostRanks:
         """The full-group restart is over, whether it worked or not."""
         self.restarting.clear()
 
-    def take_joining(self, ranks: Any = None) -> dict[int, str]:
+    def take_joining(self, ranks: Collection[int] | None = None) -> dict[int, str]:
         """The ranks that joined the restart, with why, taken; `ranks`: only those of them."""
         taken = {r: why for r, why in self.joining.items() if ranks is None or r in ranks}
         for r in taken:
