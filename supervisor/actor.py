@@ -991,10 +991,16 @@ class SupervisorActor:
         """An adopted rank ended (its summary) or is gone (`DEAD`); or one this supervisor
         started and follows the same way (`WorkerGroup.follow`)."""
         followed = self.group is not None and rank in self.group.followed
+        promoted = self.group is not None and rank in self.group.promoted
         if self.group is not None:
             self.group.followed.discard(rank)
+            self.group.promoted.discard(rank)
         if result == DEAD:
-            when = "after its run call lost touch" if followed else "while the supervisor was away"
+            when = (
+                "(a spare its node's agent started)" if promoted
+                else "after its run call lost touch" if followed
+                else "while the supervisor was away"
+            )  # fmt: skip
             self._carry(self.core.step(RankDied(
                 rank, self.slots.incarnation(rank), f"rank process died {when}",
                 f"rank {rank}'s process is gone", time.time(),
@@ -1161,6 +1167,7 @@ class SupervisorActor:
             "agent_sighting_calls": self.sightings.calls,  # node agents' ping rounds taken in
             # Rank processes killed by pid by their node's agent, on the supervisor's order.
             "agent_kills": self.group.agent_kills if self.group is not None else 0,
+            "agent_promotions": self.group.promotions if self.group is not None else 0,
             "resumed_from": self.spec.resume or None,
             "supervisor_restarts": self.incarnation - 1,
             **self._outage_fields(),

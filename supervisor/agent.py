@@ -18,8 +18,10 @@ step records to its own metrics file
   rank report. It carries the ranks' outcomes too; a batch with outcomes is
   answered once the digest that carried them is acknowledged.
 
-It carries out the node-local effect of a restart: the supervisor's order to
-kill one of its ranks (`kill_rank`) is a SIGKILL by pid from here, at once.
+It carries out the node-local effects of a restart: the supervisor's order to
+kill one of its ranks (`kill_rank`) is a SIGKILL by pid from here, at once;
+its order to promote a warm spare of this node (`promote`, with the run's
+`local_spares`) starts the spare as the rank once the lost process is gone.
 Ray's own kill of a process on another node (`ray.kill`) goes through that
 node's raylet, which waits its `kill_worker_timeout_milliseconds` (5 s by
 default) for a stopped (hung) process before it kills it, and the peers
@@ -94,6 +96,10 @@ log = structlog.get_logger("remedy.agent")
 DIGEST_S = 0.5
 # Digests the supervisor gets a second from all agents together, at most (`digest_period`).
 DIGEST_CALLS_PER_S = 256.0
+# `promote`: how long the lost rank's process gets to be gone after its kill (a process
+# holding GPU memory frees it as it exits), and the spare to answer before it is used.
+PROMOTE_GONE_S = 2.0
+SPARE_ANSWER_S = 1.0
 
 
 def digest_period(agents: int) -> float:
@@ -253,6 +259,10 @@ class NodeAgent:
         self.pings_sent = 0  # rank pings this agent sent
         self.sightings_sent = 0  # `hang_seen` calls made
         self.kills = 0  # rank processes this agent killed on the supervisor's order
+        self.promotions = 0  # spares of this node it made ranks on the supervisor's order
+        # rank -> the `run` call of the spare promoted to it (its result is not read here:
+        # the supervisor follows the rank through `result`).
+        self._promoted: dict[int, Any] = {}
         # This agent's watch on the supervisor's answers (`supervisor.liveness`).
         self.watch = liveness.SilenceWatch(
             f"agent {self.core.node}",
@@ -340,6 +350,7 @@ class NodeAgent:
             "pings_sent": self.pings_sent,
             "sightings_sent": self.sightings_sent,
             "kills": self.kills,
+            "promotions": self.promotions,
         }
 
     # ---------------------------------------------------------------- kills
@@ -364,6 +375,57 @@ class NodeAgent:
         self.kills += 1
         log.warning("rank_killed", pid=pid)
         return "killed"
+
+    async def promote(
+        self, token: Any, spare: Any, run: Any, pid: int = 0, started: float = 0.0
+    ) -> dict[str, Any]:
+        """The supervisor's order: make warm spare `spare` (an actor name) of this node a rank,
+        by calling its `run` with `run`, once the lost process `pid` (started at `started`;
+        0: none known) is gone, within `PROMOTE_GONE_S`.
+
+        The supervisor sent the lost process's kill (`kill_rank`) before this order, and Ray
+        starts one caller's calls in order. Returns {"promoted": True, "gone_s": how long
+        the lost process took to go, "s": the whole promotion} or {"promoted": False,
+        "why": ...}: a wrong token, no such spare, a spare that does not answer within
+        `SPARE_ANSWER_S`, or one on another node. A lost process still there after
+        `PROMOTE_GONE_S` is named in the answer (`still_there`); the spare starts anyway.
+        """
+        if token != self._token:
+            return {"promoted": False, "why": "refused: wrong token"}
+        if not isinstance(run, dict) or type(run.get("rank")) is not int:
+            return {"promoted": False, "why": "refused: no rank to run as"}
+        t0 = time.monotonic()
+        still_there = await self._gone(int(pid), float(started)) if pid else False
+        gone_s = time.monotonic() - t0
+        try:
+            actor: Any = ray.get_actor(str(spare), NAMESPACE)
+            where: Any = await waits.within(actor.where.remote(), SPARE_ANSWER_S, f"spare {spare}")
+        except (ValueError, WaitTimeout, ray.exceptions.RayError) as exc:
+            return {"promoted": False, "why": f"spare {spare}: {exc}"[:300]}
+        if where[2] != self.node_id:
+            return {"promoted": False, "why": f"spare {spare} runs on another node"}
+        self._promoted[run["rank"]] = actor.run.remote(**run)
+        self.promotions += 1
+        log.warning("spare_promoted", spare=spare, rank=run["rank"], gone_s=round(gone_s, 3))
+        answer = {
+            "promoted": True,
+            "gone_s": round(gone_s, 4),
+            "s": round(time.monotonic() - t0, 4),
+        }
+        if still_there:
+            answer["still_there"] = pid
+        return answer
+
+    async def _gone(self, pid: int, started: float) -> bool:
+        """Wait up to `PROMOTE_GONE_S` for the process `pid` that started at `started` to end;
+        True if it is still there then."""
+        deadline = time.monotonic() + PROMOTE_GONE_S
+        while _not_this_process(pid, started) is None:
+            if time.monotonic() >= deadline:
+                log.warning("promote_lost_process_still_there", pid=pid)
+                return True
+            await asyncio.sleep(0.01)
+        return False
 
     # ---------------------------------------------------------------- hangs
     async def ping_ranks(self, token: Any) -> list[dict[str, Any]]:

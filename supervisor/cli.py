@@ -44,6 +44,8 @@ MAX_WORKERS = 100_000
 # many per core is a typo, not a job (use --address for a cluster).
 LOCAL_RANKS_PER_CORE = 8
 MAX_GPUS_PER_WORKER = 1024
+# Warm spares a node keeps for its own ranks (`--local-spares`): more is a typo.
+MAX_LOCAL_SPARES = 64
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,6 +84,16 @@ def _seconds(text: str) -> float:
     if not math.isfinite(value) or not 0 < value <= 7 * 86400:
         raise argparse.ArgumentTypeError(f"must be between 0 and 604800 seconds, not {text}")
     return value
+
+
+def _spares(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if not 0 <= n <= MAX_LOCAL_SPARES:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_LOCAL_SPARES}, not {text}")
+    return n
 
 
 def _nonempty(text: str) -> str:
@@ -145,6 +157,13 @@ def _parser() -> argparse.ArgumentParser:
         default="spread",
         help="on a cluster of several nodes: spread the ranks round-robin over the nodes other "
         "than the supervisor's, or pack each node up to its CPUs in turn (default: spread)",
+    )
+    run.add_argument(
+        "--local-spares",
+        type=_spares,
+        default=0,
+        help="warm spares on each node that holds ranks: a rank whose process is lost while "
+        "its node lives is replaced there, promoted by the node's agent (default: 0)",
     )
     run.add_argument(
         "--node-agents",
@@ -356,6 +375,7 @@ def _run(args: argparse.Namespace) -> int:
             supervisor_timeout_s=args.supervisor_timeout,
             placement=args.placement,
             node_agents=args.node_agents,
+            local_spares=args.local_spares,
         )
         claim = claim_run_dir(
             Path(spec.run_dir),

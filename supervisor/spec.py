@@ -42,6 +42,11 @@ class RunSpec:
     # (`supervisor.core.hang_watch.HangWatchConfig` keys), and the targeted
     # restarts that may fail in a row before the whole group restarts.
     spares: int | None = None
+    # Warm spares on each node that holds ranks, besides `spares` (which sit on other nodes
+    # than the ranks they stand in for): a rank whose process is lost while its node lives
+    # is replaced on its own node, by that node's agent where the run has agents
+    # (`NodeAgent.promote`). 0: none.
+    local_spares: int = 0
     hang_watch: dict[str, float] = field(default_factory=dict)
     max_targeted_restarts: int = 3
     # Chaos for the supervisor itself: it SIGKILLs its own process once at each
@@ -82,6 +87,8 @@ class RunSpec:
             raise ValueError(f"node_agents must be one of {', '.join(NODE_AGENT_MODES)}")
         if self.spares is None:
             self.spares = 1 if self.workers > 1 else 0
+        if self.local_spares < 0:
+            raise ValueError(f"local_spares must be 0 or more, not {self.local_spares}")
         if self.threads_per_rank is None:
             # Ranks of one node share its cores; oversubscribing them makes every rank slower.
             self.threads_per_rank = max(1, (os.cpu_count() or 1) // max(self.workers, 1))

@@ -8,6 +8,18 @@ on this node: `ray.kill` of a stopped process waits the raylet's
 `kill_worker_timeout_milliseconds` first), starts the spare as that rank
 in the next generation, and orders every survivor to regroup.
 
+Spares are of two kinds. `RunSpec.spares` sit where the fewest actors are,
+and a replacement is taken from one on another node than the rank it
+replaces: they cover a lost node. `RunSpec.local_spares` sit on each node
+that holds ranks: a rank whose process is lost while its node lives is
+replaced on its own node, so the job keeps its layout (ranks per node).
+Where the run has node agents, the node's agent promotes the spare
+(`NodeAgent.promote`): it waits for the lost process to be gone (on a GPU
+node, its memory freed) and then starts the spare's `run`. That call is the
+agent's, so the supervisor follows the rank's end as an adopted rank's,
+through `result` (`poll_adopted`): the rank's run does not depend on the
+agent's process, which Ray may restart meanwhile.
+
 Every actor is named and detached in the `remedy` namespace
 (`remedy-rank-<run_id>-<rank>-i<incarnation>`, spares
 `remedy-spare-<run_id>-<n>`), so it outlives a supervisor that crashes: the
@@ -37,7 +49,7 @@ import ray
 import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from remedy.supervisor import placement
+from remedy.supervisor import placement, waits
 from remedy.supervisor.core.hang_watch import DEAD
 from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.exceptions import WaitTimeout
@@ -55,6 +67,9 @@ RESULT_TIMEOUT_S = 2.0
 # How long a warm spare gets to answer a ping before it is used: one that does not
 # (stopped, wedged) is killed, skipped, and replaced by a fresh spare.
 SPARE_PING_S = 1.0
+# How long a node's agent gets to promote a spare of its node (`NodeAgent.promote`: the lost
+# process gone, within `agent.PROMOTE_GONE_S`; the spare's answer, within `agent.SPARE_ANSWER_S`).
+PROMOTE_S = 5.0
 # How long started actors get to say where they run (node, pid): a process start
 # takes seconds, tens of seconds for a whole group on a loaded node (30 s was too
 # short for 4 ranks and a spare at load average 30), a wedged one forever.
@@ -114,6 +129,10 @@ class WorkerGroup:
         self.pings_sent = 0  # rank pings this supervisor sent (hang checks and restarts)
         self.spare_names: list[str] = []
         self.next_spare = 0
+        # Of `spare_names`, those kept on a node that holds ranks, for its ranks (`local_spares`).
+        self.local_spare_names: set[str] = set()
+        # Ranks whose spare their node's agent promoted (`NodeAgent.promote`): followed.
+        self.promoted: set[int] = set()
         # Ranks of an earlier supervisor: running, but whose `run` this one does not own.
         self.adopted: set[int] = set()
         self.followed: set[int] = set()  # of those, ranks this supervisor started (`follow`)
@@ -136,6 +155,7 @@ class WorkerGroup:
         # Under node agents: node id -> its agent, which kills a rank of its node by pid.
         self.agents: dict[str, Any] = {}
         self.agent_kills = 0  # kills of ranks ordered through their node's agent
+        self.promotions = 0  # local spares promoted by their node's agent
 
     @property
     def store_addr(self) -> tuple[str, int]:
@@ -157,6 +177,7 @@ class WorkerGroup:
             actor = self.spares.pop(i)
             self.spare_names.pop(i)
             self.spare_nodes.pop(name, None)
+            self.local_spare_names.discard(name)
             with contextlib.suppress(ray.exceptions.RayError, ValueError):
                 ray.kill(actor, no_restart=True)
         # Refilled on the surviving nodes once the restart is done (`refill_spares`): a spare
@@ -213,29 +234,66 @@ class WorkerGroup:
             )
         return self._new_actor(name, node), name
 
-    def _new_spare(self) -> None:
+    def _new_spare(self, node: str | None = None, *, local: bool = False) -> None:
+        """A spare where the fewest actors are, or, `local`, one on `node` for that node's ranks."""
         self.next_spare += 1
         name = spare_name(self.spec.run_id, self.next_spare)
-        node = None
-        if len(self.cluster) > 1:
+        if not local and len(self.cluster) > 1:
             used = [*self.rank_nodes().values(), *(n for n in self.spare_nodes.values() if n)]
             node = placement.least_loaded(self.cluster, used, home=self.home, avoid=self.dead_nodes)
         self.spares.append(self._new_actor(name, node))
         self.spare_names.append(name)
         self.spare_nodes[name] = node
+        if local:
+            self.local_spare_names.add(name)
 
-    def _take_spare(self, avoid: set[str] | None = None) -> tuple[Any, str]:
-        """The first spare not on a node of `avoid` (or a dead one), else the first spare."""
+    def _local_spare(self, node: str | None) -> str | None:
+        """The name of a local spare on `node` (on a one-node cluster, any local spare)."""
+        if node in self.dead_nodes:
+            return None
+        one_node = len(self.cluster) <= 1
+        return next(
+            (n for n in self.spare_names
+             if n in self.local_spare_names and (one_node or self.spare_nodes.get(n) == node)),
+            None,
+        )  # fmt: skip
+
+    def _take_spare(
+        self, avoid: set[str] | None = None, name: str | None = None
+    ) -> tuple[Any, str]:
+        """Spare `name`; else the first spare not on a node of `avoid` (or a dead one), else the
+        first spare."""
         shun = (avoid or set()) | self.dead_nodes
-        i = next(
-            (i for i, n in enumerate(self.spare_names) if self.spare_nodes.get(n) not in shun), 0
-        )
+        if name is not None:
+            i = self.spare_names.index(name)
+        else:
+            i = next(
+                (i for i, n in enumerate(self.spare_names) if self.spare_nodes.get(n) not in shun),
+                0,
+            )
         name = self.spare_names.pop(i)
         self.spare_nodes.pop(name, None)
+        self.local_spare_names.discard(name)
         return self.spares.pop(i), name
 
     def _faults(self, rank: int) -> list[dict[str, Any]]:
         return [f for f in self.spec.faults if f.get("rank", 0) in (None, rank)]
+
+    def _run_args(
+        self, rank: int, *, generation: int, adopt_from: int | None, resume_step: int | None
+    ) -> dict[str, Any]:
+        """The keyword arguments of `RankActor.run` that make an actor `rank` now."""
+        return {
+            "rank": rank,
+            "world_size": self.spec.workers,
+            "store_addr": self.store_addr,
+            "incarnation": self.slots.incarnation(rank),
+            "generation": generation,
+            "adopt_from": adopt_from,
+            "faults": self._faults(rank),
+            "resume_step": resume_step,
+            **self._context_options(),
+        }
 
     def _launch(
         self,
@@ -247,23 +305,16 @@ class WorkerGroup:
         adopt_from: int | None,
         resume_step: int | None = None,
     ) -> ray.ObjectRef:
-        incarnation = self.slots.incarnation(rank)
-        ref = actor.run.remote(
-            rank=rank,
-            world_size=self.spec.workers,
-            store_addr=self.store_addr,
-            incarnation=incarnation,
-            generation=generation,
-            adopt_from=adopt_from,
-            faults=self._faults(rank),
-            resume_step=resume_step,
-            **self._context_options(),
+        args = self._run_args(
+            rank, generation=generation, adopt_from=adopt_from, resume_step=resume_step
         )
+        ref = actor.run.remote(**args)
         self.actors[rank] = actor
         self.names[rank] = name
         self.adopted.discard(rank)
         self.followed.discard(rank)
-        self._refs[ref] = (rank, incarnation)
+        self.promoted.discard(rank)
+        self._refs[ref] = (rank, args["incarnation"])
         return ref
 
     async def start(self) -> None:
@@ -280,8 +331,7 @@ class WorkerGroup:
                 rank, *self._new_rank(rank, node), generation=0, adopt_from=None,
                 resume_step=resume,
             )  # fmt: skip
-        for _ in range(self.spec.spares or 0):
-            self._new_spare()
+        self.refill_spares()
         await self._learn_pids(list(self.actors))
 
     # ---------------------------------------------------------- restart
@@ -293,6 +343,7 @@ class WorkerGroup:
             "spares": list(self.spare_names),
             "next_spare": self.next_spare,
             "spare_nodes": dict(self.spare_nodes),
+            "local_spares": sorted(self.local_spare_names),
             "dead_nodes": sorted(self.dead_nodes),
         }
 
@@ -305,6 +356,7 @@ class WorkerGroup:
         self.next_spare = int(record["next_spare"])
         self.dead_nodes = {str(n) for n in record.get("dead_nodes", [])}
         placed = record.get("spare_nodes", {})
+        local = {str(n) for n in record.get("local_spares", [])}
         self.refresh_nodes()
         names = {int(r): str(n) for r, n in record["names"].items()}
         missing = []
@@ -324,6 +376,8 @@ class WorkerGroup:
                     self.spares.append(ray.get_actor(name, namespace=NAMESPACE))
                     self.spare_names.append(name)
                     self.spare_nodes[name] = placed.get(name)
+                    if name in local:
+                        self.local_spare_names.add(name)
                     self.next_spare = max(self.next_spare, int(name.rsplit("-", 1)[1]))
         live = [r for r in ranks if r not in missing]
         # A rank that answers nothing (stopped, wedged) leaves only its own pid unknown.
@@ -443,6 +497,7 @@ class WorkerGroup:
         actor = self.actors.pop(rank, None)
         self.adopted.discard(rank)
         self.followed.discard(rank)
+        self.promoted.discard(rank)
         self._result_calls.pop(rank, None)
         for ref, (r, _inc) in self._refs.items():
             if r == rank:
@@ -471,8 +526,10 @@ class WorkerGroup:
         formed it with a replacement that then died wait for an order past it.
         """
         t0 = time.perf_counter()
-        # Each replacement goes to another node than the one its rank was lost on.
+        # Each replacement goes to another node than the one its rank was lost on, but for
+        # one from a local spare of that node (`local_spares`) while the node lives.
         old = {r: self.slots.slots[r].node for r in ranks}
+        gone = {r: self.pids.get(r) for r in ranks}  # the processes the kills below end
         for rank in ranks:
             self.kill(rank)
         if len(self.cluster) > 1:
@@ -488,6 +545,10 @@ class WorkerGroup:
             if retry:
                 (actor, name), how[rank] = self._new_rank(rank, avoid=avoid), "new actor"
             else:
+                local = await self._local_replacement(rank, old[rank], gone[rank], source, skipped)
+                if local is not None:
+                    how[rank] = local
+                    continue
                 (actor, name), how[rank] = await self._spare_or_new(rank, skipped, avoid)
             self._launch(rank, actor, name, generation=self.generation, adopt_from=source)
         self._order_regroup(ranks, source)
@@ -499,6 +560,58 @@ class WorkerGroup:
             "skipped_spares": skipped,
             "launch_s": round(time.perf_counter() - t0, 4),
         }
+
+    async def _local_replacement(
+        self,
+        rank: int,
+        node: str | None,
+        gone: tuple[str, int, float] | None,
+        source: int,
+        skipped: list[str],
+    ) -> str | None:
+        """`rank` replaced by a local spare of `node`, where it was lost; how, or None if none
+        is there (or its promotion failed: that spare is killed and named in `skipped`).
+
+        Where the node has an agent, it promotes the spare (`NodeAgent.promote`) once `gone`,
+        the lost process, has ended, and the rank's end is followed through `result`
+        (`follow`), as an adopted rank's; without one the supervisor starts the spare's
+        `run` itself.
+        """
+        name = self._local_spare(node) if self.spec.local_spares else None
+        if name is None:
+            return None
+        actor, name = self._take_spare(name=name)
+        agent = self.agents.get(node) if node is not None else None
+        if agent is None:
+            self._launch(rank, actor, name, generation=self.generation, adopt_from=source)
+            return "local spare"
+        args = self._run_args(rank, generation=self.generation, adopt_from=source, resume_step=None)
+        pid, started = (gone[1], gone[2]) if gone is not None else (0, 0.0)
+        try:
+            # Not retried by Ray against a restarted agent: a spare whose `run` the crashed
+            # agent may have started is killed below instead of being started twice.
+            answer = await waits.within(
+                agent.promote.options(max_task_retries=0).remote(
+                    self.spec.token, name, args, pid, started
+                ),
+                PROMOTE_S,
+                f"agent of node {str(node)[:8]}: promote {name}",
+            )
+        except (WaitTimeout, ray.exceptions.RayError) as exc:
+            answer = {"promoted": False, "why": str(exc)[:200]}
+        if not (isinstance(answer, dict) and answer.get("promoted") is True):
+            why = answer.get("why") if isinstance(answer, dict) else repr(answer)
+            log.warning("spare_skipped", spare=name, rank=rank, reason=f"not promoted: {why}")
+            skipped.append(name)
+            with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                ray.kill(actor, no_restart=True)
+            return None
+        self.actors[rank] = actor
+        self.names[rank] = name
+        self.promoted.add(rank)
+        self.follow(rank)
+        self.promotions += 1
+        return "local spare, promoted by its node's agent"
 
     def abandon_generation(self) -> None:
         """The current generation failed: serve a new store for the next one, once.
@@ -583,14 +696,27 @@ class WorkerGroup:
             skipped.append(name)
             with contextlib.suppress(ray.exceptions.RayError, ValueError):
                 ray.kill(actor, no_restart=True)
-        for _ in skipped:
-            if len(self.spares) < (self.spec.spares or 0):
-                self._new_spare()
+        if skipped:
+            self._refill_apart()
         return chosen or (self._new_rank(rank, avoid=avoid), "new actor")
 
     def refill_spares(self) -> None:
-        """Start spares up to the configured count (their start is off the critical path)."""
-        while len(self.spares) < (self.spec.spares or 0):
+        """Start spares up to the configured counts (their start is off the critical path):
+        `spares` where the fewest actors are, `local_spares` on each node holding ranks."""
+        self._refill_apart()
+        if not self.spec.local_spares:
+            return
+        nodes = sorted(set(self.rank_nodes().values()) - self.dead_nodes)
+        for node in nodes if len(self.cluster) > 1 else [None]:
+            kept = sum(
+                1 for n in self.local_spare_names
+                if node is None or self.spare_nodes.get(n) == node
+            )  # fmt: skip
+            for _ in range(self.spec.local_spares - kept):
+                self._new_spare(node, local=True)
+
+    def _refill_apart(self) -> None:
+        while len(self.spares) - len(self.local_spare_names) < (self.spec.spares or 0):
             self._new_spare()
 
     def shutdown(self) -> None:
@@ -600,6 +726,8 @@ class WorkerGroup:
         self.spares.clear()
         self.spare_names.clear()
         self.spare_nodes.clear()
+        self.local_spare_names.clear()
+        self.promoted.clear()
         self.adopted.clear()
         self.followed.clear()
 

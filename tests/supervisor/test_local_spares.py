@@ -1,0 +1,94 @@
+"""Where a group keeps its spares: `spares` where the fewest actors are, `local_spares` on each
+node holding ranks; a lost rank's own node's spare is found, and taken, refilled, dropped with
+its node. No Ray: actors are stood in for by their names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import ray
+
+from remedy.supervisor.core.rank_slots import RankSlots
+from remedy.supervisor.placement import Node
+from remedy.supervisor.spec import RunSpec
+from remedy.supervisor.worker_group import WorkerGroup
+
+HOME, A, B = "home-node", "node-a", "node-b"
+
+
+def _group(nodes: list[str], rank_nodes: list[str | None], **spec: Any) -> WorkerGroup:
+    group = WorkerGroup.__new__(WorkerGroup)
+    group.spec = RunSpec(target="t.py:main", workers=len(rank_nodes), run_dir="/tmp/x", **spec)
+    group.slots = RankSlots(len(rank_nodes))
+    for rank, node in enumerate(rank_nodes):
+        group.slots.slots[rank].node = node
+    group.home, group.dead_nodes = HOME, set()
+    group.cluster = [Node(n, f"10.0.0.{i}", 2.0) for i, n in enumerate(nodes)]
+    group.spares, group.spare_names, group.spare_nodes = [], [], {}
+    group.local_spare_names, group.next_spare = set(), 0
+    group._new_actor = lambda name, node=None: f"actor:{name}"  # type: ignore[method-assign]
+    return group
+
+
+def _where(group: WorkerGroup) -> dict[str, tuple[str | None, bool]]:
+    return {n: (group.spare_nodes[n], n in group.local_spare_names) for n in group.spare_names}
+
+
+def test_local_spares_sit_on_each_node_holding_ranks_besides_the_spares_apart() -> None:
+    group = _group([HOME, A, B], [A, B, A, B], spares=1, local_spares=1)
+    group.refill_spares()
+    placed = _where(group)
+    assert sorted(v for v in placed.values() if v[1]) == [(A, True), (B, True)]
+    [apart] = [v for v in placed.values() if not v[1]]
+    assert apart[0] in (A, B)  # where the fewest actors are, never the supervisor's node
+    group.refill_spares()  # nothing missing: nothing started
+    assert _where(group) == placed
+
+
+def test_a_lost_ranks_own_node_spare_is_found_taken_and_refilled_there() -> None:
+    group = _group([HOME, A, B], [A, B, A, B], spares=0, local_spares=1)
+    group.refill_spares()
+    on_a = group._local_spare(A)
+    assert on_a is not None and group.spare_nodes[on_a] == A
+    actor, name = group._take_spare(name=on_a)
+    assert (actor, name) == (f"actor:{on_a}", on_a)
+    assert group._local_spare(A) is None and name not in group.local_spare_names
+    group.refill_spares()
+    again = group._local_spare(A)
+    assert again is not None and again != on_a and group.spare_nodes[again] == A
+
+
+def test_a_dead_nodes_local_spares_are_dropped_and_never_chosen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    group = _group([HOME, A, B], [A, B], spares=0, local_spares=2)
+    group.refill_spares()
+    assert sum(1 for n in group.spare_names if group.spare_nodes[n] == A) == 2
+    group.dead_nodes.add(B)
+    assert group._local_spare(B) is None
+    group.dead_nodes.discard(B)
+    killed: list[Any] = []  # `node_died` kills the dropped spares' actors
+    monkeypatch.setattr(ray, "kill", lambda actor, no_restart=True: killed.append(actor))
+    group.node_died(B)
+    assert len(killed) == 2 and group._local_spare(B) is None
+    assert {group.spare_nodes[n] for n in group.local_spare_names} == {A}
+
+
+def test_on_one_node_every_local_spare_is_the_ranks_own() -> None:
+    group = _group([HOME], [None, None], spares=1, local_spares=1)
+    group.refill_spares()
+    assert len(group.spare_names) == 2 and len(group.local_spare_names) == 1
+    [local] = group.local_spare_names
+    assert group._local_spare(HOME) == local == group._local_spare(None)
+
+
+def test_without_local_spares_nothing_is_kept_per_node() -> None:
+    group = _group([HOME, A, B], [A, B, A, B], spares=2)
+    group.refill_spares()
+    assert len(group.spare_names) == 2 and not group.local_spare_names
+
+
+def test_a_negative_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="local_spares must be 0 or more"):
+        RunSpec(target="t.py:main", local_spares=-1)
