@@ -34,6 +34,7 @@ import asyncio
 import gc
 import os
 import random
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -126,7 +127,14 @@ class AgentHost:
                   seconds: float, cfg: dict[str, float], token: str, world: int,
                   pids: list[int]) -> dict[str, Any]:  # fmt: skip
         """Simulate `nodes` (each a list of ranks) for `seconds`; the figures of this host."""
+        if cfg.get("nice"):  # `--hosts-nice N`: below the supervisor, as on a node of their own
+            os.nice(int(cfg["nice"]))
         self.sup, self.token, self.t0 = supervisor, token, time.monotonic()
+        self.t0_wall = time.time()
+        # This host's garbage collections: a pause holds every simulated agent of the host.
+        self.gc: list[tuple[int, float, float, int]] = []
+        collected = gc_recorder(self.gc)
+        gc.callbacks.append(collected)
         self.windows: dict[int, dict[str, Any]] = {}
         self.decision_s: list[float] = []
         self.decision_at: list[float] = []  # when each was sent, in seconds into the run
@@ -141,6 +149,12 @@ class AgentHost:
         agents = [AgentCore(node=f"sim-{first_node + i:04d}", token=token, world_size=world)
                   for i in range(len(nodes))]  # fmt: skip
         ranks = [[Rank(r, token, random.Random(r), cfg) for r in node] for node in nodes]
+        # This process stands in for hundreds of agents' processes, each of which would hold
+        # one node's ranks: what it built for all of them is frozen, so that its collections do
+        # not walk a heap no real agent has (they paused it 100-245 ms at 4,096 ranks, and the
+        # decisions in flight with it).
+        gc.collect()
+        gc.freeze()
         cpu0 = [cpu_s(p) for p in pids] + [cpu_s()]
         tasks = [asyncio.ensure_future(self._ranks(a, rs, seconds, cfg["heartbeat_s"], i / len(nodes)))
                  for i, (a, rs) in enumerate(zip(agents, ranks, strict=True))]  # fmt: skip
@@ -152,6 +166,7 @@ class AgentHost:
         probe.cancel()
         if self.events:
             await asyncio.wait(self.events, timeout=30)
+        gc.callbacks.remove(collected)
         span = time.monotonic() - self.t0
         cpu = [(cpu_s(p) - c) / span for p, c in zip(pids, cpu0, strict=False)]
         cpu.append((cpu_s() - cpu0[-1]) / span)
@@ -159,7 +174,7 @@ class AgentHost:
                 "decision_at": self.decision_at,
                 "no_command": self.no_command, "receipts": self.receipts, "calls": self.calls,
                 "items": self.items, "cpu": cpu, "take_s": self.take_s, "taken": self.taken,
-                "late": self.late,
+                "late": self.late, "gc": self.gc, "t0_wall": self.t0_wall,
                 "rejected": sum(sum(a.rejected.values()) for a in agents)}  # fmt: skip
 
     async def _probe(self, seconds: float) -> None:
@@ -259,8 +274,11 @@ def actor_loop() -> Any:
 
 def _probe_on(self: Any) -> None:
     """In the supervisor actor: measure how late its event loop runs (a 10 ms sleep's overshoot,
-    which is what a call waits behind), until `_probe_off`."""
+    which is what a call waits behind), and each garbage collection's pause, until `_probe_off`."""
     self._bench_late = []
+    self._bench_gc = []
+    self._bench_gc_callback = gc_recorder(self._bench_gc)
+    gc.callbacks.append(self._bench_gc_callback)
 
     async def probe() -> None:
         while True:
@@ -279,9 +297,29 @@ def _probe_on(self: Any) -> None:
     done.wait(10)
 
 
-def _probe_off(self: Any) -> list[float]:
+def gc_recorder(out: list[tuple[int, float, float, int]]) -> Any:
+    """A `gc.callbacks` entry appending (generation, pause in s, wall time it ended, objects
+    it freed) to `out`."""
+    began = [0.0]
+
+    def collected(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            pause = time.perf_counter() - began[0]
+            out.append((info["generation"], pause, time.time(), info["collected"]))
+
+    return collected
+
+
+def _probe_off(self: Any) -> dict[str, list[Any]]:
     actor_loop().call_soon_threadsafe(self._bench_probe.cancel)
-    return list(self._bench_late)
+    gc.callbacks.remove(self._bench_gc_callback)
+    return {"late": list(self._bench_late), "gc": list(self._bench_gc)}
+
+
+def _gc_young(_self: Any, threshold: int) -> None:
+    gc.set_threshold(threshold, *gc.get_threshold()[1:])
 
 
 def _pid(actor: Any) -> int:
@@ -333,7 +371,7 @@ def agent_level(
     hosts = max(1, min(args.agent_hosts, len(nodes)))
     digest_s = args.digest_s or digest_period(len(nodes))  # as a run's agents would
     cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s, "digest_s": digest_s,
-           "paced": args.digest_s is None,
+           "paced": args.digest_s is None, "nice": getattr(args, "hosts_nice", 0),
            "event_p": args.events_per_s / (ranks * args.step_hz)}  # fmt: skip
     token = spec.token
     actor_class = NullSupervisor if floor else SupervisorActor
@@ -343,6 +381,8 @@ def agent_level(
         spec.to_dict()
     )
     ray.get(sup.status.remote(token))
+    if getattr(args, "gc_young", 0):  # `--gc-young N`: the threshold the supervisor collects at
+        ray.get(sup.__ray_call__.remote(_gc_young, args.gc_young))
     actors = [AgentHost.remote() for _ in range(hosts)]  # type: ignore[attr-defined]
     ray.get([a.__ray_ready__.remote() for a in actors])
     pids = [_pid(a) for a in (sup, *actors)]
@@ -350,6 +390,9 @@ def agent_level(
         ray.get(sup.__ray_call__.remote(profile[0]))
     ray.get(sup.__ray_call__.remote(_probe_on))
     per = -(-len(nodes) // hosts)
+    # The whole machine's busy CPU over the run: what the supervisor competes with here (the
+    # agent hosts, Ray's own processes, the driver), which on a cluster runs elsewhere.
+    busy0, t0 = machine_cpu_s(), time.monotonic()
     refs = [a.run.remote(sup, nodes[i * per : (i + 1) * per], i * per, args.seconds, cfg, token,
                          ranks, pids if i == 0 else [])
             for i, a in enumerate(actors)]  # fmt: skip
@@ -357,7 +400,9 @@ def agent_level(
     while len(ray.wait(refs, num_returns=len(refs), timeout=display_poll_s)[0]) < len(refs):
         _, cursor = ray.get(sup.events.remote(cursor, token))  # as `remote run`'s display polls
     results = ray.get(refs)
-    sup_late = ray.get(sup.__ray_call__.remote(_probe_off))
+    machine = (machine_cpu_s() - busy0) / (time.monotonic() - t0)
+    probed = ray.get(sup.__ray_call__.remote(_probe_off))
+    sup_late, sup_gc = probed["late"], probed["gc"]
     status = ray.get(sup.status.remote(token))
     if profile is not None:
         print(ray.get(sup.__ray_call__.remote(profile[1])))
@@ -389,7 +434,8 @@ def agent_level(
     growing = bool(pct(later, 0.5) > 2 * pct(early, 0.5) + 0.010)
     print(f"\n{ranks} ranks on {len(nodes)} simulated nodes ({rpn} ranks each) through "
           f"{len(nodes)} agents, run by {hosts} host processes standing in for the {len(nodes)} "
-          f"agents; {seconds:.0f} s, 1 report per rank every {args.heartbeat_s:g} s, a digest per "
+          f"agents" + (f" at nice {cfg['nice']}" if cfg["nice"] else "")
+          + f"; {seconds:.0f} s, 1 report per rank every {args.heartbeat_s:g} s, a digest per "
           f"agent every {digest_s:g} s" + (" or as often as its ranks report, if longer"
                                            if cfg["paced"] else " (fixed)"))  # fmt: skip
     print(f"  {'window':>8}{'calls/s':>9}{'rtt p50 ms':>12}{'p99 ms':>9}{'(n)':>7}"
@@ -417,8 +463,10 @@ def agent_level(
         "rejected": dict(status["rejected"]),
         "agent_rejected": sum(r["rejected"] for r in results),
         "outcomes": sum(status["actions"].values()), "load_average": os.getloadavg()[0],
+        "machine_cpu": machine,
         "host_late_p99": pct([x for r in results for x in r["late"]], 0.99),
         "sup_late_p99": pct(sup_late, 0.99), "sup_lates": len(sup_late),
+        "sup_gc": {g: [x[1] for x in sup_gc if x[0] == g] for g in (0, 1, 2)},
         "host_lates": sum(len(r["late"]) for r in results),
     }  # fmt: skip
     print(f"  agents took {figures['reports_s']:.0f} reports/s; the supervisor answered "
@@ -441,11 +489,25 @@ def agent_level(
           f"{figures['sup_late_p99'] * 1e3:.1f} ms (n={figures['sup_lates']}), what a call waits "
           f"behind; the agent hosts' {figures['host_late_p99'] * 1e3:.1f} ms "
           f"(n={figures['host_lates']}), in every latency measured there")  # fmt: skip
+    # A collection stops its process's loop for its whole pause: calls wait behind it. Pauses
+    # over 50 ms with the second of the run they ended in, to set beside the slowest decisions.
+    t0_wall = results[0]["t0_wall"]
+    for who, pauses in (("the supervisor's", sup_gc),
+                        ("the agent hosts'", [x for r in results for x in r["gc"]])):  # fmt: skip
+        long = sorted((at - t0_wall, s, g) for g, s, at, _ in pauses if s > 0.05)
+        print(f"  {who} garbage collections: " + "; ".join(
+            f"generation {g} {sum(1 for x in pauses if x[0] == g)}, longest "
+            f"{max((x[1] for x in pauses if x[0] == g), default=0) * 1e3:.1f} ms, freeing "
+            f"{statistics.median([x[3] for x in pauses if x[0] == g] or [0]):.0f} objects (median)"
+            for g in (0, 1, 2))
+            + "; over 50 ms: " + (", ".join(f"{s * 1e3:.0f} ms (gen {g}) at {at:.0f} s"
+                                            for at, s, g in long[:8]) or "none"))  # fmt: skip
     print(f"  CPU (cores busy): supervisor {sup_cpu:.3f} ({figures['sup_cpu_per_call'] * 1e6:.0f} us "
           f"per agent call), the {hosts} agent hosts {host_cpu:.2f} "
           f"({figures['agent_cpu_per_report'] * 1e6:.0f} us per rank report, simulation included; "
-          f"{figures['take_us']:.0f} us of it in the agent's own work); whole machine load "
-          f"average {figures['load_average']:.1f}; lag growing: {growing}; refused: supervisor "
+          f"{figures['take_us']:.0f} us of it in the agent's own work); whole machine "
+          f"{machine:.2f} of {os.cpu_count()} cores busy, load average "
+          f"{figures['load_average']:.1f}; lag growing: {growing}; refused: supervisor "
           f"{figures['rejected'] or 'none'}, agents {figures['agent_rejected']}")  # fmt: skip
     return figures
 

@@ -21,7 +21,10 @@ the node it runs on after (the same as before, or not), and whether every
 rank's parameters equal a fault-free run's; then the medians of each row
 and their ratios to `apart`.
 
-    python benchmarks/local_spare.py [--repeat 3] [--steps 40]
+`--fault hang_rank` SIGSTOPs rank 1 instead: its agent kills the stopped
+process by pid, and the promotion waits for it to be gone.
+
+    python benchmarks/local_spare.py [--repeat 3] [--steps 40] [--fault kill_rank|hang_rank]
 """
 
 from __future__ import annotations
@@ -70,10 +73,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--fault", choices=("kill_rank", "hang_rank"), default="kill_rank")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="lsb-", dir="/tmp"))  # short: socket paths are bounded
     rows: dict[str, list[dict[str, Any]]] = {row: [] for row in ROWS}
-    fault = {"kind": "kill_rank", "at_step": KILL_STEP, "rank": VICTIM}
+    fault = {"kind": args.fault, "at_step": KILL_STEP, "rank": VICTIM}
     common = {"node_agents": "on", "hang_watch": {"first_step_s": 20.0}}
     with local_cluster(root, workers=2, head_cpus=2, worker_cpus=2) as cluster:
         clean = run(cluster, root / "clean", args.steps, spares=0, **common)

@@ -501,6 +501,12 @@ def main() -> None:
         default="off",
         help="--agents: Ray's task events for the supervisor's calls (a run's: off)",
     )
+    p.add_argument("--hosts-nice", type=int, default=0,
+                   help="--agents: run the agent hosts at this nice value, below the supervisor "
+                        "(on a cluster the agents run on other nodes than the supervisor's)")  # fmt: skip
+    p.add_argument("--gc-young", type=int, default=0,
+                   help="--agents: the supervisor's youngest-generation GC threshold (a run's: "
+                        "actor.GC_YOUNG)")  # fmt: skip
     p.add_argument("--direct", default="",
                    help="--agents: these rank counts reporting directly too, in the same run "
                         "and with the same traffic, for the supervisor's CPU per rank report "

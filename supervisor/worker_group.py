@@ -539,13 +539,16 @@ class WorkerGroup:
         self.generation += 1
         how: dict[int, str] = {}
         skipped: list[str] = []
+        promoted: dict[str, Any] = {}  # rank -> the agent's answer (`NodeAgent.promote`)
         for rank in ranks:
             self.slots.replace(rank)
             avoid = {n for n in [old[rank]] if n is not None}
             if retry:
                 (actor, name), how[rank] = self._new_rank(rank, avoid=avoid), "new actor"
             else:
-                local = await self._local_replacement(rank, old[rank], gone[rank], source, skipped)
+                local = await self._local_replacement(
+                    rank, old[rank], gone[rank], source, skipped, promoted
+                )
                 if local is not None:
                     how[rank] = local
                     continue
@@ -553,13 +556,16 @@ class WorkerGroup:
             self._launch(rank, actor, name, generation=self.generation, adopt_from=source)
         self._order_regroup(ranks, source)
         await self._learn_pids(ranks)
-        return {
+        info = {
             "generation": self.generation,
             "source": source,
             "replacements": {str(r): how[r] for r in ranks},
             "skipped_spares": skipped,
             "launch_s": round(time.perf_counter() - t0, 4),
         }
+        if promoted:
+            info["promoted"] = promoted  # how long each lost process took to go, and the whole
+        return info
 
     async def _local_replacement(
         self,
@@ -568,9 +574,11 @@ class WorkerGroup:
         gone: tuple[str, int, float] | None,
         source: int,
         skipped: list[str],
+        promoted: dict[str, Any],
     ) -> str | None:
         """`rank` replaced by a local spare of `node`, where it was lost; how, or None if none
-        is there (or its promotion failed: that spare is killed and named in `skipped`).
+        is there (or its promotion failed: that spare is killed and named in `skipped`). The
+        agent's answer to a promotion goes into `promoted` under the rank.
 
         Where the node has an agent, it promotes the spare (`NodeAgent.promote`) once `gone`,
         the lost process, has ended, and the rank's end is followed through `result`
@@ -606,6 +614,7 @@ class WorkerGroup:
             with contextlib.suppress(ray.exceptions.RayError, ValueError):
                 ray.kill(actor, no_restart=True)
             return None
+        promoted[str(rank)] = {k: answer[k] for k in ("gone_s", "s", "still_there") if k in answer}
         self.actors[rank] = actor
         self.names[rank] = name
         self.promoted.add(rank)

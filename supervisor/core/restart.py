@@ -452,7 +452,7 @@ def _step(s: _Step, inp: RestartInput, cause: str, k: int) -> _Step:
             how = ", ".join(f"rank {r} by a {how}" for r, how in info["replacements"].items())
             if info.get("skipped_spares"):
                 skipped = ", ".join(info["skipped_spares"])
-                how += f" (skipped {skipped}: no answer to a ping, killed and refilled)"
+                how += f" (skipped {skipped}: no answer to a ping, or not promoted; killed)"
             detail = (
                 f"replaced {how}; generation {info['generation']} formed from rank "
                 f"{info['source']}'s state"

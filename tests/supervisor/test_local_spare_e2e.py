@@ -100,6 +100,7 @@ def test_a_killed_rank_is_replaced_by_its_nodes_spare_which_outlives_the_agent(
     [record] = summary["recoveries"]
     assert record["replacements"] == {"1": "local spare, promoted by its node's agent"}, record
     assert summary["agent_promotions"] == 1
+    assert record["promoted"]["1"]["gone_s"] >= 0, record  # the agent's answer, kept
     # The agent was killed after the promotion and before the run ended, and came back.
     assert seen.get("after") is not None, seen
     assert seen["killed_at_step"] < STEPS - 1, seen
