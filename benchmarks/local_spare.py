@@ -64,6 +64,8 @@ def measure(summary: dict[str, Any], digest: str, home_of_victim: str) -> dict[s
         "detect_to_step_s": record.get("detect_to_step_s"),
         "ranks_stepped_s": round(stepped - detected, 3) if stepped and detected else None,
         "agent_promotions": summary.get("agent_promotions"),
+        # How long the agent waited for the lost process to be gone before the promotion.
+        "gone_s": record.get("promoted", {}).get(str(VICTIM), {}).get("gone_s"),
         "bitwise_equal": {r.get("result", {}).get("params_digest") for r in summary["ranks"]}
         == {digest},
     }
