@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -56,14 +56,23 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _workers(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-    if not 1 <= n <= MAX_WORKERS:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_WORKERS}, not {text}")
-    return n
+def _whole(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high`."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, not {text}")
+        return n
+
+    return parse
+
+
+_workers = _whole(1, MAX_WORKERS)
+_spares = _whole(0, MAX_LOCAL_SPARES)
 
 
 def _gpus(text: str) -> float:
@@ -84,16 +93,6 @@ def _seconds(text: str) -> float:
     if not math.isfinite(value) or not 0 < value <= 7 * 86400:
         raise argparse.ArgumentTypeError(f"must be between 0 and 604800 seconds, not {text}")
     return value
-
-
-def _spares(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-    if not 0 <= n <= MAX_LOCAL_SPARES:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_LOCAL_SPARES}, not {text}")
-    return n
 
 
 def _nonempty(text: str) -> str:
