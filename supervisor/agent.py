@@ -82,7 +82,7 @@ from remedy.supervisor import liveness, waits
 from remedy.supervisor.agent_core import AgentCore
 from remedy.supervisor.core.hang_watch import DEAD, HangWatchConfig
 from remedy.supervisor.exceptions import WaitTimeout
-from remedy.supervisor.pings import ping_actors
+from remedy.supervisor.pings import SPARE_PING_S, ping_actors
 from remedy.supervisor.spec import NAMESPACE, supervisor_name
 from remedy.workers import process_faults
 from remedy.workers.logs import configure_logging
@@ -97,9 +97,8 @@ DIGEST_S = 0.5
 # Digests the supervisor gets a second from all agents together, at most (`digest_period`).
 DIGEST_CALLS_PER_S = 256.0
 # `promote`: how long the lost rank's process gets to be gone after its kill (a process
-# holding GPU memory frees it as it exits), and the spare to answer before it is used.
+# holding GPU memory frees it as it exits).
 PROMOTE_GONE_S = 2.0
-SPARE_ANSWER_S = 1.0
 
 
 def digest_period(agents: int) -> float:
@@ -260,9 +259,6 @@ class NodeAgent:
         self.sightings_sent = 0  # `hang_seen` calls made
         self.kills = 0  # rank processes this agent killed on the supervisor's order
         self.promotions = 0  # spares of this node it made ranks on the supervisor's order
-        # rank -> the `run` call of the spare promoted to it (its result is not read here:
-        # the supervisor follows the rank through `result`).
-        self._promoted: dict[int, Any] = {}
         # This agent's watch on the supervisor's answers (`supervisor.liveness`).
         self.watch = liveness.SilenceWatch(
             f"agent {self.core.node}",
@@ -387,7 +383,7 @@ class NodeAgent:
         starts one caller's calls in order. Returns {"promoted": True, "gone_s": how long
         the lost process took to go, "s": the whole promotion} or {"promoted": False,
         "why": ...}: a wrong token, no such spare, a spare that does not answer within
-        `SPARE_ANSWER_S`, or one on another node. A lost process still there after
+        `SPARE_PING_S`, or one on another node. A lost process still there after
         `PROMOTE_GONE_S` is named in the answer (`still_there`); the spare starts anyway.
         """
         if token != self._token:
@@ -399,12 +395,14 @@ class NodeAgent:
         gone_s = time.monotonic() - t0
         try:
             actor: Any = ray.get_actor(str(spare), NAMESPACE)
-            where: Any = await waits.within(actor.where.remote(), SPARE_ANSWER_S, f"spare {spare}")
+            where: Any = await waits.within(actor.where.remote(), SPARE_PING_S, f"spare {spare}")
         except (ValueError, WaitTimeout, ray.exceptions.RayError) as exc:
             return {"promoted": False, "why": f"spare {spare}: {exc}"[:300]}
         if where[2] != self.node_id:
             return {"promoted": False, "why": f"spare {spare} runs on another node"}
-        self._promoted[run["rank"]] = actor.run.remote(**run)
+        # Its result is not read here: the supervisor follows the rank through `result`, and
+        # the rank's run goes on whatever becomes of this process.
+        actor.run.remote(**run)
         self.promotions += 1
         log.warning("spare_promoted", spare=spare, rank=run["rank"], gone_s=round(gone_s, 3))
         answer = {

@@ -16,6 +16,11 @@ import ray
 
 from remedy.supervisor.core.hang_watch import DEAD, NO_ANSWER
 
+# How long a warm spare gets to answer before it is used, whoever uses it (the supervisor,
+# `WorkerGroup`, or a node agent promoting it, `NodeAgent.promote`): one that does not
+# (stopped, wedged) is killed, skipped, and replaced by a fresh spare.
+SPARE_PING_S = 1.0
+
 # Ray's `RayActorError` is either `ActorDiedError` (the process is gone) or
 # `ActorUnavailableError`, which says nothing of the process: a caller that cannot
 # reach it gets one. A call from a new process to a SIGSTOPped actor raises it

@@ -53,7 +53,7 @@ from remedy.supervisor import placement, waits
 from remedy.supervisor.core.hang_watch import DEAD
 from remedy.supervisor.core.rank_slots import RankSlots
 from remedy.supervisor.exceptions import WaitTimeout
-from remedy.supervisor.pings import ping_actors
+from remedy.supervisor.pings import SPARE_PING_S, ping_actors
 from remedy.supervisor.rank import RankActor
 from remedy.supervisor.spec import NAMESPACE, RunSpec
 
@@ -64,11 +64,8 @@ log = structlog.get_logger("remedy.worker_group")
 
 # How long a rank gets to answer `result()` before it counts as still running.
 RESULT_TIMEOUT_S = 2.0
-# How long a warm spare gets to answer a ping before it is used: one that does not
-# (stopped, wedged) is killed, skipped, and replaced by a fresh spare.
-SPARE_PING_S = 1.0
 # How long a node's agent gets to promote a spare of its node (`NodeAgent.promote`: the lost
-# process gone, within `agent.PROMOTE_GONE_S`; the spare's answer, within `agent.SPARE_ANSWER_S`).
+# process gone, within `agent.PROMOTE_GONE_S`; the spare's answer, within `pings.SPARE_PING_S`).
 PROMOTE_S = 5.0
 # How long started actors get to say where they run (node, pid): a process start
 # takes seconds, tens of seconds for a whole group on a loaded node (30 s was too
