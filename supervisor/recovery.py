@@ -695,6 +695,7 @@ class Recovery:
         resume = steps[-1] if steps else None
         # The steps redone: from the checkpoint to the furthest step a rank reported.
         reached = max((s for r, s in c.last_steps().items() if r in world), default=0)
+        lead_executed = await self._lead_executed()
         if resume is None:
             resumed = "from step 0 with the initial state: no checkpoint is committed by every rank"
             floor = 0
@@ -704,15 +705,19 @@ class Recovery:
                 f"committed: {', '.join(map(str, steps))}"
             )
             floor = checkpoint_tick(directory, resume) or 0
-        self.run_dir.history({
-            "type": "full_restart", "resume_step": resume, "committed_steps": steps,
-            "reached_step": reached, "reason": f"restarting every rank {resumed}", "cause": cause,
-        })  # fmt: skip
-        c.goodput.expect_rewind(time.time(), cause)
         self.lost_ranks.starting_all(world, self.slots)
         self._failed.clear()
         for r in world:
-            self.slots.lose(r)
+            self.slots.lose(r)  # from here a report of the killed processes is refused
+        self.run_dir.history({
+            "type": "full_restart", "resume_step": resume, "committed_steps": steps,
+            "reached_step": reached, "lead_executed": lead_executed,
+            "reason": f"restarting every rank {resumed}", "cause": cause,
+        })  # fmt: skip
+        now = time.time()
+        c.goodput.expect_rewind(now, cause)
+        if lead_executed is not None:
+            c.goodput.expect_reach(now, lead_executed)
         self._ticks = dict.fromkeys(world, -1)  # before the launch: no report is missed
         info = await self.group.restart_all(resume)
         # What was decided on the steps run again is settled by running them again.
@@ -733,6 +738,18 @@ class Recovery:
             "reached_step": reached,
             "steps_lost": max(reached - (resume or 0), 0),
         }
+
+    async def _lead_executed(self) -> int | None:
+        """How many steps the goodput ledger's lead rank had executed, by its ping, before a
+        full-group restart kills it: a rank in a broken collective may not have reported
+        its last steps, which were executed all the same (`GoodputLedger.expect_reach`).
+        None when it is gone or silent (bounded by the ping timeout)."""
+        lead = self.controller.goodput.lead
+        if lead not in self.group.actors:
+            return None
+        answer = (await self.group.ping_all(self.watch.config.ping_timeout_s, ranks=[lead]))[lead]
+        step = answer.get("step") if isinstance(answer, dict) else None
+        return step if type(step) is int and step >= 0 else None
 
     async def _where_they_are(self, ranks: list[int]) -> str:
         """Each rank's phase and generation as its ping tells them, for a restart that timed out."""

@@ -77,6 +77,9 @@ class GoodputLedger:
         self._recent: deque[float] = deque(maxlen=RECENT_KEPT)
         self._seen: deque[tuple[int, float]] = deque(maxlen=SEEN_KEPT)
         self._causes: list[tuple[float, str]] = []  # rewinds expected, by time
+        # (time, steps): the lead had executed that many steps of its timeline at that time,
+        # by its own word (a ping), though their records may never come (`expect_reach`).
+        self._reaches: list[tuple[float, int]] = []
         self._disruptions: list[tuple[float, str]] = []  # rank losses and the like, by time
         # (what, cause) -> [steps, seconds]
         self._lost: dict[tuple[str, str | None], list[float]] = {}
@@ -86,6 +89,15 @@ class GoodputLedger:
     def expect_rewind(self, at: float, cause: str) -> None:
         """A rollback was decided, or a full-group restart begun, at `at`: the next rewind is its."""
         bisect.insort(self._causes, (at, cause))
+
+    def expect_reach(self, at: float, steps: int) -> None:
+        """The lead said at `at` that it had executed `steps` steps of its timeline (its ping,
+        just before a full-group restart killed it): the steps whose records it never sent
+        count as executed, kept until a rewind discards them. Applied before the first
+        record of a step that started after `at`, so a record sent before `at` and taken
+        after it still counts as reported."""
+        if steps > 0:
+            bisect.insort(self._reaches, (at, steps))
 
     def disrupted(self, at: float, cause: str) -> None:
         """Something stopped the group at `at` (a rank found lost): an idle span around it is its."""
@@ -121,23 +133,17 @@ class GoodputLedger:
             self.late += 1
             return
         start = end - dur if end is not None else None
+        filled = 0.0
+        while self._reaches and start is not None and self._reaches[0][0] <= start:
+            filled += self._fill(self._reaches.pop(0)[1])
         n = len(self._dur)
         cause = None
-        filled = 0.0
         if step < n:
             cause = self._take_cause(start)
             self._add("discarded_steps", cause, n - step, sum(self._dur[step:]))
             self._truncate(step)
         elif step > n:
-            missing = step - n
-            typical = self._typical()
-            self._dur.extend([typical] * missing)
-            self._skipped.extend(bytes(missing))
-            self._kept_n += missing
-            self._kept_s += typical * missing
-            self.executed += missing
-            self.unreported += missing
-            filled = missing * typical
+            filled += self._fill(step)
         if start is not None and end is not None:
             if self.first_start is None:
                 self.first_start = start
@@ -154,6 +160,21 @@ class GoodputLedger:
             self._kept_s += dur
         self._recent.append(dur)
         self.executed += 1
+
+    def _fill(self, steps: int) -> float:
+        """Extend the timeline to `steps` steps with ones executed whose records never came
+        (kept, at the typical step time); their seconds."""
+        missing = steps - len(self._dur)
+        if missing <= 0:
+            return 0.0
+        typical = self._typical()
+        self._dur.extend([typical] * missing)
+        self._skipped.extend(bytes(missing))
+        self._kept_n += missing
+        self._kept_s += typical * missing
+        self.executed += missing
+        self.unreported += missing
+        return missing * typical
 
     def _truncate(self, step: int) -> None:
         """Drop the timeline from `step` on, and its share of the running totals."""
@@ -339,6 +360,8 @@ class GoodputLedger:
                     ledger.expect_rewind(at, str(anomaly.get("kind", UNATTRIBUTED)))
             elif kind == "full_restart":
                 ledger.expect_rewind(at, str(r.get("cause", UNATTRIBUTED)))
+                if type(r.get("lead_executed")) is int:
+                    ledger.expect_reach(at, r["lead_executed"])
             elif kind == "supervisor_restored" and isinstance(r.get("outage"), dict):
                 ledger.outage(r["outage"])
         events = list(anomalies)

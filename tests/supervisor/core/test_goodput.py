@@ -89,6 +89,39 @@ def test_records_that_never_came_count_as_executed_and_kept() -> None:
     assert row(s, "stalled", "rank_dead")["seconds"] == pytest.approx(1.8)
 
 
+def test_steps_a_killed_lead_never_reported_are_executed_then_discarded_by_the_restart() -> None:
+    """The lead reported steps 0-27, then hung in step 33's broken collective; its ping said
+    33 steps executed just before a full-group restart from checkpoint 30 killed it. Steps
+    28-32 ran unreported, and 30-32 were discarded by the restart: 33 + 10 executions."""
+    g = GoodputLedger()
+    _, t = feed(g, range(28), 0, 100.0)
+    killed = t + 1.0
+    g.expect_rewind(killed, "rank_dead")
+    g.expect_reach(killed, 33)
+    _, end = feed(g, range(30, 40), 30, killed + 2.0)
+    s = g.summary(started=100.0, ended=end, completed=40)
+    assert (s["steps_executed"], s["steps_kept"], s["steps_unreported"]) == (43, 40, 5)
+    assert row(s, "discarded_steps", "rank_dead")["steps"] == 3
+    # The five unreported steps' typical time is not counted as stalled.
+    assert row(s, "stalled", "rank_dead")["seconds"] == pytest.approx(3.0 - 5 * STEP_S)
+
+
+def test_a_record_sent_before_the_restart_and_taken_after_it_counts_as_reported() -> None:
+    """Step 28's record was in flight when the lead said 30 steps: it is taken as reported
+    (it started before the restart), and only step 29 is filled in."""
+    g = GoodputLedger()
+    _, t = feed(g, range(28), 0, 0.0)
+    g.expect_reach(t + 1.0, 30)
+    g.record(0, rec(28, 28, t + STEP_S))
+    assert (g.executed, g.unreported) == (29, 0)
+    feed(g, range(30, 32), 30, t + 2.0)
+    assert (g.executed, g.unreported) == (32, 1)
+    # A reach below what was reported already adds nothing.
+    g.expect_reach(t + 3.0, 5)
+    feed(g, range(32, 33), 32, t + 4.0)
+    assert (g.executed, g.unreported) == (33, 1)
+
+
 def test_a_record_seen_twice_counts_once_and_a_rewind_without_a_cause_is_unattributed() -> None:
     g = GoodputLedger()
     feed(g, range(5), 0, 0.0)
@@ -165,6 +198,30 @@ def test_replay_from_the_run_directory_matches_the_live_ledger(tmp_path: Path) -
     kw = {"started": 1000.0, "ended": t, "completed": 10}
     assert again.summary(**kw) == live.summary(**kw)
     assert row(live.summary(**kw), "discarded_steps", "loss_spike")["steps"] == 6
+
+
+def test_replay_counts_the_steps_a_full_restart_record_says_the_lead_executed(
+    tmp_path: Path,
+) -> None:
+    """history.jsonl's full_restart record keeps the lead's ping (`lead_executed`): a restarted
+    supervisor counts the steps it never reported as the live ledger did."""
+    live = GoodputLedger()
+    records = [rec(s, s, 1000.0 + STEP_S * (s + 1)) for s in range(8)]
+    records += [rec(s, s, 1002.0 + STEP_S * (s - 5)) for s in range(6, 10)]
+    live.expect_rewind(1001.0, "rank_hang")
+    live.expect_reach(1001.0, 10)
+    for r in records:
+        live.record(0, r)
+    _jsonl(tmp_path / "metrics.jsonl", records)
+    _jsonl(tmp_path / "history.jsonl", [
+        {"type": "full_restart", "ts": "1970-01-01T00:16:41Z", "cause": "rank_hang",  # 1001 s
+         "lead_executed": 10},
+    ])  # fmt: skip
+    _jsonl(tmp_path / "anomalies.jsonl", [])
+    kw = {"started": 1000.0, "ended": 1002.5, "completed": 10}
+    assert goodput_of(tmp_path).summary(**kw) == live.summary(**kw)
+    assert (live.executed, live.unreported) == (14, 2)
+    assert row(live.summary(**kw), "discarded_steps", "rank_hang")["steps"] == 4
 
 
 def test_replay_reads_a_lost_rank_from_anomalies_jsonl_stamped_in_iso(tmp_path: Path) -> None:
