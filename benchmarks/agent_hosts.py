@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 
 from remedy.supervisor.agent import digest_period
@@ -161,7 +162,8 @@ class AgentHost:
         tasks += [asyncio.ensure_future(self._digests(a, seconds, interval, i / len(nodes),
                                                       paced=bool(cfg["paced"])))
                   for i, (a, rs) in enumerate(zip(agents, ranks, strict=True))]  # fmt: skip
-        probe = asyncio.ensure_future(self._probe(seconds))
+        rss0 = psutil.Process().memory_info().rss
+        probe = asyncio.ensure_future(self._probe(seconds, cfg.get("freeze_s", 0.0)))
         await asyncio.gather(*tasks)
         probe.cancel()
         if self.events:
@@ -175,18 +177,25 @@ class AgentHost:
                 "no_command": self.no_command, "receipts": self.receipts, "calls": self.calls,
                 "items": self.items, "cpu": cpu, "take_s": self.take_s, "taken": self.taken,
                 "late": self.late, "gc": self.gc, "t0_wall": self.t0_wall,
+                "rss": (rss0, psutil.Process().memory_info().rss),
                 "rejected": sum(sum(a.rejected.values()) for a in agents)}  # fmt: skip
 
-    async def _probe(self, seconds: float) -> None:
+    async def _probe(self, seconds: float, freeze_s: float) -> None:
         """How late this host's own event loop runs (a 10 ms sleep's overshoot): a reply
         reaches a simulated agent only when its host's loop gets to it, so this is in every
-        latency the host measures."""
+        latency the host measures. `freeze_s` (`--hosts-freeze-s`): freeze the heap that
+        often (the cyclic garbage frozen with it is never freed: the host's memory at the
+        end says what that cost)."""
         self.late: list[float] = []
         end = self.t0 + seconds
+        frozen = time.monotonic()
         while time.monotonic() < end:
             t = time.monotonic()
             await asyncio.sleep(0.01)
             self.late.append(time.monotonic() - t - 0.01)
+            if freeze_s and t - frozen >= freeze_s:
+                gc.freeze()
+                frozen = t
 
     def _window(self, at: float) -> dict[str, Any]:
         w = int((at - self.t0) // WINDOW_S)
@@ -279,6 +288,26 @@ def _probe_on(self: Any) -> None:
     self._bench_gc = []
     self._bench_gc_callback = gc_recorder(self._bench_gc)
     gc.callbacks.append(self._bench_gc_callback)
+    # Each state record's wall time (it runs on the loop: a call waiting for it waits all of
+    # it) and its fsync's, with the wall time it ended: (record s, fsync s, ended at).
+    self._bench_records = []
+    fsyncs = [0.0]
+    fsync, write_state = os.fsync, self.write_state
+
+    def timed_fsync(fd: int) -> None:
+        t = time.perf_counter()
+        fsync(fd)
+        fsyncs[0] += time.perf_counter() - t
+
+    def timed_write(*, before_reply: bool = False) -> None:
+        fsyncs[0] = 0.0
+        t = time.perf_counter()
+        write_state(before_reply=before_reply)
+        self._bench_records.append((time.perf_counter() - t, fsyncs[0], time.time()))
+
+    self._bench_unpatch = (fsync, write_state)
+    os.fsync = timed_fsync
+    self.write_state = timed_write
 
     async def probe() -> None:
         while True:
@@ -315,7 +344,9 @@ def gc_recorder(out: list[tuple[int, float, float, int]]) -> Any:
 def _probe_off(self: Any) -> dict[str, list[Any]]:
     actor_loop().call_soon_threadsafe(self._bench_probe.cancel)
     gc.callbacks.remove(self._bench_gc_callback)
-    return {"late": list(self._bench_late), "gc": list(self._bench_gc)}
+    os.fsync, self.write_state = self._bench_unpatch
+    return {"late": list(self._bench_late), "gc": list(self._bench_gc),
+            "records": list(self._bench_records)}  # fmt: skip
 
 
 def _gc_young(_self: Any, threshold: int) -> None:
@@ -372,6 +403,7 @@ def agent_level(
     digest_s = args.digest_s or digest_period(len(nodes))  # as a run's agents would
     cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s, "digest_s": digest_s,
            "paced": args.digest_s is None, "nice": getattr(args, "hosts_nice", 0),
+           "freeze_s": getattr(args, "hosts_freeze_s", 0.0),
            "event_p": args.events_per_s / (ranks * args.step_hz)}  # fmt: skip
     token = spec.token
     actor_class = NullSupervisor if floor else SupervisorActor
@@ -402,7 +434,7 @@ def agent_level(
     results = ray.get(refs)
     machine = (machine_cpu_s() - busy0) / (time.monotonic() - t0)
     probed = ray.get(sup.__ray_call__.remote(_probe_off))
-    sup_late, sup_gc = probed["late"], probed["gc"]
+    sup_late, sup_gc, sup_records = probed["late"], probed["gc"], probed["records"]
     status = ray.get(sup.status.remote(token))
     if profile is not None:
         print(ray.get(sup.__ray_call__.remote(profile[1])))
@@ -502,6 +534,21 @@ def agent_level(
             for g in (0, 1, 2))
             + "; over 50 ms: " + (", ".join(f"{s * 1e3:.0f} ms (gen {g}) at {at:.0f} s"
                                             for at, s, g in long[:8]) or "none"))  # fmt: skip
+    # The state records (journal.wal, fsynced) on the supervisor's loop: a decision's reply
+    # waits for one, and every call behind it waits too.
+    if sup_records:
+        took, synced = [x[0] for x in sup_records], [x[1] for x in sup_records]
+        long = sorted((at - t0_wall, s, f) for s, f, at in sup_records if s > 0.05)
+        print(f"  the supervisor's state records: {len(took)}, p50 / p99 / longest "
+              f"{pct(took, 0.5) * 1e3:.1f} / {pct(took, 0.99) * 1e3:.1f} / {max(took) * 1e3:.1f} "
+              f"ms, their fsync {pct(synced, 0.5) * 1e3:.1f} / {pct(synced, 0.99) * 1e3:.1f} / "
+              f"{max(synced) * 1e3:.1f} ms; over 50 ms: " + (", ".join(
+                  f"{s * 1e3:.0f} ms (fsync {f * 1e3:.0f}) at {at:.0f} s" for at, s, f in long[:8])
+                  or "none"))  # fmt: skip
+    rss = [r["rss"] for r in results]
+    print(f"  the agent hosts' memory (RSS): {', '.join(f'{a / 2**20:.0f}' for a, _ in rss)} MiB "
+          f"after setup, {', '.join(f'{b / 2**20:.0f}' for _, b in rss)} MiB at the end"
+          + (f"; each froze its heap every {cfg['freeze_s']:g} s" if cfg["freeze_s"] else ""))  # fmt: skip
     print(f"  CPU (cores busy): supervisor {sup_cpu:.3f} ({figures['sup_cpu_per_call'] * 1e6:.0f} us "
           f"per agent call), the {hosts} agent hosts {host_cpu:.2f} "
           f"({figures['agent_cpu_per_report'] * 1e6:.0f} us per rank report, simulation included; "

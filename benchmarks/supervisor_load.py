@@ -504,6 +504,10 @@ def main() -> None:
     p.add_argument("--hosts-nice", type=int, default=0,
                    help="--agents: run the agent hosts at this nice value, below the supervisor "
                         "(on a cluster the agents run on other nodes than the supervisor's)")  # fmt: skip
+    p.add_argument("--hosts-freeze-s", type=float, default=0.0,
+                   help="--agents: the agent hosts freeze their heap (gc.freeze) every this many "
+                        "seconds, so that a collection never walks a heap of hundreds of agents, "
+                        "which no real agent has (0: once, after setup)")  # fmt: skip
     p.add_argument("--gc-young", type=int, default=0,
                    help="--agents: the supervisor's youngest-generation GC threshold (a run's: "
                         "actor.GC_YOUNG)")  # fmt: skip

@@ -24,6 +24,7 @@ from remedy.supervisor.core.run_state import (
     RunState,
     StateLog,
     StateSchemaError,
+    _changed,
     fold,
     migrate,
 )
@@ -214,6 +215,41 @@ def test_a_delta_holds_only_what_changed() -> None:
     assert delta["patch"] == {"slots": {"7": {"state": "lost"}}}
     assert fold([json.loads(json.dumps(first)), json.loads(json.dumps(delta))])[0] == second
     assert len(json.dumps(delta)) * 100 < len(json.dumps(first))
+
+
+def test_the_changed_entries_are_found_whether_the_maps_keep_their_order_or_not() -> None:
+    """`_changed` pairs the two maps' values in order when they hold the same ranks in the
+    same order, else looks each up: both give what a lookup per entry gives, for entries
+    kept as the same object, set again to an equal value, changed, added or removed,
+    and for values that are numbers, slot records (dicts) or lists."""
+
+    def reference(entries: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+        return {r: v for r, v in entries.items() if r not in last or last[r] != v}
+
+    rng = random.Random(5)
+    for case in range(300):
+        last: dict[str, Any] = {}
+        for r in range(rng.randrange(0, 40)):
+            kind = rng.randrange(3)
+            last[str(r)] = (10**6 + rng.randrange(5) if kind == 0 else
+                            {"rank": r, "state": rng.choice("ab")} if kind == 1 else
+                            [r, rng.randrange(3)])  # fmt: skip
+        entries = dict(last)
+        for r in list(entries):
+            roll = rng.random()
+            if roll < 0.1:  # set again to an equal value: not the same object
+                entries[r] = json.loads(json.dumps(entries[r]))
+            elif roll < 0.2:
+                entries[r] = {"rank": int(r), "state": "c"}
+            elif roll < 0.25:
+                del entries[r]
+        if rng.random() < 0.3:
+            entries[str(100 + case)] = 1
+        if rng.random() < 0.2:  # the same ranks in another order
+            keys = list(entries)
+            rng.shuffle(keys)
+            entries = {k: entries[k] for k in keys}
+        assert _changed(entries, last) == reference(entries, last), case
 
 
 @pytest.mark.timeout(30)
