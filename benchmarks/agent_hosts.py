@@ -292,7 +292,7 @@ def _probe_on(self: Any) -> None:
     # it) and its fsync's, with the wall time it ended: (record s, fsync s, ended at).
     self._bench_records = []
     fsyncs = [0.0]
-    fsync, write_state = os.fsync, self.write_state
+    fsync, write_state = os.fsync, getattr(self, "write_state", None)
 
     def timed_fsync(fd: int) -> None:
         t = time.perf_counter()
@@ -302,12 +302,14 @@ def _probe_on(self: Any) -> None:
     def timed_write(*, before_reply: bool = False) -> None:
         fsyncs[0] = 0.0
         t = time.perf_counter()
+        assert write_state is not None
         write_state(before_reply=before_reply)
         self._bench_records.append((time.perf_counter() - t, fsyncs[0], time.time()))
 
     self._bench_unpatch = (fsync, write_state)
-    os.fsync = timed_fsync
-    self.write_state = timed_write
+    if write_state is not None:  # not `--ray-floor`'s actor, which writes none
+        os.fsync = timed_fsync
+        self.write_state = timed_write
 
     async def probe() -> None:
         while True:
@@ -344,9 +346,13 @@ def gc_recorder(out: list[tuple[int, float, float, int]]) -> Any:
 def _probe_off(self: Any) -> dict[str, list[Any]]:
     actor_loop().call_soon_threadsafe(self._bench_probe.cancel)
     gc.callbacks.remove(self._bench_gc_callback)
-    os.fsync, self.write_state = self._bench_unpatch
+    os.fsync, write_state = self._bench_unpatch
+    if write_state is not None:
+        self.write_state = write_state
+    intake = getattr(self, "intake", None)
     return {"late": list(self._bench_late), "gc": list(self._bench_gc),
-            "records": list(self._bench_records)}  # fmt: skip
+            "records": list(self._bench_records),
+            "intake": (intake.urgent_calls, intake.overtaken) if intake else None}  # fmt: skip
 
 
 def _gc_young(_self: Any, threshold: int) -> None:
@@ -435,6 +441,7 @@ def agent_level(
     machine = (machine_cpu_s() - busy0) / (time.monotonic() - t0)
     probed = ray.get(sup.__ray_call__.remote(_probe_off))
     sup_late, sup_gc, sup_records = probed["late"], probed["gc"], probed["records"]
+    intake = probed["intake"]
     status = ray.get(sup.status.remote(token))
     if profile is not None:
         print(ray.get(sup.__ray_call__.remote(profile[1])))
@@ -545,6 +552,9 @@ def agent_level(
               f"{max(synced) * 1e3:.1f} ms; over 50 ms: " + (", ".join(
                   f"{s * 1e3:.0f} ms (fsync {f * 1e3:.0f}) at {at:.0f} s" for at, s, f in long[:8])
                   or "none"))  # fmt: skip
+    if intake is not None and intake[0]:
+        print(f"  the supervisor's intake: {intake[0]} calls with anomalies, taken ahead of "
+              f"{intake[1]} digests waiting ({intake[1] / intake[0]:.2f} a call)")  # fmt: skip
     rss = [r["rss"] for r in results]
     print(f"  the agent hosts' memory (RSS): {', '.join(f'{a / 2**20:.0f}' for a, _ in rss)} MiB "
           f"after setup, {', '.join(f'{b / 2**20:.0f}' for _, b in rss)} MiB at the end"

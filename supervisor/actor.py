@@ -81,6 +81,7 @@ from remedy.supervisor.core.run_state import RunState, StateLog
 from remedy.supervisor.core.sightings import Sightings
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
+from remedy.supervisor.intake import Intake
 from remedy.supervisor.journals import goodput_of, last_written, read_journal
 from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch, verdict_window_s
 from remedy.supervisor.node_watch import POLL_S as NODE_POLL_S
@@ -239,6 +240,11 @@ class SupervisorActor:
         self._agents_starting: set[asyncio.Task[None]] = set()
         self._agent_ranks: dict[str, set[int]] = {}  # agent (node) -> the ranks it sent
         self._committing: asyncio.Future[None] | None = None  # the state record calls await
+        self.intake = Intake(
+            self._take_items,
+            lambda: self._keep_state(before_reply=True),
+            lambda ranks: self.controller.commands_for_ranks(sorted(ranks)),
+        )
         if lives:
             self._restore(run, older, tail)
             # Nobody else will call `start` on a restarted supervisor: call it ourselves,
@@ -514,14 +520,20 @@ class SupervisorActor:
         """
         if not self._authorized(token, "report_many") or not isinstance(items, list):
             return {}
-        node = str(node)[:64]
+        # An anomaly's call is taken ahead of the digests waiting; every call is answered
+        # after a state record that covers it: no rank holds a command the journal lacks.
+        return await self.intake.call(str(node)[:64], items[: self.spec.workers])
+
+    def _take_items(self, node: str, items: list[Any]) -> set[int]:
+        """Take one agent call's items (`Intake`); the ranks its answer covers: every rank
+        this node's agent has sent (a command decided on another node's report reaches
+        this node's ranks with it)."""
         answer = self._agent_ranks.setdefault(node, set())
-        for item in items[: self.spec.workers]:
+        for item in items:
             took = self._took(self.core.step(Report(item, node)), gauges=False)
             if took is not None:
                 answer.add(took.rank)
-        await self._commit()  # before the reply: no rank holds a command the journal lacks
-        return self.controller.commands_for_ranks(sorted(answer))
+        return answer
 
     async def hang_seen(self, token: Any, node: Any, items: Any) -> None:
         """A node agent suspected one of its ranks and pinged its ranks: what it saw.
@@ -550,12 +562,12 @@ class SupervisorActor:
         }
 
     async def _commit(self) -> None:
-        """A state record covering every change so far, shared by the calls waiting together.
+        """A state record covering every change so far, shared by the calls waiting together
+        (`settled`; agents' reports have theirs from `Intake`).
 
-        Each agent call that moved the controller waits for one record written
-        after it; the calls Ray has queued meanwhile are taken first, so under
-        load one record answers many calls instead of one each (at 4,096 ranks
-        a record takes tens of milliseconds).
+        Each call that needs one waits for one record written after it; the
+        calls Ray has queued meanwhile are taken first, so under load one record
+        answers many calls instead of one each.
         """
         if self.controller.changes == self._state_changes:
             return
