@@ -133,7 +133,7 @@ class AgentHost:
         self.sup, self.token, self.t0 = supervisor, token, time.monotonic()
         self.t0_wall = time.time()
         # This host's garbage collections: a pause holds every simulated agent of the host.
-        self.gc: list[tuple[int, float, float, int]] = []
+        self.gc: list[tuple[int, float, float, int, float]] = []
         collected = gc_recorder(self.gc)
         gc.callbacks.append(collected)
         self.windows: dict[int, dict[str, Any]] = {}
@@ -289,7 +289,8 @@ def _probe_on(self: Any) -> None:
     self._bench_gc_callback = gc_recorder(self._bench_gc)
     gc.callbacks.append(self._bench_gc_callback)
     # Each state record's wall time (it runs on the loop: a call waiting for it waits all of
-    # it) and its fsync's, with the wall time it ended: (record s, fsync s, ended at).
+    # it) and its fsync's, with the wall time it ended and its CPU time: (record s, fsync s,
+    # ended at, CPU s).
     self._bench_records = []
     fsyncs = [0.0]
     fsync, write_state = os.fsync, getattr(self, "write_state", None)
@@ -301,10 +302,12 @@ def _probe_on(self: Any) -> None:
 
     def timed_write(*, before_reply: bool = False) -> None:
         fsyncs[0] = 0.0
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         assert write_state is not None
         write_state(before_reply=before_reply)
-        self._bench_records.append((time.perf_counter() - t, fsyncs[0], time.time()))
+        self._bench_records.append(
+            (time.perf_counter() - t, fsyncs[0], time.time(), time.thread_time() - c)
+        )
 
     self._bench_unpatch = (fsync, write_state)
     if write_state is not None:  # not `--ray-floor`'s actor, which writes none
@@ -328,17 +331,19 @@ def _probe_on(self: Any) -> None:
     done.wait(10)
 
 
-def gc_recorder(out: list[tuple[int, float, float, int]]) -> Any:
+def gc_recorder(out: list[tuple[int, float, float, int, float]]) -> Any:
     """A `gc.callbacks` entry appending (generation, pause in s, wall time it ended, objects
-    it freed) to `out`."""
-    began = [0.0]
+    it freed, the pause's CPU time in s) to `out`: a pause much longer than its CPU time
+    is the process waiting for a core, not the collection's work."""
+    began = [0.0, 0.0]
 
     def collected(phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            began[0] = time.perf_counter()
+            began[0], began[1] = time.perf_counter(), time.thread_time()
         else:
             pause = time.perf_counter() - began[0]
-            out.append((info["generation"], pause, time.time(), info["collected"]))
+            cpu = time.thread_time() - began[1]
+            out.append((info["generation"], pause, time.time(), info["collected"], cpu))
 
     return collected
 
@@ -533,25 +538,28 @@ def agent_level(
     t0_wall = results[0]["t0_wall"]
     for who, pauses in (("the supervisor's", sup_gc),
                         ("the agent hosts'", [x for r in results for x in r["gc"]])):  # fmt: skip
-        long = sorted((at - t0_wall, s, g) for g, s, at, _ in pauses if s > 0.05)
+        long = sorted((at - t0_wall, s, g, c) for g, s, at, _, c in pauses if s > 0.05)
         print(f"  {who} garbage collections: " + "; ".join(
             f"generation {g} {sum(1 for x in pauses if x[0] == g)}, longest "
             f"{max((x[1] for x in pauses if x[0] == g), default=0) * 1e3:.1f} ms, freeing "
             f"{statistics.median([x[3] for x in pauses if x[0] == g] or [0]):.0f} objects (median)"
             for g in (0, 1, 2))
-            + "; over 50 ms: " + (", ".join(f"{s * 1e3:.0f} ms (gen {g}) at {at:.0f} s"
-                                            for at, s, g in long[:8]) or "none"))  # fmt: skip
+            + "; over 50 ms: " + (", ".join(f"{s * 1e3:.0f} ms (gen {g}, CPU {c * 1e3:.0f}) at "
+                                            f"{at:.0f} s" for at, s, g, c in long[:8])
+                                  or "none"))  # fmt: skip
     # The state records (journal.wal, fsynced) on the supervisor's loop: a decision's reply
     # waits for one, and every call behind it waits too.
     if sup_records:
         took, synced = [x[0] for x in sup_records], [x[1] for x in sup_records]
-        long = sorted((at - t0_wall, s, f) for s, f, at in sup_records if s > 0.05)
+        cpu_took = [x[3] for x in sup_records]
+        long = sorted((at - t0_wall, s, f, c) for s, f, at, c in sup_records if s > 0.05)
         print(f"  the supervisor's state records: {len(took)}, p50 / p99 / longest "
               f"{pct(took, 0.5) * 1e3:.1f} / {pct(took, 0.99) * 1e3:.1f} / {max(took) * 1e3:.1f} "
-              f"ms, their fsync {pct(synced, 0.5) * 1e3:.1f} / {pct(synced, 0.99) * 1e3:.1f} / "
+              f"ms (CPU p50 / p99 {pct(cpu_took, 0.5) * 1e3:.1f} / {pct(cpu_took, 0.99) * 1e3:.1f}"
+              f" ms), their fsync {pct(synced, 0.5) * 1e3:.1f} / {pct(synced, 0.99) * 1e3:.1f} / "
               f"{max(synced) * 1e3:.1f} ms; over 50 ms: " + (", ".join(
-                  f"{s * 1e3:.0f} ms (fsync {f * 1e3:.0f}) at {at:.0f} s" for at, s, f in long[:8])
-                  or "none"))  # fmt: skip
+                  f"{s * 1e3:.0f} ms (fsync {f * 1e3:.0f}, CPU {c * 1e3:.0f}) at {at:.0f} s"
+                  for at, s, f, c in long[:8]) or "none"))  # fmt: skip
     if intake is not None and intake[0]:
         print(f"  the supervisor's intake: {intake[0]} calls with anomalies, taken ahead of "
               f"{intake[1]} digests waiting ({intake[1] / intake[0]:.2f} a call)")  # fmt: skip
