@@ -411,6 +411,11 @@ def agent_level(
     rpn = args.ranks_per_node
     nodes = [list(range(i, min(i + rpn, ranks))) for i in range(0, ranks, rpn)]
     hosts = max(1, min(args.agent_hosts, len(nodes)))
+    # `--probe-nodes K`: the first K nodes run in a process of their own and are the only
+    # ones raising anomalies (at the same rate in all), so the decisions are timed from
+    # agents whose process is as idle as a real agent's, not one of hundreds of agents
+    # packed in one process whose every pause holds them all.
+    probe = min(max(0, getattr(args, "probe_nodes", 0)), len(nodes) - 1)
     digest_s = args.digest_s or digest_period(len(nodes))  # as a run's agents would
     cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s, "digest_s": digest_s,
            "paced": args.digest_s is None, "nice": getattr(args, "hosts_nice", 0),
@@ -426,19 +431,27 @@ def agent_level(
     ray.get(sup.status.remote(token))
     if getattr(args, "gc_young", 0):  # `--gc-young N`: the threshold the supervisor collects at
         ray.get(sup.__ray_call__.remote(_gc_young, args.gc_young))
-    actors = [AgentHost.remote() for _ in range(hosts)]  # type: ignore[attr-defined]
+    actors = [AgentHost.remote() for _ in range(hosts + bool(probe))]  # type: ignore[attr-defined]
     ray.get([a.__ray_ready__.remote() for a in actors])
     pids = [_pid(a) for a in (sup, *actors)]
     if profile is not None:
         ray.get(sup.__ray_call__.remote(profile[0]))
     ray.get(sup.__ray_call__.remote(_probe_on))
-    per = -(-len(nodes) // hosts)
+    # (first node, nodes, anomaly probability per rank step) of each host process.
+    shares: list[tuple[int, list[list[int]], float]] = []
+    if probe:
+        event_p = args.events_per_s / (probe * rpn * args.step_hz)
+        shares.append((0, nodes[:probe], event_p))
+    rest = len(nodes) - probe
+    per = -(-rest // hosts)
+    shares += [(probe + i * per, nodes[probe + i * per : probe + (i + 1) * per],
+                0.0 if probe else cfg["event_p"]) for i in range(hosts)]  # fmt: skip
     # The whole machine's busy CPU over the run: what the supervisor competes with here (the
     # agent hosts, Ray's own processes, the driver), which on a cluster runs elsewhere.
     busy0, t0 = machine_cpu_s(), time.monotonic()
-    refs = [a.run.remote(sup, nodes[i * per : (i + 1) * per], i * per, args.seconds, cfg, token,
-                         ranks, pids if i == 0 else [])
-            for i, a in enumerate(actors)]  # fmt: skip
+    refs = [a.run.remote(sup, share, first, args.seconds, cfg | {"event_p": p}, token, ranks,
+                         pids if i == 0 else [])
+            for i, (a, (first, share, p)) in enumerate(zip(actors, shares, strict=True))]  # fmt: skip
     cursor = 0
     while len(ray.wait(refs, num_returns=len(refs), timeout=display_poll_s)[0]) < len(refs):
         _, cursor = ray.get(sup.events.remote(cursor, token))  # as `remote run`'s display polls
@@ -479,6 +492,9 @@ def agent_level(
     print(f"\n{ranks} ranks on {len(nodes)} simulated nodes ({rpn} ranks each) through "
           f"{len(nodes)} agents, run by {hosts} host processes standing in for the {len(nodes)} "
           f"agents" + (f" at nice {cfg['nice']}" if cfg["nice"] else "")
+          + (f", and 1 more process running the {probe} probe nodes ({probe * rpn} ranks), "
+             f"the only ones raising anomalies (--probe-nodes): the decisions are timed "
+             f"there" if probe else "")
           + f"; {seconds:.0f} s, 1 report per rank every {args.heartbeat_s:g} s, a digest per "
           f"agent every {digest_s:g} s" + (" or as often as its ranks report, if longer"
                                            if cfg["paced"] else " (fixed)"))  # fmt: skip
@@ -492,7 +508,8 @@ def agent_level(
     sup_cpu = cpu[0]
     host_cpu = sum(cpu[1:-1]) if len(cpu) > 2 else cpu[-1]
     figures = {
-        "ranks": ranks, "nodes": len(nodes), "hosts": hosts, "seconds": seconds,
+        "ranks": ranks, "nodes": len(nodes), "hosts": hosts, "probe_nodes": probe,
+        "seconds": seconds,
         "reports_s": taken / seconds, "calls_s": sup_calls,
         "digest_calls_s": calls["digest"] / seconds, "event_calls_s": calls["event"] / seconds,
         "items_s": sum(r["items"] for r in results) / seconds,
@@ -568,7 +585,7 @@ def agent_level(
           f"after setup, {', '.join(f'{b / 2**20:.0f}' for _, b in rss)} MiB at the end"
           + (f"; each froze its heap every {cfg['freeze_s']:g} s" if cfg["freeze_s"] else ""))  # fmt: skip
     print(f"  CPU (cores busy): supervisor {sup_cpu:.3f} ({figures['sup_cpu_per_call'] * 1e6:.0f} us "
-          f"per agent call), the {hosts} agent hosts {host_cpu:.2f} "
+          f"per agent call), the {len(actors)} agent hosts {host_cpu:.2f} "
           f"({figures['agent_cpu_per_report'] * 1e6:.0f} us per rank report, simulation included; "
           f"{figures['take_us']:.0f} us of it in the agent's own work); whole machine "
           f"{machine:.2f} of {os.cpu_count()} cores busy, load average "

@@ -504,6 +504,11 @@ def main() -> None:
     p.add_argument("--hosts-nice", type=int, default=0,
                    help="--agents: run the agent hosts at this nice value, below the supervisor "
                         "(on a cluster the agents run on other nodes than the supervisor's)")  # fmt: skip
+    p.add_argument("--probe-nodes", type=int, default=0,
+                   help="--agents: this many nodes run in a process of their own and are the "
+                        "only ones raising anomalies (at --events-per-s in all): the decisions "
+                        "are timed from agents as idle as a real node's, not from a process "
+                        "packing hundreds of agents (0: every node raises them)")  # fmt: skip
     p.add_argument("--hosts-freeze-s", type=float, default=0.0,
                    help="--agents: the agent hosts freeze their heap (gc.freeze) every this many "
                         "seconds, so that a collection never walks a heap of hundreds of agents, "

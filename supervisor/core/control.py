@@ -90,8 +90,12 @@ class Outcomes(dict[int, Outcome]):
 
     def __init__(self, items: Iterable[tuple[int, Outcome]] = ()) -> None:
         super().__init__()
-        # group key -> [the outcome's fields but its rank, the ranks' bit mask]
+        # group key -> [the outcome's fields but its rank, the ranks' bit mask, the key]
         self._groups: dict[tuple[Any, ...], list[Any]] = {}
+        # rank -> its group's key: the group's own key object, so that an outcome keeps no
+        # key of its own (4,096 ranks' outcomes of each pending command would otherwise keep
+        # two tuples each, which the supervisor's garbage collector walked: 2/3 of the
+        # objects its young generation held at 4,096 ranks, `supervisor_load.py --agents`).
         self._key_of: dict[int, tuple[Any, ...]] = {}
         for rank, outcome in items:
             self[rank] = outcome
@@ -105,9 +109,9 @@ class Outcomes(dict[int, Outcome]):
         if group is None:
             fields = outcome.to_dict()
             del fields["rank"]
-            group = self._groups[key] = [fields, 0]
+            group = self._groups[key] = [fields, 0, key]
         group[1] |= 1 << rank
-        self._key_of[rank] = key
+        self._key_of[rank] = group[2]
 
     def __delitem__(self, rank: int) -> None:
         super().__delitem__(rank)
@@ -132,7 +136,7 @@ class Outcomes(dict[int, Outcome]):
 
     def grouped(self) -> list[tuple[dict[str, Any], int]]:
         """(an outcome's fields but its rank, the bit mask of the ranks that reported it)."""
-        return [(fields, mask) for fields, mask in self._groups.values()]
+        return [(fields, mask) for fields, mask, _ in self._groups.values()]
 
     # Every other way to change a dict would bypass the groups.
     def update(self, *args: Any, **kwargs: Any) -> None:
