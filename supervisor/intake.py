@@ -99,8 +99,10 @@ class Intake:
         self.overtaken += len(self._queue)
         for c in own:  # this agent's digests first, in the order it sent them
             self._take_one(c)
-        ranks = self._take(node, items)
-        self._settle()  # raises if the record failed: this call fails, as the digests did
+        try:
+            ranks = self._take(node, items)
+        finally:  # the digests taken above are answered even if these items raised
+            self._settle()  # raises if the record failed: this call fails, as the digests do
         return self._answer(ranks)
 
     def _take_one(self, call: _Call) -> None:

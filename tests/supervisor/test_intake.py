@@ -137,3 +137,23 @@ def test_a_take_that_raises_fails_only_its_own_call() -> None:
         assert isinstance(results[1], ValueError)
 
     asyncio.run(main())
+
+
+def test_an_anomaly_that_raises_still_answers_its_agents_digests_taken_before_it() -> None:
+    log = Log()
+    take = log.take
+
+    def picky(node: str, items: list[Any]) -> set[int]:
+        if items[0]["tag"] == "bad":
+            raise ValueError("no")
+        return take(node, items)
+
+    async def main() -> None:
+        intake = Intake(picky, log.record, log.answer)
+        mine = asyncio.ensure_future(intake.call("n", digest("d")))
+        await asyncio.sleep(0)  # queued, not taken yet
+        with pytest.raises(ValueError, match="no"):
+            await intake.call("n", anomaly("bad"))
+        assert await asyncio.wait_for(mine, 1) == {0: []}
+
+    asyncio.run(main())
