@@ -4,6 +4,7 @@ waiting, its own agent's digests first, and no call is answered before a record 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -116,17 +117,22 @@ def test_a_record_that_fails_fails_the_calls_it_covered_and_the_next_ones_go_on(
     asyncio.run(main())
 
 
+def refusing(log: Log, tag: str) -> Callable[[str, list[Any]], set[int]]:
+    """`log.take`, raising for the items tagged `tag`."""
+
+    def take(node: str, items: list[Any]) -> set[int]:
+        if items[0]["tag"] == tag:
+            raise ValueError("no")
+        return log.take(node, items)
+
+    return take
+
+
 def test_a_take_that_raises_fails_only_its_own_call() -> None:
     log = Log()
-    take = log.take
-
-    def picky(node: str, items: list[Any]) -> set[int]:
-        if items[0]["tag"] == "bad":
-            raise ValueError("no")
-        return take(node, items)
 
     async def main() -> None:
-        intake = Intake(picky, log.record, log.answer)
+        intake = Intake(refusing(log, "bad"), log.record, log.answer)
         results = await asyncio.gather(
             intake.call("n", digest("ok1")),
             intake.call("n", digest("bad")),
@@ -141,15 +147,9 @@ def test_a_take_that_raises_fails_only_its_own_call() -> None:
 
 def test_an_anomaly_that_raises_still_answers_its_agents_digests_taken_before_it() -> None:
     log = Log()
-    take = log.take
-
-    def picky(node: str, items: list[Any]) -> set[int]:
-        if items[0]["tag"] == "bad":
-            raise ValueError("no")
-        return take(node, items)
 
     async def main() -> None:
-        intake = Intake(picky, log.record, log.answer)
+        intake = Intake(refusing(log, "bad"), log.record, log.answer)
         mine = asyncio.ensure_future(intake.call("n", digest("d")))
         await asyncio.sleep(0)  # queued, not taken yet
         with pytest.raises(ValueError, match="no"):
