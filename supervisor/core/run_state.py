@@ -58,7 +58,7 @@ import copy
 import json
 from dataclasses import dataclass, field
 from itertools import compress
-from operator import is_not, itemgetter
+from operator import eq, is_not, itemgetter
 from typing import Any
 
 from remedy.supervisor.core.job_state import JobState
@@ -235,7 +235,9 @@ _PER_RANK_PATHS = frozenset(_path(section, key) for section, key in PER_RANK)
 
 
 def _entries(record: dict[str, Any], section: str, key: str | None) -> dict[str, Any] | None:
-    """The per-rank map at (section, key) of `record`, keyed by rank as a string, or None."""
+    """The per-rank map at (section, key) of `record`, keyed by rank, or None. (A map's
+    keys are as its record gives them: numbers in memory, strings once through JSON;
+    a delta's are written as JSON strings either way.)"""
     value = record.get(section)
     if key is None:
         if isinstance(value, dict):
@@ -243,9 +245,9 @@ def _entries(record: dict[str, Any], section: str, key: str | None) -> dict[str,
         if not isinstance(value, list):
             return None
         try:  # without a Python step per slot: the slot list is keyed at each record
-            return dict(zip(map(str, map(_RANK, value)), value, strict=True))
+            return dict(zip(map(_RANK, value), value, strict=True))
         except (TypeError, KeyError):  # an entry that is no slot record: skipped, as below
-            return {str(item["rank"]): item for item in value if isinstance(item, dict)}
+            return {item["rank"]: item for item in value if isinstance(item, dict)}
     if not isinstance(value, dict):
         return None
     inner = value.get(key)
@@ -253,7 +255,10 @@ def _entries(record: dict[str, Any], section: str, key: str | None) -> dict[str,
 
 
 def _encoded(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
+    """A section's text, to tell whether it changed since the last record. Keys are not
+    sorted (a third of the encoding's time): a section built in another order with the
+    same content is written again, which costs bytes, never a change missed."""
+    return json.dumps(value, default=str)
 
 
 class StateLog:
@@ -313,8 +318,6 @@ class StateLog:
         for path, entries in ranks.items():
             last = self._last_ranks[path]
             diff = _changed(entries, last)
-            for r in last.keys() - entries.keys():
-                diff[r] = None
             count += len(diff)
             patch = _patches(diff, last)
             if patch:
@@ -364,19 +367,23 @@ class StateLog:
         return out
 
 
-def _changed(entries: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
-    """The entries of `entries` new or changed since `last`: by identity first (an unchanged
-    slot record, or a number nobody set again, is the same object), then by value.
+def _changed(entries: dict[Any, Any], last: dict[Any, Any]) -> dict[Any, Any]:
+    """The entries of `entries` new or changed since `last`, and None for each rank gone: by
+    identity first (an unchanged slot record, or a number nobody set again, is the same
+    object), then by value.
 
     The maps of two records nearly always hold the same ranks in the same order: then
-    the values are paired up in order and compared by identity without a Python step
-    per rank (`map`, `compress`), and only the entries not identical are compared by
-    value; 4,096 ranks of which a few hundred moved take about a tenth of the time of
-    the general case, which looks every entry up in `last` (and takes anything else)."""
-    if len(entries) == len(last) and list(entries) == list(last):
+    the keys and the values are paired up in order (`map`, `compress`, without a Python
+    step per rank), and only the values not identical are compared; 4,096 ranks of which
+    a few hundred moved take about a tenth of the time of the general case, which looks
+    every entry up in `last` (and takes anything else)."""
+    if len(entries) == len(last) and all(map(eq, entries, last)):
         moved = compress(entries.items(), map(is_not, entries.values(), last.values()))
         return {r: v for r, v in moved if last[r] != v}
-    return {r: v for r, v in entries.items() if (was := last.get(r, _GONE)) is not v and was != v}
+    diff = {r: v for r, v in entries.items() if (was := last.get(r, _GONE)) is not v and was != v}
+    for r in last.keys() - entries.keys():
+        diff[r] = None
+    return diff
 
 
 _GONE = object()

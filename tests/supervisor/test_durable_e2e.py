@@ -233,6 +233,8 @@ def test_a_plain_dataloader_resumes_a_full_restart_bitwise(
     assert {r["result"]["params_digest"] for r in summary["ranks"]} == {loader_twin}
     # Rank 0 was in step 33's broken collective: its ping said 33 steps executed, the last
     # of them maybe never reported before it was killed; they count all the same.
-    [restart] = [r for r in read_jsonl(tmp_path / "history.jsonl") if r.get("type") == "full_restart"]
+    [restart] = [
+        r for r in read_jsonl(tmp_path / "history.jsonl") if r.get("type") == "full_restart"
+    ]
     assert restart["lead_executed"] == 33, restart
     assert summary["steps_executed"] == 33 + 10, summary
