@@ -58,9 +58,17 @@ def cpu_s(pid: int | None = None) -> float:
 
 
 def machine_cpu_s() -> float:
-    """CPU seconds the whole machine has spent busy (every state but idle and iowait)."""
+    """CPU seconds the whole machine has spent busy (every state but idle and iowait; the
+    time the hypervisor took for others, `steal_s`, included)."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     return sum(int(f) for i, f in enumerate(fields) if i not in (3, 4)) / os.sysconf("SC_CLK_TCK")
+
+
+def steal_s() -> float:
+    """CPU seconds the hypervisor gave this virtual machine's cores to others (`steal` in
+    /proc/stat): on a shared host, time every process here waited without running."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return int(fields[7]) / os.sysconf("SC_CLK_TCK") if len(fields) > 7 else 0.0
 
 
 class Rank:
@@ -448,7 +456,7 @@ def agent_level(
                 0.0 if probe else cfg["event_p"]) for i in range(hosts)]  # fmt: skip
     # The whole machine's busy CPU over the run: what the supervisor competes with here (the
     # agent hosts, Ray's own processes, the driver), which on a cluster runs elsewhere.
-    busy0, t0 = machine_cpu_s(), time.monotonic()
+    busy0, stolen0, t0 = machine_cpu_s(), steal_s(), time.monotonic()
     refs = [a.run.remote(sup, share, first, args.seconds, cfg | {"event_p": p}, token, ranks,
                          pids if i == 0 else [])
             for i, (a, (first, share, p)) in enumerate(zip(actors, shares, strict=True))]  # fmt: skip
@@ -457,6 +465,7 @@ def agent_level(
         _, cursor = ray.get(sup.events.remote(cursor, token))  # as `remote run`'s display polls
     results = ray.get(refs)
     machine = (machine_cpu_s() - busy0) / (time.monotonic() - t0)
+    stolen = (steal_s() - stolen0) / (time.monotonic() - t0)
     probed = ray.get(sup.__ray_call__.remote(_probe_off))
     sup_late, sup_gc, sup_records = probed["late"], probed["gc"], probed["records"]
     intake = probed["intake"]
@@ -524,7 +533,7 @@ def agent_level(
         "rejected": dict(status["rejected"]),
         "agent_rejected": sum(r["rejected"] for r in results),
         "outcomes": sum(status["actions"].values()), "load_average": os.getloadavg()[0],
-        "machine_cpu": machine,
+        "machine_cpu": machine, "stolen_cpu": stolen,
         "host_late_p99": pct([x for r in results for x in r["late"]], 0.99),
         "sup_late_p99": pct(sup_late, 0.99), "sup_lates": len(sup_late),
         "sup_gc": {g: [x[1] for x in sup_gc if x[0] == g] for g in (0, 1, 2)},
@@ -588,7 +597,8 @@ def agent_level(
           f"per agent call), the {len(actors)} agent hosts {host_cpu:.2f} "
           f"({figures['agent_cpu_per_report'] * 1e6:.0f} us per rank report, simulation included; "
           f"{figures['take_us']:.0f} us of it in the agent's own work); whole machine "
-          f"{machine:.2f} of {os.cpu_count()} cores busy, load average "
+          f"{machine:.2f} of {os.cpu_count()} cores busy ({stolen:.2f} of them taken by the "
+          f"hypervisor for other machines), load average "
           f"{figures['load_average']:.1f}; lag growing: {growing}; refused: supervisor "
           f"{figures['rejected'] or 'none'}, agents {figures['agent_rejected']}")  # fmt: skip
     return figures
