@@ -40,13 +40,16 @@ Ray's alone. `--direct 512` runs that many ranks reporting straight to the
 supervisor first, with the same traffic, and prints the supervisor's CPU
 both ways at each rank count and their ratio (what the agents save it):
 measured where both were run, projected (and labelled so) where the
-direct level was not.
+direct level was not. `--probe-nodes K` times the decisions from K nodes run in a
+process of their own, the only ones raising anomalies (see `agent_hosts.py`).
 
     python benchmarks/supervisor_load.py [--ranks 64,256,1024] [--seconds 30] [--search]
     python benchmarks/supervisor_load.py --profile 1024
     python benchmarks/supervisor_load.py --agents --ranks 512,4096 --heartbeat-s 1 --step-hz 2
     python benchmarks/supervisor_load.py --agents --direct 512 --ranks 512,4096 --seconds 110 \
         --heartbeat-s 1 --step-hz 2 --events-per-s 4
+    python benchmarks/supervisor_load.py --agents --ranks 4096 --seconds 110 --heartbeat-s 1 \
+        --step-hz 2 --events-per-s 4 [--probe-nodes 8]
     python benchmarks/supervisor_load.py --agents --profile 4096 --seconds 10 --heartbeat-s 1 --step-hz 2
     python benchmarks/supervisor_load.py --agents --ray-floor --ranks 4096 --seconds 60 --heartbeat-s 1 \
         --step-hz 2 --events-per-s 3
