@@ -57,18 +57,24 @@ def cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def _cpu_seconds() -> list[float]:
+    """The machine's CPU seconds by state, as /proc/stat's `cpu` line counts them (user,
+    nice, system, idle, iowait, irq, softirq, steal, ...)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return [int(f) / os.sysconf("SC_CLK_TCK") for f in fields]
+
+
 def machine_cpu_s() -> float:
     """CPU seconds the whole machine has spent busy (every state but idle and iowait; the
     time the hypervisor took for others, `steal_s`, included)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    return sum(int(f) for i, f in enumerate(fields) if i not in (3, 4)) / os.sysconf("SC_CLK_TCK")
+    return sum(s for i, s in enumerate(_cpu_seconds()) if i not in (3, 4))
 
 
 def steal_s() -> float:
     """CPU seconds the hypervisor gave this virtual machine's cores to others (`steal` in
     /proc/stat): on a shared host, time every process here waited without running."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    return int(fields[7]) / os.sysconf("SC_CLK_TCK") if len(fields) > 7 else 0.0
+    states = _cpu_seconds()
+    return states[7] if len(states) > 7 else 0.0
 
 
 class Rank:

@@ -86,11 +86,6 @@ class Intake:
             self._worker = asyncio.ensure_future(self._work())
         return await call.answered
 
-    @property
-    def waiting(self) -> int:
-        """Digests not taken yet."""
-        return len(self._queue)
-
     def _urgent(self, node: str, items: list[Any]) -> dict[int, list[Any]]:
         self.urgent_calls += 1
         own = [c for c in self._queue if c.node == node]
