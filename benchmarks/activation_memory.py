@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.workers.activation_checkpointing import (
+from remedy.rank.actions.activation_checkpointing import (
     SavedActivationMeter,
     checkpointed_modules,
     disable_activation_checkpointing,

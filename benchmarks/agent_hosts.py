@@ -1,7 +1,7 @@
 """`supervisor_load.py --agents`: simulated ranks report through node agents to one real supervisor.
 
 Each simulated node has 8 ranks (`--ranks-per-node`) and one agent: an
-`AgentCore`, the per-report logic of `remedy.supervisor.agent.NodeAgent`,
+`AgentCore`, the per-report logic of `remedy.supervisor.agent.actor.NodeAgent`,
 doing the token, slot, dedupe and validation work, keeping commands per
 rank, and sending upward exactly what a node agent sends: each batch with an
 anomaly at once (one `report_many` call), and one digest every `--digest-s`
@@ -43,8 +43,8 @@ from typing import Any
 import psutil
 import ray
 
-from remedy.supervisor.agent import digest_period
-from remedy.supervisor.agent_core import AgentCore
+from remedy.supervisor.agent.actor import digest_period
+from remedy.supervisor.agent.core import AgentCore
 
 WINDOW_S = 5.0
 

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from remedy.supervisor.target import load_target  # noqa: E402
-from remedy.workers.rundir import read_jsonl  # noqa: E402
+from remedy.rank.loop.target import load_target  # noqa: E402
+from remedy.rundir.writer import read_jsonl  # noqa: E402
 
 # job -> (target, arguments of its full-length run: 1000+ steps)
 JOBS: dict[str, tuple[str, list[str]]] = {

@@ -47,9 +47,9 @@ from examples.gpt_model import (  # noqa: E402
     cosine_with_warmup,
     lm_loss,
 )
-from remedy.workers import Fault, Guard, GuardConfig, WorkerContext  # noqa: E402
-from remedy.workers.detectors import default_detectors  # noqa: E402
-from remedy.workers.detectors.testing import observe_only_policy  # noqa: E402
+from remedy.rank import Fault, Guard, GuardConfig, WorkerContext  # noqa: E402
+from remedy.rank.detectors import default_detectors  # noqa: E402
+from remedy.rank.detectors.testing import observe_only_policy  # noqa: E402
 
 AT = 300  # every fault starts here
 TINY = GPTConfig(n_layer=2, n_embd=64, block_size=32)
@@ -180,9 +180,9 @@ FRAMEWORK_SCENARIOS: list[tuple[str, str, str]] = [
 
 def framework_run(loop: str, fault: str, policy: Path) -> list[dict[str, Any]]:
     """One example loop under its callback with one chaos fault; every anomaly it logged."""
-    from remedy.supervisor.target import load_target  # noqa: PLC0415 - needs the extras
-    from remedy.workers.context import set_context  # noqa: PLC0415
-    from remedy.workers.rundir import read_jsonl  # noqa: PLC0415
+    from remedy.rank.link.context import set_context  # noqa: PLC0415
+    from remedy.rank.loop.target import load_target  # noqa: PLC0415 - needs the extras
+    from remedy.rundir.writer import read_jsonl  # noqa: PLC0415
 
     run_dir = Path(tempfile.mkdtemp(prefix=f"remedy-latency-{loop}-"))
     target, extra = {

@@ -44,7 +44,8 @@ from examples.gpt_model import (  # noqa: E402
     cosine_with_warmup,
     lm_loss,
 )
-from remedy.workers import Guard, GuardConfig, sharding  # noqa: E402
+from remedy.rank import Guard, GuardConfig  # noqa: E402
+from remedy.rank.state import sharding  # noqa: E402
 from tests.workers.fsdp_ranks import spawn_ranks  # noqa: E402
 
 CFG = GPTConfig(block_size=64, n_layer=4, n_embd=128)  # the example's defaults

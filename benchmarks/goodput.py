@@ -17,7 +17,7 @@ in one invocation:
     script starts it again with the same name and storage, as an operator
     would, resuming from the last checkpoint;
 (c) remedy: `examples/pretrain_gpt.py` under `remedy run` with
-    policies/llm-pretrain.yaml.
+    src/remedy/policies/llm-pretrain.yaml.
 
 For each: step goodput (steps kept / executed), ETTR (seconds of kept
 steps / wall seconds), the seconds and steps lost per fault kind, and the
@@ -61,8 +61,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, cosine_with_warmup, lm_loss  # noqa: E402
-from remedy.supervisor.core.goodput import GoodputLedger  # noqa: E402
-from remedy.workers.chaos import Fault, FaultInjector  # noqa: E402
+from remedy.control.goodput import GoodputLedger  # noqa: E402
+from remedy.rank.chaos.faults import Fault, FaultInjector  # noqa: E402
 
 WORLD = 4
 COLLECTIVE_TIMEOUT_S = 60
@@ -337,8 +337,8 @@ def run_ray_train(work: Path, steps: int, faults: list[Fault], every: int) -> di
 
 # ------------------------------------------------------------------ (c) remedy
 def run_remedy(work: Path, steps: int, faults: list[Fault], every: int) -> dict[str, Any]:
-    from remedy.supervisor.runner import run_supervised  # noqa: PLC0415
-    from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
+    from remedy.cli.runner import run_supervised  # noqa: PLC0415
+    from remedy.protocol.spec import RunSpec  # noqa: PLC0415
 
     spec = RunSpec(
         target=f"{REPO / 'examples' / 'pretrain_gpt.py'}:main", policy="llm-pretrain",
@@ -476,7 +476,7 @@ def project(costs: Costs, *, step_s: float, checkpoint_s: float, full_restart: b
     the steps it measured, and finds a hang after `step_multiple` step times (its hang
     watch's timeout, measured here at a 50 ms step).
     """
-    from remedy.supervisor.core.hang_watch import HangWatchConfig  # noqa: PLC0415
+    from remedy.control.hang_watch import HangWatchConfig  # noqa: PLC0415
 
     total = sum(n for n, _ in LLAMA3_CAUSES.values())
     rate = total / (LLAMA3_DAYS * 86400)

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
-from remedy.workers.kv_cache import BlockPool, KVCache, KVLayout, combined_fragmentation
+from remedy.rank.actions.kv_cache import BlockPool, KVCache, KVLayout, combined_fragmentation
 
 # A small real layout: the share of wasted bytes does not depend on the bytes per token,
 # and small tensors keep the run short. fp16 as in serving: 512 bytes per token.

@@ -43,7 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from remedy.workers.rundir import read_jsonl  # noqa: E402
+from remedy.rundir.writer import read_jsonl  # noqa: E402
 from tests.supervisor.multinode import Cluster, local_cluster  # noqa: E402
 
 TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"

@@ -73,11 +73,11 @@ from examples.gpt_model import (  # noqa: E402
     cosine_with_warmup,
     lm_loss,
 )
-from remedy.workers import Guard, GuardConfig  # noqa: E402
-from remedy.workers.detectors import DetectorSuite, default_detectors  # noqa: E402
-from remedy.workers.measure import GradNorm, MemoryProbe, process_rss_bytes  # noqa: E402
-from remedy.workers.replay import Replays  # noqa: E402
-from remedy.workers.stats import StepStats  # noqa: E402
+from remedy.rank import Guard, GuardConfig  # noqa: E402
+from remedy.rank.actions.replay import Replays  # noqa: E402
+from remedy.rank.detectors import DetectorSuite, default_detectors  # noqa: E402
+from remedy.rank.loop.measure import GradNorm, MemoryProbe, process_rss_bytes  # noqa: E402
+from remedy.rank.loop.stats import StepStats  # noqa: E402
 
 
 @dataclass(frozen=True)

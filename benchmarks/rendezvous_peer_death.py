@@ -13,7 +13,7 @@ Both sides run in one go: the group's and the store's timeouts at the
 collective timeout remedy uses (30 min), and both at 8 s. A stuck try at
 8 s shows that no timeout of torch's bounds the wait; that is why a
 survivor's ping says `joining` while it forms a generation and the
-supervisor replaces one it finds still there (`remedy.workers.phases`).
+supervisor replaces one it finds still there (`remedy.protocol.phases`).
 
     python benchmarks/rendezvous_peer_death.py [--tries 25] [--wait 15]
 """

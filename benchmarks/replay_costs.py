@@ -47,11 +47,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss  # noqa: E402
-from remedy.workers import Guard, GuardConfig  # noqa: E402
-from remedy.workers.chaos import parse_chaos  # noqa: E402
-from remedy.workers.commands import Command  # noqa: E402
-from remedy.workers.context import WorkerContext  # noqa: E402
-from remedy.workers.replicas import DEFAULT_EVERY, ReplicaCheck  # noqa: E402
+from remedy.protocol.commands import Command  # noqa: E402
+from remedy.rank import Guard, GuardConfig  # noqa: E402
+from remedy.rank.chaos.faults import parse_chaos  # noqa: E402
+from remedy.rank.group.replicas import DEFAULT_EVERY, ReplicaCheck  # noqa: E402
+from remedy.rank.link.context import WorkerContext  # noqa: E402
 from tests.workers.fsdp_ranks import spawn_ranks  # noqa: E402
 
 CFG = GPTConfig()  # the example's defaults

@@ -40,9 +40,9 @@ import ray
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from remedy.supervisor.runner import run_supervised  # noqa: E402
-from remedy.supervisor.spec import RunSpec  # noqa: E402
-from remedy.workers.rundir import read_jsonl  # noqa: E402
+from remedy.cli.runner import run_supervised  # noqa: E402
+from remedy.protocol.spec import RunSpec  # noqa: E402
+from remedy.rundir.writer import read_jsonl  # noqa: E402
 
 TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
 

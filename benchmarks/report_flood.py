@@ -37,11 +37,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
+from remedy.control.decide import Controller
+from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Engine, load_policy
-from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import journal_to
-from remedy.supervisor.core.report_validation import Limits
-from remedy.workers.rundir import RunDir
+from remedy.protocol.reports import Limits
+from remedy.rundir.writer import RunDir
 
 UNCAPPED = Limits(max_events_per_batch=10**9, max_events_per_tick=10**9)
 
@@ -75,8 +75,8 @@ def live(events: int, repeat: int) -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
     import ray  # noqa: PLC0415 - only --live needs Ray
 
+    from remedy.protocol.spec import RunSpec  # noqa: PLC0415
     from remedy.supervisor.actor import SupervisorActor  # noqa: PLC0415
-    from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
 
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, logging_level="ERROR")  # fmt: skip

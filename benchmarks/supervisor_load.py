@@ -85,10 +85,10 @@ from benchmarks.agent_hosts import (
     machine_cpu_s,
     replay_through_agents,
 )
+from remedy.protocol.spec import RunSpec
 from remedy.supervisor.actor import SupervisorActor
-from remedy.supervisor.agent import digest_period
-from remedy.supervisor.agent_core import paced_period
-from remedy.supervisor.spec import RunSpec
+from remedy.supervisor.agent.actor import digest_period
+from remedy.supervisor.agent.core import paced_period
 
 POLICY = """
 version: 1

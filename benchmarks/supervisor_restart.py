@@ -48,12 +48,12 @@ import ray
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from remedy.cli.runner import run_supervised  # noqa: E402
+from remedy.control.decide import Controller  # noqa: E402
+from remedy.control.effects import journal_to  # noqa: E402
 from remedy.policies import AnomalyEvent, Engine, load_policy  # noqa: E402
-from remedy.supervisor.core.control import Controller  # noqa: E402
-from remedy.supervisor.core.effects import journal_to  # noqa: E402
-from remedy.supervisor.runner import run_supervised  # noqa: E402
-from remedy.supervisor.spec import NAMESPACE, RunSpec, supervisor_name  # noqa: E402
-from remedy.workers.rundir import RunDir, read_jsonl  # noqa: E402
+from remedy.protocol.spec import NAMESPACE, RunSpec, supervisor_name  # noqa: E402
+from remedy.rundir.writer import RunDir, read_jsonl  # noqa: E402
 
 TARGET = f"{REPO / 'tests' / 'supervisor' / 'daemon_train.py'}:main"
 

@@ -25,9 +25,9 @@ def run_demo(run_dir: Path) -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
     import ray  # noqa: PLC0415 - after the environment is set
 
-    from remedy.supervisor.runner import run_supervised  # noqa: PLC0415
-    from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
-    from remedy.workers.chaos import load_chaos  # noqa: PLC0415
+    from remedy.cli.runner import run_supervised  # noqa: PLC0415
+    from remedy.protocol.spec import RunSpec  # noqa: PLC0415
+    from remedy.rank.chaos.faults import load_chaos  # noqa: PLC0415
 
     # A private Ray: `address="auto"` could join another program's cluster.
     ray.init(
@@ -51,7 +51,7 @@ def run_demo(run_dir: Path) -> None:
 
 
 def main() -> None:
-    from remedy.supervisor.report import write_report  # noqa: PLC0415 - after sys.path is known
+    from remedy.report.html import write_report  # noqa: PLC0415 - after sys.path is known
 
     if len(sys.argv) > 1:
         run_dir = Path(sys.argv[1])

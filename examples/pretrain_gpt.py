@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from gpt_model import GPT, GPTConfig, SyntheticCorpus, cosine_with_warmup, lm_loss
 
-from remedy.workers import Guard, GuardConfig, get_context
-from remedy.workers.kv_cache import KVCache, generate, kv_fragmentation_event
+from remedy.rank import Guard, GuardConfig, get_context
+from remedy.rank.actions.kv_cache import KVCache, generate, kv_fragmentation_event
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from remedy.workers.context import set_context
+from remedy.rank.link.context import set_context
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,18 +15,18 @@ import pytest
 import torch
 from torch import nn
 
+from remedy.control.decide import Controller
 from remedy.integrations._loop import REFUSED_UNDER_FRAMEWORKS, LoopGuard
 from remedy.policies import AnomalyEvent, Engine, check_policy, load_policy
 from remedy.policies._loops import Loop
 from remedy.policies._params import ACTION_PARAMS
 from remedy.policies._vocab import ACTION_TABLE, ACTIONS, SUPERVISOR_ACTIONS
-from remedy.supervisor.core.control import Controller
-from remedy.workers import Guard, GuardConfig
-from remedy.workers.actions import APPLIERS
-from remedy.workers.commands import Command
-from remedy.workers.detectors.base import event
-from remedy.workers.rundir import read_jsonl
-from remedy.workers.stats import StepStats
+from remedy.protocol.commands import Command
+from remedy.rank import Guard, GuardConfig
+from remedy.rank.actions.inprocess import APPLIERS
+from remedy.rank.detectors.base import event
+from remedy.rank.loop.stats import StepStats
+from remedy.rundir.writer import read_jsonl
 
 lightning = pytest.importorskip("lightning")
 from lightning.pytorch.plugins.precision import MixedPrecision  # noqa: E402

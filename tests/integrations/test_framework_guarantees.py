@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from remedy.workers.chaos import parse_chaos
-from remedy.workers.context import WorkerContext
-from remedy.workers.exceptions import ChaosConfigError
-from remedy.workers.rundir import read_jsonl
+from remedy.rank.chaos.faults import parse_chaos
+from remedy.rank.exceptions import ChaosConfigError
+from remedy.rank.link.context import WorkerContext
+from remedy.rundir.writer import read_jsonl
 
 transformers = pytest.importorskip("transformers")
 lightning = pytest.importorskip("lightning")
@@ -122,8 +122,8 @@ def test_hf_run_writes_summary_and_says_why_rollbacks_left_steps_untrained(
     tmp_path: Path,
 ) -> None:
     """HF with a NaN and its rollback: summary.json is written and says how many logical steps were trained."""
+    from remedy.cli.main import main as remedy_main  # noqa: PLC0415
     from remedy.integrations.hf import RemedyCallback  # noqa: PLC0415
-    from remedy.supervisor.cli import main as remedy_main  # noqa: PLC0415
 
     faults = parse_chaos({"faults": [{"kind": "nan_loss", "at_step": 15, "rank": 0}]})
     callback = RemedyCallback(run_dir=tmp_path / "run", context=WorkerContext(faults=faults))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from remedy.workers.rundir import read_jsonl
+from remedy.rundir.writer import read_jsonl
 
 transformers = pytest.importorskip("transformers")
 

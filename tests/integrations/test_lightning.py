@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from remedy.workers.rundir import read_jsonl
+from remedy.rundir.writer import read_jsonl
 
 lightning = pytest.importorskip("lightning")
 
@@ -89,8 +89,8 @@ def test_callback_under_remedy_run_reports_to_the_supervisor(
     ray_cluster: None, tmp_path: Path
 ) -> None:
     """Under a supervisor the callback's NaN reaches the supervisor's policy; its rollback is applied in the rank."""
-    from remedy.supervisor.runner import run_supervised  # noqa: PLC0415 - Ray side, only here
-    from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
+    from remedy.cli.runner import run_supervised  # noqa: PLC0415 - Ray side, only here
+    from remedy.protocol.spec import RunSpec  # noqa: PLC0415
 
     target = f"{Path(__file__).with_name('lightning_train.py')}:main"
     spec = RunSpec(target=target, run_dir=str(tmp_path / "run"), threads_per_rank=1)
@@ -118,9 +118,9 @@ def test_a_lost_rank_under_lightning_restarts_every_rank_and_settles_the_pending
     again, so the pending rollback is settled by it, not sent to the new ranks; its
     shrink_lr is. The NaN that comes again in the new processes is a new incident, decided
     anew (the policy's cooldown holds it back, and says so), and the run completes."""
-    from remedy.supervisor.core import restart  # noqa: PLC0415 - Ray side, only here
-    from remedy.supervisor.runner import run_supervised  # noqa: PLC0415
-    from remedy.supervisor.spec import RunSpec  # noqa: PLC0415
+    from remedy.cli.runner import run_supervised  # noqa: PLC0415
+    from remedy.control import restart  # noqa: PLC0415 - Ray side, only here
+    from remedy.protocol.spec import RunSpec  # noqa: PLC0415
 
     target = f"{Path(__file__).with_name('lightning_train.py')}:main"
     run = tmp_path / "run"

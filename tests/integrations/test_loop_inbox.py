@@ -17,9 +17,9 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from remedy.integrations._loop import LoopGuard
-from remedy.workers import inbox as inbox_mod
-from remedy.workers.commands import Command
-from remedy.workers.context import WorkerContext
+from remedy.protocol.commands import Command
+from remedy.rank.link import inbox as inbox_mod
+from remedy.rank.link.context import WorkerContext
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(60)]
 
@@ -170,7 +170,7 @@ def test_a_rank_under_a_callback_says_it_never_re_forms_its_group() -> None:
     the LoopGuard's creation on, so the supervisor replaces it at once when a peer is lost
     instead of waiting for it to regroup (`supervisor.recovery.Recovery._blocked`); before,
     nothing is claimed."""
-    from remedy.workers.membership import Membership  # noqa: PLC0415
+    from remedy.rank.group.membership import Membership  # noqa: PLC0415
 
     membership = Membership(rank=0, world_size=2, store_addr=("127.0.0.1", 1), backend="gloo")
     assert membership.status()["regroups"] is None

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from remedy.cli.main import _parser, main
 from remedy.policies import check_policy, load_policy
 from remedy.policies import cli as policy_cli
 from remedy.policies._loops import LOOPS, refused_steps
 from remedy.policies._vocab import ACTION_SPECS
-from remedy.supervisor.cli import _parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor.cli import main
+from remedy.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -381,7 +381,7 @@ def test_hostile_input_gives_one_clear_answer(
 ) -> None:
     """`remedy` answers a hostile input with its exit code and message, never a traceback or a hang."""
     proc = subprocess.run(
-        [sys.executable, "-m", "remedy.supervisor", *_expand(argv, scratch)],
+        [sys.executable, "-m", "remedy.cli", *_expand(argv, scratch)],
         capture_output=True,
         text=True,
         errors="replace",
@@ -428,7 +428,7 @@ def test_bad_ray_address_in_the_environment(scratch: Path, address: str, text: s
     env = {**_env(scratch), "RAY_ADDRESS": address}
     run_dir = scratch / f"r-{abs(hash(address))}"
     proc = subprocess.run(
-        [sys.executable, "-m", "remedy.supervisor", "run", TINY, "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "remedy.cli", "run", TINY, "--run-dir", str(run_dir)],
         capture_output=True,
         text=True,
         check=False,
@@ -441,7 +441,7 @@ def test_bad_ray_address_in_the_environment(scratch: Path, address: str, text: s
     # `--address local` ignores the environment (stopped here by a run directory that is a file).
     argv = ["run", TINY, "--address", "local", "--run-dir", str(scratch / "file")]
     local = subprocess.run(
-        [sys.executable, "-m", "remedy.supervisor", *argv],
+        [sys.executable, "-m", "remedy.cli", *argv],
         capture_output=True,
         text=True,
         check=False,

@@ -26,7 +26,7 @@ def test_a_stopped_driver_does_not_stop_its_run(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "REMEDY_HOME": str(tmp_path / "home")}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "remedy.supervisor", "run", TINY, "--address", "local",
+        [sys.executable, "-m", "remedy.cli", "run", TINY, "--address", "local",
          "--run-dir", str(run_dir), "--quiet", "--", "--steps", "400", "--sleep", "0.02"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
     )  # fmt: skip

@@ -40,7 +40,7 @@ def test_private_ray_killed_under_a_run(daemon: str, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "REMEDY_HOME": str(tmp_path / "home")}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "remedy.supervisor", "run", TINY, "--address", "local",
+        [sys.executable, "-m", "remedy.cli", "run", TINY, "--address", "local",
          "--run-dir", str(run_dir), "--quiet", "--", "--steps", "100000", "--sleep", "0.02"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip

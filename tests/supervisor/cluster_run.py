@@ -17,8 +17,8 @@ import sys
 
 import ray
 
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import RunSpec
+from remedy.cli.runner import run_supervised
+from remedy.protocol.spec import RunSpec
 
 
 def main() -> None:

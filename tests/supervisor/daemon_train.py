@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from remedy.workers import Guard, GuardConfig, get_context
+from remedy.rank import Guard, GuardConfig, get_context
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from remedy.workers import Guard, GuardConfig
+from remedy.rank import Guard, GuardConfig
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

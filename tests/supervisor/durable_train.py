@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from remedy.workers import Guard, GuardConfig, get_context
+from remedy.rank import Guard, GuardConfig, get_context
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

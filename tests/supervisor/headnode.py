@@ -46,11 +46,9 @@ class Head:
     def run(
         self, *argv: str, timeout: float = 120, **kw: object
     ) -> subprocess.CompletedProcess[str]:
-        """A command in this cluster's environment (`remedy ...` runs `python -m remedy.supervisor`)."""
+        """A command in this cluster's environment (`remedy ...` runs `python -m remedy.cli`)."""
         args = (
-            [sys.executable, "-m", "remedy.supervisor", *argv[1:]]
-            if argv[0] == "remedy"
-            else list(argv)
+            [sys.executable, "-m", "remedy.cli", *argv[1:]] if argv[0] == "remedy" else list(argv)
         )
         return subprocess.run(  # type: ignore[call-overload, no-any-return]
             args, capture_output=True, text=True, check=False, timeout=timeout, env=self.env, **kw

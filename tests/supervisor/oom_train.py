@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from remedy.workers import Guard, GuardConfig
+from remedy.rank import Guard, GuardConfig
 
 
 def main() -> None:

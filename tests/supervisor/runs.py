@@ -12,9 +12,9 @@ from typing import Any
 
 import ray
 
-from remedy.supervisor.agent import agent_name, alive_nodes
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import NAMESPACE, RunSpec
+from remedy.cli.runner import run_supervised
+from remedy.protocol.spec import NAMESPACE, RunSpec
+from remedy.supervisor.agent.actor import agent_name, alive_nodes
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

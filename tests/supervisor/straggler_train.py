@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from remedy.workers import Guard, GuardConfig, get_context
-from remedy.workers.detectors import CollectiveSlowDetector
+from remedy.rank import Guard, GuardConfig, get_context
+from remedy.rank.detectors import CollectiveSlowDetector
 
 STEPS = 40
 SLOW_RANK = 1

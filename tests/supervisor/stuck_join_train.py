@@ -1,7 +1,7 @@
 """`examples/pretrain_gpt.py`, with rank 2's process held in the rendezvous of generation 1.
 
 gloo holds a survivor there for good when a peer dies after publishing its
-address and before connecting (`remedy.workers.phases.JOINING`; `python
+address and before connecting (`remedy.protocol.phases.JOINING`; `python
 benchmarks/rendezvous_peer_death.py` measures how often). That race takes a
 few milliseconds, so `test_restart_crash_e2e.py` makes it certain: in rank
 2's processes, forming generation 1 waits forever, as gloo's wait does. The
@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remedy.workers import get_context
-from remedy.workers.membership import Membership
+from remedy.rank import get_context
+from remedy.rank.group.membership import Membership
 
 HELD_RANK, HELD_GENERATION = 2, 1
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from remedy.supervisor.agent_core import AgentCore, digest_metrics
-from remedy.supervisor.core.rank_slots import RankSlots
+from remedy.control.slots import RankSlots
+from remedy.supervisor.agent.core import AgentCore, digest_metrics
 
 TOKEN = "t" * 32
 
@@ -282,7 +282,7 @@ def test_a_bad_unanswered_from_is_refused_and_counted() -> None:
 
 def test_the_digest_period_keeps_the_supervisors_digest_calls_bounded() -> None:
     """0.5 s up to 128 agents; beyond, all agents together send at most 256 digests a second."""
-    from remedy.supervisor.agent import DIGEST_CALLS_PER_S, digest_period  # noqa: PLC0415
+    from remedy.supervisor.agent.actor import DIGEST_CALLS_PER_S, digest_period  # noqa: PLC0415
 
     assert [digest_period(n) for n in (0, 1, 64, 128)] == [0.5] * 4
     assert (digest_period(512), digest_period(2048)) == (2.0, 8.0)

@@ -6,9 +6,8 @@ import math
 import time
 from typing import Any
 
-from remedy.supervisor.agent_core import AgentCore
-from remedy.supervisor.core.hang_watch import DEAD, NO_ANSWER, HangWatch, HangWatchConfig
-from remedy.supervisor.core.sightings import (
+from remedy.control.hang_watch import DEAD, NO_ANSWER, HangWatch, HangWatchConfig
+from remedy.control.sightings import (
     AGENT_PING_EVERY_S,
     FRESH_S,
     RECOVERING_QUIET_S,
@@ -16,6 +15,7 @@ from remedy.supervisor.core.sightings import (
     Sightings,
     sighting_items,
 )
+from remedy.supervisor.agent.core import AgentCore
 
 TOKEN = "t" * 32
 # Short allowances: a rank is suspect 0.5 s after its last tick once it has taken 3 steps.

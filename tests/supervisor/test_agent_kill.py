@@ -10,7 +10,7 @@ import psutil
 import pytest
 import ray
 
-from remedy.supervisor.agent import _not_this_process
+from remedy.supervisor.agent.actor import _not_this_process
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 

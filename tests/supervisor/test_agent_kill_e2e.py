@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import ray
 
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import RunSpec
-from remedy.workers.rundir import read_jsonl
+from remedy.cli.runner import run_supervised
+from remedy.protocol.spec import RunSpec
+from remedy.rundir.writer import read_jsonl
 from tests.supervisor.runs import agent_once_at, agent_steps_seen
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import ray
 
-from remedy.supervisor import liveness
+from remedy.cli.runner import run_supervised
+from remedy.protocol.spec import NAMESPACE, RunSpec, supervisor_name
+from remedy.rank.link import liveness
+from remedy.rundir.writer import read_jsonl
 from remedy.supervisor.actor import launch_supervisor
-from remedy.supervisor.agent import HEARTBEAT_S, alive_nodes, kill_agents, upward_bound
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import NAMESPACE, RunSpec, supervisor_name
+from remedy.supervisor.agent.actor import HEARTBEAT_S, alive_nodes, kill_agents, upward_bound
 from remedy.supervisor.worker_group import kill_run_actors
-from remedy.workers.rundir import read_jsonl
 from tests.supervisor.runs import agent_once_at
 from tests.supervisor.test_supervisor_restart_e2e import (
     ARGS,

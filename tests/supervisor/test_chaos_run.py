@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor import chaos_run
-from remedy.supervisor.cli import main
+from remedy.cli import chaos_run
+from remedy.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ('args: [--layers, "1", --width, "16", --block-size, "16", --batch-size, "4", '
@@ -39,7 +39,7 @@ def test_every_scenario_is_checked_before_anything_runs(
 
 def test_the_bundled_scenarios_load_and_cover_every_fault() -> None:
     """examples/chaos/scenarios: every injectable fault, one rank and several, a random one."""
-    from remedy.workers.chaos import SUPPORTED_FAULTS  # noqa: PLC0415
+    from remedy.rank.chaos.faults import SUPPORTED_FAULTS  # noqa: PLC0415
 
     paths = sorted(str(p) for p in (REPO / "examples" / "chaos" / "scenarios").glob("*.yaml"))
     planned, errors = chaos_run.plan(paths, target=None, workers=None)

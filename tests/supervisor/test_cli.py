@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor.cli import main
+from remedy.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
@@ -17,7 +17,7 @@ TARGET = f"{REPO / 'examples' / 'pretrain_gpt.py'}:main"
 
 def remedy(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "remedy.supervisor", *args],
+        [sys.executable, "-m", "remedy.cli", *args],
         capture_output=True,
         text=True,
         check=False,

@@ -97,7 +97,7 @@ def test_detached_run_is_watched_and_stopped_from_other_shells() -> None:
 
             # attach shows the live feed; Ctrl-C detaches, and the run goes on.
             attach = subprocess.Popen(
-                [sys.executable, "-m", "remedy.supervisor", "attach", run_id, "--quiet"],
+                [sys.executable, "-m", "remedy.cli", "attach", run_id, "--quiet"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=head.env,
             )  # fmt: skip
             assert attach.stdout is not None
@@ -121,7 +121,7 @@ def test_detached_run_is_watched_and_stopped_from_other_shells() -> None:
 
             # SIGTERM stops a `logs -f` cleanly (no Ray stack), and the run goes on.
             termed = subprocess.Popen(
-                [sys.executable, "-m", "remedy.supervisor", "logs", run_id, "-f"],
+                [sys.executable, "-m", "remedy.cli", "logs", run_id, "-f"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=head.env,
             )  # fmt: skip
             assert termed.stdout is not None
@@ -135,7 +135,7 @@ def test_detached_run_is_watched_and_stopped_from_other_shells() -> None:
 
             # `logs -f` follows until the run ends (here, by the stop below).
             follow = subprocess.Popen(
-                [sys.executable, "-m", "remedy.supervisor", "logs", run_id, "-f"],
+                [sys.executable, "-m", "remedy.cli", "logs", run_id, "-f"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=head.env,
             )  # fmt: skip
             assert follow.stdout is not None

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor.cli import rank_errors
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import RunSpec
+from remedy.cli.main import rank_errors
+from remedy.cli.runner import run_supervised
+from remedy.protocol.spec import RunSpec
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
@@ -84,7 +84,7 @@ def test_cli_prints_the_rank_exception(tmp_path: Path) -> None:
     env.update(PYTHONPATH=str(REPO), HOME=str(tmp_path), REMEDY_HOME=str(tmp_path / ".remedy"))
     argv = ["run", TINY, "--run-dir", str(tmp_path / "r"), "--", "--raise-at", "5"]
     proc = subprocess.run(
-        [sys.executable, "-m", "remedy.supervisor", *argv],
+        [sys.executable, "-m", "remedy.cli", *argv],
         capture_output=True,
         text=True,
         check=False,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor.cluster import probe
+from remedy.cli.cluster import probe
 from remedy.supervisor.exceptions import ClusterError
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -30,7 +30,7 @@ def _env(home: Path) -> dict[str, str]:
 
 def _remedy(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "remedy.supervisor", *args],
+        [sys.executable, "-m", "remedy.cli", *args],
         capture_output=True,
         text=True,
         check=False,
@@ -42,7 +42,7 @@ def _remedy(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def _start(home: Path, run_dir: Path, *, steps: int) -> subprocess.Popen[str]:
     argv = ["run", TINY, "--run-dir", str(run_dir), "--quiet", "--", "--steps", str(steps)]
     return subprocess.Popen(
-        [sys.executable, "-m", "remedy.supervisor", *argv, "--sleep", "0.05"],
+        [sys.executable, "-m", "remedy.cli", *argv, "--sleep", "0.05"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

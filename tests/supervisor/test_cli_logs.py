@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor import registry
-from remedy.supervisor.cli import main
+from remedy.cli import registry
+from remedy.cli.main import main
 from tests.supervisor.runs import supervised
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]

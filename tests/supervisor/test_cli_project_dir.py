@@ -36,7 +36,7 @@ def test_run_from_a_project_with_policies_workers_supervisor_folders(
     env.update(PYTHONPATH=str(REPO), HOME=str(tmp_path), REMEDY_HOME=str(tmp_path / ".remedy"))
     argv = ["run", target, "--policy", "policies/mine.yaml", "--run-dir", "out", "--quiet"]
     proc = subprocess.run(
-        [sys.executable, "-m", "remedy.supervisor", *argv],
+        [sys.executable, "-m", "remedy.cli", *argv],
         capture_output=True,
         text=True,
         check=False,

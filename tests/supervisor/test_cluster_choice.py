@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor.cluster import Choice, choose, probe
+from remedy.cli.cluster import Choice, choose, probe
 from remedy.supervisor.exceptions import ClusterError
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor.cli import main
-from remedy.supervisor.display import JsonLinesDisplay, LiveDisplay, make_display
+from remedy.cli.display import JsonLinesDisplay, LiveDisplay, make_display
+from remedy.cli.main import main
+from remedy.rundir.writer import read_jsonl
 from remedy.supervisor.feed import Feed
-from remedy.workers.rundir import read_jsonl
 from tests.supervisor.runs import TARGET
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -169,7 +169,7 @@ def test_feed_keeps_its_own_keys_and_ignores_numbers_no_display_can_use() -> Non
 def test_the_ranks_line_counts_the_ranks_of_a_large_run_and_names_the_odd_ones() -> None:
     """Up to 16 ranks each is named; beyond, the line counts each state and names the ranks
     not in the most common one, so 4,096 ranks fit on one line."""
-    from remedy.supervisor.display import ranks_line  # noqa: PLC0415
+    from remedy.cli.display import ranks_line  # noqa: PLC0415
 
     few = {"ranks": {"0": "training", "1": "starting"}}
     assert ranks_line(few) == "ranks: 0:training  1:starting"

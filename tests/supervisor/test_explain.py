@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor.cli import main
-from remedy.supervisor.explain import explain
-from remedy.supervisor.rundata import load_run
+from remedy.cli.main import main
+from remedy.report.explain import explain
+from remedy.rundir.rundata import load_run
 from tests.supervisor.runs import supervised
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]

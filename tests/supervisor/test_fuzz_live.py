@@ -27,10 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from remedy.policies import ANOMALY_KINDS
+from remedy.protocol.reports import Limits, RankMark, validate_batch
+from remedy.protocol.spec import RunSpec
+from remedy.rundir.writer import read_jsonl
 from remedy.supervisor.actor import SupervisorActor
-from remedy.supervisor.core.report_validation import Limits, RankMark, validate_batch
-from remedy.supervisor.spec import RunSpec
-from remedy.workers.rundir import read_jsonl
 from tests.supervisor.runs import finished
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

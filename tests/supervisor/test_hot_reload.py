@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import ray
 
-from remedy.supervisor import registry
+from remedy.cli import registry
+from remedy.cli.main import main
+from remedy.protocol.spec import RunSpec
+from remedy.rundir.writer import read_jsonl
 from remedy.supervisor.actor import SupervisorActor
-from remedy.supervisor.cli import main
-from remedy.supervisor.spec import RunSpec
-from remedy.workers.rundir import read_jsonl
 from tests.supervisor.runs import finished
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import ray
 
+from remedy.cli.main import main
+from remedy.protocol.spec import RunSpec
 from remedy.supervisor.actor import SupervisorActor
-from remedy.supervisor.cli import main
-from remedy.supervisor.spec import RunSpec
 from tests.supervisor.runs import finished
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

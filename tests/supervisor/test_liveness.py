@@ -9,8 +9,8 @@ import time
 import psutil
 import pytest
 
-from remedy.supervisor import liveness
-from remedy.supervisor.liveness import Identity, SilenceWatch, merge_outages, valid_note
+from remedy.rank.link import liveness
+from remedy.rank.link.liveness import Identity, SilenceWatch, merge_outages, valid_note
 
 
 class Clock:
@@ -212,8 +212,8 @@ def test_status_says_how_long_a_silent_supervisor_has_not_written(tmp_path: obje
     import os  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    from remedy.supervisor.run_access import RunRef  # noqa: PLC0415
-    from remedy.supervisor.run_commands import silent_supervisor  # noqa: PLC0415
+    from remedy.cli.run_access import RunRef  # noqa: PLC0415
+    from remedy.cli.run_commands import silent_supervisor  # noqa: PLC0415
 
     run_dir = Path(str(tmp_path))
     (run_dir / "journal.wal").write_text("{}\n")

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import ray
 
-from remedy.supervisor.core.rank_slots import RankSlots
+from remedy.control.slots import RankSlots
+from remedy.protocol.spec import RunSpec
 from remedy.supervisor.placement import Node
-from remedy.supervisor.spec import RunSpec
 from remedy.supervisor.worker_group import WorkerGroup
 
 HOME, A, B = "home-node", "node-a", "node-b"

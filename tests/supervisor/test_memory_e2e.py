@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import RunSpec
-from remedy.workers.activation_checkpointing import SavedActivationMeter
-from remedy.workers.rundir import read_jsonl
+from remedy.cli.runner import run_supervised
+from remedy.protocol.spec import RunSpec
+from remedy.rank.actions.activation_checkpointing import SavedActivationMeter
+from remedy.rundir.writer import read_jsonl
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 

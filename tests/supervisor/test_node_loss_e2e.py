@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from remedy.supervisor.agent import agent_files
-from remedy.workers.rundir import read_jsonl
+from remedy.rundir.writer import read_jsonl
+from remedy.supervisor.agent.actor import agent_files
 from tests.supervisor.multinode import Cluster, local_cluster
 
 pytestmark = [pytest.mark.ray]

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from remedy.control.decide import Controller
+from remedy.control.effects import Notify, journal_to
 from remedy.policies import AnomalyEvent, Decision, Engine, NotifySink, load_policy_text
-from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import Notify, journal_to
+from remedy.rundir.writer import RunDir, read_jsonl
 from remedy.supervisor.notify import NOTIFY_WEBHOOK_ENV, QUEUE_SIZE, Notifier, env_sinks
-from remedy.workers.rundir import RunDir, read_jsonl
 
 # Waiting for a delivery thread to finish, not a bound on how fast it is.
 WAIT_S = 60.0

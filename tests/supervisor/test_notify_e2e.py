@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from remedy.workers.rundir import read_jsonl
+from remedy.rundir.writer import read_jsonl
 from tests.supervisor.test_notify import Sink, deliveries
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -41,7 +41,7 @@ def test_a_notify_decision_is_delivered_from_a_supervised_run(tmp_path: Path) ->
     env["REMEDY_NOTIFY_WEBHOOK"] = sink.url + "/remedy"
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "remedy.supervisor", "run", TINY, "--policy", str(policy),
+            [sys.executable, "-m", "remedy.cli", "run", TINY, "--policy", str(policy),
              "--chaos", str(chaos), "--run-dir", str(run_dir), "--quiet", "--", "--steps", "12"],
             capture_output=True, text=True, check=False, timeout=200, env=env,
         )  # fmt: skip
@@ -60,7 +60,7 @@ def test_a_notify_decision_is_delivered_from_a_supervised_run(tmp_path: Path) ->
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["notifications"] == {"delivered": 1, "failed": 0}
     explained = subprocess.run(
-        [sys.executable, "-m", "remedy.supervisor", "explain", str(run_dir),
+        [sys.executable, "-m", "remedy.cli", "explain", str(run_dir),
          "--decision", decision["decision_id"]],
         capture_output=True, text=True, check=False, timeout=60, env=env,
     )  # fmt: skip

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import RunSpec
+from remedy.cli.runner import run_supervised
+from remedy.protocol.spec import RunSpec
 
 pytestmark = [pytest.mark.ray]
 

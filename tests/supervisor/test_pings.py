@@ -8,7 +8,7 @@ from typing import Any
 
 import ray
 
-from remedy.supervisor.core.hang_watch import DEAD, NO_ANSWER
+from remedy.control.hang_watch import DEAD, NO_ANSWER
 from remedy.supervisor.pings import ping_actors
 
 

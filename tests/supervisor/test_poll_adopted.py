@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import ray
 
-from remedy.supervisor.core.hang_watch import DEAD
-from remedy.supervisor.core.rank_slots import RankSlots
+from remedy.control.hang_watch import DEAD
+from remedy.control.slots import RankSlots
 from remedy.supervisor.exceptions import WaitTimeout
 from remedy.supervisor.worker_group import WorkerGroup
 

@@ -10,10 +10,10 @@ import time
 import types
 from typing import Any
 
-from remedy.supervisor.core.hang_watch import NO_ANSWER, HangWatch, HangWatchConfig
-from remedy.supervisor.core.lost_ranks import LostRanks, RankLost
-from remedy.supervisor.core.rank_slots import RankSlots
-from remedy.supervisor.core.sightings import Sightings
+from remedy.control.hang_watch import NO_ANSWER, HangWatch, HangWatchConfig
+from remedy.control.lost_ranks import LostRanks, RankLost
+from remedy.control.sightings import Sightings
+from remedy.control.slots import RankSlots
 from remedy.supervisor.recovery import Recovery
 
 WORLD = 4

@@ -10,13 +10,13 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from remedy.supervisor.core import restart
-from remedy.supervisor.core.hang_watch import HangWatch
-from remedy.supervisor.core.lost_ranks import LostRanks
-from remedy.supervisor.core.rank_slots import RankSlots
-from remedy.supervisor.core.restart import RestartState, Stage
+from remedy.control import restart
+from remedy.control.hang_watch import HangWatch
+from remedy.control.lost_ranks import LostRanks
+from remedy.control.restart import RestartState, Stage
+from remedy.control.slots import RankSlots
+from remedy.protocol import phases
 from remedy.supervisor.recovery import Recovery
-from remedy.workers import phases
 
 WORLD = 4
 

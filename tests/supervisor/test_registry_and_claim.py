@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor import registry
+from remedy.cli import registry
+from remedy.rundir.claim import MARKER, claim_run_dir
 from remedy.supervisor.exceptions import UsageError
-from remedy.supervisor.rundir_claim import MARKER, claim_run_dir
 
 
 @pytest.fixture

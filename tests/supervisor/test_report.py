@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from remedy.supervisor.cli import main
-from remedy.supervisor.report import timeline, write_report
-from remedy.supervisor.rundata import load_run
-from remedy.workers.rundir import read_jsonl
+from remedy.cli.main import main
+from remedy.report.html import timeline, write_report
+from remedy.rundir.rundata import load_run
+from remedy.rundir.writer import read_jsonl
 from tests.supervisor.runs import standalone, supervised
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -197,7 +197,7 @@ def test_labels_of_actions_on_the_same_step_do_not_overlap(
 
 def test_a_supervisor_outage_is_a_band_over_the_steps_trained_without_it(tmp_path: Path) -> None:
     """Steps 0-9 written before the outage, 10-24 held by the ranks and written after it."""
-    from remedy.supervisor.report import outage_steps  # noqa: PLC0415
+    from remedy.report.html import outage_steps  # noqa: PLC0415
 
     def iso(t: float) -> str:
         import datetime  # noqa: PLC0415

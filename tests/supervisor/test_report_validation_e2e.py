@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import ray
 
+from remedy.protocol.spec import RunSpec
+from remedy.rundir.writer import read_jsonl
 from remedy.supervisor.actor import SupervisorActor
-from remedy.supervisor.spec import RunSpec
-from remedy.workers.rundir import read_jsonl
 from tests.supervisor.runs import finished
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

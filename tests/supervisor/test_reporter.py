@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import ray
 
-from remedy.supervisor import reporter as reporter_mod
-from remedy.supervisor.reporter import RayReporter
+from remedy.rank.link import reporter as reporter_mod
+from remedy.rank.link.reporter import RayReporter
 
 pytestmark = [pytest.mark.ray]
 

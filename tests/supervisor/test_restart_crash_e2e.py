@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from remedy.supervisor.core import restart
-from remedy.supervisor.core.hang_watch import HangWatchConfig
-from remedy.supervisor.core.run_state import fold
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import RunSpec
-from remedy.workers.rundir import read_jsonl
+from remedy.cli.runner import run_supervised
+from remedy.control import restart
+from remedy.control.hang_watch import HangWatchConfig
+from remedy.control.record import fold
+from remedy.protocol.spec import RunSpec
+from remedy.rundir.writer import read_jsonl
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import RunSpec
-from remedy.workers.rundir import read_jsonl
+from remedy.cli.runner import run_supervised
+from remedy.protocol.spec import RunSpec
+from remedy.rundir.writer import read_jsonl
 
 pytestmark = [pytest.mark.ray]
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from remedy.supervisor import resume
+from remedy.cli import resume
+from remedy.rank.state.checkpoint_store import CheckpointStore
+from remedy.rank.state.snapshots import Snapshot
 from remedy.supervisor.exceptions import UsageError
-from remedy.workers.checkpoint_store import CheckpointStore
-from remedy.workers.snapshots import Snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,7 +87,7 @@ def test_seed_links_the_steps_and_the_new_run_never_writes_through_them(tmp_path
 def test_cli_refuses_a_bad_resume_before_starting_ray(tmp_path: Path) -> None:
     """`remedy run --resume-from` a folder with no run: exit 2 and one line saying why."""
     proc = subprocess.run(
-        [sys.executable, "-m", "remedy.supervisor", "run", "examples/pretrain_gpt.py:main",
+        [sys.executable, "-m", "remedy.cli", "run", "examples/pretrain_gpt.py:main",
          "--resume-from", str(tmp_path), "--run-dir", str(tmp_path / "new")],
         capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
     )  # fmt: skip

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import ray
 
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import NAMESPACE, RunSpec
+from remedy.cli.runner import run_supervised
+from remedy.protocol.spec import NAMESPACE, RunSpec
+from remedy.rundir.writer import read_jsonl
 from remedy.supervisor.worker_group import spare_name
-from remedy.workers.rundir import read_jsonl
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import ray
 
+from remedy.cli.runner import run_supervised
+from remedy.control.record import fold
+from remedy.protocol.spec import RunSpec
+from remedy.rundir.writer import read_jsonl
 from remedy.supervisor.actor import NAMESPACE, supervisor_name
-from remedy.supervisor.core.run_state import fold
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import RunSpec
 from remedy.supervisor.worker_group import run_actor_names
-from remedy.workers.rundir import read_jsonl
 from tests.supervisor.runs import finished
 
 pytestmark = [pytest.mark.ray]
@@ -182,11 +182,11 @@ def _ended_journal(spec: RunSpec, rank: dict[str, Any], older: bool) -> list[dic
             {"type": "job_state", "input": "Started", "to": running},
             {"type": "ranks_ended", "results": {"0": rank}},
         ]
+    from remedy.control.decide import Controller  # noqa: PLC0415
+    from remedy.control.job import JobState  # noqa: PLC0415
+    from remedy.control.record import RunState  # noqa: PLC0415
+    from remedy.control.slots import RankSlots  # noqa: PLC0415
     from remedy.policies import Engine  # noqa: PLC0415
-    from remedy.supervisor.core.control import Controller  # noqa: PLC0415
-    from remedy.supervisor.core.job_state import JobState  # noqa: PLC0415
-    from remedy.supervisor.core.rank_slots import RankSlots  # noqa: PLC0415
-    from remedy.supervisor.core.run_state import RunState  # noqa: PLC0415
     from remedy.supervisor.policy_source import load_policy_source  # noqa: PLC0415
 
     engine = Engine(load_policy_source(spec.policy), run_id=spec.run_id)

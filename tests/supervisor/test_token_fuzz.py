@@ -19,8 +19,8 @@ import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from remedy.protocol.spec import RunSpec
 from remedy.supervisor.actor import launch_supervisor
-from remedy.supervisor.spec import RunSpec
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 

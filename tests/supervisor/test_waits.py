@@ -155,8 +155,8 @@ def test_a_rank_wait_on_its_helper_thread_names_itself() -> None:
     import threading  # noqa: PLC0415
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
-    from remedy.workers import waits as rank_waits  # noqa: PLC0415
-    from remedy.workers.exceptions import WaitTimeout as RankWaitTimeout  # noqa: PLC0415
+    from remedy.rank.exceptions import WaitTimeout as RankWaitTimeout  # noqa: PLC0415
+    from remedy.rank.loop import waits as rank_waits  # noqa: PLC0415
 
     release = threading.Event()
     pool = ThreadPoolExecutor(1)

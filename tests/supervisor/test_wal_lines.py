@@ -3,9 +3,9 @@ never the state records."""
 
 from __future__ import annotations
 
-from remedy.supervisor.core.job_state import JobState
-from remedy.supervisor.core.run_state import RunState, StateLog
-from remedy.supervisor.run_commands import history_line
+from remedy.cli.run_commands import history_line
+from remedy.control.job import JobState
+from remedy.control.record import RunState, StateLog
 
 
 def test_state_records_full_and_delta_make_no_log_line() -> None:

@@ -23,8 +23,8 @@ DEADLINE_S = 90.0
 @ray.remote(num_cpus=0)
 class Recorder:
     def record(self) -> None:
-        from remedy.supervisor.core.goodput import GoodputLedger  # noqa: PLC0415
-        from remedy.workers.metrics import RayBackend, RunMetrics  # noqa: PLC0415
+        from remedy.control.goodput import GoodputLedger  # noqa: PLC0415
+        from remedy.rank.loop.metrics import RayBackend, RunMetrics  # noqa: PLC0415
 
         self.metrics = RunMetrics(RayBackend(), run_id="probe")
         batch = {"rank": 0, "step": 5, "tick": 10, "events": [{"kind": "nonfinite_loss"}],

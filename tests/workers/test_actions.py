@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.supervisor.core.report_validation import Limits, RankMark, validate_batch
-from remedy.workers import Command, Guard, GuardConfig
-from remedy.workers import actions as actions_mod
-from remedy.workers import saver as saver_mod
-from remedy.workers.exceptions import TransientActionError
+from remedy.protocol.reports import Limits, RankMark, validate_batch
+from remedy.rank import Command, Guard, GuardConfig
+from remedy.rank.actions import inprocess as actions_mod
+from remedy.rank.exceptions import TransientActionError
+from remedy.rank.state import saver as saver_mod
 
 CFG = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32)
 _ids = itertools.count()
@@ -308,8 +308,8 @@ def test_skip_batches_action() -> None:
 
 def test_nonfinite_loss_skips_the_optimizer_step() -> None:
     """A NaN loss never reaches the weights: the optimizer step is skipped at once."""
-    from remedy.workers import WorkerContext  # noqa: PLC0415
-    from remedy.workers.chaos import parse_chaos  # noqa: PLC0415
+    from remedy.rank import WorkerContext  # noqa: PLC0415
+    from remedy.rank.chaos.faults import parse_chaos  # noqa: PLC0415
 
     model, opt, sched, corpus = make_job()
     ctx = WorkerContext(faults=parse_chaos({"faults": [{"kind": "nan_loss", "at_step": 3}]}))

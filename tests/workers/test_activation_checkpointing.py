@@ -10,14 +10,14 @@ import torch
 from torch import nn
 
 from examples.gpt_model import GPT, GPTConfig, lm_loss
-from remedy.workers.activation_checkpointing import (
+from remedy.rank.actions.activation_checkpointing import (
     SavedActivationCap,
     SavedActivationMeter,
     checkpointed_modules,
     disable_activation_checkpointing,
     enable_activation_checkpointing,
 )
-from remedy.workers.kv_cache import generate
+from remedy.rank.actions.kv_cache import generate
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(60)]
 

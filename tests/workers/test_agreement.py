@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from remedy.workers.inbox import Agreement
+from remedy.rank.link.inbox import Agreement
 
 
 @pytest.fixture

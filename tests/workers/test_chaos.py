@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.workers import Command, Guard, GuardConfig, WorkerContext, bitflips
-from remedy.workers.chaos import FAULT_DESCRIPTIONS, FaultInjector, load_chaos, parse_chaos
-from remedy.workers.exceptions import ChaosConfigError
-from remedy.workers.rundir import read_jsonl
+from remedy.rank import Command, Guard, GuardConfig, WorkerContext
+from remedy.rank.chaos import bitflips
+from remedy.rank.chaos.faults import FAULT_DESCRIPTIONS, FaultInjector, load_chaos, parse_chaos
+from remedy.rank.exceptions import ChaosConfigError
+from remedy.rundir.writer import read_jsonl
 
 BROKEN = Path(__file__).resolve().parent / "chaos_broken"
 REPO = Path(__file__).resolve().parents[2]
@@ -305,7 +306,7 @@ def test_faults_fire_once_per_run_across_injectors(tmp_path: Path) -> None:
 
 KILL = """
 import sys
-from remedy.workers.chaos import FaultInjector, parse_chaos
+from remedy.rank.chaos.faults import FaultInjector, parse_chaos
 faults = parse_chaos({"faults": [{"kind": "kill_rank", "at_step": 3}]})
 injector = FaultInjector(faults, 0, run_dir=sys.argv[1])
 for step in range(6):

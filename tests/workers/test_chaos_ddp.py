@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from remedy.workers.chaos import FaultInjector, parse_chaos
+from remedy.rank.chaos.faults import FaultInjector, parse_chaos
 
 pytestmark = [pytest.mark.timeout(120)]
 

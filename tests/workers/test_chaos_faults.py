@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from remedy.workers import Guard, GuardConfig, WorkerContext
-from remedy.workers.chaos import (
+from remedy.rank import Guard, GuardConfig, WorkerContext
+from remedy.rank.chaos.faults import (
     ChaosSetting,
     FaultInjector,
     check_setting,
@@ -21,8 +21,8 @@ from remedy.workers.chaos import (
     load_scenario,
     parse_chaos,
 )
-from remedy.workers.exceptions import ChaosConfigError
-from remedy.workers.rundir import read_jsonl
+from remedy.rank.exceptions import ChaosConfigError
+from remedy.rundir.writer import read_jsonl
 
 
 def chaos_file(tmp_path: Path, text: str) -> Path:

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from remedy.workers import checkpoint_store
-from remedy.workers.checkpoint_store import CheckpointStore, checkpoint_tick, committed_steps
-from remedy.workers.exceptions import CheckpointError
-from remedy.workers.snapshots import Snapshot, capture_rng
+from remedy.rank.exceptions import CheckpointError
+from remedy.rank.state import checkpoint_store
+from remedy.rank.state.checkpoint_store import CheckpointStore, checkpoint_tick, committed_steps
+from remedy.rank.state.snapshots import Snapshot, capture_rng
 
 
 def snap(step: int, value: float = 0.0) -> Snapshot:

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from remedy.workers import Command, Guard, GuardConfig
-from remedy.workers.data import BatchCursor, DataExhausted
+from remedy.rank import Command, Guard, GuardConfig
+from remedy.rank.state.data import BatchCursor, DataExhausted
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

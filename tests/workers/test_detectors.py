@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-import remedy.workers.detectors as detectors_pkg
+import remedy.rank.detectors as detectors_pkg
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
 from remedy.policies import ANOMALY_KINDS
-from remedy.workers.chaos import Fault
-from remedy.workers.detectors import (
+from remedy.rank.chaos.faults import Fault
+from remedy.rank.detectors import (
     GradNormDetector,
     LossSpikeDetector,
     NonFiniteDetector,
     default_detectors,
 )
-from remedy.workers.detectors.testing import run_guarded
-from remedy.workers.stats import StepStats
+from remedy.rank.detectors.testing import run_guarded
+from remedy.rank.loop.stats import StepStats
 
 
 def stats(step: int, *, loss: float = 2.0, grad_norm: float = 1.0, **kw: object) -> StepStats:

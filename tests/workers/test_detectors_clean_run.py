@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, cosine_with_warmup, lm_loss
-from remedy.workers.detectors import default_detectors
-from remedy.workers.detectors.testing import run_guarded
+from remedy.rank.detectors import default_detectors
+from remedy.rank.detectors.testing import run_guarded
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.workers.chaos import Fault
-from remedy.workers.detectors import (
+from remedy.rank.chaos.faults import Fault
+from remedy.rank.detectors import (
     DataStallDetector,
     DuplicateSamplesDetector,
     PaddingRatioDetector,
 )
-from remedy.workers.detectors.duplicates import shingle_hashes
-from remedy.workers.detectors.testing import GuardedRun, feed, run_guarded, step_stats
+from remedy.rank.detectors.duplicates import shingle_hashes
+from remedy.rank.detectors.testing import GuardedRun, feed, run_guarded, step_stats
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 

@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from remedy.supervisor.core.straggler import StragglerWatch, find_stragglers
-from remedy.workers.detectors import (
+from remedy.control.straggler import StragglerWatch, find_stragglers
+from remedy.rank.detectors import (
     CollectiveSlowDetector,
     CollectiveTimer,
     install_collective_timer,
 )
-from remedy.workers.detectors.testing import run_guarded, step_stats
+from remedy.rank.detectors.testing import run_guarded, step_stats
 
 LATE_STEP = 4
 LATE_S = 1.0

@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.workers.chaos import Fault
-from remedy.workers.detectors import (
+from remedy.rank.chaos.faults import Fault
+from remedy.rank.detectors import (
     MemoryFragmentationDetector,
     MemoryGrowthDetector,
     MemoryPressureDetector,
 )
-from remedy.workers.detectors.memory import host_memory_bytes
-from remedy.workers.detectors.testing import feed, run_guarded, step_stats
-from remedy.workers.measure import process_rss_bytes
+from remedy.rank.detectors.memory import host_memory_bytes
+from remedy.rank.detectors.testing import feed, run_guarded, step_stats
+from remedy.rank.loop.measure import process_rss_bytes
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 MiB = 1 << 20

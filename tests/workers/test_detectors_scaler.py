@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from remedy.workers.detectors import ScalerCollapseDetector, ScalerOverflowDetector
-from remedy.workers.detectors.testing import feed, run_guarded, step_stats
+from remedy.rank.detectors import ScalerCollapseDetector, ScalerOverflowDetector
+from remedy.rank.detectors.testing import feed, run_guarded, step_stats
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 

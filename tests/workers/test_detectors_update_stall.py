@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.workers.detectors import UpdateStallDetector
-from remedy.workers.detectors.testing import feed, run_guarded, step_stats
+from remedy.rank.detectors import UpdateStallDetector
+from remedy.rank.detectors.testing import feed, run_guarded, step_stats
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 

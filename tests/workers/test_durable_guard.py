@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.workers import Command, Guard, GuardConfig, WorkerContext
-from remedy.workers.chaos import corrupt_file
-from remedy.workers.rundir import read_jsonl
+from remedy.rank import Command, Guard, GuardConfig, WorkerContext
+from remedy.rank.chaos.faults import corrupt_file
+from remedy.rundir.writer import read_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -120,7 +120,7 @@ def test_resume_falls_back_past_a_corrupt_checkpoint(tmp_path: Path) -> None:
 
 def test_corrupt_checkpoint_fault_flips_the_newest_payload_once(tmp_path: Path) -> None:
     """corrupt_checkpoint at step 12 breaks the checksum of checkpoint 10 only, and fires once per run."""
-    from remedy.workers.chaos import parse_chaos  # noqa: PLC0415
+    from remedy.rank.chaos.faults import parse_chaos  # noqa: PLC0415
 
     guard, it = guarded(tmp_path, 30, snapshot_every=5, checkpoint_every=5, checkpoint_keep=10)
     guard.injector = type(guard.injector)(

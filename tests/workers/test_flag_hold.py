@@ -20,11 +20,11 @@ import torch
 from torch import nn
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.workers import Guard, GuardConfig
-from remedy.workers.chaos import parse_chaos
-from remedy.workers.commands import Command
-from remedy.workers.context import WorkerContext
-from remedy.workers.flag_hold import QUIET_STEPS, FlagHold
+from remedy.protocol.commands import Command
+from remedy.rank import Guard, GuardConfig
+from remedy.rank.chaos.faults import parse_chaos
+from remedy.rank.link.context import WorkerContext
+from remedy.rank.link.flag_hold import QUIET_STEPS, FlagHold
 from tests.workers.fsdp_ranks import spawn_ranks
 
 pytestmark = [pytest.mark.timeout(300)]

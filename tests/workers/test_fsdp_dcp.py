@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from examples.gpt_model import lm_loss
-from remedy.workers import Guard, GuardConfig
-from remedy.workers.checkpoint_store import committed_steps
-from remedy.workers.context import WorkerContext
-from remedy.workers.dcp_store import DcpStore
+from remedy.rank import Guard, GuardConfig
+from remedy.rank.link.context import WorkerContext
+from remedy.rank.state.checkpoint_store import committed_steps
+from remedy.rank.state.dcp_store import DcpStore
 from tests.workers.fsdp_ranks import backends, spawn_ranks
 from tests.workers.test_fsdp_guard import build, corpus, full_digest, local_rows
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from remedy.supervisor import resume
+from remedy.cli import resume
+from remedy.cli.runner import run_supervised
+from remedy.protocol.spec import RunSpec
+from remedy.rundir.writer import read_jsonl
 from remedy.supervisor.exceptions import UsageError
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import RunSpec
-from remedy.workers.rundir import read_jsonl
 from tests.workers.fsdp_ranks import backends
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -225,7 +225,7 @@ def test_sharded_run_resumes_on_fewer_ranks_with_resume_from(
     argv = ["run", GPT, "--workers", "2", "--resume-from", str(four), "--run-dir", str(two),
             "--policy", POLICY, "--", *GPT_ARGS, "--steps", "24",
             "--checkpoint-every", "8"]  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "remedy.supervisor", *argv], env=env, text=True,
+    proc = subprocess.run([sys.executable, "-m", "remedy.cli", *argv], env=env, text=True,
                           capture_output=True, timeout=500, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resuming from step 16 of {four} (written by 4 rank(s))" in proc.stderr

@@ -13,9 +13,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.workers import Guard, GuardConfig, sharding
-from remedy.workers.commands import Command
-from remedy.workers.measure import GradNorm, module_grad_norms
+from remedy.protocol.commands import Command
+from remedy.rank import Guard, GuardConfig
+from remedy.rank.loop.measure import GradNorm, module_grad_norms
+from remedy.rank.state import sharding
 from tests.workers.fsdp_ranks import backends, rank_device, spawn_ranks
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -172,9 +173,9 @@ def test_rollback_restores_every_shard_and_ranks_agree(tmp_path: Path, backend: 
 
 # ------------------------------------------------------------ remediations
 def _remedy_rank(rank: int, world: int, case: str) -> dict[str, Any]:
-    from remedy.workers.activation_checkpointing import enable_activation_checkpointing  # noqa: PLC0415
-    from remedy.workers.chaos import Fault  # noqa: PLC0415
-    from remedy.workers.context import WorkerContext  # noqa: PLC0415
+    from remedy.rank.actions.activation_checkpointing import enable_activation_checkpointing  # noqa: PLC0415
+    from remedy.rank.chaos.faults import Fault  # noqa: PLC0415
+    from remedy.rank.link.context import WorkerContext  # noqa: PLC0415
 
     model = build(shard=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -12,9 +12,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from examples.gpt_model import GPT, lm_loss
-from remedy.workers import Guard, GuardConfig, shard_mirror, sharding
-from remedy.workers.context import WorkerContext
-from remedy.workers.snapshots import Snapshot
+from remedy.rank import Guard, GuardConfig
+from remedy.rank.link.context import WorkerContext
+from remedy.rank.state import shard_mirror, sharding
+from remedy.rank.state.snapshots import Snapshot
 from tests.workers.fsdp_ranks import backends, rank_device, spawn_ranks
 from tests.workers.test_fsdp_dcp import _rank_dir
 from tests.workers.test_fsdp_guard import CFG, corpus, full_digest, local_rows

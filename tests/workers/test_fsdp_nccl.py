@@ -16,10 +16,11 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 from examples.gpt_model import GPT, lm_loss
-from remedy.supervisor.runner import run_supervised
-from remedy.supervisor.spec import RunSpec
-from remedy.workers import Guard, GuardConfig, shard_mirror, sharding
-from remedy.workers.rundir import read_jsonl
+from remedy.cli.runner import run_supervised
+from remedy.protocol.spec import RunSpec
+from remedy.rank import Guard, GuardConfig
+from remedy.rank.state import shard_mirror, sharding
+from remedy.rundir.writer import read_jsonl
 from tests.workers.fsdp_ranks import spawn_ranks
 from tests.workers.test_fsdp_e2e import GPT as GPT_TARGET
 from tests.workers.test_fsdp_e2e import GPT_ARGS, POLICY

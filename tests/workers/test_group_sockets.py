@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from remedy.workers.group_sockets import GroupSockets
+from remedy.rank.group.group_sockets import GroupSockets
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/fd")
 

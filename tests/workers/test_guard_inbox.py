@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from remedy.workers import inbox as inbox_mod
-from remedy.workers.commands import Command
-from remedy.workers.context import WorkerContext
-from remedy.workers.guard import Guard, GuardConfig
+from remedy.protocol.commands import Command
+from remedy.rank.guard import Guard, GuardConfig
+from remedy.rank.link import inbox as inbox_mod
+from remedy.rank.link.context import WorkerContext
 
 
 class _Supervisor:

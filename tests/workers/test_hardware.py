@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from remedy.workers import hardware
-from remedy.workers.detectors import GpuHealth, GpuReading, GpuThresholds, HardwareMonitor
-from remedy.workers.detectors.testing import step_stats
-from remedy.workers.hardware import HardwareSampler, get_sampler, stop_sampler
+from remedy.rank.detectors import GpuHealth, GpuReading, GpuThresholds, HardwareMonitor
+from remedy.rank.detectors.testing import step_stats
+from remedy.rank.loop import hardware
+from remedy.rank.loop.hardware import HardwareSampler, get_sampler, stop_sampler
 
 pytestmark = pytest.mark.timeout(60)
 

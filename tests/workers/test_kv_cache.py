@@ -7,8 +7,8 @@ import torch
 
 from examples.gpt_model import GPT, GPTConfig
 from remedy.policies._events import AnomalyEvent
-from remedy.workers._kv_allocators import PagedStore
-from remedy.workers.kv_cache import (
+from remedy.rank.actions._kv_allocators import PagedStore
+from remedy.rank.actions.kv_cache import (
     BlockPool,
     KVCache,
     KVLayout,

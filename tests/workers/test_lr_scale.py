@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.optim import lr_scheduler as lrs
 
-from remedy.workers import Command, Guard, GuardConfig
-from remedy.workers.lr_scale import LRScale
+from remedy.rank import Command, Guard, GuardConfig
+from remedy.rank.actions.lr_scale import LRScale
 
 _ids = itertools.count()
 

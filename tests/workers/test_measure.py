@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from remedy.workers.measure import GradNorm, MemoryProbe, first_nonfinite_param
+from remedy.rank.loop.measure import GradNorm, MemoryProbe, first_nonfinite_param
 
 
 def _model_with_grads(seed: int = 0) -> nn.Module:

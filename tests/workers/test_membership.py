@@ -11,8 +11,9 @@ import types
 import pytest
 import torch.distributed as dist
 
-from remedy.workers import membership, phases
-from remedy.workers.membership import Membership, collective_timeout
+from remedy.protocol import phases
+from remedy.rank.group import membership
+from remedy.rank.group.membership import Membership, collective_timeout
 
 
 def _closed_port() -> int:

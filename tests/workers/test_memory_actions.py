@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.workers import Command, Guard, GuardConfig
-from remedy.workers import actions as actions_mod
-from remedy.workers.activation_checkpointing import SavedActivationMeter, checkpointed_modules
-from remedy.workers.kv_cache import KVCache, KVLayout, generate, kv_fragmentation_event
-from remedy.workers.rundir import read_jsonl
+from remedy.rank import Command, Guard, GuardConfig
+from remedy.rank.actions import inprocess as actions_mod
+from remedy.rank.actions.activation_checkpointing import SavedActivationMeter, checkpointed_modules
+from remedy.rank.actions.kv_cache import KVCache, KVLayout, generate, kv_fragmentation_event
+from remedy.rundir.writer import read_jsonl
 
 CFG = GPTConfig(vocab_size=32, block_size=32, n_layer=4, n_head=2, n_embd=32)
 

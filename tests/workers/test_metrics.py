@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from remedy.workers import Guard, GuardConfig
-from remedy.workers.metrics import METRICS_PORT_ENV, PrometheusBackend, RunMetrics
+from remedy.rank import Guard, GuardConfig
+from remedy.rank.loop.metrics import METRICS_PORT_ENV, PrometheusBackend, RunMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,7 +111,7 @@ def test_ray_backend_records_in_an_actor(ray_cluster: None) -> None:
     @ray.remote(num_cpus=0)
     class Recorder:
         def record(self) -> int:
-            from remedy.workers.metrics import RayBackend  # noqa: PLC0415 - in the actor's process
+            from remedy.rank.loop.metrics import RayBackend  # noqa: PLC0415 - in the actor's process
 
             metrics = RunMetrics(RayBackend(), run_id="r", checkpoints=None)
             batch = {"rank": 0, "step": 5, "tick": 10, "events": [{"kind": "nonfinite_loss"}],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from remedy.workers.detectors.minhash import LshIndex, MinHasher, band_layout, similarity
+from remedy.rank.detectors.minhash import LshIndex, MinHasher, band_layout, similarity
 
 
 def sets_with_jaccard(rng: np.random.Generator, j: float, size: int = 200) -> tuple:

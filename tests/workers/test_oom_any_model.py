@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from remedy.supervisor.target import load_target
-from remedy.workers import Guard, GuardConfig
-from remedy.workers.activation_checkpointing import (
+from remedy.rank import Guard, GuardConfig
+from remedy.rank.actions.activation_checkpointing import (
     SavedActivationMeter,
     checkpointed_modules,
     enable_activation_checkpointing,
 )
-from remedy.workers.rundir import read_jsonl
+from remedy.rank.loop.target import load_target
+from remedy.rundir.writer import read_jsonl
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from remedy.workers import Guard, GuardConfig
-from remedy.workers.chaos import parse_chaos
-from remedy.workers.context import WorkerContext
+from remedy.rank import Guard, GuardConfig
+from remedy.rank.chaos.faults import parse_chaos
+from remedy.rank.link.context import WorkerContext
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from remedy.workers.commands import Command
-from remedy.workers.inbox import CommandInbox
-from remedy.workers.outbox import Outbox
+from remedy.protocol.commands import Command
+from remedy.rank.link.inbox import CommandInbox
+from remedy.rank.link.outbox import Outbox
 
 
 class _Collect:
@@ -80,7 +80,7 @@ def test_a_guards_last_report_says_its_loop_ended() -> None:
     under load was once judged hung); no report before it does."""
     import torch  # noqa: PLC0415
 
-    from remedy.workers import Guard, WorkerContext  # noqa: PLC0415
+    from remedy.rank import Guard, WorkerContext  # noqa: PLC0415
 
     sink = _Collect()
     model = torch.nn.Linear(2, 1)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from remedy.workers import process_faults
-from remedy.workers.chaos import FaultInjector, parse_chaos
+from remedy.rank.chaos import process_faults
+from remedy.rank.chaos.faults import FaultInjector, parse_chaos
 
 FAULTS = parse_chaos({"faults": [
     {"kind": "hang_rank", "at_step": 3, "rank": 1},

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from remedy.workers.sharding import is_dtensor
+from remedy.rank.state.sharding import is_dtensor
 
 HEAVY = ("torch.distributed.tensor", "torch.distributed.checkpoint")
 
@@ -32,9 +32,9 @@ def loaded(modules: tuple[str, ...], first: str, then: str) -> tuple[list[bool],
 def test_remedy_does_not_import_dtensor_or_dcp_until_a_sharded_model_needs_them() -> None:
     before, after = loaded(
         HEAVY,
-        "import remedy.supervisor.actor, remedy.supervisor.agent, remedy.supervisor.rank\n"
-        "import remedy.workers.guard, remedy.workers.checkpoint_store",
-        "from remedy.workers import dcp_store  # what a sharded model's checkpoints use",
+        "import remedy.supervisor.actor, remedy.supervisor.agent.actor, remedy.supervisor.rank\n"
+        "import remedy.rank.guard, remedy.rank.state.checkpoint_store",
+        "from remedy.rank import dcp_store  # what a sharded model's checkpoints use",
     )
     assert before == [False, False]
     assert after == [True, True]
@@ -53,7 +53,7 @@ def test_a_ranks_process_does_not_import_the_policy_loader_or_engine() -> None:
     mode run."""
     before, after = loaded(
         ("remedy.policies._loader", "remedy.policies._model", "remedy.policies._engine"),
-        "import remedy.supervisor.rank, remedy.workers.guard",
+        "import remedy.supervisor.rank, remedy.rank.guard",
         "from remedy.policies import Engine, load_policy_text  # single-process mode's",
     )
     assert before == [False, False, False]

@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from remedy.workers import train_state
-from remedy.workers.activation_checkpointing import (
+from remedy.protocol.commands import Command
+from remedy.rank.actions.activation_checkpointing import (
     checkpointed_modules,
     enable_activation_checkpointing,
 )
-from remedy.workers.commands import Command
-from remedy.workers.guard import Guard, GuardConfig
-from remedy.workers.remediation import KEYS, Remediation, plain
+from remedy.rank.actions.remediation import KEYS, Remediation, plain
+from remedy.rank.guard import Guard, GuardConfig
+from remedy.rank.state import train_state
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(60)]
 

@@ -20,13 +20,13 @@ import torch
 from torch import nn
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.supervisor.explain import explain
-from remedy.supervisor.rundata import load_run
-from remedy.workers import Guard, GuardConfig
-from remedy.workers.chaos import parse_chaos
-from remedy.workers.commands import Command
-from remedy.workers.context import WorkerContext
-from remedy.workers.rundir import read_jsonl
+from remedy.protocol.commands import Command
+from remedy.rank import Guard, GuardConfig
+from remedy.rank.chaos.faults import parse_chaos
+from remedy.rank.link.context import WorkerContext
+from remedy.report.explain import explain
+from remedy.rundir.rundata import load_run
+from remedy.rundir.writer import read_jsonl
 from tests.workers.fsdp_ranks import spawn_ranks
 
 pytestmark = [pytest.mark.timeout(600)]

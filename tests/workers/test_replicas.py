@@ -18,11 +18,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
-from remedy.workers import Guard, GuardConfig
-from remedy.workers.chaos import parse_chaos
-from remedy.workers.context import WorkerContext
-from remedy.workers.digests import bit_sums, digest, odd_ones
-from remedy.workers.replicas import ReplicaCheck, replica_group
+from remedy.rank import Guard, GuardConfig
+from remedy.rank.chaos.faults import parse_chaos
+from remedy.rank.group.replicas import ReplicaCheck, replica_group
+from remedy.rank.link.context import WorkerContext
+from remedy.rank.state.digests import bit_sums, digest, odd_ones
 from tests.workers.fsdp_ranks import spawn_ranks
 
 CFG = GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from remedy.workers.rundir import RunDir, _jsonl_logger, read_jsonl
+from remedy.rundir.writer import RunDir, _jsonl_logger, read_jsonl
 
 
 def test_metrics_many_writes_the_lines_the_structlog_writer_gives(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from remedy.workers.checkpoint_store import CheckpointStore
-from remedy.workers.saver import Saver
-from remedy.workers.snapshots import Snapshot
+from remedy.rank.state.checkpoint_store import CheckpointStore
+from remedy.rank.state.saver import Saver
+from remedy.rank.state.snapshots import Snapshot
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(60)]
 

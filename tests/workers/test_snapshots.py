@@ -7,9 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from remedy.workers.checkpoint_store import CheckpointStore
-from remedy.workers.exceptions import CheckpointError
-from remedy.workers.snapshots import Snapshot, SnapshotRing, capture_rng, clone_to_host, restore_rng
+from remedy.rank.exceptions import CheckpointError
+from remedy.rank.state.checkpoint_store import CheckpointStore
+from remedy.rank.state.snapshots import (
+    Snapshot,
+    SnapshotRing,
+    capture_rng,
+    clone_to_host,
+    restore_rng,
+)
 
 
 def snap(step: int, value: float = 0.0) -> Snapshot:

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from remedy.workers.chaos import FaultInjector
-from remedy.workers.remediation import Remediation
-from remedy.workers.step_executor import StepExecutor, StepSettings, split
+from remedy.rank.actions.remediation import Remediation
+from remedy.rank.chaos.faults import FaultInjector
+from remedy.rank.loop.step_executor import StepExecutor, StepSettings, split
 
 
 def _mse(model: torch.nn.Module, batch: Any) -> torch.Tensor:

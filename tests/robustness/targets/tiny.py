@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from remedy import Guard
-from remedy.workers import GuardConfig
+from remedy.rank import GuardConfig
 
 
 def main(argv: list[str]) -> dict[str, Any]:

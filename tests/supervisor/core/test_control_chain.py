@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from remedy.control.decide import Controller
+from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
-from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import journal_to
-from remedy.workers.rundir import RunDir, read_jsonl
+from remedy.rundir.writer import RunDir, read_jsonl
 
 POLICY = """
 version: 1

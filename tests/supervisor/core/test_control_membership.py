@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from remedy.control.decide import Controller
+from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
-from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import journal_to
-from remedy.workers.rundir import RunDir, read_jsonl
+from remedy.rundir.writer import RunDir, read_jsonl
 
 POLICY = """
 version: 1

@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from remedy.control.decide import Controller
+from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
-from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import journal_to
-from remedy.workers.replay import classify
-from remedy.workers.rundir import RunDir, read_jsonl
+from remedy.rank.actions.replay import classify
+from remedy.rundir.writer import RunDir, read_jsonl
 
 POLICY = """
 version: 1

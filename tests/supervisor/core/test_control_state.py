@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from remedy.control import decide_state as control_state
+from remedy.control.decide import Controller, Outcomes
+from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
-from remedy.supervisor.core import control_state
-from remedy.supervisor.core.control import Controller, Outcomes
-from remedy.supervisor.core.effects import journal_to
-from remedy.supervisor.journals import read_journal
-from remedy.workers.commands import Outcome
-from remedy.workers.rundir import RunDir, read_jsonl
+from remedy.protocol.commands import Outcome
+from remedy.rundir.journals import read_journal
+from remedy.rundir.writer import RunDir, read_jsonl
 
 POLICY = """
 version: 1

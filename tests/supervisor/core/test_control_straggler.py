@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from remedy.control.decide import Controller
+from remedy.control.effects import journal_to
+from remedy.control.straggler import StragglerWatch
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy
-from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import journal_to
-from remedy.supervisor.core.straggler import StragglerWatch
-from remedy.workers.rundir import RunDir, read_jsonl
+from remedy.rundir.writer import RunDir, read_jsonl
 
 FAST_S = 0.1
 SLOW_S = 0.3  # 3x the others: a straggler by the default ratio (1.5x) and excess (50 ms)

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from remedy.policies import AnomalyEvent, Engine, load_policy_text
-from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import (
+from remedy.control.decide import Controller
+from remedy.control.effects import (
     AnomalyRecord,
     DecisionRecord,
     HistoryRecord,
     Journal,
     MetricRecords,
 )
+from remedy.policies import AnomalyEvent, Engine, load_policy_text
 
 POLICY = """
 version: 1
@@ -35,10 +35,10 @@ rules:
 ALLOWED = {
     "remedy",
     "remedy._lazy",  # the packages' names loaded on first use
-    "remedy.supervisor",
-    "remedy.workers",  # the package only: its names load on first use
-    "remedy.workers.commands",  # the command and outcome records ranks and core exchange
-    "remedy.workers.phases",  # the names of a rank's phases, which the hang watch reads
+    "remedy.protocol",  # what crosses a process boundary:
+    "remedy.protocol.commands",  # the command and outcome records ranks and core exchange
+    "remedy.protocol.phases",  # the names of a rank's phases, which the hang watch reads
+    "remedy.protocol.reports",  # report batches and their validation
 }
 
 
@@ -46,9 +46,9 @@ ALLOWED = {
 def test_the_core_imports_neither_torch_nor_ray() -> None:
     code = (
         "import importlib, json, pkgutil, sys\n"
-        "import remedy.supervisor.core as core\n"
+        "import remedy.control as core\n"
         "for m in pkgutil.iter_modules(core.__path__):\n"
-        "    importlib.import_module('remedy.supervisor.core.' + m.name)\n"
+        "    importlib.import_module('remedy.control.' + m.name)\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in\n"
         "                        ('remedy', 'torch', 'ray'))))\n"
     )
@@ -60,7 +60,7 @@ def test_the_core_imports_neither_torch_nor_ray() -> None:
     outside = {
         m
         for m in modules
-        if not m.startswith(("remedy.supervisor.core", "remedy.policies")) and m not in ALLOWED
+        if not m.startswith(("remedy.control", "remedy.policies")) and m not in ALLOWED
     }
     assert outside == set()
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from remedy.supervisor.core.goodput import REWINDING_ACTIONS, UNATTRIBUTED, GoodputLedger
-from remedy.supervisor.journals import goodput_of
+from remedy.control.goodput import REWINDING_ACTIONS, UNATTRIBUTED, GoodputLedger
+from remedy.rundir.journals import goodput_of
 
 STEP_S = 0.1
 

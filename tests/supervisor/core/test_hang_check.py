@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from remedy.supervisor.core.hang_check import (
+from remedy.control.hang_check import (
     AGENT_QUIET_S,
     ALARM_GRACE_S,
     PING_EVERY_S,
@@ -28,14 +28,14 @@ from remedy.supervisor.core.hang_check import (
     Pinged,
     Reported,
 )
-from remedy.supervisor.core.hang_watch import (
+from remedy.control.hang_watch import (
     DEAD,
     NO_ANSWER,
     HangWatch,
     HangWatchConfig,
     Verdict,
 )
-from remedy.supervisor.core.sightings import Sighting, Sightings
+from remedy.control.sightings import Sighting, Sightings
 
 NODES = {0: "a", 1: "a", 2: "b", 3: "b"}
 MOVING = {"phase": "step", "tick": 120, "step": 120}  # a rank's ping answer: it went on

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from remedy.supervisor.core.hang_watch import DEAD, NO_ANSWER, HangWatch, HangWatchConfig
+from remedy.control.hang_watch import DEAD, NO_ANSWER, HangWatch, HangWatchConfig
 
 CFG = HangWatchConfig(floor_s=0.75, step_multiple=10.0, startup_s=60.0,
                       first_steps=3, first_step_s=20.0, behind_s=5.0)  # fmt: skip

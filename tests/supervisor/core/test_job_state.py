@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from remedy.supervisor.core.job_state import (
+from remedy.control.job import (
     AbortRequested,
     JobState,
     JobStateMachine,

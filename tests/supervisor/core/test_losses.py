@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from remedy.supervisor.core.losses import Losses, Route
-from remedy.supervisor.core.lost_ranks import LostRanks
+from remedy.control.losses import Losses, Route
+from remedy.control.lost_ranks import LostRanks
 
 WINDOW = 60.0
 

@@ -8,17 +8,16 @@ from typing import Any
 
 import pytest
 
-from remedy.policies import Engine, load_policy_text
-from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import AnomalyRecord
-from remedy.supervisor.core.job_state import (
+from remedy.control.decide import Controller
+from remedy.control.effects import AnomalyRecord
+from remedy.control.job import (
     JobStateMachine,
     Phase,
     RanksLost,
     RestartFailed,
     Started,
 )
-from remedy.supervisor.core.lost_ranks import (
+from remedy.control.lost_ranks import (
     Dropped,
     Joined,
     NotReplaced,
@@ -27,9 +26,10 @@ from remedy.supervisor.core.lost_ranks import (
     ReplacementFailed,
     ToPolicy,
 )
-from remedy.supervisor.core.rank_slots import RankSlots
-from remedy.supervisor.core.run_core import RankDied, RunCore
-from remedy.supervisor.core.run_state import RunState
+from remedy.control.record import RunState
+from remedy.control.run_core import RankDied, RunCore
+from remedy.control.slots import RankSlots
+from remedy.policies import Engine, load_policy_text
 
 POLICY = """
 version: 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from remedy.supervisor.core.rank_slots import (
+from remedy.control.slots import (
     MAX_SEQ_AHEAD,
     SEQ_AHEAD_PER_S,
     SEQ_WINDOW,

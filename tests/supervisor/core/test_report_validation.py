@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from remedy.control.decide import Controller
+from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
-from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import journal_to
-from remedy.supervisor.core.report_validation import MAX_INT, Limits, _bounded
-from remedy.workers.rundir import RunDir, read_jsonl
+from remedy.protocol.reports import MAX_INT, Limits, _bounded
+from remedy.rundir.writer import RunDir, read_jsonl
 
 POLICY = """
 version: 1

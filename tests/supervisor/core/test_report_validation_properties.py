@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from remedy.control.decide import Controller
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy
-from remedy.supervisor.core.control import Controller
 
 KINDS = [
     "nonfinite_loss",

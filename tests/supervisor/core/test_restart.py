@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from remedy.supervisor.core import restart
-from remedy.supervisor.core.job_state import (
+from remedy.control import restart
+from remedy.control.job import (
     JobState,
     Phase,
     RanksLost,
@@ -18,7 +18,7 @@ from remedy.supervisor.core.job_state import (
     RestartFailed,
     transition,
 )
-from remedy.supervisor.core.restart import (
+from remedy.control.restart import (
     AllFailed,
     AllRestarted,
     AttemptFailed,

@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
+from remedy.control import decide_state as control_state
+from remedy.control.decide import Controller
+from remedy.control.effects import journal_to
+from remedy.control.job import JobState, Phase
+from remedy.control.record import RunState, StateLog
+from remedy.control.slots import RankSlots
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
-from remedy.supervisor.core import control_state
-from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.effects import journal_to
-from remedy.supervisor.core.job_state import JobState, Phase
-from remedy.supervisor.core.rank_slots import RankSlots
-from remedy.supervisor.core.run_state import RunState, StateLog
-from remedy.supervisor.journals import read_journal
-from remedy.workers.rundir import RunDir, read_jsonl
+from remedy.rundir.journals import read_journal
+from remedy.rundir.writer import RunDir, read_jsonl
 
 POLICY = """
 version: 1

@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from remedy.policies import Engine, load_policy_text
-from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.job_state import (
+from remedy.control.decide import Controller
+from remedy.control.job import (
     JobState,
     JobStateMachine,
     Phase,
@@ -18,8 +17,8 @@ from remedy.supervisor.core.job_state import (
     RanksUnreplaced,
     Started,
 )
-from remedy.supervisor.core.rank_slots import RankSlots
-from remedy.supervisor.core.run_core import (
+from remedy.control.record import RunState
+from remedy.control.run_core import (
     Answer,
     BatchesLost,
     Dropped,
@@ -41,7 +40,8 @@ from remedy.supervisor.core.run_core import (
     Taken,
     ToPolicy,
 )
-from remedy.supervisor.core.run_state import RunState
+from remedy.control.slots import RankSlots
+from remedy.policies import Engine, load_policy_text
 
 NOW = 2000.0  # wall time of the state records
 POLICY = """

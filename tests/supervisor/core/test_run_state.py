@@ -10,13 +10,10 @@ from typing import Any
 
 import pytest
 
-from remedy.policies import Engine, load_policy
-from remedy.supervisor.core import restart
-from remedy.supervisor.core.control import Controller
-from remedy.supervisor.core.job_state import JobState, Phase
-from remedy.supervisor.core.rank_slots import RankSlots
-from remedy.supervisor.core.restart import RestartState, Stage
-from remedy.supervisor.core.run_state import (
+from remedy.control import restart
+from remedy.control.decide import Controller
+from remedy.control.job import JobState, Phase
+from remedy.control.record import (
     DELTA,
     FULL_EVERY,
     SCHEMA,
@@ -28,6 +25,9 @@ from remedy.supervisor.core.run_state import (
     fold,
     migrate,
 )
+from remedy.control.restart import RestartState, Stage
+from remedy.control.slots import RankSlots
+from remedy.policies import Engine, load_policy
 
 # A `state` line of journal.wal written by remedy at 08a4111 (schema 1): a 2-rank run of
 # tests/supervisor/daemon_train.py with a NaN at step 30, taken while its rollback and

@@ -1,0 +1,1 @@
+"""A rank's process group across generations: membership, its sockets, replica checks."""

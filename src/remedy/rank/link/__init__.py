@@ -1,0 +1,1 @@
+"""A rank's link to its supervisor: reports out, commands in, liveness, forwarded output."""

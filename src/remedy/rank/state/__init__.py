@@ -1,0 +1,1 @@
+"""A rank's training state: snapshots, durable checkpoints, sharding, data position, adoption."""

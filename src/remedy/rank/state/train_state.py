@@ -1,0 +1,72 @@
+"""Training state as one value: capture it, adopt it, broadcast it to a new process group.
+
+After a rank is replaced, every rank of the next generation adopts the
+state of the lowest healthy rank, so the replacement (a fresh process) and
+the survivors continue from one identical boundary. The state is
+everything a step depends on: model, optimizer, LR scheduler, GradScaler,
+every RNG, the data position and the skipped batches, every remediation
+applied so far (LR scale, micro-batch split, activation-checkpointed
+modules, KV allocator) and the command bookkeeping (applied, queued and
+failed commands), so a command in flight is applied at the same boundary
+by the replacement too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from remedy.rank.guard import Guard
+
+
+def capture(guard: Guard) -> dict[str, Any]:
+    """Host copy of `guard`'s training state at the current step boundary."""
+    snap = guard.take_snapshot()
+    return {
+        "snapshot": snap,
+        "skipped": sorted(guard.cursor.skipped),
+        **guard.remediation.state(guard.model),
+        **guard.inbox.state(),
+    }
+
+
+def adopt(guard: Guard, state: dict[str, Any]) -> None:
+    """Make `guard` continue from `state` exactly (no remediation is applied twice)."""
+    snap = state["snapshot"]
+    # What a rollback restores: weights, optimizer, scheduler, scaler, RNG, step; detectors reset.
+    guard.restore(snap)
+    guard.tick = snap.tick
+    guard.cursor.position = snap.cursor  # also for a source that cannot seek: ranks must agree
+    guard.cursor.skipped = set(state["skipped"])
+    # The param groups hold the scheduled LR; the cuts decided so far are applied around
+    # each optimizer step (lr_scale.py), so a replacement must adopt them to step alike.
+    guard.remediation.adopt(state, guard.model)
+    guard.inbox.adopt(state)
+    # Rings differ between survivors and the replacement; all restart from this boundary.
+    guard.saver.start_over(snap)
+
+
+def broadcast(
+    guard: Guard, *, src: int, group: Any = None, state: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Every rank of the group calls this; all adopt rank `src`'s state, which is returned.
+
+    The source sends `state` if given (captured before something overwrote
+    its live state, such as DDP's start-up sync from a replaced rank 0; it
+    then adopts it too), else what `capture` takes now.
+
+    One pickled object broadcast: on CPU tensors the cost is a copy of the
+    state per rank (a few ms for the example's 0.8M parameters).
+    """
+    source = dist.get_rank() == src
+    payload: list[Any] = [(state or capture(guard)) if source else None]
+    dist.broadcast_object_list(payload, src=src, group=group)
+    adopted: dict[str, Any] = payload[0]
+    if not source or state is not None:
+        adopt(guard, adopted)
+    else:
+        # The source too drops its ring, so every rank keeps the same snapshots.
+        guard.saver.start_over(adopted["snapshot"])
+    return adopted

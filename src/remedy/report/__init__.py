@@ -1,0 +1,1 @@
+"""`remedy report` and `remedy explain`: reading a run back for people."""

@@ -1,5 +1,0 @@
-import sys
-
-from remedy.supervisor.cli import main
-
-sys.exit(main())
