@@ -87,6 +87,9 @@ def test_a_rank_that_does_not_say_where_it_runs_leaves_only_its_own_pid_unknown(
     """A restarted supervisor asks its adopted ranks where they run; a stopped one used to
     leave every rank's pid unknown (their answers were gathered as one)."""
     stuck, running = _Rank.remote(stuck=True), _Rank.remote()
+    # Both actors up first (`calls` answers even on the stuck one): the 1 s bound below is
+    # for the stuck rank's silence, not for a fresh actor's start on a loaded machine.
+    ray.get([stuck.calls.remote(), running.calls.remote()])
     group = _group({0: stuck, 1: running})
     group.pids, group.slots, group.used_nodes = {}, RankSlots(2), set()
     with pytest.raises(WaitTimeout, match=r"ranks \[0\] did not say where"):

@@ -150,8 +150,9 @@ def test_a_bounded_wait_names_itself() -> None:
 
 @pytest.mark.timeout(30)
 def test_a_rank_wait_on_its_helper_thread_names_itself() -> None:
-    """workers.waits: a helper stuck past the bound is a WaitTimeout naming the wait, and a drained
-    pool whose queue is empty shuts down at once."""
+    """rank.loop.waits: a helper stuck past the bound is a WaitTimeout naming the wait; a pool
+    whose queue is empty is drained without error and left shut down, and draining it again
+    waits for nothing."""
     import threading  # noqa: PLC0415
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
@@ -169,4 +170,6 @@ def test_a_rank_wait_on_its_helper_thread_names_itself() -> None:
     assert stuck.result(timeout=5) is True
     idle = ThreadPoolExecutor(1)
     rank_waits.drain(idle, 5.0, "an idle pool")
-    rank_waits.drain(idle, 5.0, "an idle pool, again")  # shut down already: nothing to wait for
+    with pytest.raises(RuntimeError, match="shutdown"):
+        idle.submit(lambda: None)
+    rank_waits.drain(idle, 0.0, "an idle pool, again")  # shut down already: no wait, even at 0 s
