@@ -208,7 +208,9 @@ def _mutations(state: object) -> st.SearchStrategy[object]:
 @pytest.mark.timeout(120)
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
-def test_a_corrupted_state_is_refused_with_state_error_or_loads_into_an_engine_that_runs(data: st.DataObject) -> None:
+def test_a_corrupted_state_is_refused_with_state_error_or_loads_into_an_engine_that_runs(
+    data: st.DataObject,
+) -> None:
     """A saved state with one value replaced by junk: StateError, or an engine that runs."""
     engine = Engine(load_policy_text(PER_KIND), run_id="k")
     engine.decide(_ev("loss_oscillation", 10) + _ev("straggler", 10))
