@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from remedy.cli.cluster import probe
-from remedy.supervisor.exceptions import ClusterError
+from remedy.protocol.exceptions import ClusterError
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 

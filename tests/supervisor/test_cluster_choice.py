@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from remedy.cli.cluster import Choice, choose, probe
-from remedy.supervisor.exceptions import ClusterError
+from remedy.protocol.exceptions import ClusterError
 
 
 @pytest.mark.parametrize(

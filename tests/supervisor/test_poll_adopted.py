@@ -13,7 +13,7 @@ import ray
 
 from remedy.control.hang_watch import DEAD
 from remedy.control.slots import RankSlots
-from remedy.supervisor.exceptions import WaitTimeout
+from remedy.protocol.exceptions import WaitTimeout
 from remedy.supervisor.worker_group import WorkerGroup
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]

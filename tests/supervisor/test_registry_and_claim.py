@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from remedy.cli import registry
+from remedy.protocol.exceptions import UsageError
 from remedy.rundir.claim import MARKER, claim_run_dir
-from remedy.supervisor.exceptions import UsageError
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from remedy.cli import resume
+from remedy.protocol.exceptions import UsageError
 from remedy.rank.state.checkpoint_store import CheckpointStore
 from remedy.rank.state.snapshots import Snapshot
-from remedy.supervisor.exceptions import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 

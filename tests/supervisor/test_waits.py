@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor.exceptions import WaitTimeout
+from remedy.protocol.exceptions import WaitTimeout
 
 REPO = Path(__file__).resolve().parents[2]
 SUPERVISOR = REPO / "supervisor"

@@ -14,9 +14,9 @@ import pytest
 
 from remedy.cli import resume
 from remedy.cli.runner import run_supervised
+from remedy.protocol.exceptions import UsageError
 from remedy.protocol.spec import RunSpec
 from remedy.rundir.writer import read_jsonl
-from remedy.supervisor.exceptions import UsageError
 from tests.workers.fsdp_ranks import backends
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]

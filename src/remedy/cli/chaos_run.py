@@ -136,9 +136,9 @@ def plan(
     paths: list[str], *, target: str | None, workers: int | None
 ) -> tuple[list[Planned], list[str]]:
     """Every scenario read and checked before anything runs; (planned, error lines)."""
+    from remedy.protocol.exceptions import TargetError  # noqa: PLC0415
     from remedy.rank.exceptions import ChaosConfigError  # noqa: PLC0415
     from remedy.rank.loop.target import check_target  # noqa: PLC0415
-    from remedy.supervisor.exceptions import TargetError  # noqa: PLC0415
 
     planned: list[Planned] = []
     errors: list[str] = []

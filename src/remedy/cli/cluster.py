@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remedy.supervisor.exceptions import ClusterError
+from remedy.protocol.exceptions import ClusterError
 
 # Ray advertises the host's network address unless this is set before it
 # starts; remedy's local clusters stay on loopback. An explicit setting in

@@ -330,11 +330,11 @@ def _run(args: argparse.Namespace) -> int:
     from remedy.cli import resume as _resume  # noqa: PLC0415
     from remedy.cli.cluster import ClusterError, choose  # noqa: PLC0415
     from remedy.policies import PolicyError  # noqa: PLC0415 - keep `remedy --help` fast
+    from remedy.protocol.exceptions import TargetError, UsageError  # noqa: PLC0415
     from remedy.protocol.spec import RunSpec  # noqa: PLC0415
     from remedy.rank.exceptions import ChaosConfigError  # noqa: PLC0415
     from remedy.rank.loop.target import check_target  # noqa: PLC0415
     from remedy.rundir.claim import claim_run_dir  # noqa: PLC0415
-    from remedy.supervisor.exceptions import TargetError, UsageError  # noqa: PLC0415
     from remedy.supervisor.policy_source import load_policy_source  # noqa: PLC0415
 
     # Validate everything before any training (or Ray) starts.
@@ -403,7 +403,7 @@ def _local_gpus() -> int:
 
 def _check_gpus(per_rank: float, workers: int, available: float, where: str) -> None:
     """UsageError unless `where` has the GPUs the ranks ask for (Ray would wait for them forever)."""
-    from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
+    from remedy.protocol.exceptions import UsageError  # noqa: PLC0415
 
     need = per_rank * workers
     if need > available:
@@ -417,9 +417,9 @@ def _check_gpus(per_rank: float, workers: int, available: float, where: str) -> 
 
 
 def _load_chaos(path: str, workers: int) -> list[Any]:
+    from remedy.protocol.exceptions import UsageError  # noqa: PLC0415
     from remedy.rank.chaos.faults import ChaosSetting, load_chaos  # noqa: PLC0415
     from remedy.rank.exceptions import ChaosConfigError  # noqa: PLC0415
-    from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
 
     try:
         # Under `remedy run` there is a supervisor; what only the loop knows (its checkpoint
@@ -438,8 +438,8 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) ->
     """Connect, check the cluster's GPUs, and supervise (or detach); the exit code."""
     from remedy.cli import registry  # noqa: PLC0415 - after validation
     from remedy.cli.cluster import ClusterError, connect, disconnect  # noqa: PLC0415
+    from remedy.protocol.exceptions import UsageError  # noqa: PLC0415
     from remedy.protocol.spec import NAMESPACE  # noqa: PLC0415
-    from remedy.supervisor.exceptions import UsageError  # noqa: PLC0415
 
     try:
         conn = connect(choice, workers=spec.workers, quiet=True)
@@ -559,8 +559,8 @@ def _supervise_watched(spec: Any, args: argparse.Namespace, watching: threading.
     from remedy.cli.cluster import private_ray_gone  # noqa: PLC0415
     from remedy.cli.display import make_display  # noqa: PLC0415
     from remedy.cli.runner import format_summary, run_supervised  # noqa: PLC0415
+    from remedy.protocol.exceptions import SupervisorLost, WaitTimeout  # noqa: PLC0415
     from remedy.rundir.rundata import load_run  # noqa: PLC0415
-    from remedy.supervisor.exceptions import SupervisorLost, WaitTimeout  # noqa: PLC0415
 
     display = make_display(quiet=args.quiet)
     threading.Thread(target=_watch_private_ray, args=(spec, display, watching), daemon=True).start()
@@ -652,8 +652,8 @@ def _cluster_gone_summary(spec: Any, gone: str) -> Path:
 
 def _lost_supervisor_summary(spec: Any, reason: str) -> Path:
     """summary.json of a run no supervisor will finish (see `write_fallback_summary`)."""
+    from remedy.protocol.exceptions import SupervisorError  # noqa: PLC0415
     from remedy.rundir.rundata import write_fallback_summary  # noqa: PLC0415
-    from remedy.supervisor.exceptions import SupervisorError  # noqa: PLC0415
 
     try:
         return write_fallback_summary(

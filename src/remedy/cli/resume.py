@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from remedy.protocol.exceptions import UsageError
 from remedy.rank.state.checkpoint_store import _step_of, committed_manifests
-from remedy.supervisor.exceptions import UsageError
 
 
 @dataclass(frozen=True)

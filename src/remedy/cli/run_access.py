@@ -20,8 +20,8 @@ from typing import Any
 
 from remedy.cli import registry
 from remedy.cli.cluster import Choice, ClusterError, choose, connect, disconnect
+from remedy.protocol.exceptions import SupervisorError, Unauthorized
 from remedy.protocol.spec import NAMESPACE, supervisor_name
-from remedy.supervisor.exceptions import SupervisorError, Unauthorized
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 

@@ -20,11 +20,11 @@ import structlog
 
 from remedy.cli.cluster import private_ray_gone
 from remedy.cli.display import Display
+from remedy.protocol.exceptions import SupervisorLost, WaitTimeout
 from remedy.protocol.spec import RunSpec
 from remedy.rank.link import liveness
 from remedy.supervisor import waits
 from remedy.supervisor.actor import launch_supervisor
-from remedy.supervisor.exceptions import SupervisorLost, WaitTimeout
 from remedy.supervisor.worker_group import kill_run_actors
 
 # How long a call that asks the supervisor for something (status, events) may take.

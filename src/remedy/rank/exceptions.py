@@ -5,12 +5,11 @@ They cross Ray actor boundaries, so each pickles with its message.
 
 from __future__ import annotations
 
+from remedy.protocol.exceptions import RemedyError
 
-class WorkerError(Exception):
-    """Base class for every error the workers package raises."""
 
-    def __reduce__(self) -> tuple[type[WorkerError], tuple[str]]:
-        return (type(self), (str(self),))
+class WorkerError(RemedyError):
+    """Base class for every error raised inside a training process."""
 
 
 class ActionError(WorkerError):

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remedy.supervisor.exceptions import UsageError
+from remedy.protocol.exceptions import UsageError
 
 MARKER = ".remedy-run"
 # Files that mark a directory as holding a run already: a second run there would mix journals.

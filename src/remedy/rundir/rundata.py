@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remedy.protocol.exceptions import SupervisorError
 from remedy.rundir.journals import goodput_of, read_journal
 from remedy.rundir.read import read_records, read_run_dir
 from remedy.rundir.writer import metrics_paths
-from remedy.supervisor.exceptions import SupervisorError
 
 # A run directory whose journals changed this recently is taken to be running.
 RUNNING_WITHIN_S = 60.0

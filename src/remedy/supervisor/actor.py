@@ -77,6 +77,7 @@ from remedy.control.run_core import (
 from remedy.control.sightings import Sightings
 from remedy.control.slots import RankSlots
 from remedy.policies import Decision, Engine, Policy, PolicyError
+from remedy.protocol.exceptions import Unauthorized
 from remedy.protocol.spec import NAMESPACE, RunSpec, supervisor_name
 from remedy.rank.link import liveness
 from remedy.rank.loop.logs import configure_logging
@@ -85,7 +86,6 @@ from remedy.rundir.journals import goodput_of, last_written, read_journal
 from remedy.rundir.writer import RunDir
 from remedy.supervisor import placement
 from remedy.supervisor.agent.actor import alive_nodes, kill_agents, launch_agents
-from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.intake import Intake
 from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch, verdict_window_s

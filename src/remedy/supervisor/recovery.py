@@ -73,12 +73,12 @@ from remedy.control.lost_ranks import (
 from remedy.control.restart import RestartState
 from remedy.policies import Decision
 from remedy.protocol import phases
+from remedy.protocol.exceptions import SupervisorError
 from remedy.protocol.phases import JOINING, RECOVERING
 from remedy.protocol.spec import NAMESPACE
 from remedy.rank.state.checkpoint_store import checkpoint_tick, committed_steps
 from remedy.supervisor import placement, waits
 from remedy.supervisor.agent.actor import agent_name
-from remedy.supervisor.exceptions import SupervisorError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import ray
 
-from remedy.supervisor.exceptions import WaitTimeout
+from remedy.protocol.exceptions import WaitTimeout
 
 T = TypeVar("T")
 

@@ -51,9 +51,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.control.hang_watch import DEAD
 from remedy.control.slots import RankSlots
+from remedy.protocol.exceptions import WaitTimeout
 from remedy.protocol.spec import NAMESPACE, RunSpec
 from remedy.supervisor import placement, waits
-from remedy.supervisor.exceptions import WaitTimeout
 from remedy.supervisor.pings import SPARE_PING_S, ping_actors
 from remedy.supervisor.rank import RankActor
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from remedy.supervisor.exceptions import TargetError
+from remedy.protocol.exceptions import TargetError
 
 
 def split_target(target: str) -> tuple[str, str]:

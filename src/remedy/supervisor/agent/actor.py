@@ -79,6 +79,7 @@ import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.control.hang_watch import DEAD, HangWatchConfig
+from remedy.protocol.exceptions import WaitTimeout
 from remedy.protocol.spec import NAMESPACE, supervisor_name
 from remedy.rank.chaos import process_faults
 from remedy.rank.link import liveness
@@ -87,7 +88,6 @@ from remedy.rank.loop.metrics import RayBackend, RunMetrics
 from remedy.rundir.writer import RunDir
 from remedy.supervisor import waits
 from remedy.supervisor.agent.core import AgentCore
-from remedy.supervisor.exceptions import WaitTimeout
 from remedy.supervisor.pings import SPARE_PING_S, ping_actors
 
 log = structlog.get_logger("remedy.agent")

@@ -1,13 +1,24 @@
-"""Errors raised by the supervisor package; all derive from `SupervisorError`."""
+"""remedy's one exception base, and the errors of the supervisor side and the CLI.
+
+Every error remedy raises outside the pure policy language derives from `RemedyError`
+(the rank side's `WorkerError`, the supervisor side's `SupervisorError`), so a caller can
+catch remedy's errors in one clause. They cross Ray actor boundaries, so each pickles with
+its message. The policy language keeps its own base (`remedy.policies.PolicyPackageError`):
+it is the bottom layer and imports nothing of remedy's.
+"""
 
 from __future__ import annotations
 
 
-class SupervisorError(Exception):
-    """Base class for every error the supervisor package raises."""
+class RemedyError(Exception):
+    """Base class for every error remedy raises outside the policy language."""
 
-    def __reduce__(self) -> tuple[type[SupervisorError], tuple[str]]:
+    def __reduce__(self) -> tuple[type[RemedyError], tuple[str]]:
         return (type(self), (str(self),))
+
+
+class SupervisorError(RemedyError):
+    """Base class for every error the supervisor side and the CLI raise."""
 
 
 class TargetError(SupervisorError):
