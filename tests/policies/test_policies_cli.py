@@ -34,7 +34,10 @@ def test_check_ok_and_broken() -> None:
 @pytest.mark.timeout(90)
 def test_test_bundled_files() -> None:
     """test runs the bundled policy tests and exits 0."""
-    proc = _run("test", *sorted(str(p) for p in (ROOT / "policies" / "tests").glob("*.yaml")))
+    proc = _run(
+        "test",
+        *sorted(str(p) for p in (ROOT / "src" / "remedy" / "policies" / "tests").glob("*.yaml")),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("tests passed") == 3
 

@@ -166,7 +166,9 @@ def test_malformed_test_file_is_located(
     assert "Traceback" not in err
 
 
-BUNDLED_TESTS = sorted((Path(__file__).parents[2] / "policies" / "tests").glob("*.test.yaml"))
+BUNDLED_TESTS = sorted(
+    (Path(__file__).parents[2] / "src" / "remedy" / "policies" / "tests").glob("*.test.yaml")
+)
 
 
 @pytest.mark.parametrize("path", BUNDLED_TESTS, ids=[p.name for p in BUNDLED_TESTS])

@@ -99,7 +99,7 @@ def test_report_prints_summary_and_decisions(
 
 def test_policy_check_bundled_policies_pass() -> None:
     """`remedy policy check` accepts every bundled policy."""
-    files = sorted(str(p) for p in (REPO / "policies").glob("*.yaml"))
+    files = sorted(str(p) for p in (REPO / "src" / "remedy" / "policies").glob("*.yaml"))
     assert files
     assert main(["policy", "check", *files]) == 0
 

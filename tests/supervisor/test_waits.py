@@ -1,6 +1,6 @@
-"""No wait is left without a bound: the supervisor side on other processes (`supervisor.waits`),
+"""No wait is left without a bound: the supervisor side on other processes (`remedy.supervisor.waits`),
 an actor call awaited as `await handle.method.remote(...)` included, the ranks on their helper
-threads (`workers.waits`); the ranks' collectives and rendezvous are bounded by the process
+threads (`remedy.rank.loop.waits`); the ranks' collectives and rendezvous are bounded by the process
 group's timeout, their reports by the reporter's."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 
 from remedy.protocol.exceptions import WaitTimeout
 
-REPO = Path(__file__).resolve().parents[2]
-SUPERVISOR = REPO / "supervisor"
-PACKAGES = [REPO / "supervisor", REPO / "workers", REPO / "integrations"]
+SRC = Path(__file__).resolve().parents[2] / "src" / "remedy"
+# Every package that waits on other processes or threads; the policy language is pure.
+PACKAGES = [p for p in SRC.iterdir() if p.is_dir() and p.name not in ("policies", "__pycache__")]
 BOUNDED = {"wait_for", "within", "get"}  # asyncio.wait_for, waits.within, waits.get
 # remedy's own `wait` methods, each bounded inside (through `workers.waits`): the checkpoint
 # store's and the shard mirror's.

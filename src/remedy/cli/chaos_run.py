@@ -48,7 +48,9 @@ SUPERVISOR_RESTART = "supervisor_restart"
 
 def default_target() -> str | None:
     """The bundled GPT example, in a checkout of the repository (None where it is not)."""
-    example = Path(__file__).resolve().parents[1] / "examples" / "pretrain_gpt.py"
+    example = (
+        Path(__file__).resolve().parents[3] / "examples" / "pretrain_gpt.py"
+    )  # src/remedy/cli/
     return f"{example}:main" if example.is_file() else None
 
 

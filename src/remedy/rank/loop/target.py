@@ -205,12 +205,9 @@ def call_target(fn: Callable[..., Any], argv: list[str]) -> Any:
 
 
 # Files under these folders are remedy's or Python's, not the user's.
-_HERE = os.path.dirname(os.path.realpath(__file__))
+_REMEDY_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 _NOT_USER = (
-    *(
-        os.path.join(os.path.dirname(_HERE), name) + os.sep
-        for name in ("supervisor", "workers", "policies")
-    ),
+    _REMEDY_DIR + os.sep,  # src/remedy/, this file being src/remedy/rank/loop/target.py
     os.path.dirname(os.path.realpath(inspect.__file__)) + os.sep,
 )
 _TRACEBACK_CHARS = 4000
