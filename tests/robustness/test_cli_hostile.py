@@ -309,7 +309,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _env(scratch: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
         HOME=str(scratch / "home"),
         REMEDY_HOME=str(scratch / "home" / ".remedy"),
         RAY_TMPDIR=str(scratch / "home" / "ray"),

@@ -23,7 +23,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
 def test_a_stopped_driver_does_not_stop_its_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "REMEDY_HOME": str(tmp_path / "home")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        "REMEDY_HOME": str(tmp_path / "home"),
+    }
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "remedy.cli", "run", TINY, "--address", "local",

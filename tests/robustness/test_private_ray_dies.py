@@ -37,7 +37,11 @@ def _children(pid: int) -> dict[int, str]:
 @pytest.mark.parametrize("daemon", ["raylet", "gcs_server"])
 def test_private_ray_killed_under_a_run(daemon: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "REMEDY_HOME": str(tmp_path / "home")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        "REMEDY_HOME": str(tmp_path / "home"),
+    }
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "remedy.cli", "run", TINY, "--address", "local",

@@ -70,7 +70,7 @@ def _free_ports(n: int) -> list[int]:
 def env_for(root: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
         HOME=str(root / "home"),
         REMEDY_HOME=str(root / "home" / ".remedy"),
         RAY_TMPDIR=str(root / "ray"),

@@ -43,7 +43,7 @@ def supervised(
 
 def standalone(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run the tiny job alone in a fresh process (a Guard with `run_dir=`, no supervisor)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     return subprocess.run(
         [sys.executable, str(TRAIN), "--run-dir", str(run_dir), *args],
         capture_output=True,

@@ -81,7 +81,11 @@ def test_sys_exit_in_the_target(ray_cluster: None, tmp_path: Path, func: str, st
 def test_cli_prints_the_rank_exception(tmp_path: Path) -> None:
     """`remedy run` of a function that raises exits 1 and prints the exception and the user's frame."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(REPO), HOME=str(tmp_path), REMEDY_HOME=str(tmp_path / ".remedy"))
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        HOME=str(tmp_path),
+        REMEDY_HOME=str(tmp_path / ".remedy"),
+    )
     argv = ["run", TINY, "--run-dir", str(tmp_path / "r"), "--", "--raise-at", "5"]
     proc = subprocess.run(
         [sys.executable, "-m", "remedy.cli", *argv],

@@ -24,7 +24,11 @@ V2 = "version: 1\nname: v2\nrules:\n  - name: nan\n    when: {anomaly: nonfinite
 
 def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(REPO), HOME=str(home), REMEDY_HOME=str(home / ".remedy"))
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        HOME=str(home),
+        REMEDY_HOME=str(home / ".remedy"),
+    )
     return env
 
 

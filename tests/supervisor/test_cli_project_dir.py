@@ -33,7 +33,11 @@ def test_run_from_a_project_with_policies_workers_supervisor_folders(
     (project / "policies" / "mine.yaml").write_text(POLICY)
     shutil.copy(TINY, project / "train.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(REPO), HOME=str(tmp_path), REMEDY_HOME=str(tmp_path / ".remedy"))
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        HOME=str(tmp_path),
+        REMEDY_HOME=str(tmp_path / ".remedy"),
+    )
     argv = ["run", target, "--policy", "policies/mine.yaml", "--run-dir", "out", "--quiet"]
     proc = subprocess.run(
         [sys.executable, "-m", "remedy.cli", *argv],

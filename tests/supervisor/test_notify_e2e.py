@@ -37,7 +37,11 @@ def test_a_notify_decision_is_delivered_from_a_supervised_run(tmp_path: Path) ->
     run_dir = tmp_path / "run"
     sink = Sink()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(REPO), HOME=str(tmp_path), REMEDY_HOME=str(tmp_path / ".remedy"))
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        HOME=str(tmp_path),
+        REMEDY_HOME=str(tmp_path / ".remedy"),
+    )
     env["REMEDY_NOTIFY_WEBHOOK"] = sink.url + "/remedy"
     try:
         proc = subprocess.run(

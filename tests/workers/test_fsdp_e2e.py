@@ -221,7 +221,11 @@ def test_sharded_run_resumes_on_fewer_ranks_with_resume_from(
         resume.locate(str(four), 5)
     two = tmp_path / "two"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(REPO), HOME=str(tmp_path), REMEDY_HOME=str(tmp_path / ".remedy"))
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        HOME=str(tmp_path),
+        REMEDY_HOME=str(tmp_path / ".remedy"),
+    )
     argv = ["run", GPT, "--workers", "2", "--resume-from", str(four), "--run-dir", str(two),
             "--policy", POLICY, "--", *GPT_ARGS, "--steps", "24",
             "--checkpoint-every", "8"]  # fmt: skip

@@ -130,7 +130,11 @@ def test_ray_backend_records_in_an_actor(ray_cluster: None) -> None:
 @pytest.mark.timeout(200)
 def test_ray_exporter_serves_remedy_metrics(tmp_path: Path) -> None:
     """On a private Ray with its metrics agent, Ray's export port serves the metrics an actor recorded."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        "HOME": str(tmp_path),
+    }
     probe = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("ray_metrics_probe.py"))],
         capture_output=True,
