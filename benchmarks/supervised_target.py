@@ -98,7 +98,7 @@ def _one(mode: str, workers: int, steps: int, tmp: Path, i: int) -> float:
     """One `remedy run`; rank 0's median step time."""
     run_dir = tmp / f"{mode}-{workers}-{i}"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "remedy.supervisor", "run", TARGET, "--workers", str(workers),
+    cmd = [sys.executable, "-m", "remedy.cli", "run", TARGET, "--workers", str(workers),
            "--run-dir", str(run_dir), "--quiet", "--", "--mode", mode, "--steps", str(steps)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=1800)
     if proc.returncode != 0:
