@@ -272,9 +272,11 @@ def check_cuda_oom(args: argparse.Namespace) -> str:
 LEAK_BYTES = 8 * _MiB
 
 
-def leak_run(device: torch.device, *, leak: bool, steps: int = 70) -> tuple[Guard, list[str], int]:
+def leak_run(
+    device: torch.device, *, leak: bool, steps: int = 70
+) -> tuple[Guard, list[dict[str, Any]], int]:
     """A Guard run with a fast memory_growth detector; `leak` keeps 8 MiB on `device` each step.
-    Returns the Guard, the anomaly kinds and the bytes kept."""
+    Returns the Guard, the anomalies it reported and the bytes kept."""
     kept: list[torch.Tensor] = []
 
     def hook() -> None:
@@ -289,17 +291,19 @@ def leak_run(device: torch.device, *, leak: bool, steps: int = 70) -> tuple[Guar
             device, Path(tmp), steps=steps, loss_hook=hook, detectors=[growth], checkpoint_every=0
         )
         train(guard)
-        kinds = [a["kind"] for a in read_jsonl(Path(tmp) / "anomalies.jsonl")]
+        anomalies = read_jsonl(Path(tmp) / "anomalies.jsonl")
     kept_bytes = sum(t.numel() * t.element_size() for t in kept)
-    return guard, kinds, kept_bytes
+    return guard, anomalies, kept_bytes
 
 
 def check_memory_stats_leak(args: argparse.Namespace) -> str:
     device = torch.device("cuda")
     release()
-    clean, clean_kinds, _ = leak_run(device, leak=False)
+    clean, clean_anomalies, _ = leak_run(device, leak=False)
     release()
-    leaky, leak_kinds, kept = leak_run(device, leak=True)
+    leaky, leak_anomalies, kept = leak_run(device, leak=True)
+    clean_kinds = [a["kind"] for a in clean_anomalies]
+    leak_kinds = [a["kind"] for a in leak_anomalies]
     last = leaky.recent_stats[-1]
     first_clean, last_clean = clean.recent_stats[0], clean.recent_stats[-1]
     expect(
@@ -325,11 +329,11 @@ def check_memory_stats_leak(args: argparse.Namespace) -> str:
         f"no memory_growth on a leak of {kept >> 20} MiB: {leak_kinds}",
     )
     expect("memory_growth" not in clean_kinds, f"memory_growth on the clean run: {clean_kinds}")
-    step = next(i for i, k in enumerate(leak_kinds) if k == "memory_growth")
+    step = next(a["step"] for a in leak_anomalies if a["kind"] == "memory_growth")
     del leaky
     release()
     return (
-        f"leak {LEAK_BYTES >> 20} MiB/step: memory_growth fired (anomaly #{step + 1}), "
+        f"leak {LEAK_BYTES >> 20} MiB/step: memory_growth at step {step}, "
         f"allocated {last.mem_bytes / _MiB:.0f} MiB, reserved {last.mem_reserved_bytes / _MiB:.0f} "
         f"MiB of {gib(last.mem_capacity_bytes or 0)}; clean run: none, allocated "
         f"{(first_clean.mem_bytes or 0) / _MiB:.1f} -> {(last_clean.mem_bytes or 0) / _MiB:.1f} "

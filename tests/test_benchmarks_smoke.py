@@ -43,7 +43,8 @@ def named_benchmarks() -> list[str]:
 
 
 def smoke_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO / "src"), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def test_every_named_benchmark_exists_and_has_a_smoke_mode() -> None:

@@ -19,7 +19,9 @@ SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
 
 def run_script(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    # This checkout's remedy first; what the environment adds (carried wheels, say) after it.
+    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     return subprocess.run(
         [sys.executable, *args],
         check=False,
