@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
+from benchmarks._smoke import add_check_imports, check_imports
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss
 from remedy.rank.actions.activation_checkpointing import (
     SavedActivationMeter,
@@ -66,7 +67,11 @@ def main() -> None:
     parser.add_argument("--n-layer", type=int, default=GPTConfig.n_layer)
     parser.add_argument("--n-embd", type=int, default=GPTConfig.n_embd)
     parser.add_argument("--block-size", type=int, default=GPTConfig.block_size)
+    add_check_imports(parser)
     args = parser.parse_args()
+    if args.check_imports:
+        check_imports()
+        return
 
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=args.n_layer, n_embd=args.n_embd, block_size=args.block_size)

@@ -38,6 +38,7 @@ import ray
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from remedy.cli.runner import run_supervised  # noqa: E402
 from remedy.protocol.spec import RunSpec  # noqa: E402
 from remedy.rundir.writer import read_jsonl  # noqa: E402
@@ -88,7 +89,11 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3, help="hang runs of each mode")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--hang-step", type=int, default=30)
+    add_check_imports(p)
     args = p.parse_args()
+    if args.check_imports:
+        check_imports(targets=(TARGET,))
+        return
     ray.init(num_cpus=max(4, args.workers + 2), include_dashboard=False,
              _node_ip_address="127.0.0.1", log_to_driver=False, logging_level="ERROR")  # fmt: skip
     rank = args.workers - 1

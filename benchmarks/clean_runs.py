@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from remedy.rank.loop.target import load_target  # noqa: E402
 from remedy.rundir.writer import read_jsonl  # noqa: E402
 
@@ -103,7 +104,11 @@ def main() -> None:
     p.add_argument("--jobs", nargs="+", default=list(JOBS), choices=list(JOBS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    add_check_imports(p)
     args = p.parse_args()
+    if args.check_imports:
+        check_imports(targets=tuple(target for target, _ in JOBS.values()))
+        return
     torch.set_num_threads(args.threads)
     print(
         f"{'job':<10} {'seed':>4} {'steps':>6} {'events':>6} {'decisions':>9} {'wall s':>7}  kinds"

@@ -40,6 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere in the repo
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from examples.gpt_model import (  # noqa: E402
     GPT,
     GPTConfig,
@@ -210,7 +211,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--skip-frameworks", action="store_true", help="skip the callback rows")
     p.add_argument("--only-frameworks", action="store_true", help="only the callback rows")
     p.add_argument("--threads", type=int, default=1)
+    add_check_imports(p)
     args = p.parse_args(argv)
+    if args.check_imports:
+        check_imports(
+            "remedy.rank.link.context",
+            "remedy.rank.loop.target",
+            "remedy.rundir.writer",
+            targets=("examples/hf_trainer.py:main", "examples/lightning_module.py:main"),
+        )
+        return
     torch.set_num_threads(args.threads)
     policy = observe_only_policy(tempfile.mkdtemp(prefix="remedy-latency-"))
     t0 = time.perf_counter()

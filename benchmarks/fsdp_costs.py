@@ -37,6 +37,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from examples.gpt_model import (  # noqa: E402
     GPT,
     GPTConfig,
@@ -145,7 +146,11 @@ def main() -> None:
     p.add_argument("--snapshot-every", type=int, default=10)
     p.add_argument("--layers", type=int, default=CFG.n_layer)
     p.add_argument("--width", type=int, default=CFG.n_embd)
+    add_check_imports(p)
     args = p.parse_args()
+    if args.check_imports:
+        check_imports("torch.distributed.fsdp")
+        return
     cfg = GPTConfig(block_size=CFG.block_size, n_layer=args.layers, n_embd=args.width)
     with tempfile.TemporaryDirectory() as tmp:
         ranks = spawn_ranks(_rank, 2, Path(tmp), args.steps, args.blocks, args.snapshot_every, cfg,

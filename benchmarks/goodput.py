@@ -60,6 +60,7 @@ sys.path.insert(0, str(REPO / "examples"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, cosine_with_warmup, lm_loss  # noqa: E402
 from remedy.control.goodput import GoodputLedger  # noqa: E402
 from remedy.rank.chaos.faults import Fault, FaultInjector  # noqa: E402
@@ -514,7 +515,20 @@ def main() -> None:
     p.add_argument("--checkpoint-min", type=float, default=30.0, help="its checkpoint interval")
     p.add_argument("--json", default=None, help="write the results here too")
     p.add_argument("--keep", default=None, help="keep the runs' directories under this folder")
+    add_check_imports(p)
     args = p.parse_args()
+    if args.check_imports:
+        check_imports(
+            "ray",
+            "ray.train",
+            "ray.train.torch",
+            "torch.multiprocessing",
+            "remedy.cli.runner",
+            "remedy.protocol.spec",
+            "remedy.control.hang_watch",
+            targets=(f"{REPO / 'examples' / 'pretrain_gpt.py'}:main",),
+        )
+        return
     faults = schedule(args.steps, args.seed)
     print("schedule: " + ", ".join(f"{f.kind}@{f.at_step} r{f.rank}" for f in faults))
     import ray  # noqa: PLC0415

@@ -40,6 +40,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from benchmarks.node_loss import run  # noqa: E402
 from tests.supervisor.multinode import HEALTH_CHECK, local_cluster  # noqa: E402
 
@@ -69,7 +70,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--steps", type=int, default=40)
+    add_check_imports(p)
     args = p.parse_args()
+    if args.check_imports:
+        check_imports()
+        return
     root = Path(tempfile.mkdtemp(prefix="hkb-", dir="/tmp"))  # short: socket paths are bounded
     rows: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     fault = {"kind": "hang_rank", "at_step": KILL_STEP, "rank": VICTIM}

@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
+from benchmarks._smoke import add_check_imports, check_imports
 from remedy.rank.actions.kv_cache import BlockPool, KVCache, KVLayout, combined_fragmentation
 
 # A small real layout: the share of wasted bytes does not depend on the bytes per token,
@@ -133,7 +134,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.25, help="arrivals per decode tick")
     parser.add_argument("--chunk-tokens", type=int, default=1024, help="growth of 'fixed'")
     parser.add_argument("--block-tokens", type=int, default=16, help="block size of 'paged'")
+    add_check_imports(parser)
     args = parser.parse_args()
+    if args.check_imports:
+        check_imports()
+        return
     # The tensors are tiny; extra threads only add overhead (and contend on a busy machine).
     torch.set_num_threads(1)
 

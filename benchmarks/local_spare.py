@@ -40,6 +40,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from benchmarks.node_loss import run  # noqa: E402
 from tests.supervisor.multinode import local_cluster  # noqa: E402
 
@@ -76,7 +77,11 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--fault", choices=("kill_rank", "hang_rank"), default="kill_rank")
+    add_check_imports(p)
     args = p.parse_args()
+    if args.check_imports:
+        check_imports()
+        return
     root = Path(tempfile.mkdtemp(prefix="lsb-", dir="/tmp"))  # short: socket paths are bounded
     rows: dict[str, list[dict[str, Any]]] = {row: [] for row in ROWS}
     fault = {"kind": args.fault, "at_step": KILL_STEP, "rank": VICTIM}

@@ -47,6 +47,7 @@ import ray
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from remedy.cli.runner import run_supervised  # noqa: E402
 from remedy.protocol.spec import RunSpec  # noqa: E402
 from remedy.rundir.writer import read_jsonl  # noqa: E402
@@ -157,7 +158,11 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="print each warm run's timeline")
     p.add_argument("--fsdp", action="store_true", help="the sharded job; adds row (d), DCP")
     p.add_argument("--hsdp", action="store_true", help="the sharded job on a 2 x 2 HSDP mesh")
+    add_check_imports(p)
     args = p.parse_args()
+    if args.check_imports:
+        check_imports(targets=(TARGET,))
+        return
     global CHECKPOINT_EVERY
     if args.fsdp or args.hsdp:
         SHARDED.extend(["--fsdp", "--snapshot-every", "1", "--checkpoint-every", "10"])

@@ -43,6 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from remedy.rundir.writer import read_jsonl  # noqa: E402
 from tests.supervisor.multinode import Cluster, local_cluster  # noqa: E402
 
@@ -105,7 +106,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rows", default="warm,cold")
     p.add_argument("--timeline", action="store_true", help="print where each run's time went")
+    add_check_imports(p)
     args = p.parse_args()
+    if args.check_imports:
+        check_imports(targets=(TARGET,))
+        return
     root = Path(tempfile.mkdtemp(prefix="nlb-", dir="/tmp"))  # short: socket paths are bounded
     rows: dict[str, list[dict[str, Any]]] = {}
     with local_cluster(root, workers=2, head_cpus=2, worker_cpus=2) as cluster:

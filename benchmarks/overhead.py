@@ -66,6 +66,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere in the repo
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from examples.gpt_model import (  # noqa: E402
     GPT,
     GPTConfig,
@@ -348,7 +349,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sup-workers", default="1,4", help="world sizes for --supervised")
     p.add_argument("--sup-steps", type=int, default=150, help="steps per supervised run")
     p.add_argument("--sup-repeat", type=int, default=3, help="runs of each mode per world size")
+    add_check_imports(p)
     args = p.parse_args(argv)
+    if args.check_imports:
+        check_imports(
+            "benchmarks.supervised_target",
+            "torch.distributed",
+            targets=("benchmarks/supervised_target.py:main",),
+            run_modules=("remedy.cli",),
+        )
+        return
     if args.supervised:
         supervised(args)
         return

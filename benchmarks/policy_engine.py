@@ -220,7 +220,19 @@ def main() -> int:
     )
     parser.add_argument("--against", metavar="REV", help="also measure the engine at REV")
     parser.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
+    # Added by hand, not through benchmarks._smoke: the child of --against runs with another
+    # revision's tree first on the path, where that module may not exist.
+    parser.add_argument(
+        "--check-imports",
+        action="store_true",
+        help="import everything this benchmark needs, parse the arguments, and exit (a smoke run)",
+    )
     args = parser.parse_args()
+    if args.check_imports:
+        from benchmarks._smoke import check_imports  # noqa: PLC0415 - see --check-imports above
+
+        check_imports()
+        return 0
     if args.one_round:  # the child of --against: one round, as JSON
         print(json.dumps(one_round(args.steps, args.ranks)))
         return 0

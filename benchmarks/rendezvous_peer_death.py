@@ -27,8 +27,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
 import torch.distributed as dist
+
+from benchmarks._smoke import add_check_imports, check_imports
 
 CHILD = """
 import datetime, sys, time
@@ -83,7 +88,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tries", type=int, default=25)
     ap.add_argument("--wait", type=float, default=15.0, help="seconds after the kill")
+    add_check_imports(ap)
     args = ap.parse_args()
+    if args.check_imports:
+        check_imports()
+        return
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False,
         timeout=datetime.timedelta(seconds=60),

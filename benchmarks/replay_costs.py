@@ -46,6 +46,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from examples.gpt_model import GPT, GPTConfig, SyntheticCorpus, lm_loss  # noqa: E402
 from remedy.protocol.commands import Command  # noqa: E402
 from remedy.rank import Guard, GuardConfig  # noqa: E402
@@ -146,7 +147,11 @@ def main() -> None:
     p.add_argument("--replays", type=int, default=5, help="replays timed")
     p.add_argument("--block", type=int, default=10, help="steps per on/off block (flag hold)")
     p.add_argument("--blocks", type=int, default=4, help="on/off block pairs (flag hold)")
+    add_check_imports(p)
     args = p.parse_args()
+    if args.check_imports:
+        check_imports()
+        return
     with tempfile.TemporaryDirectory() as tmp:
         policy = Path(tmp) / "quiet.yaml"
         policy.write_text(QUIET)

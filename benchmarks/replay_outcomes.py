@@ -40,6 +40,7 @@ import ray
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from remedy.cli.runner import run_supervised  # noqa: E402
 from remedy.protocol.spec import RunSpec  # noqa: E402
 from remedy.rundir.writer import read_jsonl  # noqa: E402
@@ -117,7 +118,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--at", type=int, default=25, help="the step the fault hits")
     p.add_argument("--repeat", type=int, default=1, help="runs of each fault; medians printed")
+    add_check_imports(p)
     args = p.parse_args()
+    if args.check_imports:
+        check_imports(targets=(TARGET,))
+        return
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, logging_level="ERROR")  # fmt: skip
     print("| fault | classification | action | steps lost | anomaly -> answer | "

@@ -37,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
+from benchmarks._smoke import add_check_imports, check_imports
 from remedy.control.decide import Controller
 from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Engine, load_policy
@@ -128,7 +129,11 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=400_000)
     parser.add_argument("--live", action="store_true", help="also through Ray to a live supervisor")
     parser.add_argument("--repeat", type=int, default=3)
+    add_check_imports(parser)
     args = parser.parse_args()
+    if args.check_imports:
+        check_imports("ray", "remedy.protocol.spec", "remedy.supervisor.actor")
+        return
     rows = [("capped (default Limits)", Limits()), ("caps lifted", UNCAPPED)]
     print(f"one batch of {args.events} data_stall events at one step")
     print(f"{'controller':<26}{'ingest s':>10}{'written MB':>12}{'accepted':>10}  rejected")

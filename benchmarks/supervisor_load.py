@@ -78,6 +78,7 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
+from benchmarks._smoke import add_check_imports, check_imports
 from benchmarks.agent_hosts import (
     actor_loop,
     agent_level,
@@ -523,7 +524,11 @@ def main() -> None:
                    help="--agents: these rank counts reporting directly too, in the same run "
                         "and with the same traffic, for the supervisor's CPU per rank report "
                         "both ways")  # fmt: skip
+    add_check_imports(p)
     args = p.parse_args()
+    if args.check_imports:
+        check_imports()
+        return
     cfg = {"step_hz": args.step_hz, "heartbeat_s": args.heartbeat_s,
            "event_every_s": args.event_every, "match_share": args.match_share}  # fmt: skip
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",

@@ -48,6 +48,7 @@ import ray
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from remedy.cli.runner import run_supervised  # noqa: E402
 from remedy.control.decide import Controller  # noqa: E402
 from remedy.control.effects import journal_to  # noqa: E402
@@ -178,7 +179,11 @@ def main() -> None:
     p.add_argument(
         "--supervisor-timeout", type=float, default=None, help="the silence bound (default: 10 s)"
     )
+    add_check_imports(p)
     args = p.parse_args()
+    if args.check_imports:
+        check_imports(targets=(TARGET,))
+        return
 
     print("state record (written with an fsync before a reply that carries a new command)")
     print(f"{'pending':>8} {'closed ids':>10} {'bytes':>9} {'median ms':>10}")
