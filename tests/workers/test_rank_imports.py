@@ -34,7 +34,7 @@ def test_remedy_does_not_import_dtensor_or_dcp_until_a_sharded_model_needs_them(
         HEAVY,
         "import remedy.supervisor.actor, remedy.supervisor.agent.actor, remedy.supervisor.rank\n"
         "import remedy.rank.guard, remedy.rank.state.checkpoint_store",
-        "from remedy.rank import dcp_store  # what a sharded model's checkpoints use",
+        "from remedy.rank.state import dcp_store  # what a sharded model's checkpoints use",
     )
     assert before == [False, False]
     assert after == [True, True]
