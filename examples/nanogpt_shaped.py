@@ -160,6 +160,12 @@ class EvalState:
         self.best_val_loss = float("inf")
         self.history: list[tuple[int, float]] = []
 
+    def record(self, step: int, val_loss: float) -> None:
+        """One eval at `step`; an eval of a step recorded before (a step a recovery discarded,
+        trained again) replaces that one."""
+        self.history = [h for h in self.history if h[0] < step] + [(step, val_loss)]
+        self.best_val_loss = min(self.best_val_loss, val_loss)
+
     def state_dict(self) -> dict[str, Any]:
         return {"best_val_loss": self.best_val_loss, "history": list(self.history)}
 
@@ -235,8 +241,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if iter_num % args.eval_interval == 0 and master_process:
             # Rank 0 alone, on the module DDP wraps: no collective the other ranks would miss.
             val_loss = estimate_loss(raw_model, corpus, args.eval_iters)
-            evals.history.append((iter_num, val_loss))
-            evals.best_val_loss = min(evals.best_val_loss, val_loss)
+            evals.record(iter_num, val_loss)  # nanoGPT: best_val_loss = min(...)
             if ctx is None:
                 print(f"step {iter_num}: val loss {val_loss:.4f}, lr {lr:.2e}")
         guard.step(X)

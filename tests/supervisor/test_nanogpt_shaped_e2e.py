@@ -31,6 +31,13 @@ rules:
     do:
       - rollback: {steps_back: 5, skip_batches: 2}
     max_fires: 1
+  # Never fires (no spike is injected). A policy that names replay_step makes the ranks hold
+  # at the boundary after a flagged step until it has decided on it (GuardConfig.flag_hold):
+  # on a tiny model the run would otherwise end before a decision that a busy machine delays.
+  - name: spike
+    when: {anomaly: loss_spike}
+    do:
+      - replay_step: {}
 """
 
 
