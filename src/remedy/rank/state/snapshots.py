@@ -4,8 +4,9 @@ A snapshot is taken at a step boundary (after step `step - 1` finished,
 before step `step` starts) and holds host copies of the model, optimizer,
 LR scheduler and GradScaler state, every RNG the loop draws from, the
 data position (and a stateful data source's own state), and the states of
-the user's registered objects (`user_state`). Restoring one puts the loop back at that boundary exactly:
-the same batches, the same random draws, the same numbers.
+the user's registered objects (`user_state`). Restoring one puts the loop
+back at that boundary exactly: the same batches, the same random draws, the
+same numbers.
 """
 
 from __future__ import annotations
