@@ -11,6 +11,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from remedy.rank import Guard, GuardConfig, WorkerContext
 from remedy.rank.chaos.faults import parse_chaos
+from remedy.rank.state import train_state
 from remedy.rank.state.data import BatchCursor
 from remedy.rundir.writer import read_jsonl
 
@@ -46,10 +47,10 @@ class Samples(torch.utils.data.Dataset[dict[str, Any]]):
         return {"id": i, "x": self.x[i], "y": self.y[i]}
 
 
-def loader() -> StatefulDataLoader:
+def loader(seed: int = 1) -> StatefulDataLoader:
     # Shuffled: the sampler's generator is part of the loader's state, and must be rewound too.
     return StatefulDataLoader(
-        Samples(), batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(1)
+        Samples(), batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(seed)
     )
 
 
@@ -102,3 +103,34 @@ def test_the_cursor_saves_and_loads_a_stateful_source() -> None:
     cursor.restore_source(saved)
     again = [cursor.next()[1]["id"].tolist() for _ in range(3)]
     assert again == ahead and cursor.position == 6
+
+
+def _plain_guard(data: StatefulDataLoader) -> Guard:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def loss_fn(m: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(m(batch["x"]), batch["y"])
+
+    config = GuardConfig(detectors=[], snapshot_every=5, checkpoint_every=0)
+    return Guard(model, opt, loss_fn=loss_fn, data=data, epochs=1, config=config,
+                 context=WorkerContext())  # fmt: skip
+
+
+def test_a_replacement_reads_its_own_loader_up_to_the_adopted_position() -> None:
+    """A fresh rank adopting a peer's state at step 7 keeps its own loader (its rank's shard, here
+    another shuffle) and reads it up to batch 7: its next batch is its own 8th, not the peer's."""
+    peer = _plain_guard(loader(seed=1))
+    it = iter(peer)
+    for _ in range(7):
+        peer.step(next(it))
+    state = train_state.capture(peer)
+    fresh = _plain_guard(loader(seed=2))
+    train_state.adopt(fresh, state, joining=True)
+    own = [b["id"].tolist() for b in loader(seed=2)]
+    batch = next(iter(fresh))
+    assert fresh.next_step == 7
+    assert batch["id"].tolist() == own[7]
+    peer.close()
+    fresh.close()
