@@ -38,3 +38,11 @@ class GroupLostError(WorkerError):
 
 class WaitTimeout(WorkerError):
     """A bounded wait of a rank on its helper thread ran out; the message names it and its bound."""
+
+
+class GuardConfigError(WorkerError, ValueError):
+    """What the Guard was given cannot work; the message names the argument and what to change."""
+
+
+class UserStateError(ActionError):
+    """A user's state object raised in `load_state_dict`; its earlier state was kept."""

@@ -71,6 +71,7 @@ from remedy.rank.state.snapshots import (
     clone_to_host,
     restore_rng,
 )
+from remedy.rank.state.user_state import UserState
 
 if TYPE_CHECKING:
     from remedy.control.decide import Controller
@@ -171,7 +172,10 @@ class Guard:
         config: GuardConfig | None = None,
         context: WorkerContext | None = None,
         run_dir: str | Path | None = None,
+        state: dict[str, Any] | None = None,
     ) -> None:
+        # The loop's own Stateful objects (rank.state.user_state), checked before anything starts.
+        self.user_state = UserState(state)
         self.max_steps = max_steps
         self.config = config or GuardConfig()
         ctx = context or get_context()
@@ -845,6 +849,22 @@ class Guard:
         )
 
     # ------------------------------------------------------- state handling
+    @property
+    def next_step(self) -> int:
+        """The logical step the batch in hand will train (read it before `step(batch)`).
+
+        Right in every case: a fresh run, after a rollback (the restored step), in a
+        replacement rank (the step the group stopped at), after a resume from a durable
+        checkpoint. Derive loop counters and hand-set schedules from it
+        (`lr = get_lr(guard.next_step)`), never from a counter of the loop's own.
+        """
+        return self.step_count
+
+    def register_state(self, name: str, obj: Any, *, per_rank: bool = False) -> None:
+        """Keep `obj` (with `state_dict()`/`load_state_dict()`) through every recovery, as `state=`
+        does; `per_rank`: each rank's own, never taken from a peer (`rank.state.user_state`)."""
+        self.user_state.register(name, obj, per_rank=per_rank)
+
     def take_snapshot(self, into: Snapshot | None = None) -> Snapshot:
         """Host copy of everything a rollback restores; `into`'s buffers are reused if given."""
         return Snapshot(
@@ -859,10 +879,20 @@ class Guard:
             scaler=self.scaler.state_dict() if self.scaler is not None else None,
             rng=capture_rng(),
             lr_scale=self.remediation.lr_scale,
+            user=self.user_state.capture(),
+            data=self.cursor.source_state(),
         )
 
-    def restore(self, snap: Snapshot) -> None:
-        """Put the loop back at the boundary before `snap.step`, keeping remediations in force."""
+    def restore(self, snap: Snapshot, *, own: bool = True) -> None:
+        """Put the loop back at the boundary before `snap.step`, keeping remediations in force.
+
+        `own`: `snap` is this rank's (a rollback, a resume); else a peer's (an adopted
+        state), whose per-rank user state and data source state are not loaded.
+        """
+        # The user's objects first: a load_state_dict that raises leaves everything as it was.
+        self.user_state.load(
+            snap.user, names=None if own else self.user_state.names(per_rank=False)
+        )
         # A sharded model's snapshot holds local shards: rebuilt as DTensors, each rank loads its own.
         self.model.load_state_dict(sharding.rebuild(snap.model))
         # Loading may alias the given tensors; the snapshot must stay pristine for a second rollback.
@@ -874,6 +904,8 @@ class Guard:
         restore_rng(snap.rng)
         self.step_count = snap.step
         self.cursor.seek(snap.cursor)
+        if own:
+            self.cursor.restore_source(snap.data)
         # The param groups hold the scheduled LR, never the cut (see lr_scale.py), so an LR
         # cut decided after the snapshot stays in force: it is a remediation, not training state.
         self.snapshots.drop_after(snap.step)
@@ -944,7 +976,7 @@ class Guard:
 
     @property
     def data_rewindable(self) -> bool:
-        return self.cursor.rewindable
+        return self.cursor.rewindable or self.cursor.restorable
 
     def refusal(self, action: str) -> str | None:
         """Every in-process action applies to a Guard's loop."""

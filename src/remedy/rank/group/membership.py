@@ -232,7 +232,7 @@ class Membership:
         if guard.sharded:
             self.last_restore = shard_mirror.restore_group(guard, fresh=True)
         else:
-            state = train_state.broadcast(guard, src=source)
+            state = train_state.broadcast(guard, src=source, joining=True)
             relayout_ddp(guard, state.get("ddp_buckets"))
         self.timeline["adopted"] = time.time()
         guard.report_regrouped()  # report the first step of the new generation at once

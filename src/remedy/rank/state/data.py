@@ -2,9 +2,12 @@
 
 An indexable source (`source[i]` or `source(i)` returns batch `i`) gives
 exact rollback: the position is an integer and a skipped batch is an index
-never asked for. A plain iterable (a `DataLoader`, a list, a generator)
-still trains and can skip forward, but a rollback cannot rewind it; the
-rollback's result says so.
+never asked for. An iterable with `state_dict()`/`load_state_dict()` (a
+torchdata `StatefulDataLoader`) is rewound exactly too: every snapshot holds
+its state (`source_state`) and a rollback loads it back (`restore_source`).
+Any other plain iterable (a `DataLoader`, a list, a generator) still trains
+and can skip forward, but a rollback cannot rewind it; the rollback's result
+says so.
 
 Running out of data is the normal end of a loop: the cursor raises
 `DataExhausted` and the Guard ends training cleanly. With `epochs=N` a
@@ -22,6 +25,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import structlog
+
+from remedy.rank.state.snapshots import clone_to_host
 
 log = structlog.get_logger("remedy.data")
 
@@ -60,6 +65,12 @@ class BatchCursor:
             raise TypeError("data must be indexable (source[i]), callable (source(i)) or iterable")
         if epochs is not None and epochs > 1 and self._fetch is not None and self._length is None:
             raise ValueError("epochs > 1 with indexable data needs its length (len(data))")
+        # An iterable that saves and loads its own position (torchdata's StatefulDataLoader).
+        self._stateful = (
+            self._fetch is None
+            and callable(getattr(source, "state_dict", None))
+            and callable(getattr(source, "load_state_dict", None))
+        )
         self.position = 0
         self.epoch = 0
         self._epoch_start = 0  # position of the first batch of the current epoch
@@ -73,7 +84,40 @@ class BatchCursor:
 
     @property
     def rewindable(self) -> bool:
+        """Whether any position can be read again by index (`seek`)."""
         return self._fetch is not None
+
+    @property
+    def restorable(self) -> bool:
+        """Whether the source's own state is saved and loaded (`source_state`), so a rollback
+        rewinds it exactly though it cannot seek."""
+        return self._stateful
+
+    def source_state(self) -> dict[str, Any] | None:
+        """A stateful source's state at this boundary, with the cursor's (None for the others)."""
+        if not self._stateful:
+            return None
+        return {
+            "position": self.position,
+            "epoch": self.epoch,
+            "epoch_start": self._epoch_start,
+            "drawn": self.drawn,
+            "again": list(self._again),  # batches given back by a replay, still to be yielded
+            "state": clone_to_host(self._source.state_dict()),
+        }
+
+    def restore_source(self, saved: dict[str, Any] | None) -> None:
+        """Put a stateful source back where `source_state` found it; the next read resumes there."""
+        if not self._stateful or saved is None:
+            return
+        self._source.load_state_dict(clone_to_host(saved["state"]))
+        self.position = int(saved["position"])
+        self.epoch = int(saved["epoch"])
+        self._epoch_start = int(saved["epoch_start"])
+        self.drawn = int(saved["drawn"])
+        self._again = deque(saved["again"])
+        # A new iterator resumes from the loaded state (the epoch's sampler seed set first).
+        self._iter = None
 
     def next(self) -> tuple[int, Any]:
         """(index, batch) of the next batch that is not skipped; raises DataExhausted at the end."""

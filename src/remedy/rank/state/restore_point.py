@@ -145,7 +145,7 @@ def resume(guard: Guard, step: int) -> dict[str, Any]:
         "snapshot": snap,
         "queued": [],
     }
-    train_state.adopt(guard, state)
+    train_state.adopt(guard, state, own=True)  # this rank's own checkpoint
     retired = guard.checkpoints.retire_after(snap.step)
     out = {"requested_step": step, "step": snap.step, "why": choice.describe(), "retired": retired}
     log.info("resumed", rank=guard.rank, **out)

@@ -293,7 +293,8 @@ def restore_group(guard: Guard, *, fresh: bool) -> dict[str, Any]:
     dist.broadcast_object_list(common, src=lead)
     reached = max(v["boundary"] for v in views)
     snap = _transfer(guard, sources, fresh_ranks, step)
-    train_state.adopt(guard, {**common[0], "snapshot": snap})
+    # Each rank's snapshot is its own (a survivor's, or a replacement's from its buddy's mirror).
+    train_state.adopt(guard, {**common[0], "snapshot": snap}, own=True)
     kinds = {k for k, _ in sources.values()}
     return {
         "source": kinds.pop() if len(kinds) == 1 else "mixed",

@@ -2,9 +2,11 @@
 
 A snapshot is taken at a step boundary (after step `step - 1` finished,
 before step `step` starts) and holds host copies of the model, optimizer,
-LR scheduler and GradScaler state, every RNG the loop draws from, and the
-data position. Restoring one puts the loop back at that boundary exactly:
-the same batches, the same random draws, the same numbers.
+LR scheduler and GradScaler state, every RNG the loop draws from, the
+data position (and a stateful data source's own state), and the states of
+the user's registered objects (`user_state`). Restoring one puts the loop
+back at that boundary exactly: the same batches, the same random draws, the
+same numbers.
 """
 
 from __future__ import annotations
@@ -107,6 +109,10 @@ class Snapshot:
     rng: dict[str, Any]
     lr_scale: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)
+    # The user's registered objects' states, by name (`user_state.UserState.capture`).
+    user: dict[str, Any] = field(default_factory=dict)
+    # A stateful data source's state (`data.BatchCursor.source_state`); None for the others.
+    data: dict[str, Any] | None = None
 
     def to_state(self) -> dict[str, Any]:
         """A plain dict for `torch.save`."""
@@ -121,10 +127,13 @@ class Snapshot:
             "rng": self.rng,
             "lr_scale": self.lr_scale,
             "extra": self.extra,
+            "user": self.user,
+            "data": self.data,
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Snapshot:
+        """The snapshot `to_state` wrote (one written before `user`/`data` existed loads too)."""
         return cls(**state)
 
 
