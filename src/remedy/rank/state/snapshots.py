@@ -2,9 +2,10 @@
 
 A snapshot is taken at a step boundary (after step `step - 1` finished,
 before step `step` starts) and holds host copies of the model, optimizer,
-LR scheduler and GradScaler state, every RNG the loop draws from, and the
-data position. Restoring one puts the loop back at that boundary exactly:
-the same batches, the same random draws, the same numbers.
+LR scheduler and GradScaler state, every RNG the loop draws from, the
+data position and the detectors' histories (`detectors.history`: plain
+numbers). Restoring one puts the loop back at that boundary exactly: the
+same batches, the same random draws, the same numbers, the same verdicts.
 """
 
 from __future__ import annotations
@@ -107,6 +108,9 @@ class Snapshot:
     rng: dict[str, Any]
     lr_scale: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)
+    # The detectors' histories at the boundary; None where none were taken (an older
+    # checkpoint's): restoring it resets the detectors.
+    detectors: dict[str, Any] | None = None
 
     def to_state(self) -> dict[str, Any]:
         """A plain dict for `torch.save`."""
@@ -121,6 +125,7 @@ class Snapshot:
             "rng": self.rng,
             "lr_scale": self.lr_scale,
             "extra": self.extra,
+            "detectors": self.detectors,
         }
 
     @classmethod
