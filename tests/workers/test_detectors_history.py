@@ -271,3 +271,28 @@ def test_a_new_runs_metrics_say_which_detectors_are_warming_up(tmp_path: Path) -
     changed = [i for i, r in enumerate(records) if "detectors_warming" in r]
     assert changed[0] == 0 and len(changed) <= 3
     assert "loss_spike" not in records[changed[-1]]["detectors_warming"], "ready by step 21"
+
+
+def test_a_durable_checkpoint_carries_the_histories_and_an_older_one_resets(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint written from a snapshot with histories loads them back; one written without
+    (before histories were kept) loads as None, which resets the detectors."""
+    from remedy.rank.state.checkpoint_store import CheckpointStore  # noqa: PLC0415
+    from remedy.rank.state.snapshots import Snapshot, capture_rng  # noqa: PLC0415
+
+    suite = DetectorSuite([LossSpikeDetector(), GradNormDetector()])
+    for i in range(30):
+        suite.observe(step_stats(i, loss=2.0 + 0.01 * (i % 3), grad_norm=1.0 + 0.1 * (i % 2)))
+    store = CheckpointStore(tmp_path)
+    state = Snapshot(30, 30, 30, {"w": torch.ones(2)}, {}, None, None, capture_rng()).to_state()
+    store.save_now(Snapshot.from_state({**state, "detectors": suite.state_dict()}))
+    older = {k: v for k, v in state.items() if k != "detectors"}
+    store.save_now(Snapshot.from_state({**older, "step": 40}))
+    assert store.load(30).detectors == suite.state_dict()
+    fresh = DetectorSuite([LossSpikeDetector(), GradNormDetector()])
+    fresh.load_state_dict(store.load(30).detectors)
+    assert fresh.state_dict() == suite.state_dict()
+    fresh.load_state_dict(store.load(40).detectors)
+    assert fresh.warming() == ["loss_spike", "grad_norm"]
+    store.close()
