@@ -4,11 +4,12 @@ After a rank is replaced, every rank of the next generation adopts the
 state of the lowest healthy rank, so the replacement (a fresh process) and
 the survivors continue from one identical boundary. The state is
 everything a step depends on: model, optimizer, LR scheduler, GradScaler,
-every RNG, the data position and the skipped batches, every remediation
-applied so far (LR scale, micro-batch split, activation-checkpointed
-modules, KV allocator) and the command bookkeeping (applied, queued and
-failed commands), so a command in flight is applied at the same boundary
-by the replacement too.
+every RNG, the data position and the skipped batches, the detectors'
+histories (so the replacement judges its first steps as the source
+would), every remediation applied so far (LR scale, micro-batch split,
+activation-checkpointed modules, KV allocator) and the command bookkeeping
+(applied, queued and failed commands), so a command in flight is applied at
+the same boundary by the replacement too.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def capture(guard: Guard) -> dict[str, Any]:
 def adopt(guard: Guard, state: dict[str, Any]) -> None:
     """Make `guard` continue from `state` exactly (no remediation is applied twice)."""
     snap = state["snapshot"]
-    # What a rollback restores: weights, optimizer, scheduler, scaler, RNG, step; detectors reset.
+    # What a rollback restores: weights, optimizer, scheduler, scaler, RNG, step, and the
+    # detectors' histories (a replacement judges its first step as the source would).
     guard.restore(snap)
     guard.tick = snap.tick
     guard.cursor.position = snap.cursor  # also for a source that cannot seek: ranks must agree
