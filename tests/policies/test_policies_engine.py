@@ -133,7 +133,8 @@ def test_decision_ids_are_deterministic() -> None:
 
 @pytest.mark.timeout(10)
 def test_disruptive_budget_holds_back_second_disruptive_action() -> None:
-    """While a rollback is in flight another rule's restart_rank is suppressed."""
+    """While a rollback is in flight another rule's restart_rank is suppressed; it is not
+    decided again (the hang is reported again while it lasts)."""
     text = NAN_RULE + "  - name: restart\n    when: {anomaly: rank_hang}\n    do: [restart_rank]\n"
     engine = Engine(load_policy_text(text))
     rollback = engine.decide(_nan(10))[0]
@@ -142,6 +143,43 @@ def test_disruptive_budget_holds_back_second_disruptive_action() -> None:
     assert "still in flight" in held[0].reason
     assert engine.record_outcome(rollback.decision_id, "applied", tick=12) == []
     assert not engine.decide([AnomalyEvent("rank_hang", 3, 13)])[0].suppressed
+
+
+SPIKE_AND_RESTART = """\
+version: 1
+rules:
+  - name: restart
+    when: {anomaly: rank_hang}
+    do: [restart_rank]
+  - name: spike-rollback
+    when: {anomaly: loss_spike}
+    do:
+      - rollback: {steps_back: 20, skip_batches: 30}
+"""
+
+
+@pytest.mark.timeout(10)
+def test_a_rollback_held_behind_a_restart_is_decided_once_the_restart_is_applied() -> None:
+    """A spike found while a rank restart is in flight: its rollback is held back, then
+    decided when the restart is applied (a spike is not reported again)."""
+    engine = Engine(load_policy_text(SPIKE_AND_RESTART))
+    (restart,) = engine.decide([AnomalyEvent("rank_hang", 1, 21)])
+    (held,) = engine.decide([AnomalyEvent("loss_spike", 0, 30)])
+    assert held.suppressed and "still in flight" in held.reason
+    (rollback,) = engine.record_outcome(restart.decision_id, "applied", tick=31)
+    assert (rollback.action, rollback.suppressed, rollback.anomaly.step) == ("rollback", False, 30)
+    assert f"held back until restart_rank ({restart.decision_id}) was applied" in rollback.reason
+    assert engine.record_outcome(rollback.decision_id, "applied", tick=33) == []
+
+
+@pytest.mark.timeout(10)
+def test_a_match_held_behind_a_failed_action_is_dropped() -> None:
+    """A match held back behind a disruptive action that fails is not decided again (the
+    failure's own follow-ups come first)."""
+    engine = Engine(load_policy_text(SPIKE_AND_RESTART))
+    (restart,) = engine.decide([AnomalyEvent("rank_hang", 1, 21)])
+    assert engine.decide([AnomalyEvent("loss_spike", 0, 30)])[0].suppressed
+    assert engine.record_outcome(restart.decision_id, "failed", tick=31) == []
 
 
 @pytest.mark.timeout(10)

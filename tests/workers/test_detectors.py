@@ -237,13 +237,15 @@ def test_loss_spike_silent_when_the_noise_grows_after_a_flat_start(seed: int) ->
         assert [e.kind for e in det.observe(stats(at, loss=5 * losses[at]))] == ["loss_spike"], at
 
 
-def test_loss_spike_ignores_drops_and_warmup() -> None:
-    """Falling losses and the first `min_history` steps never fire."""
+def test_loss_spike_ignores_drops_and_judges_warmup_by_its_bound_only() -> None:
+    """Falling losses never fire; before `min_history` steps only the warm-up bound judges:
+    a x3 loss passes, a x50 one fires."""
     det = LossSpikeDetector(min_history=20)
-    assert [
-        e for i in range(19) for e in det.observe(stats(i, loss=100.0 if i == 10 else 2.0))
-    ] == []
+    assert [e for i in range(19) for e in det.observe(stats(i, loss=6.0 if i == 10 else 2.0))] == []
     assert [e for i in range(19, 60) for e in det.observe(stats(i, loss=2.0 / (i - 17)))] == []
+    fresh = LossSpikeDetector(min_history=20)
+    fired = [e for i in range(19) for e in fresh.observe(stats(i, loss=100.0 if i == 10 else 2.0))]
+    assert [(e.step, e.threshold) for e in fired] == [(10, 10.0)]
 
 
 def test_loss_spike_reset_forgets_window() -> None:

@@ -352,6 +352,9 @@ class LoopGuard:
             optimizer_skipped=step.dropped,
         )
         events = self.detectors.observe(stats)
+        warming = self.detectors.warming_changed()
+        if warming is not None:  # which detectors judge by their warm-up bounds only
+            stats.extra["detectors_warming"] = warming
         for e in events:
             self.outbox.event(e.to_dict())
         record = stats.to_metrics()
@@ -431,6 +434,7 @@ class LoopGuard:
             scaler=self.scaler.state_dict() if self.scaler is not None else None,
             rng=capture_rng(),
             lr_scale=self.remediation.lr_scale,
+            detectors=self.detectors.state_dict(),
         )
 
     def restore(self, snap: Snapshot) -> None:
@@ -449,7 +453,8 @@ class LoopGuard:
         self.step_count = snap.step
         self.cursor.rewound(snap.step)
         self.snapshots.drop_after(snap.step)
-        self.detectors.reset()
+        # The detectors' histories are the restored timeline's (detectors.history), never emptied.
+        self.detectors.load_state_dict(snap.detectors)
         self.optimizer.zero_grad(set_to_none=True)
 
     def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None:

@@ -59,6 +59,12 @@ class Engine:
         self._tick = 0
         self._ts = 0.0
         self._budget = Budget()
+        # Matches held back behind an in-flight disruptive decision, by its id: judged
+        # again once it is applied (`record_outcome`), so a spike found while a rank
+        # restart is in flight is still rolled back. A held restart_rank is not kept: a
+        # hang or a death is reported again while it lasts, and a restart decided from a
+        # stale report could replace a rank that the applied action already replaced.
+        self._held: dict[str, list[tuple[Rule, Occurrence, str | None, int]]] = {}
         self._pending: OrderedDict[str, Pending] = OrderedDict()
         self._states: dict[str, RuleState] = {}
         self._install(policy)
@@ -285,6 +291,8 @@ class Engine:
                 f" but {busy[1]} ({busy[0]}) is still in flight and only one disruptive "
                 f"action runs at a time; holding back {rule.steps[0].action}"
             )
+            if rule.steps[0].action != "restart_rank":
+                self._held.setdefault(busy[0], []).append((rule, occ, prefix, depth))
             self._suppress(rule, state, occ, f"budget:{busy[0]}", why, out)
             return
         number = state.record_fire(rule, tick, ts, occ.event.step)
@@ -448,10 +456,11 @@ class Engine:
             self._budget.release(decision_id)
             if pending is None:
                 return []
+            held = self._held.pop(decision_id, [])
             if outcome == "applied":
                 if any(e.while_action == pending.action for e in self._policy.inhibit):
                     self._budget.mark_applied(pending.action, tick, decision_id)
-                return []
+                return self._release_held(held, pending.action, decision_id, tick)
             if pending.on_failure is not None and pending.on_failure.kind == "next":
                 # `on_failure: next`: the later steps were issued with this one and go
                 # ahead (the decision says so: `continue_on_failure`); nothing to add.
@@ -467,6 +476,25 @@ class Engine:
                 del self._pending[other_id]
                 self._budget.release(other_id)
             return self._follow_up(decision_id, pending, tick, detail)
+
+    def _release_held(
+        self,
+        held: list[tuple[Rule, Occurrence, str | None, int]],
+        action: str,
+        decision_id: str,
+        tick: int,
+    ) -> list[Decision]:
+        """The matches held back behind `decision_id`, judged again now that it is applied
+        (cooldowns, max_fires and the budget as for any match)."""
+        out: list[Decision] = []
+        for rule, occ, prefix, depth in held:
+            head = prefix or (
+                f"{seen(occ.event, occ.ranks)} matched rule {rule.name!r} {condition(rule)} "
+                f"and was held back until {action} ({decision_id}) was applied"
+            )
+            again = Occurrence(occ.event, occ.ranks, tick, self._ts)
+            self._gate(rule, again, out, prefix=head, depth=depth)
+        return out
 
     def _follow_up(
         self, decision_id: str, pending: Pending, tick: int, detail: str

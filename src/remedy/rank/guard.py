@@ -720,6 +720,9 @@ class Guard:
             extra=extra or {},
         )
         events = [] if oom else self.detectors.observe(stats)
+        warming = None if oom else self.detectors.warming_changed()
+        if warming is not None:  # which detectors judge by their warm-up bounds only
+            stats.extra["detectors_warming"] = warming
         for source in self.config.event_sources:
             events.extend(
                 dataclasses.replace(e, rank=stats.rank, step=stats.step, tick=stats.tick)
@@ -881,6 +884,7 @@ class Guard:
             lr_scale=self.remediation.lr_scale,
             user=self.user_state.capture(),
             data=self.cursor.source_state(),
+            detectors=self.detectors.state_dict(),
         )
 
     def restore(self, snap: Snapshot, *, own: bool = True) -> None:
@@ -910,7 +914,8 @@ class Guard:
         # cut decided after the snapshot stays in force: it is a remediation, not training state.
         self.snapshots.drop_after(snap.step)
         self.replays.forget_after(snap.step)
-        self.detectors.reset()
+        # The detectors' histories are the restored timeline's (detectors.history), never emptied.
+        self.detectors.load_state_dict(snap.detectors)
         self.optimizer.zero_grad(set_to_none=True)
 
     @property

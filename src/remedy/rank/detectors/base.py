@@ -3,9 +3,13 @@
 A detector sees the `StepStats` of each executed step and returns the
 anomalies it found (usually none). A detector that needs the batch itself
 (padding share, near-duplicates) may also define `inspect_batch(batch)`,
-which the Guard calls when the batch is fetched, before the step. Detectors keep their own rolling state;
-`reset()` clears it after a rollback so a window never mixes the abandoned
-timeline with the restored one. They must be cheap: they run every step on
+which the Guard calls when the batch is fetched, before the step. Detectors keep their own rolling state.
+One whose state is the timeline's history (a loss level, a norm median) also
+defines `state_dict()` / `load_state_dict(state)`: a snapshot carries it, and a
+rollback or an adoption restores it with the weights (`detectors.history`), so
+a window never mixes the abandoned timeline with the restored one and is
+never emptied by a recovery. `reset()` forgets everything: a new run, or a
+detector without history restored. They must be cheap: they run every step on
 numbers the Guard already brought to the host.
 """
 
@@ -16,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from remedy.policies import AnomalyEvent
+from remedy.rank.detectors import history
 from remedy.rank.loop.stats import StepStats
 
 
@@ -30,7 +35,7 @@ class Detector(Protocol):
         ...
 
     def reset(self) -> None:
-        """Forget rolling state (called after a rollback)."""
+        """Forget rolling state (a new run; after a restore, a detector without `state_dict`)."""
         ...
 
 
@@ -65,6 +70,7 @@ class DetectorSuite:
         self.detectors: list[Detector] = list(detectors)
         # The detectors' `flags` methods, found once per list of detectors (see `flags`).
         self._flaggers: tuple[list[Detector], list[Any]] = ([], [])
+        self._warmup = history.WarmupNotice()
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         out: list[AnomalyEvent] = []
@@ -73,8 +79,26 @@ class DetectorSuite:
         return out
 
     def reset(self) -> None:
+        """Forget every detector's history: a new run."""
         for detector in self.detectors:
             detector.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The detectors' histories, for a snapshot (`detectors.history.capture`)."""
+        return history.capture(self.detectors)
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Histories back to a snapshot's; detectors without one are reset (`history.restore`)."""
+        history.restore(self.detectors, state)
+
+    def warming(self) -> list[str]:
+        """Names of the detectors that cannot judge with their history yet."""
+        return history.warming(self.detectors)
+
+    def warming_changed(self) -> list[str] | None:
+        """`warming()` when it differs from the last time this said it, else None (the
+        metrics record's `detectors_warming`: said at a run's first step, and when ready)."""
+        return self._warmup.changed(self.detectors)
 
     def flags(self, loss: float, grad_norm: float, *, scaled: bool) -> bool:
         """Whether a detector will report this step's loss or gradient norm, asked before the

@@ -12,6 +12,15 @@ spikes. Only upward moves count: a falling loss is the point of training.
 Non-finite losses are left to the numerics detector and never enter the
 window, and neither do spikes, so one does not mask the next.
 
+The window is the timeline's history (`detectors.history`): a snapshot
+carries it and a rollback or an adoption restores it. Before `min_history`
+losses (a new run's first steps) the detector says it is warming up and
+judges against its warm-up bounds instead: a loss above `loss_above` (an
+absolute bound, off unless set) or, from `warmup_min` losses on, above
+`warmup_factor` times the highest loss seen so far. Early in training the
+loss falls, so the highest loss seen is about the first one: a x10 spike
+clears the x5 bound by far, and a clean loss never comes near it.
+
 Why these defaults: the per-batch loss of small batches is heavy-tailed. On
 the tiny example model (batches of 8x32 tokens), clean 2000-step runs over
 four data seeds, with and without gradient clipping and with beta2 0.95 and
@@ -48,6 +57,9 @@ class LossSpikeDetector:
     z_threshold: float = 12.0
     rel_tol: float = 0.25
     abs_tol: float = 0.0
+    loss_above: float | None = None  # absolute bound, in force from the first step (None: off)
+    warmup_min: int = 5  # losses needed before the warm-up bound applies
+    warmup_factor: float = 5.0  # warm-up bound: this times the highest loss seen
     name: str = "loss_spike"
     _losses: deque[float] = field(default_factory=deque)
     _recent: deque[float] = field(init=False)  # the last `level_window` of them
@@ -64,6 +76,7 @@ class LossSpikeDetector:
         spike = self._spike(loss)
         if spike is not None:
             z, threshold, level = spike
+            # `history`: the losses it was judged against (fewer than min_history: warm-up bounds).
             out.append(
                 event(
                     stats,
@@ -72,6 +85,7 @@ class LossSpikeDetector:
                     threshold=threshold,
                     zscore=round(z, 2),
                     median=level,
+                    history=len(losses),
                 )
             )
         if not out:
@@ -89,7 +103,7 @@ class LossSpikeDetector:
     def _spike(self, loss: float) -> tuple[float, float, float] | None:
         """(z, threshold, level) when `loss` spikes above the window; None otherwise."""
         if len(self._losses) < self.min_history:
-            return None
+            return self._warmup_spike(loss)
         level = _median_sorted(sorted(self._recent))
         margin = max(self.rel_tol * abs(level), self.abs_tol)
         # Most steps fail the margin test; the noise scale (a sort) is needed only past it.
@@ -100,6 +114,35 @@ class LossSpikeDetector:
         if z <= self.z_threshold:
             return None
         return z, level + max(self.z_threshold * sigma, margin), level
+
+    def _warmup_spike(self, loss: float) -> tuple[float, float, float] | None:
+        """Before `min_history`: a loss past `loss_above`, or past `warmup_factor` times the
+        highest loss seen once there are `warmup_min` (z is then the ratio to that level)."""
+        if self.loss_above is not None and loss > self.loss_above:
+            level = max(self._losses, default=self.loss_above)
+            return loss / max(abs(level), 1e-12), self.loss_above, level
+        if len(self._losses) < max(self.warmup_min, 1):
+            return None
+        level = max(self._losses)
+        bound = self.warmup_factor * abs(level)
+        if loss <= bound:
+            return None
+        return loss / max(abs(level), 1e-12), bound, level
+
+    @property
+    def warming_up(self) -> bool:
+        """Fewer than `min_history` losses: only the warm-up bounds judge."""
+        return len(self._losses) < self.min_history
+
+    def state_dict(self) -> dict[str, list[float]]:
+        """The window of losses (the latest `level_window` of them are the level)."""
+        return {"losses": list(self._losses)}
+
+    def load_state_dict(self, state: dict[str, list[float]]) -> None:
+        """The window back to `state` (a snapshot's)."""
+        losses = [float(x) for x in state["losses"]][-self.window :]
+        self._losses = deque(losses)
+        self._recent = deque(losses[-self.level_window :], maxlen=self.level_window)
 
     def _noise(self) -> float:
         """The noise scale now: the larger of the window's and the latest `noise_recent` losses'.

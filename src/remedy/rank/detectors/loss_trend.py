@@ -40,6 +40,7 @@ import statistics
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from remedy.policies import AnomalyEvent
 from remedy.rank.detectors._robust import MAD_TO_SIGMA, Persistence, theil_sen_slope
@@ -77,6 +78,16 @@ class _Blocks:
         self.medians.clear()
         self.values.clear()
         self._current = []
+
+    def state(self) -> dict[str, Any]:
+        """The closed blocks' raw values and the open block's (their medians follow)."""
+        return {"blocks": [list(b) for b in self.values], "current": list(self._current)}
+
+    def load(self, state: dict[str, Any]) -> None:
+        blocks = [[float(x) for x in b] for b in state["blocks"]][-self.keep :]
+        self.values = deque(blocks)
+        self.medians = deque(statistics.median(b) for b in blocks)
+        self._current = [float(x) for x in state["current"]]
 
 
 def _median_error(meds: list[float], blocks: Iterable[list[float]], size: int) -> float:
@@ -133,6 +144,20 @@ class LossDivergenceDetector:
                 blocks=self._gate.streak,
             )
         ]
+
+    @property
+    def warming_up(self) -> bool:
+        """Fewer than `min_blocks` block medians: no verdict yet."""
+        return len(self._blocks.medians) < self.min_blocks
+
+    def state_dict(self) -> dict[str, Any]:
+        """The blocks of the window."""
+        return self._blocks.state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The blocks back to `state` (a snapshot's); the patience streak starts over."""
+        self._blocks.load(state)
+        self._gate.reset()
 
     def reset(self) -> None:
         self._blocks.clear()
@@ -199,6 +224,22 @@ class LossOscillationDetector:
                 blocks=self._gate.streak,
             )
         ]
+
+    @property
+    def warming_up(self) -> bool:
+        """No full window yet: no verdict."""
+        return len(self._blocks.medians) < self.window_blocks
+
+    def state_dict(self) -> dict[str, Any]:
+        """The blocks of the window and the reference scatter of the run so far."""
+        return {**self._blocks.state(), "reference": self._reference}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The blocks and the reference back to `state`; the patience streak starts over."""
+        self._blocks.load(state)
+        ref = state.get("reference")
+        self._reference = None if ref is None else float(ref)
+        self._gate.reset()
 
     def reset(self) -> None:
         self._blocks.clear()

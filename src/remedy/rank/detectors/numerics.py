@@ -12,6 +12,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from remedy.policies import AnomalyEvent
 from remedy.rank.detectors.base import event
@@ -79,6 +80,15 @@ class GradNormDetector:
     the spike it judges, and it follows a norm that falls as training
     converges. Vanishing must persist for `vanish_patience` consecutive
     steps: a single tiny norm happens legitimately (e.g. a batch of padding).
+
+    The window is the timeline's history (`detectors.history`): a snapshot
+    carries it, a rollback or an adoption restores it. A step whose update
+    was skipped (non-finite, a scaler overflow, a dropped batch) is judged
+    but never joins the window: the norms of updates not applied (a frozen
+    model meeting the skipped batches after a rollback) would drag the
+    median down, and the ordinary norms after them would read as explosions.
+    Until `min_steps` norms it says it is warming up, and only
+    `explode_above` judges.
     """
 
     explode_above: float = 1e4
@@ -110,6 +120,8 @@ class GradNormDetector:
                     **details,
                 )
             ]
+        if stats.optimizer_skipped:
+            return []  # not an update: it joins no baseline and no vanishing streak
         self._remember(norm)
         if norm < self.vanish_below:
             self._low_streak += 1
@@ -148,7 +160,21 @@ class GradNormDetector:
         del loss, scaled
         return math.isfinite(grad_norm) and self._explosion(grad_norm) is not None
 
+    @property
+    def warming_up(self) -> bool:
+        """Fewer than `min_steps` norms: only `explode_above` judges."""
+        return len(self._recent) < self.min_steps
+
+    def state_dict(self) -> dict[str, Any]:
+        """The window of norms and the vanishing streak."""
+        return {"norms": list(self._recent), "low_streak": self._low_streak}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The window back to `state` (a snapshot's)."""
+        self._recent = deque(float(x) for x in list(state["norms"])[-self.window :])
+        self._low_streak = int(state.get("low_streak", 0))
+
     def reset(self) -> None:
-        """After a rollback: the baseline is learned again from the restored weights on."""
+        """A new run: the baseline is learned from the first steps."""
         self._low_streak = 0
         self._recent.clear()

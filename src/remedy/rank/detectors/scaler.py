@@ -74,6 +74,20 @@ class ScalerOverflowDetector:
             )
         ]
 
+    @property
+    def warming_up(self) -> bool:
+        """Never: a window not yet full counts its missing steps as clean."""
+        return False
+
+    def state_dict(self) -> dict[str, list[bool]]:
+        """The window of skipped steps: the timeline's, as the scale a snapshot restores."""
+        return {"skips": list(self._skips)}
+
+    def load_state_dict(self, state: dict[str, list[bool]]) -> None:
+        """The window back to `state` (a snapshot's)."""
+        self._skips = deque(bool(x) for x in list(state["skips"])[-self.window :])
+        self._count = sum(self._skips)
+
     def reset(self) -> None:
         self._skips.clear()
         self._count = 0

@@ -75,6 +75,14 @@ class Recording:
         attach = getattr(inner, "attach", None)
         if callable(attach) and getattr(inner, "model", None) is None:
             self.attach = attach
+        # A detector with history keeps it across the run's rollbacks, wrapped or not.
+        if callable(getattr(inner, "state_dict", None)):
+            self.state_dict = inner.state_dict  # type: ignore[attr-defined]
+            self.load_state_dict = inner.load_state_dict  # type: ignore[attr-defined]
+
+    @property
+    def warming_up(self) -> bool:
+        return bool(getattr(self.inner, "warming_up", False))
 
     def observe(self, stats: StepStats) -> list[AnomalyEvent]:
         out = self.inner.observe(stats)

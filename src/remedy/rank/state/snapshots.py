@@ -3,10 +3,11 @@
 A snapshot is taken at a step boundary (after step `step - 1` finished,
 before step `step` starts) and holds host copies of the model, optimizer,
 LR scheduler and GradScaler state, every RNG the loop draws from, the
-data position (and a stateful data source's own state), and the states of
-the user's registered objects (`user_state`). Restoring one puts the loop
-back at that boundary exactly: the same batches, the same random draws, the
-same numbers.
+data position (and a stateful data source's own state), the states of
+the user's registered objects (`user_state`) and the detectors' histories
+(`detectors.history`: plain numbers). Restoring one puts the loop back at
+that boundary exactly: the same batches, the same random draws, the same
+numbers, the same verdicts.
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ class Snapshot:
     user: dict[str, Any] = field(default_factory=dict)
     # A stateful data source's state (`data.BatchCursor.source_state`); None for the others.
     data: dict[str, Any] | None = None
+    # The detectors' histories at the boundary; None where none were taken (an older
+    # checkpoint's): restoring it resets the detectors.
+    detectors: dict[str, Any] | None = None
 
     def to_state(self) -> dict[str, Any]:
         """A plain dict for `torch.save`."""
@@ -129,6 +133,7 @@ class Snapshot:
             "extra": self.extra,
             "user": self.user,
             "data": self.data,
+            "detectors": self.detectors,
         }
 
     @classmethod

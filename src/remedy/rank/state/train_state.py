@@ -4,11 +4,12 @@ After a rank is replaced, every rank of the next generation adopts the
 state of the lowest healthy rank, so the replacement (a fresh process) and
 the survivors continue from one identical boundary. The state is
 everything a step depends on: model, optimizer, LR scheduler, GradScaler,
-every RNG, the data position and the skipped batches, every remediation
-applied so far (LR scale, micro-batch split, activation-checkpointed
-modules, KV allocator) and the command bookkeeping (applied, queued and
-failed commands), so a command in flight is applied at the same boundary
-by the replacement too.
+every RNG, the data position and the skipped batches, the detectors'
+histories (so the replacement judges its first steps as the source
+would), every remediation applied so far (LR scale, micro-batch split,
+activation-checkpointed modules, KV allocator) and the command bookkeeping
+(applied, queued and failed commands), so a command in flight is applied at
+the same boundary by the replacement too.
 
 The user's registered objects (`user_state`) travel in the snapshot. A rank
 adopting a peer's state loads only the replicated ones; per-rank objects and
@@ -50,7 +51,8 @@ def adopt(guard: Guard, state: dict[str, Any], *, own: bool = False, joining: bo
     replacement adopting a peer's state (see the module docstring).
     """
     snap = state["snapshot"]
-    # What a rollback restores: weights, optimizer, scheduler, scaler, RNG, step; detectors reset.
+    # What a rollback restores: weights, optimizer, scheduler, scaler, RNG, step, and the
+    # detectors' histories (a replacement judges its first step as the source would).
     guard.restore(snap, own=own)
     if joining and not own:
         _own_per_rank(guard, snap.step)
