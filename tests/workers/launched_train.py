@@ -1,6 +1,7 @@
 """The README's DDP loop with the Guard alone, as a launcher runs it (torchrun, Ray Train).
 
     torchrun --nproc_per_node 2 tests/workers/launched_train.py --run-dir runs/t --steps 60
+    TorchTrainer(ray_train_loop, train_loop_config={"run_dir": ..., "steps": 60}, ...)
 
 Under torchrun the script forms the process group itself (gloo, from the
 environment torchrun sets); under Ray Train `train_loop_per_worker` calls
@@ -107,3 +108,10 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+def ray_train_loop(config: dict[str, Any]) -> None:
+    """Ray Train's `train_loop_per_worker`: the same loop, in the group Ray Train formed."""
+    if config.get("chaos"):
+        os.environ["REMEDY_CHAOS"] = config["chaos"]
+    train(config["run_dir"], config["steps"])

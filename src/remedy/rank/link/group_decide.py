@@ -209,6 +209,8 @@ class GroupReporter:
         summary["steps_completed"] = min(int(r["steps_completed"]) for r in ranks)
         summary["workers"] = self.world_size
         summary["launcher"] = self.launcher
+        # Steps at which the ranks exchanged reports: a clean step makes none.
+        summary["exchanges"] = self.exchanges
         summary["ranks"] = sorted(ranks, key=lambda r: int(r.get("rank", 0)))
         self.run_dir.write_summary(summary)
 
