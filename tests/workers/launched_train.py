@@ -43,7 +43,7 @@ def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:
     return nn.functional.mse_loss(model(x), y)
 
 
-def train(run_dir: str, steps: int, seed: int = 0) -> dict[str, Any]:
+def train(run_dir: str, steps: int, seed: int = 0, policy: str | None = None) -> dict[str, Any]:
     """The loop: every rank builds the same model, DDP keeps it equal, each reads its shard."""
     ctx = get_context()
     rank, world = (ctx.rank, ctx.world_size) if ctx else (0, 1)
@@ -63,7 +63,7 @@ def train(run_dir: str, steps: int, seed: int = 0) -> dict[str, Any]:
         epochs=100,
         max_steps=steps,
         run_dir=run_dir,
-        config=GuardConfig(snapshot_every=5, checkpoint_every=10),
+        config=GuardConfig(snapshot_every=5, checkpoint_every=10, policy=policy),
     )
     for batch in guard:
         guard.step(batch)
@@ -98,10 +98,11 @@ def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run-dir", required=True)
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--policy", default=None, help="a policy file or bundled name")
     args = p.parse_args(argv)
     init_group()
     try:
-        train(args.run_dir, args.steps)
+        train(args.run_dir, args.steps, policy=args.policy)
     finally:
         dist.destroy_process_group()
 

@@ -19,19 +19,31 @@ SCRIPT = HERE / "launched_train.py"
 REPO = HERE.parent.parent
 
 
-def torchrun(tmp_path: Path, chaos: str, *, steps: int, restarts: int = 0) -> Path:
-    """Run the README's DDP loop on 2 ranks under real torchrun (gloo, CPU); its run directory."""
+def torchrun(
+    tmp_path: Path,
+    chaos: str,
+    *,
+    steps: int,
+    restarts: int = 0,
+    env: dict[str, str] | None = None,
+    expect_rc: int | None = 0,
+    extra: tuple[str, ...] = (),
+) -> Any:
+    """Run the README's DDP loop on 2 ranks under real torchrun (gloo, CPU); its run directory
+    (the finished process with `expect_rc=None`)."""
     chaos_file = tmp_path / "chaos.yaml"
     chaos_file.write_text(chaos)
     run_dir = tmp_path / "run"
-    env = {**os.environ, "REMEDY_CHAOS": str(chaos_file), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "REMEDY_CHAOS": str(chaos_file), "OMP_NUM_THREADS": "1", **(env or {})}
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     argv += ["--max-restarts", str(restarts), str(SCRIPT), "--run-dir", str(run_dir)]
-    argv += ["--steps", str(steps)]
+    argv += ["--steps", str(steps), *extra]
     proc = subprocess.run(
         argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=280, check=False
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    if expect_rc is None:
+        return proc
+    assert proc.returncode == expect_rc, proc.stdout[-3000:] + proc.stderr[-6000:]
     return run_dir
 
 
@@ -115,3 +127,53 @@ def test_torchrun_restart_resumes_from_the_newest_committed_checkpoint(tmp_path:
         assert rank["steps_completed"] == 60
         assert rank["resumed"]["step"] == 30
     assert params_equal(run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchrun_hung_peer_ends_the_rank_with_its_reason(tmp_path: Path) -> None:
+    """Rank 1 hung (SIGSTOP) at step 12, REMEDY_COLLECTIVE_TIMEOUT_S=8: rank 0's collective times
+    out and it ends with `GroupLostError` naming the step and the cause; the summary says failed."""
+    proc = torchrun(
+        tmp_path,
+        "faults:\n  - {kind: hang_rank, at_step: 12, rank: 1}\n",
+        steps=30,
+        env={"REMEDY_COLLECTIVE_TIMEOUT_S": "8"},
+        expect_rc=None,
+    )
+    assert isinstance(proc, subprocess.CompletedProcess)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "GroupLostError: rank 0 at step 12: a collective of the process group failed" in out
+    # The collective's own words follow the bound: gloo's "Timed out waiting 8000ms for recv
+    # operation" or "Application timeout caused pair closure", as the timing falls.
+    cause = out.split("REMEDY_COLLECTIVE_TIMEOUT_S): ")[1].split("; under torchrun")[0].lower()
+    assert "timed out" in cause or "timeout" in cause
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchrun_replay_gets_its_answer_by_exchange(tmp_path: Path) -> None:
+    """Under llm-pretrain (which replays), a NaN on rank 1: both ranks replay the step, the answer
+    reaches both while they hold; its restart_rank fails (no worker group under a launcher) and
+    the rule's abort stops both ranks at the same step."""
+    run_dir = torchrun(
+        tmp_path,
+        "faults:\n  - {kind: nan_loss, at_step: 12, rank: 1}\n",
+        steps=30,
+        extra=("--policy", "llm-pretrain"),
+    )
+    decisions = read_jsonl(run_dir / "decisions.jsonl")
+    got = [(d["rule"], d["action"], d["outcome"]) for d in decisions]
+    assert got[0] == ("replay-first", "replay_step", "applied")
+    assert ("bad-chip-restart", "restart_rank", "failed") in got
+    assert ("bad-chip-restart", "abort", "applied") in got
+    applied = [outcomes(run_dir, r) for r in (0, 1)]
+    assert [(o["decision_id"], o["tick"]) for o in applied[0]] == [
+        (o["decision_id"], o["tick"]) for o in applied[1]
+    ]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "aborted"
+    assert [r["steps_completed"] for r in summary["ranks"]] == [12, 12]

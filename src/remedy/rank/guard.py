@@ -506,6 +506,8 @@ class Guard:
                     seq, late, done = agree_while_holding(
                         self._group, self._group_device, self.inbox.max_seq, late=late, ready=done
                     )
+                    if isinstance(self.reporter, GroupReporter):  # the answer comes by exchange
+                        self.inbox.take(self.reporter.exchange())
                 except RuntimeError as exc:
                     if self.membership is None or not self.membership.recover(
                         self, exc, in_step=False

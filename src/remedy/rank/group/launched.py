@@ -28,6 +28,16 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("remedy.launched")
 
+# What gloo says when a collective outlived the group's timeout (a hung peer), which the
+# membership's words do not cover: "Application timeout caused pair closure" (torch 2.13).
+TIMEOUT_WORDS = ("timeout", "pair closure")
+
+
+def is_lost_peer(exc: BaseException) -> bool:
+    """True for the errors a collective raises when a peer died, hung or timed out."""
+    text = str(exc).lower()
+    return is_group_failure(exc) or any(w in text for w in TIMEOUT_WORDS)
+
 
 def lost_reason(launcher: str, rank: int, step: int, exc: BaseException) -> str:
     """The one sentence a rank ends with when a collective failed under `launcher`."""
@@ -35,7 +45,7 @@ def lost_reason(launcher: str, rank: int, step: int, exc: BaseException) -> str:
     return (
         f"rank {rank} at step {step}: a collective of the process group failed, so a peer "
         f"died or hung (remedy's collectives time out after {bound:g} s, "
-        f"{COLLECTIVE_TIMEOUT_ENV}): {str(exc).strip()[:200]}; under {launcher} remedy cannot "
+        f"{COLLECTIVE_TIMEOUT_ENV}): {_last_words(exc)}; under {launcher} remedy cannot "
         "replace a rank: the launcher's restart (torchrun --max-restarts N) resumes the group "
         "from the newest checkpoint every rank committed"
     )
@@ -63,7 +73,7 @@ class LaunchedGroup:
         """A collective failed: False if not a group failure (the caller raises it), else end
         this rank with `GroupLostError` naming the cause."""
         del in_step
-        if not is_group_failure(exc):
+        if not is_lost_peer(exc):
             return False
         reason = lost_reason(self.launcher, guard.rank, guard.step_count, exc)
         log.error("group_lost", rank=guard.rank, step=guard.step_count, error=str(exc)[:200])
@@ -71,3 +81,12 @@ class LaunchedGroup:
         if callable(peer_lost):
             peer_lost(reason)
         raise GroupLostError(reason) from exc
+
+
+def _last_words(exc: BaseException) -> str:
+    """The collective's error, without the callback wrappers torch puts around it."""
+    text = " ".join(str(exc).split())
+    marker = "RuntimeError: "
+    if marker in text:
+        text = text.rsplit(marker, 1)[1]
+    return text.split(" At: ")[0][:200]

@@ -31,6 +31,7 @@ second attempt failed with "connection refused").
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,7 @@ import structlog
 import torch.distributed as dist
 
 from remedy.rank.group.launched import LaunchedGroup
-from remedy.rank.group.membership import collective_timeout
+from remedy.rank.group.membership import COLLECTIVE_TIMEOUT_ENV, collective_timeout
 from remedy.rank.link import launcher
 
 if TYPE_CHECKING:
@@ -245,6 +246,11 @@ def join(guard: Guard) -> None:
     if guard.agreement is not None:
         guard.agreement.news_channel = True
         guard.agreement.timeout = collective_timeout()
+    if COLLECTIVE_TIMEOUT_ENV in os.environ:
+        # Asked for a bound: every collective of the group (DDP's too) times out after it.
+        set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+        if set_timeout is not None:
+            set_timeout(collective_timeout(), dist.group.WORLD)
     if ctx.membership is None:
         ctx.membership = LaunchedGroup(name)
     if guard.rank == 0:
