@@ -117,10 +117,29 @@ def test_torchrun_nan_on_one_rank_is_one_group_decision(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_torchrun_restart_resumes_from_the_newest_committed_checkpoint(tmp_path: Path) -> None:
     """Rank 1 SIGKILLed at step 35 under `torchrun --max-restarts 1`: the elastic agent restarts
-    the group, every rank resumes from step 30 (the newest both committed) and completes."""
-    run_dir = torchrun(
-        tmp_path, "faults:\n  - {kind: kill_rank, at_step: 35, rank: 1}\n", steps=60, restarts=1
+    the group, every rank resumes from step 30 (the newest both committed) and completes. A NaN
+    before the kill and one after the restart are each decided once and applied by both ranks:
+    the restarted group's decisions are not mistaken for those done before the checkpoint."""
+    chaos = (
+        "faults:\n  - {kind: nan_loss, at_step: 12, rank: 1}\n"
+        "  - {kind: kill_rank, at_step: 35, rank: 1}\n"
+        "  - {kind: nan_loss, at_step: 45, rank: 1}\n"
     )
+    run_dir = torchrun(tmp_path, chaos, steps=60, restarts=1)
+    decisions = read_jsonl(run_dir / "decisions.jsonl")
+    assert [(d["step"], d["action"], d["outcome"]) for d in decisions] == [
+        (12, "rollback", "applied"),
+        (12, "shrink_lr", "applied"),
+        (45, "rollback", "applied"),
+        (45, "shrink_lr", "applied"),
+    ]
+    after = decisions[2:]
+    assert all(d["decision_id"].startswith("local-restart1-") for d in after)
+    applied = [outcomes(run_dir, r) for r in (0, 1)]  # the restarted processes' own
+    assert [o["decision_id"] for o in applied[0]] == [d["decision_id"] for d in after]
+    assert [(o["decision_id"], o["tick"]) for o in applied[0]] == [
+        (o["decision_id"], o["tick"]) for o in applied[1]
+    ]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
     for rank in summary["ranks"]:

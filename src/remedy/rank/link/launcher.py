@@ -57,6 +57,11 @@ def detect() -> WorkerContext | None:
     if world <= 1:
         return None
     ctx = WorkerContext(rank=dist.get_rank(), world_size=world, launcher=launcher_name())
+    restarts = restart_count()
+    if restarts:
+        # Decision ids start again in a restarted group's new controller; the ranks resume
+        # with the ids done before the restart, so the new ones must differ from them.
+        ctx.run_id = f"{ctx.run_id}-restart{restarts}"
     chaos = os.environ.get(CHAOS_ENV)
     if chaos:
         from remedy.rank.chaos.faults import load_chaos  # noqa: PLC0415 - chaos runs only
