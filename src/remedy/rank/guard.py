@@ -49,8 +49,10 @@ from remedy.rank.chaos.faults import ChaosSetting, FaultInjector
 from remedy.rank.detectors import Detector, DetectorSuite, default_detectors
 from remedy.rank.exceptions import ChaosConfigError, RunAborted
 from remedy.rank.group import replicas
+from remedy.rank.link import group_decide, launcher
 from remedy.rank.link.context import Reporter, WorkerContext, get_context
 from remedy.rank.link.flag_hold import RESEND_S, WAIT_S, FlagHold, agree_while_holding
+from remedy.rank.link.group_decide import GroupReporter
 from remedy.rank.link.inbox import Agreement, CommandInbox
 from remedy.rank.link.outbox import Outbox
 from remedy.rank.loop import waits  # noqa: F401 - memory_actions registers its appliers
@@ -182,6 +184,8 @@ class Guard:
         self._owns_controller = ctx is None or ctx.reporter is None
         if ctx is None:
             ctx = WorkerContext(run_dir=Path(run_dir) if run_dir else None)
+        elif ctx.launcher is not None and ctx.run_dir is None and run_dir:
+            ctx.run_dir = Path(run_dir)  # another launcher's rank writes where the loop says
         self.ctx = ctx
         self.rank = ctx.rank
         self.run_dir = ctx.run_dir
@@ -241,6 +245,8 @@ class Guard:
             shard_mirror.mirror_for(self),
             rank=self.rank,
         )
+        if ctx.launcher is not None and self.checkpoints is not None:
+            ctx.resume_step = launcher.resume_step(self.run_dir)  # torchrun restarted the group
         # A rank started by a full-group restart resumes from this checkpoint before its first step.
         self._resume_step = ctx.resume_step
         self.resumed: dict[str, Any] | None = None
@@ -268,6 +274,10 @@ class Guard:
             if dist.get_backend() == "nccl":
                 self._group_device = torch.device("cuda", torch.cuda.current_device())
             self.use_group(dist.group.WORLD)
+            if (
+                ctx.launcher is not None
+            ):  # no supervisor: the group decides once (link/group_decide)
+                group_decide.join(self)
         # Step marks and pre-step states for replay_step; the boundary the current step began at.
         self.replays = Replays(self._replay_window(), self.config.replay_window_s)
         self.step_mark: StepMark | None = None
@@ -316,6 +326,8 @@ class Guard:
 
         engine = Engine(load_policy(self.config.policy or "default"), run_id=ctx.run_id)
         run_dir = RunDir(ctx.run_dir, ctx.run_id) if ctx.run_dir is not None else None
+        if ctx.launcher is not None:  # a rank of another launcher's group: rank 0 decides
+            return group_decide.reporter_for(ctx, engine, run_dir)
         metrics = standalone_metrics(ctx.run_id, run_dir.checkpoints if run_dir else None)
         journal = journal_to(run_dir) if run_dir is not None else None
         return LocalReporter(
@@ -376,6 +388,9 @@ class Guard:
             # counts and collectives would part ways: those every rank held at the last one.
             try:
                 agreed = self.agreement.agreed(self.inbox.max_seq)
+                if self.agreement.news:  # a rank has news for the group's decider: exchange
+                    assert isinstance(self.reporter, GroupReporter)
+                    self.inbox.take(self.reporter.exchange())
             except RuntimeError as exc:
                 if self.membership is None or not self.membership.recover(self, exc, in_step=False):
                     raise
@@ -386,7 +401,10 @@ class Guard:
             due = self.inbox.due_at_tick(self.tick)
         self.inbox.apply(due, self)
         if self.agreement is not None:
-            self.agreement.launch(self.inbox.max_seq)  # read in the next step's one sync
+            # Read in the next step's one sync; with it, whether a rank has news (group_decide).
+            self.agreement.launch(
+                self.inbox.max_seq, news=getattr(self.reporter, "has_news", False)
+            )
         if due:
             self._report_corrupt()
             self._send(force=True)
@@ -492,6 +510,8 @@ class Guard:
                     seq, late, done = agree_while_holding(
                         self._group, self._group_device, self.inbox.max_seq, late=late, ready=done
                     )
+                    if isinstance(self.reporter, GroupReporter):  # the answer comes by exchange
+                        self.inbox.take(self.reporter.exchange())
                 except RuntimeError as exc:
                     if self.membership is None or not self.membership.recover(
                         self, exc, in_step=False
@@ -1038,7 +1058,7 @@ class Guard:
             self.summary["resumed"] = self.resumed
         self.ctx.summary = self.summary
         if self._owns_controller:
-            assert isinstance(self.reporter, LocalReporter)
+            assert isinstance(self.reporter, LocalReporter | GroupReporter)
             self.reporter.close(self.summary)
         return self.summary
 

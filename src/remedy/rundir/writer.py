@@ -45,14 +45,22 @@ def _jsonl_logger(fh: TextIO) -> Any:
 # Step records of ranks that report through a node agent: one file per agent
 # (`remedy.supervisor.agent.actor`), read together with `metrics.jsonl`.
 AGENT_METRICS_GLOB = "metrics-agent-*.jsonl"
+# Step records of ranks 1.. of a group that decides without a supervisor (torchrun, Ray
+# Train): each writes its own (`remedy.rank.link.group_decide`).
+RANK_METRICS_GLOB = "metrics-rank-*.jsonl"
 # The record types of journal.wal (`supervisor.core.run_state`): RunState, full or as a delta.
 WAL_TYPES = ("state", "state_delta")
 
 
 def metrics_paths(path: str | os.PathLike[str]) -> list[Path]:
-    """Every file of step records in run directory `path`: `metrics.jsonl`, then the agents'."""
+    """Every file of step records in run directory `path`: `metrics.jsonl`, then the agents',
+    then those of a launched group's ranks."""
     p = Path(path)
-    return [p / "metrics.jsonl", *sorted(p.glob(AGENT_METRICS_GLOB))]
+    return [
+        p / "metrics.jsonl",
+        *sorted(p.glob(AGENT_METRICS_GLOB)),
+        *sorted(p.glob(RANK_METRICS_GLOB)),
+    ]
 
 
 class RunDir:

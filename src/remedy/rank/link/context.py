@@ -2,7 +2,9 @@
 
 A rank actor sets it before calling the user's training function; the Guard
 reads it. With no context set (plain `python train.py`), the Guard runs in
-single-process mode with the policy engine in-process.
+single-process mode with the policy engine in-process. A rank of a process
+group that another launcher started (torchrun, Ray Train) gets a context of
+its own (`launcher.detect`): its real rank and the world size.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class WorkerContext:
     hold_on_flag: bool = False
     # Filled by the Guard when its loop ends: this rank's totals for the run summary.
     summary: dict[str, Any] = field(default_factory=dict)
+    # Set for a rank that another launcher started (torchrun, Ray Train): its name. Its
+    # group decides without a supervisor (`group_decide`).
+    launcher: str | None = None
 
 
 _current: WorkerContext | None = None
@@ -62,5 +67,13 @@ def set_context(ctx: WorkerContext | None) -> None:
 
 
 def get_context() -> WorkerContext | None:
-    """This process's context, or None in single-process mode."""
-    return _current
+    """This process's context, or None in single-process mode.
+
+    Under another launcher (a process group of several ranks and no context
+    set), a new context with this rank's rank and world size (`launcher.detect`).
+    """
+    if _current is not None:
+        return _current
+    from remedy.rank.link import launcher  # noqa: PLC0415 - imports context
+
+    return launcher.detect()

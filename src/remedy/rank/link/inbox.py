@@ -178,6 +178,11 @@ class Agreement:
     The first boundary of a group (the loop's, or one after a regroup) has
     nothing launched yet: it agrees there and then, so commands queued before
     the loop (or adopted with a replacement's state) apply at once.
+
+    With `news_channel` (a group that decides without a supervisor,
+    `group_decide`), the same all-reduce carries a second number: whether any
+    rank had something for the group's decider when it launched (`news`, read
+    at the next boundary), so a clean step pays nothing more than the seq.
     """
 
     def __init__(self, group: Any, device: Any) -> None:
@@ -189,13 +194,22 @@ class Agreement:
         # The flag channel (`launch_flag`): whether any rank flagged the step just run.
         self._flag_tensor: Any = None
         self._flag_work: Any = None
+        # Whether the all-reduce also carries each rank's news (see the class's docstring).
+        self.news_channel = False
+        self._news: bool | None = None  # read with the agreed seq, not yet handed out
+        self.news = False  # whether any rank had news at the agreement `agreed` returned
+        # How long a launched agreement may take before a peer counts as lost.
+        self.timeout = AGREEMENT_TIMEOUT
 
-    def launch(self, max_seq: int) -> None:
-        """Start the agreement on what this rank holds (every rank, at the same boundary)."""
+    def launch(self, max_seq: int, *, news: bool = False) -> None:
+        """Start the agreement on what this rank holds (every rank, at the same boundary);
+        `news`: this rank has something for the group's decider (with `news_channel`)."""
         import torch  # noqa: PLC0415 - only ranks of a process group get here
         import torch.distributed as dist  # noqa: PLC0415
 
-        self._tensor = torch.tensor([max_seq], dtype=torch.int64, device=self.device)
+        # MIN of -news is -1 when any rank has news.
+        values = [max_seq, -int(news)] if self.news_channel else [max_seq]
+        self._tensor = torch.tensor(values, dtype=torch.int64, device=self.device)
         self._work = dist.all_reduce(
             self._tensor, op=dist.ReduceOp.MIN, group=self.group, async_op=True
         )
@@ -209,13 +223,15 @@ class Agreement:
         """
         if self._work is None:
             return None
-        self._work.wait(timeout=AGREEMENT_TIMEOUT)
+        self._work.wait(timeout=self.timeout)
         self._work = None
-        return self._tensor
+        return self._tensor[:1]
 
     def settle(self, value: float) -> None:
         """The agreed seq, as the step's sync read it."""
         self._agreed = int(value)
+        if self.news_channel:  # the sync waited for the collective: a plain read now
+            self._news = bool(self._tensor[1].item() < 0)
         self._tensor = None
 
     def agreed(self, max_seq: int) -> int | None:
@@ -227,6 +243,7 @@ class Agreement:
         if pending is not None:  # no step read it: read it here (a sync of its own)
             self.settle(int(pending.item()))
         agreed, self._agreed = self._agreed, None
+        self.news, self._news = bool(self._news), None
         return agreed
 
     def launch_flag(self, tick: int | None) -> None:
@@ -259,7 +276,7 @@ class Agreement:
         if self._flag_work is None:
             return None
         work, self._flag_work = self._flag_work, None
-        work.wait(timeout=AGREEMENT_TIMEOUT)
+        work.wait(timeout=self.timeout)
         value = int(self._flag_tensor.item())
         self._flag_tensor = None
         return -value - 1 if value < 0 else None
