@@ -9,7 +9,8 @@
     remedy stop RUN_ID               remedy attach RUN_ID
     remedy chaos list                remedy chaos run SCENARIO... [--target T] [--workers N]
 
-Exit status: 0 completed, 3 aborted by policy, 4 stopped (`remedy stop`), 1 failed, 2 usage.
+Exit status: 0 completed, 3 aborted by policy, 4 stopped (`remedy stop`), 5 degraded (it
+reached its last step having stopped learning), 1 failed, 2 usage.
 Bad input (a malformed policy or chaos file, an unknown target, a flag out of
 range, a run directory that cannot be written, a cluster that cannot be
 reached) is reported as one line before anything starts, never as a traceback.
@@ -32,9 +33,10 @@ from typing import Any, NoReturn
 from remedy.cli.cluster import LOOPBACK_ENV
 from remedy.protocol.spec import NODE_AGENT_MODES
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED, EXIT_STOPPED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED, EXIT_STOPPED, EXIT_DEGRADED = 0, 1, 2, 3, 4, 5
 STATUS_EXIT = {
     "completed": EXIT_OK,
+    "degraded": EXIT_DEGRADED,
     "aborted": EXIT_ABORTED,
     "failed": EXIT_FAILED,
     "stopped": EXIT_STOPPED,

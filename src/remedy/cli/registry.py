@@ -25,7 +25,7 @@ from typing import Any
 # Where the entries live; the environment variable wins over ~/.remedy/runs.
 HOME_ENV = "REMEDY_HOME"
 # States a run's entry may end in; a live entry says `running`.
-FINAL_STATES = frozenset({"completed", "aborted", "failed", "stopped"})
+FINAL_STATES = frozenset({"completed", "degraded", "aborted", "failed", "stopped"})
 
 
 def registry_dir() -> Path:

@@ -37,7 +37,7 @@ from remedy.protocol.spec import NAMESPACE
 from remedy.rundir.journals import read_journal
 
 EXIT_OK, EXIT_FAILED = 0, 1
-STATUS_EXIT = {"completed": 0, "aborted": 3, "failed": 1, "stopped": 4}
+STATUS_EXIT = {"completed": 0, "aborted": 3, "failed": 1, "stopped": 4, "degraded": 5}
 # How long `status` waits for a supervisor to answer.
 ASK_TIMEOUT_S = 30.0
 # How often `logs -f` polls.

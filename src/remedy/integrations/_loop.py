@@ -37,6 +37,7 @@ from remedy.rank.guard import LocalReporter
 from remedy.rank.link.context import Reporter, WorkerContext, get_context
 from remedy.rank.link.inbox import CommandInbox
 from remedy.rank.link.outbox import Outbox
+from remedy.rank.loop.learning import LearningTracker
 from remedy.rank.loop.measure import GradNorm, MemoryProbe, module_grad_norms
 from remedy.rank.loop.stats import StepStats
 from remedy.rank.state.snapshots import (
@@ -218,6 +219,7 @@ class LoopGuard:
         self.outbox = Outbox(self.reporter, self.inbox, rank=self.rank, heartbeat_s=HEARTBEAT_S)
         self._group, self._group_device = _agreement_group()
         self._recent_stats: deque[StepStats] = deque(maxlen=50)
+        self.learning = LearningTracker()  # the summary's `learning` (see the Guard's)
         self.grad_clip = grad_clip
         faults = ctx.faults if ctx is not None else []
         refuse_under_frameworks(faults)
@@ -360,6 +362,7 @@ class LoopGuard:
             record["chaos"] = chaos
         self.outbox.metrics(record)
         self._recent_stats.append(stats)
+        self.learning.observe(stats)
         self.cursor.advance()
         self.step_count += 1
         self.tick += 1
@@ -383,6 +386,7 @@ class LoopGuard:
             "updates_skipped": len(self.cursor.skipped_updates),
             "final_loss": self._final_loss(),
             "skipped_batches": list(self.cursor.skipped_batches),
+            "learning": self.learning.summary(),
         }
         short = self._short_of_asked()
         if short is not None:
