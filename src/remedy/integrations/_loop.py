@@ -245,11 +245,16 @@ class LoopGuard:
         from remedy.control.decide import Controller  # noqa: PLC0415
         from remedy.control.effects import journal_to  # noqa: PLC0415
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - standalone only
-        from remedy.policies._loops import refused_steps  # noqa: PLC0415
+        from remedy.policies._loader import BUNDLED  # noqa: PLC0415
+        from remedy.policies._loops import for_loop, refused_steps  # noqa: PLC0415
         from remedy.rundir.writer import RunDir  # noqa: PLC0415
 
         run_id = "local"
         rules = load_policy(policy or "default")
+        if (policy or "default") in BUNDLED:
+            # The bundled policies are written for the Guard: their callback version
+            # leaves out the steps a framework's loop cannot take (policies._loops).
+            rules = for_loop(rules, "callbacks")
         # What `remedy policy check --loop callbacks` refuses: said once, before training,
         # rather than only as a failed outcome when such a rule fires.
         refused = refused_steps(rules, "callbacks")
