@@ -357,6 +357,7 @@ class LoopGuard:
             mem_reserved_bytes=reserved,
             mem_capacity_bytes=capacity,
             optimizer_skipped=step.dropped,
+            grad_clip=self.grad_clip,
         )
         events = self.detectors.observe(stats)
         for e in events:

@@ -716,6 +716,7 @@ class Guard:
             mem_reserved_bytes=reserved,
             mem_capacity_bytes=capacity,
             optimizer_skipped=skipped,
+            grad_clip=self.config.grad_clip,
             extra=extra or {},
         )
         events = [] if oom else self.detectors.observe(stats)

@@ -100,13 +100,18 @@ class GradNormDetector:
             self._low_streak = 0
             threshold, baseline = explosion
             details = {"baseline": baseline, "ratio": round(norm / baseline, 2)} if baseline else {}
+            # Clipped to a bound below the norm, the update already was bounded: `info`, which
+            # the default policy notifies of instead of cutting the LR for the rest of the run.
+            clipped = stats.grad_clip is not None and norm > stats.grad_clip
+            if clipped:
+                details["clipped_to"] = stats.grad_clip
             return [
                 event(
                     stats,
                     "grad_norm_explosion",
                     value=norm,
                     threshold=threshold,
-                    severity="warning",
+                    severity="info" if clipped else "warning",
                     **details,
                 )
             ]
