@@ -102,9 +102,10 @@ class GradNormDetector:
             details = {"baseline": baseline, "ratio": round(norm / baseline, 2)} if baseline else {}
             # Clipped to a bound below the norm, the update already was bounded: `info`, which
             # the default policy notifies of instead of cutting the LR for the rest of the run.
-            clipped = stats.grad_clip is not None and norm > stats.grad_clip
-            if clipped:
-                details["clipped_to"] = stats.grad_clip
+            clip = stats.grad_clip
+            clipped = clip is not None and norm > clip
+            if clip is not None and clipped:
+                details["clipped_to"] = clip
             return [
                 event(
                     stats,
