@@ -231,6 +231,9 @@ def format_summary(summary: dict[str, Any], decisions: list[dict[str, Any]]) -> 
         lines.append(f"aborted: {summary['abort_reason']}")
     if summary.get("degraded_reason"):
         lines.append(f"degraded: {summary['degraded_reason']}")
+    for rank in summary.get("ranks") or []:
+        for fault in (rank.get("chaos_not_reached") or []) if isinstance(rank, dict) else []:
+            lines.append(f"warning: chaos fault {fault}")
     return "\n".join(lines)
 
 

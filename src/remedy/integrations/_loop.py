@@ -394,6 +394,10 @@ class LoopGuard:
             "skipped_batches": list(self.cursor.skipped_batches),
             "learning": self.learning.summary(),
         }
+        unfired = self.injector.not_reached(self.step_count)
+        if unfired:
+            summary["chaos_not_reached"] = unfired  # as a Guard says it
+            log.warning("chaos_fault_not_reached", rank=self.rank, faults=unfired)
         short = self._short_of_asked()
         if short is not None:
             summary["steps_asked"] = self.steps_asked

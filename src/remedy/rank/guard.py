@@ -1000,6 +1000,11 @@ class Guard:
             "skipped_batches": sorted(self.cursor.skipped),
             "learning": self.learning.summary(),
         }
+        unfired = self.injector.not_reached(self.step_count)
+        if unfired:
+            # A chaos test whose fault never fired tested nothing: said, not left silent.
+            self.summary["chaos_not_reached"] = unfired
+            log.warning("chaos_fault_not_reached", rank=self.rank, faults=unfired)
         if self.flag_hold.on:
             # Each flagged step and whether the ranks held for its decision (workers.flag_hold).
             self.summary["flag_holds"] = list(self.flag_hold.holds)
