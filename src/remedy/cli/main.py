@@ -5,7 +5,7 @@
     remedy policy check FILE...      remedy policy test FILE...
     remedy policy apply FILE --run RUN_ID
     remedy report RUN_DIR [--out DIR]  remedy explain RUN_DIR [--step N | --decision ID | --rule NAME]
-    remedy status [RUN_ID]           remedy logs RUN_ID [-f]
+    remedy status [RUN_ID] [--all]   remedy logs RUN_ID [-f]
     remedy stop RUN_ID               remedy attach RUN_ID
     remedy chaos list                remedy chaos run SCENARIO... [--target T] [--workers N]
 
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from remedy.cli.cluster import LOOPBACK_ENV
+from remedy.cli.status_table import RECENT
 from remedy.protocol.spec import NODE_AGENT_MODES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED, EXIT_STOPPED, EXIT_DEGRADED = 0, 1, 2, 3, 4, 5
@@ -224,6 +225,10 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--address", type=_nonempty, default=None, help="list the runs on this Ray cluster"
     )
+    st.add_argument(
+        "--all", action="store_true", help=f"every run, not only the {RECENT} most recent"
+    )
+    st.add_argument("--json", action="store_true", help="one JSON line per run, not a table")
     lg = sub.add_parser("logs", help="a run's decisions, anomalies and the ranks' output")
     lg.add_argument("run_id", type=_nonempty)
     lg.add_argument("-f", "--follow", action="store_true", help="go on until the run ends")
@@ -792,7 +797,7 @@ def _status(args: argparse.Namespace) -> int:
     address = args.address
     if address is None and args.run_id is None and os.environ.get("RAY_ADDRESS"):
         address = os.environ["RAY_ADDRESS"]  # inside a Ray job: that cluster's runs
-    return status(args.run_id, address)
+    return status(args.run_id, address, every=args.all, as_json=args.json)
 
 
 def _logs(args: argparse.Namespace) -> int:
