@@ -179,3 +179,14 @@ def test_a_rank_under_a_callback_says_it_never_re_forms_its_group() -> None:
     sup = _Supervisor([])
     _loop_guard(context=WorkerContext(rank=0, world_size=2, reporter=sup, membership=membership))
     assert membership.status()["regroups"] is False
+
+
+def test_updates_skipped_on_a_commands_order_are_not_a_run_that_stopped_learning() -> None:
+    """A callback drops the updates of 25 batches a `skip_batches` asked for: that is a remedy at
+    work; the run's tail is not unhealthy. The same 25 drops of non-finite steps would be."""
+    guard = _loop_guard()
+    guard.cursor.skip_next(25)
+    _train(guard, 25)
+    summary = guard.close()
+    assert summary["updates_skipped"] == 25
+    assert summary["learning"]["unhealthy_tail"] is None, summary["learning"]

@@ -63,3 +63,9 @@ def test_one_learning_step_or_a_rollback_ends_the_streak() -> None:
     d.reset()
     got = [e.step for i in range(4, 7) for e in d.observe(step_stats(i, optimizer_skipped=True))]
     assert got == [6]
+
+
+def test_an_update_skipped_on_a_commands_order_learned_nothing_wrong() -> None:
+    """A callback's `skip_batches` drops updates on purpose (`extra["skipped_batch"]`): not a
+    cause, and it ends a streak."""
+    assert step_cause(step_stats(0, optimizer_skipped=True, extra={"skipped_batch": True})) is None

@@ -68,6 +68,7 @@ class LoopStep:
         self.losses: list[float] = []
         self.grad_norm = math.nan
         self.dropped = False  # this step's update is skipped
+        self.ordered_skip = False  # ... on a command's order (skip_batches)
         self.loader_s = 0.0
         self._started = time.perf_counter()
         self._ended: float | None = None  # when the step before ended: the loader's wait starts
@@ -80,6 +81,7 @@ class LoopStep:
     def begin(self) -> None:
         """The step starts now: no loss yet, nothing dropped."""
         self.losses = []
+        self.ordered_skip = False
         self.dropped = False
         self._started = time.perf_counter()
 
@@ -133,6 +135,11 @@ class LoopCursor:
         """Drop the updates of the loop's next `count` batches; returns their positions."""
         self._left += count
         return list(range(self.batch, self.batch + count))
+
+    @property
+    def skipping(self) -> bool:
+        """Whether the next update is dropped on a command's order (`skip_next`)."""
+        return self._left > 0
 
     def drop(self, step: int, *, bad: bool) -> bool:
         """Whether the update of logical step `step` is dropped (`bad`: it is not finite)."""
@@ -312,6 +319,9 @@ class LoopGuard:
         self.injector.on_grads(self.step_count, self._params)
         step = self.this_step
         norm_t = step.measure_grads()
+        # An update dropped on a command's order (skip_batches) is a remedy at work, not a
+        # run that stopped learning (rank.loop.learning reads `skipped_batch`).
+        step.ordered_skip = self.cursor.skipping
         if self.cursor.drop(self.step_count, bad=not step.finite):
             for p in self._params:
                 p.grad = None
@@ -358,6 +368,7 @@ class LoopGuard:
             mem_capacity_bytes=capacity,
             optimizer_skipped=step.dropped,
             grad_clip=self.grad_clip,
+            extra={"skipped_batch": True} if step.ordered_skip and step.dropped else {},
         )
         events = self.detectors.observe(stats)
         for e in events:

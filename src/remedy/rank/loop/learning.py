@@ -39,7 +39,13 @@ CAUSES = {
 
 
 def step_cause(stats: StepStats, floor: float = SCALE_FLOOR) -> str | None:
-    """Why this step learned nothing (a key of `CAUSES`), or None when it learned."""
+    """Why this step learned nothing (a key of `CAUSES`), or None when it learned.
+
+    An update dropped on a command's order (`skip_batches` under the callbacks, whose
+    batches are the framework's: `extra["skipped_batch"]`) is a remedy at work: None.
+    """
+    if stats.extra.get("skipped_batch"):
+        return None
     if stats.optimizer_skipped:
         return "skipped"
     if stats.grad_norm == 0.0:
