@@ -101,27 +101,29 @@ def test_done_command_sent_again_gets_its_outcome_again_under_a_callback(
 def test_a_local_policy_names_the_steps_the_callbacks_refuse_before_training(
     tmp_path: Path,
 ) -> None:
-    """The bundled default under a callback: its three refused steps are logged at the start
-    (what `remedy policy check --loop callbacks default` reports), none for a policy without."""
+    """A bundled policy under a callback runs its callback version: no warning. A policy file
+    of the user's with steps the callbacks refuse: those steps are logged at the start (what
+    `remedy policy check --loop callbacks FILE` reports)."""
     model = nn.Linear(4, 1)
+    for name in ("default", "conservative", "llm-pretrain"):
+        with structlog.testing.capture_logs() as logs:
+            LoopGuard(model, policy=name, run_dir=tmp_path / name, detectors=[]).close()
+        assert [r for r in logs if r["event"] == "policy_steps_refused_under_callbacks"] == []
+    own = tmp_path / "mine.yaml"
+    own.write_text(
+        "version: 1\nrules:\n  - name: hw\n    when: {anomaly: gpu_ecc}\n"
+        "    do:\n      - checkpoint_now:\n        on_failure: next\n      - notify\n"
+    )
     with structlog.testing.capture_logs() as logs:
-        LoopGuard(model, run_dir=tmp_path / "a", detectors=[]).close()
+        LoopGuard(model, policy=str(own), run_dir=tmp_path / "own", detectors=[]).close()
     (record,) = [r for r in logs if r["event"] == "policy_steps_refused_under_callbacks"]
-    assert record["policy"] == "default" and record["log_level"] == "warning"
-    assert [s.split(":")[0] for s in record["steps"]] == [
-        "rule 'oom-relief', step 2",
-        "rule 'memory-pressure-checkpoint', step 1",
-        "rule 'hardware-fault', step 1",
-    ]
-    with structlog.testing.capture_logs() as logs:
-        LoopGuard(model, policy="conservative", run_dir=tmp_path / "b", detectors=[]).close()
-    conservative = [r for r in logs if r["event"] == "policy_steps_refused_under_callbacks"]
+    assert record["log_level"] == "warning"
     step = (
-        "rule 'hardware-fault', step 1: checkpoint_now is not applied under the Hugging Face "
+        "rule 'hw', step 1: checkpoint_now is not applied under the Hugging Face "
         "and Lightning callbacks: the framework writes its own checkpoints: remedy keeps no "
         "durable checkpoint under a callback"
     )
-    assert [r["steps"] for r in conservative] == [[step]]
+    assert record["steps"] == [step]
 
 
 class _LateSupervisor(_Supervisor):
@@ -177,3 +179,14 @@ def test_a_rank_under_a_callback_says_it_never_re_forms_its_group() -> None:
     sup = _Supervisor([])
     _loop_guard(context=WorkerContext(rank=0, world_size=2, reporter=sup, membership=membership))
     assert membership.status()["regroups"] is False
+
+
+def test_updates_skipped_on_a_commands_order_are_not_a_run_that_stopped_learning() -> None:
+    """A callback drops the updates of 25 batches a `skip_batches` asked for: that is a remedy at
+    work; the run's tail is not unhealthy. The same 25 drops of non-finite steps would be."""
+    guard = _loop_guard()
+    guard.cursor.skip_next(25)
+    _train(guard, 25)
+    summary = guard.close()
+    assert summary["updates_skipped"] == 25
+    assert summary["learning"]["unhealthy_tail"] is None, summary["learning"]

@@ -104,6 +104,36 @@ def test_max_fires_escalates_to_abort_then_stays_quiet() -> None:
     assert "already escalated" in decisions[-1].reason
 
 
+LADDER = """
+version: 1
+rules:
+  - name: rescue
+    when: {anomaly: learning_stopped}
+    do: [{rescale_grad_scaler: {scale: 1024.0}}]
+    max_fires: 2
+    on_exhausted: {rule: roll}
+  - name: roll
+    do: [{rollback: {steps_back: 10}}]
+    max_fires: 2
+    on_exhausted: abort
+"""
+
+
+def test_an_exhausted_rule_climbs_its_ladder_at_every_match() -> None:
+    """A rule exhausted towards another rule hands each later match to it: two rescues, two
+    rollbacks, then the rollbacks' abort, once; nothing after it."""
+    decisions = run_stream(
+        load_policy_text(LADDER), stream("learning_stopped", "1 _x9 1 _x9 1 _x9 1 _x9 1 _x9 1")
+    )
+    assert_decisions(
+        decisions,
+        {1: ["rescale_grad_scaler"], 11: ["rescale_grad_scaler"], 21: ["rollback"],
+         31: ["rollback"], 41: ["abort"]},
+    )  # fmt: skip
+    assert [d.rule for d in decisions if not d.suppressed][2:4] == ["roll", "roll"]
+    assert decisions[-1].suppressed and "already escalated" in decisions[-1].reason
+
+
 @pytest.mark.timeout(10)
 def test_fires_within_frees_slots_as_the_window_slides() -> None:
     """With fires_within, old firings leave the window and the rule fires again."""

@@ -11,7 +11,7 @@ import pytest
 from remedy.cli.main import _parser, main
 from remedy.policies import check_policy, load_policy
 from remedy.policies import cli as policy_cli
-from remedy.policies._loops import LOOPS, refused_steps
+from remedy.policies._loops import LOOPS, for_loop, refused_steps
 from remedy.policies._vocab import ACTION_SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +79,25 @@ def test_the_bundled_default_policy_under_the_callbacks() -> None:
         ("memory-pressure-checkpoint", 1, "checkpoint_now"),
         ("hardware-fault", 1, "checkpoint_now"),
     ]
+
+
+def test_the_bundled_policies_callback_versions_refuse_nothing() -> None:
+    """`for_loop` drops the refused steps (and a rule left with none, unless escalated to);
+    the rest of every rule is kept as it was."""
+    for name in ("default", "conservative", "llm-pretrain"):
+        policy = load_policy(name)
+        callbacks = for_loop(policy, "callbacks")
+        assert refused_steps(callbacks, "callbacks") == [], name
+        assert for_loop(policy, "guard") is policy
+    default = for_loop(load_policy("default"), "callbacks")
+    oom = default.rule("oom-relief")
+    assert oom is not None and [s.action for s in oom.steps] == ["enable_activation_checkpointing"]
+    llm = load_policy("llm-pretrain")
+    kept = {r.name for r in for_loop(llm, "callbacks").rules}
+    dropped = {r.name for r in llm.rules} - kept
+    assert dropped and all(
+        all(s.action == "replay_step" for s in r.steps) for r in llm.rules if r.name in dropped
+    )
 
 
 def test_check_main_and_both_clis_take_the_loop(

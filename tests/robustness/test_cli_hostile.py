@@ -213,7 +213,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     # -- status
     # -- status, logs, stop, attach: the registry holds `deadrun`, whose cluster is gone,
     # `ended`, whose run directory has its summary, and a corrupt entry
-    ("status-all", ["status"], 0, '"run_id": "deadrun", "state": "unreachable"'),
+    ("status-all", ["status", "--json"], 0, '"run_id": "deadrun", "state": "unreachable"'),
     ("status-unknown", ["status", "nope"], 2, "unknown run 'nope'"),
     ("status-path-id", ["status", "../../etc/passwd"], 2, "is not a run id"),
     ("status-refused", ["status", "--address", "127.0.0.1:1"], 2, "no Ray cluster answers"),

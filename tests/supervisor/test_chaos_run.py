@@ -82,3 +82,23 @@ def test_a_scenario_runs_against_its_twin_and_the_table_says_what_happened(
     assert s["steps_executed"] > s["steps_kept"] == 40
     assert "nan_loss @25 rank 0" in table and "yes (nonfinite_loss, +0 steps" in table
     assert (out / "twin-1" / "summary.json").exists() and (out / "nan" / "summary.json").exists()
+
+
+def test_a_fault_past_the_last_step_says_so_in_the_table(tmp_path: Path) -> None:
+    """A fault scheduled after the run's last step: its row says it never fired because the
+    run ended first, and the scenario's verdict names that (no run needed: the journals are
+    read from an empty run directory)."""
+    from remedy.rank.chaos.faults import load_scenario  # noqa: PLC0415
+
+    path = scenario(tmp_path, "late", "faults:\n  - {kind: nan_loss, at_step: 60}\n")
+    job = chaos_run.Job(target="t.py:main", workers=1, steps=40, args=(), policy="default")
+    planned = chaos_run.Planned(scenario=load_scenario(path), job=job, name="late")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = {"status": "completed", "steps_completed": 40, "final_loss": 1.0}
+    outcome = chaos_run.analyze(planned, run_dir, summary, run_dir, summary)
+    [row] = outcome.rows
+    assert row["fired"] is False and row["not_reached"] == 40
+    table = chaos_run.table([outcome])
+    assert "never fired: the run ended after step 39" in table
+    assert "NO (a fault's step was past the run's last step)" in table

@@ -75,7 +75,7 @@ def test_ray_job_submit_exit_status_is_the_runs() -> None:
             assert summaries[ok_dir]["steps_completed"] == 30
             assert summaries[bad_dir]["status"] == "failed"
             # The jobs' drivers recorded their runs: `remedy status` (same HOME) finds both, ended.
-            listed = head.run("remedy", "status")
+            listed = head.run("remedy", "status", "--json")
             assert listed.returncode == 0, listed.stderr
             states = {
                 json.loads(line)["run_id"]: json.loads(line)["state"]

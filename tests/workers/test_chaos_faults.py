@@ -269,3 +269,20 @@ def test_a_scenario_names_its_job(tmp_path: Path) -> None:
     assert [(f.kind, f.rank) for f in s.faults] == [("nan_loss", 1)]
     with pytest.raises(ChaosConfigError, match="rank 1 is outside the world of 1"):
         load_chaos(path, world_size=1)  # the world given wins over the file's `workers`
+
+
+def test_a_fault_past_the_last_step_is_a_warning_at_the_end(tmp_path: Path) -> None:
+    """A fault scheduled after the run's last step never fires: the rank's summary and a
+    warning at the end say so; one that fired is not named."""
+    import structlog  # noqa: PLC0415
+
+    faults = parse_chaos(
+        {"faults": [{"kind": "nan_loss", "at_step": 3}, {"kind": "nan_loss", "at_step": 50}]}
+    )
+    with structlog.testing.capture_logs() as logs:
+        summary = train(mlp_guard(tmp_path, faults, steps=20))
+    assert summary["chaos_not_reached"] == [
+        "nan_loss at step 50 (rank 0): the run ended after step 19, so it never fired"
+    ]
+    (warning,) = [r for r in logs if r["event"] == "chaos_fault_not_reached"]
+    assert warning["log_level"] == "warning"

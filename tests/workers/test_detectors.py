@@ -83,6 +83,17 @@ def test_grad_norm_explosion_fires_above_threshold() -> None:
     assert (ev.kind, ev.value, ev.threshold) == ("grad_norm_explosion", 2e4, 1e4)
 
 
+def test_a_clipped_grad_norm_explosion_is_info() -> None:
+    """With the norm clipped to a bound below it, the explosion is `info` (the update was
+    bounded already) and names the bound; unclipped, or within the bound, it is a warning."""
+    det = GradNormDetector()
+    (clipped,) = det.observe(stats(1, grad_norm=2e4, grad_clip=1.0))
+    assert (clipped.severity, clipped.details["clipped_to"]) == ("info", 1.0)
+    (loose,) = det.observe(stats(2, grad_norm=2e4, grad_clip=1e5))
+    (bare,) = det.observe(stats(3, grad_norm=2e4))
+    assert loose.severity == bare.severity == "warning" and "clipped_to" not in bare.details
+
+
 def test_grad_norm_far_above_its_median_is_an_explosion_at_any_scale() -> None:
     """An LR too large for the model: the norm climbs ~1.25x a step from 1.5 (the HF GPT-2 of
     the framework tests at LR 10); it fires at 10x the median of the norms before, far below

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -87,3 +88,26 @@ def test_a_survivor_says_it_is_joining_while_it_forms_the_ordered_generation(
     assert [type(e).__name__ for e in errors] == ["GroupLostError"]
     assert m.status()["phase"] == phases.RECOVERING and m.status()["generation"] == 0
     assert not dist.is_initialized()
+
+
+def test_rebuilding_ddp_keeps_its_settings_and_warns_nothing(tmp_path: Path) -> None:
+    """A replacement rebuilds DDP on the new group with the same settings, and prints no
+    warning of remedy's own into the user's output (no deprecated `broadcast_buffers`)."""
+    import warnings  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(
+            torch.nn.Linear(4, 2), forward_sync_buffers=False
+        )
+        guard = types.SimpleNamespace(model=model, detectors=types.SimpleNamespace(detectors=[]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            membership.rebuild_ddp(guard)  # type: ignore[arg-type]
+        assert model.forward_sync_buffers is False
+        model(torch.randn(3, 4)).sum().backward()
+    finally:
+        dist.destroy_process_group()

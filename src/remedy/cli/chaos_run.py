@@ -223,6 +223,9 @@ def analyze(
             "detected_after_steps": None, "detected_after_s": None, "decisions": [],
             "recovered": False, "steps_lost": 0, "seconds_lost": 0.0,
         }  # fmt: skip
+        reached = int(summary.get("steps_completed") or 0)
+        if at is None and fault.at_step >= reached:
+            row["not_reached"] = reached  # the run ended before the fault's step
         if at is not None:
             _detect(row, fault, at, anomalies, used, restarts)
             row["decisions"] = _answers(row, decisions)
@@ -386,6 +389,8 @@ def table(outcomes: list[Outcome]) -> str:
 def _why_not(o: Outcome) -> str:
     if o.status != "completed":
         return f"run {o.status}"
+    if any(not r["fired"] and r.get("not_reached") is not None for r in o.rows):
+        return "a fault's step was past the run's last step"
     if any(not r["fired"] for r in o.rows):
         return "a fault never fired"
     if any(not r["recovered"] for r in o.rows):
@@ -404,6 +409,8 @@ def _detected_text(r: dict[str, Any]) -> str:
     if "at_step" not in r:
         return "-"
     if not r["fired"]:
+        if r.get("not_reached") is not None:
+            return f"never fired: the run ended after step {r['not_reached'] - 1}"
         return "never fired"
     if not r["detected"]:
         return "no"

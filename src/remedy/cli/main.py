@@ -5,11 +5,12 @@
     remedy policy check FILE...      remedy policy test FILE...
     remedy policy apply FILE --run RUN_ID
     remedy report RUN_DIR [--out DIR]  remedy explain RUN_DIR [--step N | --decision ID | --rule NAME]
-    remedy status [RUN_ID]           remedy logs RUN_ID [-f]
+    remedy status [RUN_ID] [--all]   remedy logs RUN_ID [-f]
     remedy stop RUN_ID               remedy attach RUN_ID
     remedy chaos list                remedy chaos run SCENARIO... [--target T] [--workers N]
 
-Exit status: 0 completed, 3 aborted by policy, 4 stopped (`remedy stop`), 1 failed, 2 usage.
+Exit status: 0 completed, 3 aborted by policy, 4 stopped (`remedy stop`), 5 degraded (it
+reached its last step having stopped learning), 1 failed, 2 usage.
 Bad input (a malformed policy or chaos file, an unknown target, a flag out of
 range, a run directory that cannot be written, a cluster that cannot be
 reached) is reported as one line before anything starts, never as a traceback.
@@ -30,11 +31,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from remedy.cli.cluster import LOOPBACK_ENV
+from remedy.cli.status_table import RECENT
 from remedy.protocol.spec import NODE_AGENT_MODES
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED, EXIT_STOPPED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED, EXIT_STOPPED, EXIT_DEGRADED = 0, 1, 2, 3, 4, 5
 STATUS_EXIT = {
     "completed": EXIT_OK,
+    "degraded": EXIT_DEGRADED,
     "aborted": EXIT_ABORTED,
     "failed": EXIT_FAILED,
     "stopped": EXIT_STOPPED,
@@ -222,6 +225,10 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--address", type=_nonempty, default=None, help="list the runs on this Ray cluster"
     )
+    st.add_argument(
+        "--all", action="store_true", help=f"every run, not only the {RECENT} most recent"
+    )
+    st.add_argument("--json", action="store_true", help="one JSON line per run, not a table")
     lg = sub.add_parser("logs", help="a run's decisions, anomalies and the ranks' output")
     lg.add_argument("run_id", type=_nonempty)
     lg.add_argument("-f", "--follow", action="store_true", help="go on until the run ends")
@@ -790,7 +797,7 @@ def _status(args: argparse.Namespace) -> int:
     address = args.address
     if address is None and args.run_id is None and os.environ.get("RAY_ADDRESS"):
         address = os.environ["RAY_ADDRESS"]  # inside a Ray job: that cluster's runs
-    return status(args.run_id, address)
+    return status(args.run_id, address, every=args.all, as_json=args.json)
 
 
 def _logs(args: argparse.Namespace) -> int:

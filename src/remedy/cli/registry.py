@@ -19,13 +19,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 # Where the entries live; the environment variable wins over ~/.remedy/runs.
 HOME_ENV = "REMEDY_HOME"
 # States a run's entry may end in; a live entry says `running`.
-FINAL_STATES = frozenset({"completed", "aborted", "failed", "stopped"})
+FINAL_STATES = frozenset({"completed", "degraded", "aborted", "failed", "stopped"})
 
 
 def registry_dir() -> Path:
@@ -46,7 +47,17 @@ def valid_run_id(run_id: str) -> bool:
 
 def register(run_id: str, record: dict[str, Any]) -> None:
     """Record a run; best effort (a read-only home only loses finding the run by id)."""
-    _write(run_id, {"run_id": run_id, "pid": os.getpid(), "state": "running", **record})
+    entry = {"run_id": run_id, "pid": os.getpid(), "state": "running", "started": time.time()}
+    _write(run_id, {**entry, **record})
+
+
+def written_at(run_id: str) -> float:
+    """When a run's entry was last written (0 if unknown): the start of an entry without
+    `started` (written before entries had it), near enough to order the runs by."""
+    try:
+        return _entry_path(run_id).stat().st_mtime if valid_run_id(run_id) else 0.0
+    except OSError:
+        return 0.0
 
 
 def update(run_id: str, **fields: Any) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from remedy.cli import registry
+from remedy.cli import registry, status_table
 from remedy.cli.display import decision_line, make_display
 from remedy.cli.run_access import (
     AccessError,
@@ -37,7 +37,7 @@ from remedy.protocol.spec import NAMESPACE
 from remedy.rundir.journals import read_journal
 
 EXIT_OK, EXIT_FAILED = 0, 1
-STATUS_EXIT = {"completed": 0, "aborted": 3, "failed": 1, "stopped": 4}
+STATUS_EXIT = {"completed": 0, "aborted": 3, "failed": 1, "stopped": 4, "degraded": 5}
 # How long `status` waits for a supervisor to answer.
 ASK_TIMEOUT_S = 30.0
 # How often `logs -f` polls.
@@ -50,8 +50,11 @@ def _print_error(message: str) -> None:
 
 
 # ------------------------------------------------------------------ status
-def status(run_id: str | None, address: str | None) -> int:
-    """One JSON line per run: its state, step per rank, recent decisions, the policy in force."""
+def status(
+    run_id: str | None, address: str | None, *, every: bool = False, as_json: bool = False
+) -> int:
+    """One run's status as a JSON line; with no run id, this user's recent runs in a table
+    (`status_table`; `every`: all of them), or one JSON line each (`as_json`)."""
     try:
         if run_id is not None:
             print(json.dumps(_status_of(find(run_id, address)), default=str))
@@ -66,12 +69,21 @@ def status(run_id: str | None, address: str | None) -> int:
         print("remedy: no supervised runs on this machine")
         return EXIT_OK
     for entry in entries:
+        entry.setdefault("started", registry.written_at(str(entry["run_id"])))
+    shown = status_table.newest_first(entries, None if every else status_table.RECENT)
+    rows, now = [], time.time()
+    for entry in shown:
         ref = RunRef(str(entry["run_id"]), entry)
         try:
             line = _status_of(ref)
         except AccessError as exc:
             line = {"run_id": ref.run_id, "state": "unreachable", "error": str(exc)}
-        print(json.dumps(line, default=str))
+        if as_json:
+            print(json.dumps(line, default=str))
+        else:
+            rows.append(status_table.row(line, entry, now))
+    if not as_json:
+        print(status_table.render(rows, hidden=len(entries) - len(shown)))
     return EXIT_OK
 
 

@@ -23,6 +23,7 @@ from remedy.cli.display import Display
 from remedy.protocol.exceptions import SupervisorLost, WaitTimeout
 from remedy.protocol.spec import RunSpec
 from remedy.rank.link import liveness
+from remedy.rundir.headline import steps_words
 from remedy.supervisor import waits
 from remedy.supervisor.actor import launch_supervisor
 from remedy.supervisor.worker_group import kill_run_actors
@@ -208,8 +209,7 @@ def format_summary(summary: dict[str, Any], decisions: list[dict[str, Any]]) -> 
     """A short human summary: what was detected, what was done, how it ended."""
     lines = [
         (
-            f"run {summary['run_id']}: {summary['status']} "
-            f"({summary['steps_completed']} steps, {summary['steps_executed']} executed, "
+            f"run {summary['run_id']}: {summary['status']} ({steps_words(summary)}, "
             f"goodput {summary['goodput']:.1%}, {summary['wall_s']:.1f}s)"
         ),
     ]
@@ -229,6 +229,11 @@ def format_summary(summary: dict[str, Any], decisions: list[dict[str, Any]]) -> 
             lines.append(f"               {d['detail']}")
     if summary.get("abort_reason"):
         lines.append(f"aborted: {summary['abort_reason']}")
+    if summary.get("degraded_reason"):
+        lines.append(f"degraded: {summary['degraded_reason']}")
+    for rank in summary.get("ranks") or []:
+        for fault in (rank.get("chaos_not_reached") or []) if isinstance(rank, dict) else []:
+            lines.append(f"warning: chaos fault {fault}")
     return "\n".join(lines)
 
 

@@ -37,6 +37,7 @@ from remedy.rank.guard import LocalReporter
 from remedy.rank.link.context import Reporter, WorkerContext, get_context
 from remedy.rank.link.inbox import CommandInbox
 from remedy.rank.link.outbox import Outbox
+from remedy.rank.loop.learning import LearningTracker
 from remedy.rank.loop.measure import GradNorm, MemoryProbe, module_grad_norms
 from remedy.rank.loop.stats import StepStats
 from remedy.rank.state.snapshots import (
@@ -67,6 +68,7 @@ class LoopStep:
         self.losses: list[float] = []
         self.grad_norm = math.nan
         self.dropped = False  # this step's update is skipped
+        self.ordered_skip = False  # ... on a command's order (skip_batches)
         self.loader_s = 0.0
         self._started = time.perf_counter()
         self._ended: float | None = None  # when the step before ended: the loader's wait starts
@@ -79,6 +81,7 @@ class LoopStep:
     def begin(self) -> None:
         """The step starts now: no loss yet, nothing dropped."""
         self.losses = []
+        self.ordered_skip = False
         self.dropped = False
         self._started = time.perf_counter()
 
@@ -132,6 +135,11 @@ class LoopCursor:
         """Drop the updates of the loop's next `count` batches; returns their positions."""
         self._left += count
         return list(range(self.batch, self.batch + count))
+
+    @property
+    def skipping(self) -> bool:
+        """Whether the next update is dropped on a command's order (`skip_next`)."""
+        return self._left > 0
 
     def drop(self, step: int, *, bad: bool) -> bool:
         """Whether the update of logical step `step` is dropped (`bad`: it is not finite)."""
@@ -218,6 +226,7 @@ class LoopGuard:
         self.outbox = Outbox(self.reporter, self.inbox, rank=self.rank, heartbeat_s=HEARTBEAT_S)
         self._group, self._group_device = _agreement_group()
         self._recent_stats: deque[StepStats] = deque(maxlen=50)
+        self.learning = LearningTracker()  # the summary's `learning` (see the Guard's)
         self.grad_clip = grad_clip
         faults = ctx.faults if ctx is not None else []
         refuse_under_frameworks(faults)
@@ -243,11 +252,16 @@ class LoopGuard:
         from remedy.control.decide import Controller  # noqa: PLC0415
         from remedy.control.effects import journal_to  # noqa: PLC0415
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - standalone only
-        from remedy.policies._loops import refused_steps  # noqa: PLC0415
+        from remedy.policies._loader import BUNDLED  # noqa: PLC0415
+        from remedy.policies._loops import for_loop, refused_steps  # noqa: PLC0415
         from remedy.rundir.writer import RunDir  # noqa: PLC0415
 
         run_id = "local"
         rules = load_policy(policy or "default")
+        if (policy or "default") in BUNDLED:
+            # The bundled policies are written for the Guard: their callback version
+            # leaves out the steps a framework's loop cannot take (policies._loops).
+            rules = for_loop(rules, "callbacks")
         # What `remedy policy check --loop callbacks` refuses: said once, before training,
         # rather than only as a failed outcome when such a rule fires.
         refused = refused_steps(rules, "callbacks")
@@ -305,6 +319,9 @@ class LoopGuard:
         self.injector.on_grads(self.step_count, self._params)
         step = self.this_step
         norm_t = step.measure_grads()
+        # An update dropped on a command's order (skip_batches) is a remedy at work, not a
+        # run that stopped learning (rank.loop.learning reads `skipped_batch`).
+        step.ordered_skip = self.cursor.skipping
         if self.cursor.drop(self.step_count, bad=not step.finite):
             for p in self._params:
                 p.grad = None
@@ -350,6 +367,8 @@ class LoopGuard:
             mem_reserved_bytes=reserved,
             mem_capacity_bytes=capacity,
             optimizer_skipped=step.dropped,
+            grad_clip=self.grad_clip,
+            extra={"skipped_batch": True} if step.ordered_skip and step.dropped else {},
         )
         events = self.detectors.observe(stats)
         warming = self.detectors.warming_changed()
@@ -363,6 +382,7 @@ class LoopGuard:
             record["chaos"] = chaos
         self.outbox.metrics(record)
         self._recent_stats.append(stats)
+        self.learning.observe(stats)
         self.cursor.advance()
         self.step_count += 1
         self.tick += 1
@@ -386,7 +406,12 @@ class LoopGuard:
             "updates_skipped": len(self.cursor.skipped_updates),
             "final_loss": self._final_loss(),
             "skipped_batches": list(self.cursor.skipped_batches),
+            "learning": self.learning.summary(),
         }
+        unfired = self.injector.not_reached(self.step_count)
+        if unfired:
+            summary["chaos_not_reached"] = unfired  # as a Guard says it
+            log.warning("chaos_fault_not_reached", rank=self.rank, faults=unfired)
         short = self._short_of_asked()
         if short is not None:
             summary["steps_asked"] = self.steps_asked

@@ -266,7 +266,12 @@ class Engine:
             return
         if state.exhausted(rule, tick, ts):
             period = state.exhaustion_period()
-            if state.escalated == period:
+            # A rule target is the next rung of a ladder: every later match of this rule
+            # climbs to it, bounded by that rule's own cooldown and max_fires. Abort and
+            # notify go out once per exhaustion, and so does a rung reached by escalation
+            # (a cycle of exhausted rules ends there).
+            ladder = rule.on_exhausted.kind == "rule" and depth == 0
+            if state.escalated == period and not ladder:
                 if state.marker == f"exhausted:{period}":
                     return
                 why = (

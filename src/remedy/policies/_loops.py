@@ -8,10 +8,16 @@ and cannot take the actions whose row of `_vocab.ACTION_TABLE` gives an
 each step of such an action as an error with that sentence (the same one a
 failed outcome gives there at run time), so a policy meant for a framework's
 loop is refused before the run rather than failing step by step in it.
+
+A bundled policy is written for the Guard; `for_loop` gives its version for
+the callbacks, without the steps they cannot take (`checkpoint_now`,
+`reduce_microbatch`, `replay_step`), so it runs there without a warning and
+without failed outcomes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -61,3 +67,31 @@ def loop_diagnostics(policy: Policy, doc: Document, loop: Loop) -> list[Diagnost
         doc.error(("rules", x.rule_index, "do", x.step_index, x.action), x.describe(), key=True)
         for x in refused_steps(policy, loop)
     ]
+
+
+def for_loop(policy: Policy, loop: Loop) -> Policy:
+    """`policy` without the steps `loop` refuses: a bundled policy's version for a loop.
+
+    A rule left with no step is dropped (its anomalies go on to the next rule that
+    matches), unless another rule escalates to it: that one keeps its steps, refused
+    ones included, and `refused_steps` still names them.
+    """
+    refused = refused_steps(policy, loop)
+    if not refused:
+        return policy
+    drop = {(x.rule_index, x.step_index) for x in refused}
+    targets = {
+        esc.rule
+        for rule in policy.rules
+        for esc in (rule.on_exhausted, *(st.on_failure for st in rule.steps))
+        if esc is not None and esc.kind == "rule"
+    }
+    rules = []
+    for r, rule in enumerate(policy.rules):
+        steps = tuple(st for s, st in enumerate(rule.steps) if (r, s) not in drop)
+        if not steps:
+            if rule.name in targets:
+                rules.append(rule)
+            continue
+        rules.append(dataclasses.replace(rule, steps=steps))
+    return dataclasses.replace(policy, rules=tuple(rules))

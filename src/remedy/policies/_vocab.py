@@ -52,6 +52,9 @@ ANOMALY_KINDS: Final[tuple[str, ...]] = (
     "replay_transient",
     "replay_rank_specific",
     "checkpoint_write_failed",
+    # A run that stopped learning: updates skipped, gradients identically zero or the
+    # loss scale below its floor for many steps in a row (`rank.detectors.learning`).
+    "learning_stopped",
 )
 
 

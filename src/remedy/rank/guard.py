@@ -39,6 +39,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
+from remedy.control.health import final_status
 from remedy.protocol.commands import Command, Outcome
 from remedy.rank.actions import inprocess as actions  # noqa: F401 - registers its appliers
 from remedy.rank.actions import memory as memory_actions  # noqa: F401 - registers its appliers
@@ -56,6 +57,7 @@ from remedy.rank.link.group_decide import GroupReporter
 from remedy.rank.link.inbox import Agreement, CommandInbox
 from remedy.rank.link.outbox import Outbox
 from remedy.rank.loop import waits  # noqa: F401 - memory_actions registers its appliers
+from remedy.rank.loop.learning import LearningTracker
 from remedy.rank.loop.measure import (
     MemoryProbe,
     first_nonfinite_param,
@@ -263,6 +265,7 @@ class Guard:
         self.step_count = 0
         self.tick = 0
         self.recent_stats: deque[StepStats] = deque(maxlen=50)
+        self.learning = LearningTracker()  # the summary's `learning`: a run that stopped learning
         self.inbox = CommandInbox()  # the supervisor's commands, each applied once
         # With a process group of several ranks, commands are applied by agreement (see _boundary).
         self._group: Any = None
@@ -737,6 +740,7 @@ class Guard:
             mem_reserved_bytes=reserved,
             mem_capacity_bytes=capacity,
             optimizer_skipped=skipped,
+            grad_clip=self.config.grad_clip,
             extra=extra or {},
         )
         events = [] if oom else self.detectors.observe(stats)
@@ -749,6 +753,7 @@ class Guard:
                 for e in source.drain()
             )
         self.recent_stats.append(stats)
+        self.learning.observe(stats)
         # Records are built when a report goes out, a batch at a time.
         self.outbox.metrics((stats, self.injector.drain_log()))
         for e in events:
@@ -1050,7 +1055,13 @@ class Guard:
             "data_exhausted": self.data_exhausted,
             "epochs_started": self.cursor.epoch + 1,
             "skipped_batches": sorted(self.cursor.skipped),
+            "learning": self.learning.summary(),
         }
+        unfired = self.injector.not_reached(self.step_count)
+        if unfired:
+            # A chaos test whose fault never fired tested nothing: said, not left silent.
+            self.summary["chaos_not_reached"] = unfired
+            log.warning("chaos_fault_not_reached", rank=self.rank, faults=unfired)
         if self.flag_hold.on:
             # Each flagged step and whether the ranks held for its decision (workers.flag_hold).
             self.summary["flag_holds"] = list(self.flag_hold.holds)
@@ -1120,9 +1131,13 @@ def _local_summary(
         fallback_executed=int(rank["steps_executed"]),
         fallback_skipped=int(rank.get("updates_skipped", 0)),
     )
+    status, degraded = final_status(
+        "aborted" if c.abort_reason is not None else rank["status"], [rank]
+    )
     return {
         "run_id": c.engine.run_id,
-        "status": "aborted" if c.abort_reason is not None else rank["status"],
+        "status": status,
+        "degraded_reason": degraded,
         "abort_reason": c.abort_reason or rank.get("stop_reason"),
         "steps_completed": completed,
         **goodput,

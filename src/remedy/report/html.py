@@ -31,6 +31,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.text import Annotation
 
+from remedy.rundir.headline import steps_asked, steps_words
 from remedy.rundir.rundata import RunData, load_run, number, status_line
 
 PANELS: list[tuple[str, str, float]] = [
@@ -153,7 +154,7 @@ def timeline(run: RunData) -> Figure:
     s = run.summary
     fig.suptitle(
         f"run {s.get('run_id')}: {status_line(run).split(' (')[0]}, "
-        f"{s.get('steps_completed')} steps ({s.get('steps_executed')} executed), "
+        f"{steps_words(s)}, "
         f"goodput {float(s.get('goodput') or 0):.1%}"
         + (f", ETTR {float(s['ettr']):.1%}" if s.get("ettr") is not None else ""),
         fontsize=10,
@@ -416,6 +417,7 @@ def render_html(run: RunData, png: bytes) -> str:
         ("status", status_line(run)),
         ("abort reason", s.get("abort_reason")),
         ("steps completed", s.get("steps_completed")),
+        ("steps asked", steps_asked(s)),
         ("steps executed", s.get("steps_executed")),
         ("steps kept", s.get("steps_kept")),
         ("goodput (steps kept / executed)", f"{float(s.get('goodput') or 0):.1%}"),

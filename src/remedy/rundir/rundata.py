@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from remedy.protocol.exceptions import SupervisorError
+from remedy.rundir.headline import status_words
 from remedy.rundir.journals import goodput_of, read_journal
 from remedy.rundir.read import read_records, read_run_dir
 from remedy.rundir.writer import metrics_paths
@@ -210,7 +211,7 @@ def _wall_s(metrics: list[dict[str, Any]]) -> float:
 def status_line(run: RunData) -> str:
     """How the run stands, in words, for the top of a report."""
     if run.summary_source == "summary.json":
-        return str(run.summary.get("status"))
+        return status_words(run.summary)
     if run.summary.get("standalone"):
         return "standalone run (a Guard without a supervisor writes no summary.json); " + (
             "its journals changed in the last minute" if run.status == "running" else "ended"

@@ -43,6 +43,7 @@ from remedy.control import decide_state as control_state
 from remedy.control.decide import Controller
 from remedy.control.effects import Notify, journal_to, log_notify
 from remedy.control.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
+from remedy.control.health import final_status
 from remedy.control.job import (
     JobState,
     JobStateMachine,
@@ -1138,7 +1139,8 @@ class SupervisorActor:
         results = [self.core.results[r] for r in sorted(self.core.results)]
         [ending] = self.core.step(Ending(error))
         assert isinstance(ending, Status)
-        status = ending.status
+        # A run that completed with a rank that stopped learning is degraded (control.health).
+        status, degraded = final_status(ending.status, results)
         self.notifier.close()  # deliveries still queued get a last chance, then are journaled
         lead = results[0] if results else {}
         completed = int(lead.get("steps_completed", 0))
@@ -1156,6 +1158,7 @@ class SupervisorActor:
         summary = {
             "run_id": self.spec.run_id,
             "status": status,
+            "degraded_reason": degraded,
             "abort_reason": c.abort_reason,
             "stop_reason": c.stop_reason,
             "steps_completed": completed,

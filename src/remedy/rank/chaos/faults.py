@@ -907,6 +907,16 @@ class FaultInjector:
                 return f
         return None
 
+    def not_reached(self, steps: int) -> list[str]:
+        """The faults of this rank that never fired because the run ended before their step
+        (`steps`: the steps it completed), in words, for the warning at its end."""
+        return [
+            f"{f.kind} at step {f.at_step} (rank {self.rank}): the run ended after step "
+            f"{steps - 1}, so it never fired"
+            for f, key in zip(self.faults, self._keys, strict=True)
+            if f.at_step >= steps and self.record.get(key) is None
+        ]
+
     def _note(self, kind: str, step: int, **info: Any) -> None:
         self.log.append({"fault": kind, "step": step, **info})
 

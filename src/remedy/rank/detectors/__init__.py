@@ -22,6 +22,7 @@ from remedy.rank.detectors.data_stall import DataStallDetector
 from remedy.rank.detectors.duplicates import DuplicateSamplesDetector
 from remedy.rank.detectors.gpu_health import GpuHealth, GpuReading, GpuThresholds
 from remedy.rank.detectors.hardware_monitor import HardwareMonitor
+from remedy.rank.detectors.learning import LearningDetector
 from remedy.rank.detectors.loss import LossSpikeDetector
 from remedy.rank.detectors.loss_trend import LossDivergenceDetector, LossOscillationDetector
 from remedy.rank.detectors.memory import (
@@ -49,6 +50,7 @@ __all__ = [
     "GpuThresholds",
     "GradNormDetector",
     "HardwareMonitor",
+    "LearningDetector",
     "LossDivergenceDetector",
     "LossOscillationDetector",
     "LossSpikeDetector",
@@ -89,6 +91,7 @@ def default_detectors(
         UpdateStallDetector(model),
         ScalerOverflowDetector(),
         ScalerCollapseDetector(),
+        LearningDetector(),
         MemoryGrowthDetector(),
         MemoryPressureDetector(),
         MemoryFragmentationDetector(),

@@ -110,13 +110,19 @@ class GradNormDetector:
             self._low_streak = 0
             threshold, baseline = explosion
             details = {"baseline": baseline, "ratio": round(norm / baseline, 2)} if baseline else {}
+            # Clipped to a bound below the norm, the update already was bounded: `info`, which
+            # the default policy notifies of instead of cutting the LR for the rest of the run.
+            clip = stats.grad_clip
+            clipped = clip is not None and norm > clip
+            if clip is not None and clipped:
+                details["clipped_to"] = clip
             return [
                 event(
                     stats,
                     "grad_norm_explosion",
                     value=norm,
                     threshold=threshold,
-                    severity="warning",
+                    severity="info" if clipped else "warning",
                     **details,
                 )
             ]

@@ -97,13 +97,20 @@ class ScalerOverflowDetector:
 class ScalerCollapseDetector:
     """`scaler_collapse`: the loss scale fell below `floor`.
 
-    Fires when the scale crosses the floor, then again at most every
-    `cooldown_steps` while it stays below; critical, since updates are
-    being lost to underflow.
+    Fires when the scale crosses the floor, then again every `cooldown_steps`
+    while it stays below; critical, since updates are being lost to underflow.
+    Each collapse is its own incident: a scale that recovers (a rescue) and
+    collapses again (the storm outlasted the rescue) fires at once, and a
+    scale still below the floor `cooldown_steps` after the last event (a
+    rescue that failed, or none came) fires again. A policy's own cooldown on
+    this anomaly would count from the first rescue instead, so the bundled
+    rules keep theirs short and bound the rescues with `max_fires`.
     """
 
     floor: float = 1.0
-    cooldown_steps: int = 200
+    # 20, not 200: a rescue that failed is answered within 20 steps, not after the
+    # run has trained 200 steps on gradients that underflow to zero.
+    cooldown_steps: int = 20
     name: str = "scaler_collapse"
     _below: bool = False
     _cooldown: Cooldown = field(init=False)

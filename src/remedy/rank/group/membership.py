@@ -430,7 +430,10 @@ def rebuild_ddp(guard: Guard) -> None:
         device_ids=model.device_ids,
         output_device=model.output_device,
         dim=model.dim,
-        broadcast_buffers=model.forward_sync_buffers,
+        # Not the deprecated broadcast_buffers (a FutureWarning in the user's output at every
+        # replacement). Unlike it, this syncs buffers at init even when False: harmless here,
+        # where every rank of the new group adopts one rank's state anyway.
+        forward_sync_buffers=model.forward_sync_buffers,
         bucket_cap_mb=model.bucket_bytes_cap / (1024 * 1024),
         find_unused_parameters=model.find_unused_parameters,
         gradient_as_bucket_view=model.gradient_as_bucket_view,

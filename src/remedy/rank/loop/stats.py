@@ -31,6 +31,8 @@ class StepStats:
     mem_reserved_bytes: int | None = None
     mem_capacity_bytes: int | None = None
     optimizer_skipped: bool = False
+    # The bound the global norm was clipped to before the update (None: no clipping).
+    grad_clip: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # Wall time (seconds since the epoch) the step ended: stats are built as it ends. The
     # supervisor's goodput ledger reads where the time between steps went from it.
