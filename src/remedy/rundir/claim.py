@@ -68,3 +68,32 @@ def claim_run_dir(path: Path, *, given: str, run_id: str) -> Claim:
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise UsageError(f"{given}: cannot create or write it ({reason})") from None
+
+
+# A supervisor's line in the claim: `supervisor K` as incarnation K starts (`control.identity`).
+SUPERVISOR_LINE = "supervisor "
+
+
+def note_supervisor(path: Path, incarnation: int) -> None:
+    """Note in `path`'s claim that supervisor incarnation `incarnation` started (fsynced):
+    a count of supervisors that outlives a lost journal.wal."""
+    fd = os.open(path / MARKER, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, f"{SUPERVISOR_LINE}{incarnation}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def claimed_lives(path: Path) -> int:
+    """The highest supervisor incarnation `path`'s claim notes (0: none, or no claim)."""
+    try:
+        text = (path / MARKER).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return 0
+    found = [
+        int(rest)
+        for line in text.splitlines()
+        if line.startswith(SUPERVISOR_LINE) and (rest := line[len(SUPERVISOR_LINE) :]).isdigit()
+    ]
+    return max(found, default=0)
