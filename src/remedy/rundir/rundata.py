@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from remedy.rundir.journals import goodput_of, read_journal
+from remedy.rundir.missing import missing_files
 from remedy.rundir.read import read_records, read_run_dir
 from remedy.rundir.writer import metrics_paths
 from remedy.supervisor.exceptions import SupervisorError
@@ -90,6 +91,10 @@ def load_run(path: str | Path) -> RunData:
     notifications = read_records(p / "notifications.jsonl", files)
     if (p / "summary.json").is_file():
         summary, source = files.summary, "summary.json"
+        files.problems += missing_files(
+            p, summary, decisions=len(decisions), anomalies=len(anomalies),
+            metrics=len(metrics), metrics_files=metrics_paths(p),
+        )  # fmt: skip
     else:
         summary, source = derive_summary(p, decisions, anomalies, metrics), "journals"
     return RunData(
