@@ -739,6 +739,12 @@ class SupervisorActor:
             self.run_dir.history({"type": "supervisor_outage", "note": note})
             log.warning("supervisor_outage", **note)
 
+    def _skipped_records(self) -> int:
+        """journal.wal's damaged lines skipped by every restore of this run (the history's)."""
+        restored = [r for r in read_journal(self.run_dir.path / "history.jsonl")
+                    if r.get("type") == "supervisor_restored"]  # fmt: skip
+        return sum(len(r.get("skipped_records") or []) for r in restored)
+
     def _outage_fields(self) -> dict[str, Any]:
         """The summary's outages so far, merged from every watcher's notes in the journal (read
         once): the supervisor's with their total, and the node agents' their ranks noticed."""
@@ -1263,6 +1269,8 @@ class SupervisorActor:
             "agent_promotions": self.group.promotions if self.group is not None else 0,
             "resumed_from": self.spec.resume or None,
             "supervisor_restarts": self.incarnation - 1,
+            # Damaged journal.wal lines the restarted supervisors skipped (`supervisor_restored`).
+            "journal_skipped_records": self._skipped_records(),
             **self._outage_fields(),
             "wall_s": round(ended - self.started, 2),
             # Where each rank's last process ran, and the nodes lost meanwhile.

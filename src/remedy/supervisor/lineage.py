@@ -29,9 +29,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("remedy.supervisor")
 
-# How long the ranks get to say who they are: a rank that answers nothing (stopped, wedged)
-# leaves the group as the journal had it.
-ASK_RANKS_S = 5.0
+# How long the ranks get to say who they are, on every restart of the supervisor (as long
+# as a rank gets to answer `result()`, `worker_group.RESULT_TIMEOUT_S`): a rank that answers
+# nothing (stopped, wedged) leaves the group as the journal had it.
+ASK_RANKS_S = 2.0
 
 
 def was_restarted() -> bool:
