@@ -79,8 +79,8 @@ class RunDir:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             (self.path / "checkpoints").mkdir(exist_ok=True)
-        except OSError as exc:
-            self.broken = RunDirWriteError(self.path, exc)
+        except OSError as exc:  # no run here at all: the caller's to say
+            raise RunDirWriteError(self.path, exc) from None
 
     def _failed(self, name: str, exc: OSError) -> None:
         """Keep the first write error (raised); later writes to other files are dropped."""
