@@ -76,6 +76,10 @@ def _assert_knew_it_was_not_new(tmp: Path, summary: dict[str, Any], workers: int
     assert lost[0]["incarnation"] == 2
     started = [r["incarnation"] for r in history if r["type"] == "supervisor_started"]
     assert started == [1, 2], started
+    # How the first one died, as Ray says it (SIGKILLed: its worker ended with a system error).
+    [died] = [r for r in history if r["type"] == "supervisor_died"]
+    assert died["incarnation"] == 1 and died["exit_type"] == "SYSTEM_ERROR", died
+    assert died["exit_detail"], died
     decisions = read_jsonl(tmp / "decisions.jsonl")
     ids = [d["decision_id"] for d in decisions]
     assert len(ids) == len(set(ids)), ids  # no id given twice

@@ -82,7 +82,7 @@ from remedy.protocol.spec import NAMESPACE, RunSpec, supervisor_name
 from remedy.rank.link import liveness
 from remedy.rank.loop.logs import configure_logging
 from remedy.rank.loop.metrics import RayBackend, RunMetrics
-from remedy.rundir.claim import MARKER, note_supervisor
+from remedy.rundir.claim import MARKER, claimed_supervisors, note_supervisor
 from remedy.rundir.journals import goodput_of, last_written, read_journal
 from remedy.rundir.write_errors import RunDirWriteError
 from remedy.rundir.writer import RunDir
@@ -91,7 +91,13 @@ from remedy.supervisor.agent.actor import alive_nodes, kill_agents, launch_agent
 from remedy.supervisor.exceptions import Unauthorized
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.intake import Intake
-from remedy.supervisor.lineage import applied_ids, ask_ranks, take_over, was_restarted
+from remedy.supervisor.lineage import (
+    applied_ids,
+    ask_ranks,
+    death_of,
+    take_over,
+    was_restarted,
+)
 from remedy.supervisor.lineage import read_lineage as lineage_of
 from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch, verdict_window_s
 from remedy.supervisor.node_watch import POLL_S as NODE_POLL_S
@@ -197,7 +203,7 @@ class SupervisorActor:
         lives = lineage.lives
         incarnation = 1 + lives
         try:
-            note_supervisor(self.run_dir.path, incarnation)
+            note_supervisor(self.run_dir.path, incarnation, os.getpid())
         except OSError as exc:  # the loop ends the run on it, with the summary elsewhere
             self.run_dir.broken = self.run_dir.broken or RunDirWriteError(
                 self.run_dir.path / MARKER, exc
@@ -332,8 +338,15 @@ class SupervisorActor:
         return lineage, (plan, record)
 
     def _took_over(self, lineage: Lineage) -> None:
-        """Journal how this supervisor knew it was not new; take the ranks over where the
-        journal was lost or behind and they could say where they are."""
+        """Journal how the supervisor before this one died (as Ray says) and how this one knew
+        it was not new; take the ranks over where the journal was lost or behind and they
+        could say where they are."""
+        pid = claimed_supervisors(self.run_dir.path).get(lineage.lives)
+        death = death_of(pid) if pid is not None else None
+        self.run_dir.history({
+            "type": "supervisor_died", "incarnation": lineage.lives, "pid": pid,
+            **(death or {"exit_type": None, "exit_detail": "Ray holds no record of its end"}),
+        })  # fmt: skip
         if self._takeover is None:
             return
         plan, record = self._takeover

@@ -105,6 +105,29 @@ def applied_ids(answers: dict[int, tuple[str, dict[str, Any]]]) -> list[str]:
     ]
 
 
+def death_of(pid: int) -> dict[str, Any] | None:
+    """How Ray says the worker process `pid` of this cluster ended (its exit type and detail),
+    or None where it holds no record of it. Read from the GCS's worker table, which Ray
+    fills when a worker dies: the private API is guarded, an answer is never required."""
+    try:
+        from ray._private.state import state  # noqa: PLC0415 - only after a restart
+        from ray.core.generated import common_pb2, gcs_pb2  # noqa: PLC0415
+
+        table = state._connect_and_get_accessor().get_worker_table()
+        for raw in table:
+            worker = gcs_pb2.WorkerTableData.FromString(raw)  # type: ignore[attr-defined]
+            if worker.pid == pid and not worker.is_alive:
+                return {
+                    "exit_type": common_pb2.WorkerExitType.Name(  # type: ignore[attr-defined]
+                        worker.exit_type
+                    ),
+                    "exit_detail": worker.exit_detail[:500],
+                }
+    except Exception as exc:  # another Ray version: the death goes unexplained, not the restart
+        log.warning("death_not_read", pid=pid, error=repr(exc)[:200])
+    return None
+
+
 def take_over(core: RunCore, plan: RankResume) -> None:
     """Set `core` to the ranks' group as `plan` describes it (the journal lost or behind)."""
     core.group_record = plan.group_record()
