@@ -35,6 +35,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="from this step until the Guard has applied a command, steps take --await-s",
     )
     p.add_argument("--await-s", type=float, default=0.5)
+    p.add_argument(
+        "--await-count",
+        type=int,
+        default=1,
+        help="how many commands the Guard must have applied for the --await-s steps to end",
+    )
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     ctx = get_context()
     rank, world = (ctx.rank, ctx.world_size) if ctx else (0, 1)
@@ -67,7 +73,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         last_step_at = time.time()
         # A supervisor that is restarting answers seconds late: the run must last until it does.
         waiting = args.await_after is not None and result.step >= args.await_after
-        time.sleep(args.await_s if waiting and not guard.history else args.step_s)
+        awaiting = waiting and len(guard.history) < args.await_count
+        time.sleep(args.await_s if awaiting else args.step_s)
     guard.close()
     digest = hashlib.sha256()
     for param in model.parameters():

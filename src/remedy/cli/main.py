@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import math
 import os
@@ -35,6 +36,9 @@ from remedy.cli.status_table import RECENT
 from remedy.protocol.spec import NODE_AGENT_MODES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED, EXIT_STOPPED, EXIT_DEGRADED = 0, 1, 2, 3, 4, 5
+# The run failed because its run directory could not be written (a full disk, a read-only
+# or deleted directory): the summary went elsewhere (`rundir.write_errors`).
+EXIT_RUN_DIR = 6
 STATUS_EXIT = {
     "completed": EXIT_OK,
     "degraded": EXIT_DEGRADED,
@@ -305,11 +309,23 @@ def main(argv: list[str] | None = None) -> int:
         # `remedy report ... | head`: the reader left; nothing more to say.
         _silence_stdout()
         return EXIT_OK
+    except OSError as exc:  # a file remedy itself reads or writes: one line, never a traceback
+        print(f"remedy: error: {_os_error(exc)}", file=sys.stderr)
+        return EXIT_FAILED
     except Exception as exc:
         # A backstop, not the way errors are reported: each known failure has its own line.
         message = " ".join(str(exc).split())[:300]
         print(f"remedy: internal error: {type(exc).__name__}: {message}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _os_error(exc: OSError) -> str:
+    """`FILE: cause (ERRNO)` for an OSError (its own text if it has no errno)."""
+    if exc.errno is None or exc.strerror is None:
+        return " ".join(str(exc).split())[:300]
+    name = errno.errorcode.get(exc.errno, str(exc.errno))
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror} ({name})"
 
 
 def _silence_stdout() -> None:
@@ -610,6 +626,11 @@ def _supervise_watched(spec: Any, args: argparse.Namespace, watching: threading.
         )
         return EXIT_FAILED
     registry.update(spec.run_id, state=summary.get("status"))
+    unwritten = _unwritten_run(spec, summary)
+    if unwritten is not None:
+        display.close({"run_id": spec.run_id, "status": "failed"}, "")
+        print(unwritten[1], file=sys.stderr)
+        return unwritten[0]
     gone = private_ray_gone()
     if gone is not None:
         print(
@@ -623,6 +644,20 @@ def _supervise_watched(spec: Any, args: argparse.Namespace, watching: threading.
     for line in rank_errors(summary):
         print(line, file=sys.stderr)
     return STATUS_EXIT.get(summary["status"], EXIT_FAILED)
+
+
+def _unwritten_run(spec: Any, summary: dict[str, Any]) -> tuple[int, str] | None:
+    """The exit status and one line for a run that ended on an error of its own files (or
+    whose supervisor failed before its summary had the totals); None for any other end."""
+    where = summary.get("summary_file") or str(Path(spec.run_dir) / "summary.json")
+    if summary.get("io_error"):
+        return EXIT_RUN_DIR, (
+            f"remedy: error: {summary['io_error']}; run {spec.run_id} failed, summary in {where}"
+        )
+    if "steps_completed" not in summary:  # the supervisor failed writing its summary
+        error = " ".join(str(summary.get("error") or "no summary").split())[:300]
+        return EXIT_FAILED, f"remedy: error: run {spec.run_id} failed: {error}"
+    return None
 
 
 def _watch_private_ray(spec: Any, display: Any, done: threading.Event) -> None:

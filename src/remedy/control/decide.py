@@ -754,6 +754,11 @@ class Controller:
                     later, "suppressed", detail=f"not run: step {step} of the chain failed"
                 )
 
+    def advance_command_seq(self, seq: int) -> None:
+        """Number new commands above `seq` (what a rank holds already: a supervisor that lost
+        its journal; ranks take a command at or below the seq they agree on as agreed)."""
+        self._seq = max(self._seq, seq)
+
     def finish(self, reason: str = "the run ended before the ranks reported an outcome") -> None:
         """Resolve every decision still pending as failed (nothing is lost from the journal)."""
         held = self.incidents.flush()

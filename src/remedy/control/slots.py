@@ -174,6 +174,15 @@ class RankSlots:
             self._note_gaps(slot)
         return True
 
+    def resume_at(self, rank: int, incarnation: int, last_seq: int) -> None:
+        """`rank`'s slot as its process says it is (a supervisor that lost its journal): that
+        incarnation, running, every report up to `last_seq` answered."""
+        slot = self.slots[rank]
+        slot.incarnation, slot.last_seq, slot.last_at = incarnation, last_seq, self._clock()
+        slot.state = SlotState.RUNNING
+        slot.gaps.clear()
+        self._note_gaps(slot)
+
     def _note_gaps(self, slot: Slot) -> None:
         slot.dirty = True  # its gaps may have changed in place
         if slot.gaps:

@@ -68,3 +68,39 @@ def claim_run_dir(path: Path, *, given: str, run_id: str) -> Claim:
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise UsageError(f"{given}: cannot create or write it ({reason})") from None
+
+
+# A supervisor's line in the claim: `supervisor K pid P` as incarnation K starts in process P
+# (`control.identity`; the pid is how the next one asks Ray why it died).
+SUPERVISOR_LINE = "supervisor "
+
+
+def note_supervisor(path: Path, incarnation: int, pid: int) -> None:
+    """Note in `path`'s claim that supervisor incarnation `incarnation` started in process
+    `pid` (fsynced): a count of supervisors that outlives a lost journal.wal."""
+    fd = os.open(path / MARKER, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, f"{SUPERVISOR_LINE}{incarnation} pid {pid}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def claimed_supervisors(path: Path) -> dict[int, int | None]:
+    """Each supervisor incarnation `path`'s claim notes -> its process id (None: not noted)."""
+    try:
+        text = (path / MARKER).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    out: dict[int, int | None] = {}
+    for line in text.splitlines():
+        words = line[len(SUPERVISOR_LINE) :].split() if line.startswith(SUPERVISOR_LINE) else []
+        if words and words[0].isdigit():
+            pid = words[2] if len(words) == 3 and words[1] == "pid" else ""
+            out[int(words[0])] = int(pid) if pid.isdigit() else None
+    return out
+
+
+def claimed_lives(path: Path) -> int:
+    """The highest supervisor incarnation `path`'s claim notes (0: none, or no claim)."""
+    return max(claimed_supervisors(path), default=0)

@@ -18,20 +18,27 @@ from remedy.control.goodput import GoodputLedger, ts_of
 from remedy.rundir.writer import metrics_paths
 
 
-def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every whole record of a journal; a torn or corrupt line (a crash mid-write) is skipped."""
+def read_journal(
+    path: str | os.PathLike[str], skipped: list[int] | None = None
+) -> list[dict[str, Any]]:
+    """Every whole record of a journal; a torn or corrupt line (a crash mid-write) is skipped,
+    and its number (from 1) added to `skipped` where given."""
     p = Path(path)
     if not p.exists():
         return []
     out: list[dict[str, Any]] = []
     with open(p, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
+        for number, line in enumerate(fh, 1):
             try:
                 record = json.loads(line)
             except ValueError:
+                if skipped is not None and line.strip():
+                    skipped.append(number)
                 continue
             if isinstance(record, dict):
                 out.append(record)
+            elif skipped is not None:
+                skipped.append(number)
     return out
 
 

@@ -17,6 +17,8 @@ from typing import Any
 MAX_FILE_BYTES = 256 << 20
 # Problems named one by one before the rest are counted.
 MAX_NAMED_PROBLEMS = 5
+# Damaged lines of one file named each as FILE:LINE before the rest are only counted.
+MAX_LINES_NAMED = 20
 
 # A run directory without summary.json but with one of these is a run in progress (or cut short).
 _RUN_FILES = (
@@ -201,11 +203,12 @@ def read_records(path: Path, out: RunFiles) -> list[dict[str, Any]]:
             continue
         try:
             record = json.loads(line)
-        except (ValueError, RecursionError):
-            bad.append(number)
+        except (ValueError, RecursionError) as exc:
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+            _bad_line(path, number, f"not JSON ({why})", bad, out)
             continue
         if not isinstance(record, dict):
-            bad.append(number)
+            _bad_line(path, number, f"a JSON {type(record).__name__}, not an object", bad, out)
             continue
         records.append(record)
     if bad:
@@ -213,6 +216,14 @@ def read_records(path: Path, out: RunFiles) -> list[dict[str, Any]]:
         more = f" and {len(bad) - MAX_NAMED_PROBLEMS} more" if len(bad) > MAX_NAMED_PROBLEMS else ""
         out.problems.append(f"{path}: {len(bad)} corrupt line(s) skipped (line {shown}{more})")
     return records
+
+
+def _bad_line(path: Path, number: int, why: str, bad: list[int], out: RunFiles) -> None:
+    """Name one damaged line as FILE:LINE (the first `MAX_LINES_NAMED` of a file; the count
+    after them says how many in all)."""
+    bad.append(number)
+    if len(bad) <= MAX_LINES_NAMED:
+        out.problems.append(f"{path}:{number}: damaged line skipped: {why}")
 
 
 def _read_decisions(path: Path, out: RunFiles) -> list[dict[str, Any]]:

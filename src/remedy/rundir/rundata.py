@@ -19,6 +19,7 @@ from typing import Any
 from remedy.protocol.exceptions import SupervisorError
 from remedy.rundir.headline import status_words
 from remedy.rundir.journals import goodput_of, read_journal
+from remedy.rundir.missing import missing_files
 from remedy.rundir.read import read_records, read_run_dir
 from remedy.rundir.writer import metrics_paths
 
@@ -91,6 +92,10 @@ def load_run(path: str | Path) -> RunData:
     notifications = read_records(p / "notifications.jsonl", files)
     if (p / "summary.json").is_file():
         summary, source = files.summary, "summary.json"
+        files.problems += missing_files(
+            p, summary, decisions=len(decisions), anomalies=len(anomalies),
+            metrics=len(metrics), metrics_files=metrics_paths(p),
+        )  # fmt: skip
     else:
         summary, source = derive_summary(p, decisions, anomalies, metrics), "journals"
     return RunData(

@@ -17,6 +17,7 @@ control state from it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
+
+from remedy.rundir.write_errors import RunDirWriteError, fallback_dir, gone
 
 # As structlog's JSONRenderer(default=str) encodes, built once instead of per line.
 _ENCODER = json.JSONEncoder(default=str)
@@ -64,15 +67,54 @@ def metrics_paths(path: str | os.PathLike[str]) -> list[Path]:
 
 
 class RunDir:
-    """Append-only writers for one run's files."""
+    """Append-only writers for one run's files.
+
+    The first write that fails (a full disk, a read-only or deleted directory)
+    raises `RunDirWriteError` naming the file and the cause, and is kept in
+    `broken`: after it the state records (`wal`) raise it again, since no reply
+    may carry a promise the journal lacks, and the other files' lines are
+    dropped (`dropped` counts them), so a run that ends because of it can still
+    finish and write its summary elsewhere.
+    """
 
     def __init__(self, path: str | os.PathLike[str], run_id: str) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "checkpoints").mkdir(exist_ok=True)
         self.run_id = run_id
         self._files: dict[str, TextIO] = {}
         self._loggers: dict[str, Any] = {}
+        self.broken: RunDirWriteError | None = None
+        self.dropped = 0  # lines not written once `broken`
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / "checkpoints").mkdir(exist_ok=True)
+        except OSError as exc:  # no run here at all: the caller's to say
+            raise RunDirWriteError(self.path, exc) from None
+
+    def _failed(self, name: str, exc: OSError) -> None:
+        """Keep the first write error (raised); later writes to other files are dropped."""
+        error = (
+            exc if isinstance(exc, RunDirWriteError) else RunDirWriteError(self.path / name, exc)
+        )
+        if self.broken is None:
+            self.broken = error
+        raise error from None
+
+    def _write(self, name: str, write: Any) -> None:
+        """Run one write of file `name`: dropped once broken, its OSError kept and raised."""
+        if self.broken is not None:
+            self.dropped += 1
+            return
+        try:
+            write()
+        except OSError as exc:
+            self._failed(name, exc)
+
+    def check(self) -> None:
+        """Raise the write error that broke this directory, or one if it was deleted."""
+        if self.broken is None:
+            self.broken = gone(self.path)
+        if self.broken is not None:
+            raise self.broken
 
     @property
     def checkpoints(self) -> Path:
@@ -87,7 +129,8 @@ class RunDir:
 
     def decision(self, record: dict[str, Any]) -> None:
         """One line of `decisions.jsonl`."""
-        self._logger("decisions.jsonl").msg("decision", run_id=self.run_id, **record)
+        self._write("decisions.jsonl", lambda: self._logger("decisions.jsonl").msg(
+            "decision", run_id=self.run_id, **record))  # fmt: skip
 
     def anomaly(self, record: dict[str, Any]) -> None:
         """One anomaly: its line's `ts` is when it was written; the event's own time (when its
@@ -95,7 +138,8 @@ class RunDir:
         ts = record.get("ts")
         if isinstance(ts, int | float) and not isinstance(ts, bool):
             record = {**record, "detected_at": ts}
-        self._logger("anomalies.jsonl").msg("anomaly", run_id=self.run_id, **record)
+        self._write("anomalies.jsonl", lambda: self._logger("anomalies.jsonl").msg(
+            "anomaly", run_id=self.run_id, **record))  # fmt: skip
 
     def metrics(self, record: dict[str, Any]) -> None:
         self.metrics_many([record])
@@ -109,20 +153,23 @@ class RunDir:
         """
         if not records:
             return
-        self._logger(name)  # opens the file
         ts = datetime.datetime.now(tz=datetime.UTC).isoformat().replace("+00:00", "Z")
         encode = _ENCODER.encode
         lines = [encode({**r, "event": "metrics", "ts": ts}) for r in records]
-        self._files[name].write("\n".join(lines) + "\n")
+        self._write(name, lambda: self._append(name, "\n".join(lines) + "\n"))
+
+    def _append(self, name: str, text: str) -> None:
+        self._logger(name)  # opens the file
+        self._files[name].write(text)
 
     def output(self, lines: list[dict[str, Any]]) -> None:
         """Lines the ranks printed, in `output.jsonl` (`rank`, `stream`, `line`, `ts` in
         seconds since the epoch): what `remedy logs` shows of a run that has ended."""
         if not lines:
             return
-        self._logger("output.jsonl")  # opens the file
         encode = _ENCODER.encode
-        self._files["output.jsonl"].write("\n".join(encode(x) for x in lines) + "\n")
+        text = "\n".join(encode(x) for x in lines) + "\n"
+        self._write("output.jsonl", lambda: self._append("output.jsonl", text))
 
     def wal(self, record: dict[str, Any]) -> None:
         """A state record (`state` or `state_delta`) of the write-ahead journal, on disk before
@@ -132,24 +179,46 @@ class RunDir:
                 f"journal.wal holds state records only, not {record.get('type')!r}: "
                 "write it to the history"
             )
-        self._logger("journal.wal").msg("wal", run_id=self.run_id, **record)
-        fh = self._files["journal.wal"]
-        fh.flush()
-        os.fsync(fh.fileno())
+        if self.broken is not None:
+            raise self.broken
+        try:
+            self._logger("journal.wal").msg("wal", run_id=self.run_id, **record)
+            fh = self._files["journal.wal"]
+            fh.flush()
+            os.fsync(fh.fileno())
+        except OSError as exc:
+            self._failed("journal.wal", exc)
 
     def history(self, record: dict[str, Any]) -> None:
         """One line of `history.jsonl`: something the supervisor saw or did (flushed, not
         fsynced: what must survive a crash is in the state records)."""
-        self._logger("history.jsonl").msg("history", run_id=self.run_id, **record)
+        self._write("history.jsonl", lambda: self._logger("history.jsonl").msg(
+            "history", run_id=self.run_id, **record))  # fmt: skip
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        tmp = self.path / ".summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        os.replace(tmp, self.path / "summary.json")
+    def write_summary(self, summary: dict[str, Any]) -> Path:
+        """summary.json, written whole; where the run directory cannot take it (`broken`, or
+        this write fails), in `fallback_dir`. Returns where it went."""
+        text = json.dumps(summary, indent=2, default=str) + "\n"
+        if self.broken is None:
+            try:
+                tmp = self.path / ".summary.json.tmp"
+                tmp.write_text(text)
+                os.replace(tmp, self.path / "summary.json")
+                return self.path / "summary.json"
+            except OSError as exc:
+                with contextlib.suppress(RunDirWriteError):
+                    self._failed("summary.json", exc)
+                with contextlib.suppress(OSError):
+                    tmp.unlink()  # a partial one takes space a full disk lacks
+        out = fallback_dir(self.run_id)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(text)
+        return out / "summary.json"
 
     def close(self) -> None:
         for fh in self._files.values():
-            fh.close()
+            with contextlib.suppress(OSError):  # a full disk: the buffered tail is lost
+                fh.close()
         self._files.clear()
         self._loggers.clear()
 

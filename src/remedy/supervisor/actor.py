@@ -44,6 +44,7 @@ from remedy.control.decide import Controller
 from remedy.control.effects import Notify, journal_to, log_notify
 from remedy.control.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.control.health import final_status
+from remedy.control.identity import Lineage, RankResume, journal_behind, plan_resume, with_rank_ids
 from remedy.control.job import (
     JobState,
     JobStateMachine,
@@ -83,12 +84,22 @@ from remedy.protocol.spec import NAMESPACE, RunSpec, supervisor_name
 from remedy.rank.link import liveness
 from remedy.rank.loop.logs import configure_logging
 from remedy.rank.loop.metrics import RayBackend, RunMetrics
+from remedy.rundir.claim import MARKER, claimed_supervisors, note_supervisor
 from remedy.rundir.journals import goodput_of, last_written, read_journal
+from remedy.rundir.write_errors import RunDirWriteError
 from remedy.rundir.writer import RunDir
 from remedy.supervisor import placement
 from remedy.supervisor.agent.actor import alive_nodes, kill_agents, launch_agents
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.intake import Intake
+from remedy.supervisor.lineage import (
+    applied_ids,
+    ask_ranks,
+    death_of,
+    take_over,
+    was_restarted,
+)
+from remedy.supervisor.lineage import read_lineage as lineage_of
 from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch, verdict_window_s
 from remedy.supervisor.node_watch import POLL_S as NODE_POLL_S
 from remedy.supervisor.notify import NOTIFICATIONS_FILE, Notifier, env_sinks
@@ -176,14 +187,28 @@ class SupervisorActor:
         self.spec = RunSpec(**spec)
         configure_logging(verbose=self.spec.verbose)
         self.run_dir = RunDir(self.spec.run_dir, self.spec.run_id)
-        journal = read_journal(self.run_dir.path / "journal.wal")
+        self._skipped: list[int] = []  # journal.wal's lines skipped as damaged
+        self._unwritable = False  # ending on the run directory's write error: no state records
+        journal = read_journal(self.run_dir.path / "journal.wal", self._skipped)
         state, tail = control_state.split_at_last_state(journal)
         run = RunState.from_record(state) if state is not None else None  # older ones migrated
         older = control_state.older_tail(journal, tail)
-        # Supervisors of this run before this one: the newest state record's, or, in a journal
-        # of schema 7 or older, its `supervisor_started` records. 0 for a new run.
-        lives = max(run.incarnation if run is not None else 0, older.lives)
+        # Supervisors of this run before this one, by the highest count of any source that
+        # remembers (`control.identity`): the newest state record's (or, in a journal of
+        # schema 7 or older, its `supervisor_started` records), the claim, the decision ids
+        # given, Ray; where the journal is lost or behind, the ranks too. 0 for a new run.
+        lineage, self._takeover = self._lineage(
+            max(run.incarnation if run is not None else 0, older.lives),
+            run.controller.get("seq", 0) if run is not None else 0,
+        )
+        lives = lineage.lives
         incarnation = 1 + lives
+        try:
+            note_supervisor(self.run_dir.path, incarnation, os.getpid())
+        except OSError as exc:  # the loop ends the run on it, with the summary elsewhere
+            self.run_dir.broken = self.run_dir.broken or RunDirWriteError(
+                self.run_dir.path / MARKER, exc
+            )
         policy = load_policy_source(self.spec.policy)
         engine = Engine(
             policy,
@@ -249,6 +274,7 @@ class SupervisorActor:
         )
         if lives:
             self._restore(run, older, tail)
+            self._took_over(lineage)
             # Nobody else will call `start` on a restarted supervisor: call it ourselves,
             # so the loop resumes with no driver around.
             ray.get_runtime_context().current_actor.start.remote()
@@ -284,6 +310,53 @@ class SupervisorActor:
         return "running" if self.group is not None else "starting"
 
     # ------------------------------------------------------------ restore
+    def _lineage(
+        self, journal_lives: int, journal_seq: int
+    ) -> tuple[Lineage, tuple[RankResume | None, dict[str, Any]] | None]:
+        """Who this supervisor is (`control.identity`), and, where journal.wal is lost or
+        older than the run, what the ranks told (a plan to take them over, or None, and the
+        journal record saying so)."""
+        lineage = lineage_of(self.run_dir.path, journal_lives, restarted=was_restarted())
+        if not lineage.lives:
+            return lineage, None
+        answers = ask_ranks(self.spec.run_id)
+        lineage = with_rank_ids(lineage, applied_ids(answers))
+        behind = journal_behind(journal_seq, answers)
+        if not (lineage.journal_lost or behind):
+            return lineage, None
+        plan = plan_resume(self.spec.workers, answers)
+        record: dict[str, Any] = {
+            "type": "journal_lost",
+            "why": "journal.wal is older than the run" if behind and not lineage.journal_lost
+            else "journal.wal holds fewer supervisors than the run had",
+            "sources": lineage.sources(),
+            "ranks_answered": sorted(answers),
+            "resumed_from_ranks": plan is not None,
+        }  # fmt: skip
+        if plan is not None:
+            record.update(generation=plan.generation, steps={str(r): s for r, s in plan.steps.items()},
+                          command_seq=plan.command_seq)  # fmt: skip
+        return lineage, (plan, record)
+
+    def _took_over(self, lineage: Lineage) -> None:
+        """Journal how the supervisor before this one died (as Ray says) and how this one knew
+        it was not new; take the ranks over where the journal was lost or behind and they
+        could say where they are."""
+        pid = claimed_supervisors(self.run_dir.path).get(lineage.lives)
+        death = death_of(pid) if pid is not None else None
+        self.run_dir.history({
+            "type": "supervisor_died", "incarnation": lineage.lives, "pid": pid,
+            **(death or {"exit_type": None, "exit_detail": "Ray holds no record of its end"}),
+        })  # fmt: skip
+        if self._takeover is None:
+            return
+        plan, record = self._takeover
+        if plan is not None:
+            take_over(self.core, plan)
+        record["incarnation"] = lineage.incarnation
+        self.run_dir.history(record)
+        log.warning("journal_lost", **{k: v for k, v in record.items() if k != "type"})
+
     def _restore(self, run: RunState | None, older: control_state.OlderTail,
                  tail: list[dict[str, Any]]) -> None:  # fmt: skip
         """Rebuild from journal.wal's newest state record (`run`; and, from a journal of
@@ -324,6 +397,8 @@ class SupervisorActor:
                 "incarnation": self.incarnation,
                 "from_state": run is not None,
                 "tail_records": len(tail),
+                # Damaged lines of journal.wal skipped (line numbers, from 1).
+                "skipped_records": list(self._skipped),
                 "abandoned": sorted(set(abandoned)),
                 "pending": sorted(c.pending),
                 "job": self.job.state.to_dict(),
@@ -358,6 +433,8 @@ class SupervisorActor:
         `before_reply`: a call waits for it, so a full record that only bounds the
         journal's tail is put off to the loop's next pass (`StateLog.entry`).
         """
+        if self._unwritable:
+            return  # the run ends on its run directory's write error (`_finish`)
         # The group, the restart and the hang watch give their own records once the loop has
         # built them; before (a call answered first after a restart), the restored ones.
         state = self.core.record(time.time())
@@ -676,6 +753,12 @@ class SupervisorActor:
             self.run_dir.history({"type": "supervisor_outage", "note": note})
             log.warning("supervisor_outage", **note)
 
+    def _skipped_records(self) -> int:
+        """journal.wal's damaged lines skipped by every restore of this run (the history's)."""
+        restored = [r for r in read_journal(self.run_dir.path / "history.jsonl")
+                    if r.get("type") == "supervisor_restored"]  # fmt: skip
+        return sum(len(r.get("skipped_records") or []) for r in restored)
+
     def _outage_fields(self) -> dict[str, Any]:
         """The summary's outages so far, merged from every watcher's notes in the journal (read
         once): the supervisor's with their total, and the node agents' their ranks noticed."""
@@ -777,14 +860,23 @@ class SupervisorActor:
     async def _control(self) -> None:
         try:
             summary = await self._loop()
-        except Exception as exc:  # a supervisor bug: end the run as failed, and say why
-            log.exception("supervisor_failed")
-            error = f"the supervisor failed: {exc!r}"
+        except Exception as exc:
+            # Its own files (a full disk, a read-only or deleted directory), or a supervisor
+            # bug: end the run as failed, and say why.
+            io_error = isinstance(exc, OSError)
+            if io_error:
+                log.error("run_dir_not_writable", error=str(exc))
+                error = str(exc)
+            else:
+                log.exception("supervisor_failed")
+                error = f"the supervisor failed: {exc!r}"
             try:
-                summary = self._finish(error=error)
+                summary = self._finish(error=error, io_error=io_error)
             except Exception:  # drivers waiting on `wait` must still get an answer
                 log.exception("summary_failed")
                 summary = {"run_id": self.spec.run_id, "status": "failed", "error": error}
+                if io_error:
+                    summary["io_error"] = error
         self._summary = summary
         self._done.set()
         self._exit_later()
@@ -799,6 +891,7 @@ class SupervisorActor:
         asyncio.get_running_loop().call_later(LINGER_S, leave)
 
     async def _loop(self) -> dict[str, Any]:
+        self.run_dir.check()  # a run directory that cannot be written: no run
         if self.core.ranks_ended:
             # Restarted after every rank had ended (their actors are gone): just finish.
             return self._finish()
@@ -872,6 +965,7 @@ class SupervisorActor:
                     await self.recovery.check_hangs()
                     self.recovery.check_back()
                 self._carry(self.core.step(Pass()))
+                self.run_dir.check()  # a write failed (in a report too), or the directory is gone
                 await self._watch_policy()
                 due = time.monotonic() - self._state_at >= STATE_EVERY_S
                 if due or self._state_log.full_due:  # a full record put off by a reply
@@ -1133,8 +1227,13 @@ class SupervisorActor:
             return False
         return not self.core.all_completed()
 
-    def _finish(self, error: str | None = None) -> dict[str, Any]:
+    def _finish(self, error: str | None = None, *, io_error: bool = False) -> dict[str, Any]:
+        """End the run: its summary, written to the run directory or, where that cannot be
+        written (`io_error`: the error is its one line), to `write_errors.fallback_dir`."""
         c = self.controller
+        # A run ending on its run directory's error writes no more state records (each would
+        # fail the same way); the summary goes where it can.
+        self._unwritable = io_error and self.run_dir.broken is not None
         c.finish()
         results = [self.core.results[r] for r in sorted(self.core.results)]
         [ending] = self.core.step(Ending(error))
@@ -1186,6 +1285,8 @@ class SupervisorActor:
             "agent_promotions": self.group.promotions if self.group is not None else 0,
             "resumed_from": self.spec.resume or None,
             "supervisor_restarts": self.incarnation - 1,
+            # Damaged journal.wal lines the restarted supervisors skipped (`supervisor_restored`).
+            "journal_skipped_records": self._skipped_records(),
             **self._outage_fields(),
             "wall_s": round(ended - self.started, 2),
             # Where each rank's last process ran, and the nodes lost meanwhile.
@@ -1194,11 +1295,16 @@ class SupervisorActor:
         }
         if error is not None:
             summary["error"] = error
-        self.run_dir.write_summary(summary)
+        if io_error:
+            summary["io_error"] = error
+            summary["lines_not_written"] = self.run_dir.dropped
+        written = self.run_dir.write_summary(summary)
         self.run_dir.history({"type": "run_ended", "status": status})
         self.core.step(Ended(status))
         self.write_state()
         self.run_dir.close()
+        if written.parent != self.run_dir.path:
+            summary["summary_file"] = str(written)  # for the driver to say where it went
         self._summary = summary
         return summary
 

@@ -136,6 +136,26 @@ class RankActor:
         return self._result
 
     @ray.method(concurrency_group=CONTROL)
+    def identity(self) -> dict[str, Any]:
+        """Who this rank is in its run, for a supervisor that lost its journal
+        (`control.identity`): the run, its generation and step, the highest decision id
+        of each supervisor incarnation it applied, the highest command seq it holds, and
+        the lowest report number it still awaits an answer to."""
+        out: dict[str, Any] = {"run_id": self.run_id, "training": self.membership is not None}
+        if self.membership is None or self.ctx is None:
+            return out
+        out.update(self.membership.status())
+        reporter = self.ctx.reporter
+        if isinstance(reporter, RayReporter):
+            out["incarnation"] = reporter.incarnation
+            out["unanswered_from"] = reporter.unanswered_from
+        inbox = self.membership.inbox
+        if inbox is not None:
+            out["applied"] = inbox.latest_applied()
+            out["max_seq"] = inbox.max_seq
+        return out
+
+    @ray.method(concurrency_group=CONTROL)
     def abort(self) -> None:
         """Abort this rank's NCCL communicators, so a blocked collective returns.
 

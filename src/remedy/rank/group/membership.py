@@ -119,6 +119,7 @@ class Membership:
         # Wall-clock times of this process's latest recovery (or, on a replacement,
         # its start), for the supervisor's recovery record: where the time went.
         self.timeline: dict[str, float] = {"started": time.time()}
+        self.inbox: Any = None  # the Guard's command inbox, once attached (`identity`)
 
     # ------------------------------------------------------------ generations
     def join(self) -> None:
@@ -200,6 +201,7 @@ class Membership:
     def attach(self, guard: Guard) -> None:
         """The Guard exists: say so at once, which ends the supervisor's start-up allowance."""
         self.timeline["guard"] = time.time()
+        self.inbox = guard.inbox
         self.regroups = True
         if guard.sharded:  # its mesh's groups and the mirror's: released with the world's
             self._sockets.grow()

@@ -14,6 +14,9 @@ One implementation for every loop: the `Guard` and the framework callbacks
   command's outcome again when the supervisor still asks for it
   `OUTCOME_RESEND_S` after it last went out (a restarted supervisor that
   never got it);
+- refuses a command whose id it applied already for another action (a
+  supervisor that gave out an id twice): outcome `failed`, saying so, never
+  the old action's outcome passed off as the new one's;
 - holds its bookkeeping as one plain record (`state` / `adopt`) for a
   checkpoint, a replacement rank or a resumed process.
 """
@@ -50,6 +53,8 @@ class CommandInbox:
     def __init__(self) -> None:
         self.queued: dict[str, Command] = {}
         self.done_ids: set[str] = set()
+        self.actions: dict[str, str] = {}  # each done command's action, by decision id
+        self._refused: set[str] = set()  # ids refused for naming another action than applied
         self.failed_chains: set[str] = set()
         self.max_seq = 0
         self.history: deque[Outcome] = deque(maxlen=HISTORY_KEPT)  # newest last
@@ -64,7 +69,9 @@ class CommandInbox:
         for item in raw:
             cmd = Command.from_dict(item)
             self.max_seq = max(self.max_seq, cmd.seq)
-            if cmd.decision_id not in self.done_ids:
+            if cmd.decision_id not in self.done_ids or self._reused(cmd):
+                # A reused id is queued too: it is refused where it would apply, at the
+                # same boundary on every rank (`apply`).
                 self.queued.setdefault(cmd.decision_id, cmd)
                 continue
             # Done already: once the replies to reports sent before the outcome are
@@ -76,8 +83,24 @@ class CommandInbox:
 
     def submit(self, command: Command) -> None:
         """Queue one command by hand (an operator's intervention, a test)."""
-        if command.decision_id not in self.done_ids:
+        if command.decision_id not in self.done_ids or self._reused(command):
             self.queued.setdefault(command.decision_id, command)
+
+    def _reused(self, cmd: Command) -> bool:
+        """`cmd`'s id was applied for another action, and not refused yet."""
+        done = self.actions.get(cmd.decision_id)
+        return done is not None and done != cmd.action and cmd.decision_id not in self._refused
+
+    def latest_applied(self) -> list[str]:
+        """The highest id applied of each supervisor incarnation (`control.identity`): what a
+        supervisor that lost its journal must give ids above."""
+        best: dict[str, tuple[int, str]] = {}
+        for decision_id in list(self.done_ids):  # a copy: asked from a control thread
+            head, _, seq = decision_id.rpartition("-d")
+            number = int(seq) if seq.isdigit() else -1
+            if number >= best.get(head, (-2, ""))[0]:
+                best[head] = (number, decision_id)
+        return sorted(d for _, d in best.values())
 
     # ------------------------------------------------------------ what is due
     def due_at_tick(self, tick: int) -> list[Command]:
@@ -110,7 +133,22 @@ class CommandInbox:
         out: list[Outcome] = []
         for cmd in commands:
             self.queued.pop(cmd.decision_id, None)
+            if self._reused(cmd):
+                self._refused.add(cmd.decision_id)
+                outcome = Outcome(
+                    cmd.decision_id, target.rank, "failed", target.step_count, target.tick,
+                    f"refused: decision id {cmd.decision_id} was applied already, for "
+                    f"{self.actions[cmd.decision_id]}, not {cmd.action}",
+                )  # fmt: skip
+                log.warning("command_refused", decision_id=cmd.decision_id,
+                            action=cmd.action, applied=self.actions[cmd.decision_id])  # fmt: skip
+                self._unsent.append(outcome)
+                self._outcome_of[cmd.decision_id] = (outcome, time.monotonic())
+                self.history.append(outcome)
+                out.append(outcome)
+                continue
             self.done_ids.add(cmd.decision_id)
+            self.actions[cmd.decision_id] = cmd.action
             if cmd.chain_id and cmd.chain_id in self.failed_chains:
                 outcome = Outcome(
                     cmd.decision_id, target.rank, "failed", target.step_count, target.tick,
@@ -151,6 +189,8 @@ class CommandInbox:
             "done_ids": sorted(self.done_ids),
             "max_seq": self.max_seq,
             "failed_chains": sorted(self.failed_chains),
+            "actions": dict(self.actions),
+            "refused": sorted(self._refused),
         }
         if with_queued:
             record["queued"] = [c.to_dict() for c in self.queued.values()]
@@ -161,6 +201,8 @@ class CommandInbox:
         self.done_ids = set(record["done_ids"])
         self.max_seq = int(record["max_seq"])
         self.failed_chains = set(record["failed_chains"])
+        self.actions = {str(k): str(v) for k, v in record.get("actions", {}).items()}
+        self._refused = set(record.get("refused", []))
         self.queued = {c["decision_id"]: Command.from_dict(c) for c in record.get("queued", [])}
 
 

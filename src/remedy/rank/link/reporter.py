@@ -249,6 +249,11 @@ class RayReporter:
                 )
             )
 
+    @property
+    def unanswered_from(self) -> int:
+        """The lowest batch number not answered yet (the next one, when all were)."""
+        return min([b["seq"] for _, b, _ in self._in_flight] + [self.seq + 1])
+
     # ------------------------------------------------------------------
     def _post(self, batch: dict[str, Any]) -> None:
         self.seq += 1
