@@ -89,7 +89,7 @@ def ask_ranks(run_id: str, timeout_s: float = ASK_RANKS_S) -> dict[int, tuple[st
     for ref in ready:
         rank, name = refs[ref]
         try:
-            answer = ray.get(ref)
+            answer = ray.get(ref)  # ready: ray.wait returned it
         except ray.exceptions.RayError as exc:
             log.warning("rank_identity_unknown", rank=rank, error=repr(exc)[:200])
             continue
