@@ -31,7 +31,10 @@ def test_bad_state_is_one_line_at_the_users_guard() -> None:
         i for i, text in enumerate(TARGET.read_text().splitlines(), 1) if "guard = Guard(" in text
     )
     assert line.startswith(f"{TARGET}:{lineno}: error: state['x']: ")
-    assert "state_dict()" in line
+    assert line.endswith(
+        "an object has no state_dict() or load_state_dict(); give an object with "
+        "state_dict() and load_state_dict() (torch's Stateful protocol)"
+    )
 
 
 def test_other_errors_are_not_config_errors() -> None:
