@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from remedy.protocol.exceptions import TargetError
 from remedy.rank.exceptions import GuardConfigError
 from remedy.rank.loop.config_error import config_error_line
 
@@ -38,7 +39,9 @@ def test_bad_state_is_one_line_at_the_users_guard() -> None:
 
 
 def test_other_errors_are_not_config_errors() -> None:
-    """A user's own exception keeps its traceback: no one-line form."""
+    """A user's own exception, and a remedy error no user line called, keep their traceback."""
     with pytest.raises(ValueError, match="positive") as info:
         raise ValueError("learning rate must be positive")
     assert config_error_line(info.value) is None
+    # As the rank actor's own `load_target` raises it: no frame of the user's on its way.
+    assert config_error_line(TargetError("cannot import no_such_module_here")) is None

@@ -239,7 +239,7 @@ class RankActor:
                     else:  # the user's input is wrong: one line; the traceback in the log only
                         print(line, file=sys.stderr, flush=True)
                         failure["config_error"] = line
-                        print(failure["traceback"], file=rank_log, flush=True)
+                        print(failure.pop("traceback"), file=rank_log, flush=True)
             finally:
                 set_context(None)
                 if dist.is_initialized():

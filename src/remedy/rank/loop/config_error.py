@@ -18,13 +18,13 @@ from remedy.rank.loop.target import is_user_file
 def config_error_line(exc: BaseException) -> str | None:
     """`FILE:LINE: error: message` for a remedy error raised from the user's code, else None.
 
-    The location is the innermost frame of the user's code; without one (the error was
-    raised before any user line ran) the line is `error: message`.
+    The location is the innermost frame of the user's code. A remedy error that no user
+    line called (a target that cannot be imported, say) is not the user's input: None.
     """
     if not isinstance(exc, RemedyError):
         return None
-    message = " ".join(str(exc).split()) or type(exc).__name__
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if is_user_file(f.filename)]
     if not frames:
-        return f"error: {message}"
+        return None
+    message = " ".join(str(exc).split()) or type(exc).__name__
     return f"{frames[-1].filename}:{frames[-1].lineno}: error: {message}"
