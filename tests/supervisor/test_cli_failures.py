@@ -102,3 +102,40 @@ def test_cli_prints_the_rank_exception(tmp_path: Path) -> None:
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["event"] == "summary"
     assert (last["status"], last["steps_completed"]) == ("failed", 5), last
+
+
+def test_cli_prints_a_config_error_in_one_line(tmp_path: Path) -> None:
+    """`remedy run` of a loop whose Guard gets a bad `state=`: one `FILE:LINE: error:` line naming
+    the key, no traceback on the terminal (it stays in the rank's log)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        HOME=str(tmp_path),
+        REMEDY_HOME=str(tmp_path / ".remedy"),
+    )
+    target = TARGETS / "bad_state.py"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "remedy.cli",
+            "run",
+            f"{target}:main",
+            "--run-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=180,
+        env=env,
+    )
+    assert proc.returncode == 1
+    lineno = next(
+        i for i, text in enumerate(target.read_text().splitlines(), 1) if "guard = Guard(" in text
+    )
+    where = f"{target}:{lineno}: error: state['x']: "
+    assert f"rank 0 failed: {where}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    # The rank's own output (the JSON lines of the display) carries the one line too.
+    assert where in proc.stdout, proc.stdout[-2000:]

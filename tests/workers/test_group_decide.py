@@ -65,12 +65,11 @@ def test_a_restart_resumes_at_the_newest_checkpoint_on_disk(
         "step-00000010.rank1.json",
     ):
         (folder / name).write_text("{}")
-    monkeypatch.setenv(launcher.RESTART_ENV, "0")
-    assert launcher.resume_step(tmp_path) is None
-    monkeypatch.setenv(launcher.RESTART_ENV, "1")
-    assert launcher.resume_step(tmp_path) == 20
-    assert launcher.resume_step(None) is None
-    assert launcher.resume_step(tmp_path / "empty") == 0
+    del monkeypatch
+    assert launcher.resume_step(tmp_path, 0) is None
+    assert launcher.resume_step(tmp_path, 1) == 20
+    assert launcher.resume_step(None, 1) is None
+    assert launcher.resume_step(tmp_path / "empty", 1) == 0
 
 
 def test_the_start_line_says_what_only_a_supervisor_does() -> None:

@@ -724,6 +724,9 @@ def rank_errors(summary: dict[str, Any]) -> list[str]:
     for r in ranks if isinstance(ranks, list) else []:
         if not isinstance(r, dict) or not r.get("error"):
             continue
+        if r.get("config_error"):  # remedy refused the loop's input: where, and why
+            lines.append(f"rank {r.get('rank', '?')} failed: {r['config_error']}")
+            continue
         kind, message = r.get("error_type"), r.get("error_message")
         text = f"{kind}: {message}" if kind else str(r["error"])
         lines.append(f"rank {r.get('rank', '?')} failed: {' '.join(text.split())[:500]}")

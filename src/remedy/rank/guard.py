@@ -50,7 +50,7 @@ from remedy.rank.chaos.faults import ChaosSetting, FaultInjector
 from remedy.rank.detectors import Detector, DetectorSuite, default_detectors
 from remedy.rank.exceptions import ChaosConfigError, RunAborted
 from remedy.rank.group import replicas
-from remedy.rank.link import group_decide, launcher
+from remedy.rank.link import group_decide, launcher, relaunch
 from remedy.rank.link.context import Reporter, WorkerContext, get_context
 from remedy.rank.link.flag_hold import RESEND_S, WAIT_S, FlagHold, agree_while_holding
 from remedy.rank.link.group_decide import GroupReporter
@@ -188,6 +188,7 @@ class Guard:
             ctx = WorkerContext(run_dir=Path(run_dir) if run_dir else None)
         elif ctx.launcher is not None and ctx.run_dir is None and run_dir:
             ctx.run_dir = Path(run_dir)  # another launcher's rank writes where the loop says
+            relaunch.note_start(ctx)  # Ray Train says nothing of restarts: the run directory does
         self.ctx = ctx
         self.rank = ctx.rank
         self.run_dir = ctx.run_dir
@@ -248,7 +249,8 @@ class Guard:
             rank=self.rank,
         )
         if ctx.launcher is not None and self.checkpoints is not None:
-            ctx.resume_step = launcher.resume_step(self.run_dir)  # torchrun restarted the group
+            # The launcher started the group again (torchrun's restart, Ray Train's FailureConfig).
+            ctx.resume_step = launcher.resume_step(self.run_dir, ctx.attempt)
         # A rank started by a full-group restart resumes from this checkpoint before its first step.
         self._resume_step = ctx.resume_step
         self.resumed: dict[str, Any] | None = None

@@ -18,6 +18,7 @@ the training module when it is created, and becomes a rank only when
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -33,6 +34,7 @@ from remedy.rank.chaos.faults import Fault
 from remedy.rank.group.membership import Membership, abort_collectives, warm_up
 from remedy.rank.link.output import forward_output, supervisor_sink
 from remedy.rank.link.reporter import RayReporter
+from remedy.rank.loop.config_error import config_error_line
 from remedy.rank.loop.logs import configure_logging
 from remedy.rank.loop.target import (
     call_target,
@@ -215,6 +217,7 @@ class RankActor:
         result: Any = None
         failure: dict[str, Any] = {}
         # The user's prints (and the traceback below) reach the driver's display, prefixed by rank.
+        rank_log = sys.stderr  # the actor's own stderr: its Ray log, not forwarded
         with forward_output(rank, supervisor_sink(self.supervisor)):
             try:
                 self.membership.join()  # rendezvous: bounded by collective_timeout()
@@ -230,7 +233,13 @@ class RankActor:
                 else:
                     error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                     failure = describe_exception(exc)
-                    traceback.print_exc()
+                    line = config_error_line(exc)
+                    if line is None:
+                        traceback.print_exc()
+                    else:  # the user's input is wrong: one line; the traceback in the log only
+                        print(line, file=sys.stderr, flush=True)
+                        failure["config_error"] = line
+                        print(failure.pop("traceback"), file=rank_log, flush=True)
             finally:
                 set_context(None)
                 if dist.is_initialized():

@@ -46,7 +46,8 @@ def lost_reason(launcher: str, rank: int, step: int, exc: BaseException) -> str:
         f"rank {rank} at step {step}: a collective of the process group failed, so a peer "
         f"died or hung (remedy's collectives time out after {bound:g} s, "
         f"{COLLECTIVE_TIMEOUT_ENV}): {_last_words(exc)}; under {launcher} remedy cannot "
-        "replace a rank: the launcher's restart (torchrun --max-restarts N) resumes the group "
+        "replace a rank: the launcher's restart (torchrun --max-restarts N, Ray Train's "
+        "FailureConfig(max_failures=N)) resumes the group "
         "from the newest checkpoint every rank committed"
     )
 

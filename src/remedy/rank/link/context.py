@@ -55,6 +55,9 @@ class WorkerContext:
     # Set for a rank that another launcher started (torchrun, Ray Train): its name. Its
     # group decides without a supervisor (`group_decide`).
     launcher: str | None = None
+    # Under a launcher: which start of the group this is (0: the first; `launcher.restart_count`
+    # under torchrun, the run directory under Ray Train, `relaunch`). A restart resumes.
+    attempt: int = 0
 
 
 _current: WorkerContext | None = None

@@ -9,9 +9,9 @@ for the group (`group_decide`).
 
 What such a rank gets besides: the chaos faults of the file `REMEDY_CHAOS`
 names, and, when torchrun's elastic agent restarts the group
-(`TORCHELASTIC_RESTART_COUNT` > 0), a resume from the newest checkpoint
-every rank committed, by the path `remedy run --resume-from` takes
-(`restore_point.resume`).
+(`TORCHELASTIC_RESTART_COUNT` > 0) or Ray Train starts it again (told from
+the run directory, `relaunch`), a resume from the newest checkpoint every rank
+committed, by the path `remedy run --resume-from` takes (`restore_point.resume`).
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ def detect() -> WorkerContext | None:
     if world <= 1:
         return None
     ctx = WorkerContext(rank=dist.get_rank(), world_size=world, launcher=launcher_name())
-    restarts = restart_count()
-    if restarts:
+    ctx.attempt = restart_count()
+    if ctx.attempt:
         # Decision ids start again in a restarted group's new controller; the ranks resume
         # with the ids done before the restart, so the new ones must differ from them.
-        ctx.run_id = f"{ctx.run_id}-restart{restarts}"
+        ctx.run_id = f"{ctx.run_id}-restart{ctx.attempt}"
     chaos = os.environ.get(CHAOS_ENV)
     if chaos:
         from remedy.rank.chaos.faults import load_chaos  # noqa: PLC0415 - chaos runs only
@@ -78,14 +78,15 @@ def restart_count() -> int:
         return 0
 
 
-def resume_step(run_dir: Path | None) -> int | None:
-    """Where a restarted group resumes: the newest step any rank checkpointed in `run_dir`.
+def resume_step(run_dir: Path | None, attempt: int) -> int | None:
+    """Where a restarted group (`attempt` > 0) resumes: the newest step any rank checkpointed
+    in `run_dir`.
 
     Every rank then agrees on the newest step that every rank committed and that passes
     its checksums, at or before it (`restore_point.resume`), as `--resume-from` does.
     None on a first start, or with nothing to resume from.
     """
-    if restart_count() == 0 or run_dir is None:
+    if attempt == 0 or run_dir is None:
         return None
     from remedy.rank.state.checkpoint_store import _step_of  # noqa: PLC0415
 

@@ -220,7 +220,7 @@ def describe_exception(exc: BaseException) -> dict[str, Any]:
     Python's or an installed package's), `FILE:LINE in FUNCTION`.
     """
     frames = traceback.extract_tb(exc.__traceback__)
-    user = [f for f in frames if _is_user_file(f.filename)]
+    user = [f for f in frames if is_user_file(f.filename)]
     # No user frame (the target could not even be imported): the message says it all.
     frame = user[-1] if user else None
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -232,7 +232,8 @@ def describe_exception(exc: BaseException) -> dict[str, Any]:
     }
 
 
-def _is_user_file(filename: str) -> bool:
+def is_user_file(filename: str) -> bool:
+    """True for a file of the user's code: not remedy's, Python's or an installed package's."""
     path = os.path.realpath(filename)
     parts = path.split(os.sep)
     if "site-packages" in parts or "dist-packages" in parts or filename.startswith("<"):

@@ -56,8 +56,10 @@ def check_stateful(name: str, obj: Any) -> None:
         raise GuardConfigError(f"state: every key must be a non-empty string, got {name!r}")
     missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(obj, m, None))]
     if missing:
+        kind = type(obj).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
         raise GuardConfigError(
-            f"state[{name!r}]: a {type(obj).__name__} has no {' or '.join(f'{m}()' for m in missing)}"
+            f"state[{name!r}]: {article} {kind} has no {' or '.join(f'{m}()' for m in missing)}"
             "; give an object with state_dict() and load_state_dict() (torch's Stateful protocol)"
         )
 
