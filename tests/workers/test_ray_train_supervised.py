@@ -1,4 +1,4 @@
-"""Ray Train's loop function run by remedy's supervisor (`integrations.ray_train.run_supervised`)."""
+"""Ray Train's loop function run by remedy's supervisor (`cli.ray_train.run_supervised`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from remedy.integrations import ray_train
+from remedy.cli import ray_train
 from remedy.protocol.exceptions import UsageError
 from remedy.rundir.writer import read_jsonl
 

@@ -7,7 +7,7 @@ alone from a warm spare while the others keep their state, the hang watch,
 node agents), `run_supervised` runs the same loop function as a `remedy run`
 does its target:
 
-    from remedy.integrations.ray_train import run_supervised
+    from remedy.cli.ray_train import run_supervised
 
     summary = run_supervised(train_loop, train_loop_config={"lr": 0.1},
                              num_workers=2, run_dir="/shared/runs/mine")
@@ -31,7 +31,7 @@ from typing import Any
 from remedy.protocol.exceptions import UsageError
 
 # The target every rank runs: it loads the loop and its config from the run directory.
-ENTRY = "remedy.integrations.ray_train:run_loop"
+ENTRY = "remedy.cli.ray_train:run_loop"
 # The pickled (loop, config) in the run directory.
 LOOP_FILE = "ray-train-loop.pkl"
 
