@@ -78,16 +78,15 @@ def test_sys_exit_in_the_target(ray_cluster: None, tmp_path: Path, func: str, st
         assert rank_errors(summary)[0] == "rank 0 failed: SystemExit: 3"
 
 
-def test_cli_prints_the_rank_exception(tmp_path: Path) -> None:
-    """`remedy run` of a function that raises exits 1 and prints the exception and the user's frame."""
+def _remedy(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`python -m remedy.cli ARGV` in a process of its own, with a home of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
         PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
         HOME=str(tmp_path),
         REMEDY_HOME=str(tmp_path / ".remedy"),
     )
-    argv = ["run", TINY, "--run-dir", str(tmp_path / "r"), "--", "--raise-at", "5"]
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "remedy.cli", *argv],
         capture_output=True,
         text=True,
@@ -95,6 +94,11 @@ def test_cli_prints_the_rank_exception(tmp_path: Path) -> None:
         timeout=180,
         env=env,
     )
+
+
+def test_cli_prints_the_rank_exception(tmp_path: Path) -> None:
+    """`remedy run` of a function that raises exits 1 and prints the exception and the user's frame."""
+    proc = _remedy(tmp_path, "run", TINY, "--run-dir", str(tmp_path / "r"), "--", "--raise-at", "5")
     assert proc.returncode == 1
     assert "rank 0 failed: RuntimeError: loss went sideways at step 5" in proc.stderr
     assert f"  at {TARGETS / 'tiny.py'}:" in proc.stderr
@@ -107,29 +111,8 @@ def test_cli_prints_the_rank_exception(tmp_path: Path) -> None:
 def test_cli_prints_a_config_error_in_one_line(tmp_path: Path) -> None:
     """`remedy run` of a loop whose Guard gets a bad `state=`: one `FILE:LINE: error:` line naming
     the key, no traceback on the terminal (it stays in the rank's log)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
-        HOME=str(tmp_path),
-        REMEDY_HOME=str(tmp_path / ".remedy"),
-    )
     target = TARGETS / "bad_state.py"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "remedy.cli",
-            "run",
-            f"{target}:main",
-            "--run-dir",
-            str(tmp_path / "r"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=180,
-        env=env,
-    )
+    proc = _remedy(tmp_path, "run", f"{target}:main", "--run-dir", str(tmp_path / "r"))
     assert proc.returncode == 1
     lineno = next(
         i for i, text in enumerate(target.read_text().splitlines(), 1) if "guard = Guard(" in text
