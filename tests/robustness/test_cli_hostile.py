@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from remedy.cli.main import main
+from tests.paths import PYTHONPATH
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -309,7 +310,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _env(scratch: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        PYTHONPATH=PYTHONPATH,
         HOME=str(scratch / "home"),
         REMEDY_HOME=str(scratch / "home" / ".remedy"),
         RAY_TMPDIR=str(scratch / "home" / "ray"),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import PYTHONPATH
 from tests.robustness.test_private_ray_dies import TINY, _children
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +26,7 @@ def test_a_stopped_driver_does_not_stop_its_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        "PYTHONPATH": PYTHONPATH,
         "REMEDY_HOME": str(tmp_path / "home"),
     }
     env.pop("RAY_ADDRESS", None)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import PYTHONPATH
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = f"{REPO / 'tests' / 'robustness' / 'targets' / 'tiny.py'}:main"
 
@@ -39,7 +41,7 @@ def test_private_ray_killed_under_a_run(daemon: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        "PYTHONPATH": PYTHONPATH,
         "REMEDY_HOME": str(tmp_path / "home"),
     }
     env.pop("RAY_ADDRESS", None)

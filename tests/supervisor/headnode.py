@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from tests.paths import PYTHONPATH
+
 REPO = Path(__file__).resolve().parents[2]
 # The `ray` command of this interpreter's installation (a venv's bin/), else the one on PATH.
 _SIBLING = Path(sys.executable).with_name("ray")
@@ -70,7 +72,7 @@ def _free_ports(n: int) -> list[int]:
 def env_for(root: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        PYTHONPATH=PYTHONPATH,
         HOME=str(root / "home"),
         REMEDY_HOME=str(root / "home" / ".remedy"),
         RAY_TMPDIR=str(root / "ray"),

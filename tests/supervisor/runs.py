@@ -15,6 +15,7 @@ import ray
 from remedy.cli.runner import run_supervised
 from remedy.protocol.spec import NAMESPACE, RunSpec
 from remedy.supervisor.agent.actor import agent_name, alive_nodes
+from tests.paths import PYTHONPATH
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -43,7 +44,7 @@ def supervised(
 
 def standalone(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run the tiny job alone in a fresh process (a Guard with `run_dir=`, no supervisor)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     return subprocess.run(
         [sys.executable, str(TRAIN), "--run-dir", str(run_dir), *args],
         capture_output=True,

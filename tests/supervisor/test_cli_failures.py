@@ -13,6 +13,7 @@ import pytest
 from remedy.cli.main import rank_errors
 from remedy.cli.runner import run_supervised
 from remedy.protocol.spec import RunSpec
+from tests.paths import PYTHONPATH
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
@@ -82,7 +83,7 @@ def _remedy(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     """`python -m remedy.cli ARGV` in a process of its own, with a home of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        PYTHONPATH=PYTHONPATH,
         HOME=str(tmp_path),
         REMEDY_HOME=str(tmp_path / ".remedy"),
     )

@@ -14,6 +14,7 @@ import pytest
 
 from remedy.cli.cluster import probe
 from remedy.protocol.exceptions import ClusterError
+from tests.paths import PYTHONPATH
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -25,7 +26,7 @@ V2 = "version: 1\nname: v2\nrules:\n  - name: nan\n    when: {anomaly: nonfinite
 def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        PYTHONPATH=PYTHONPATH,
         HOME=str(home),
         REMEDY_HOME=str(home / ".remedy"),
     )

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import PYTHONPATH
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +36,7 @@ def test_run_from_a_project_with_policies_workers_supervisor_folders(
     shutil.copy(TINY, project / "train.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        PYTHONPATH=PYTHONPATH,
         HOME=str(tmp_path),
         REMEDY_HOME=str(tmp_path / ".remedy"),
     )

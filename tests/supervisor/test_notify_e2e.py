@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from remedy.rundir.writer import read_jsonl
+from tests.paths import PYTHONPATH
 from tests.supervisor.test_notify import Sink, deliveries
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -38,7 +39,7 @@ def test_a_notify_decision_is_delivered_from_a_supervised_run(tmp_path: Path) ->
     sink = Sink()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        PYTHONPATH=PYTHONPATH,
         HOME=str(tmp_path),
         REMEDY_HOME=str(tmp_path / ".remedy"),
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from remedy.cli.main import EXIT_RUN_DIR, EXIT_USAGE
+from tests.paths import PYTHONPATH
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -26,7 +27,7 @@ FREE = 96 * 1024
 def _env(tmp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        PYTHONPATH=PYTHONPATH,
         HOME=str(tmp / "home"),
         REMEDY_HOME=str(tmp / "home" / ".remedy"),
         REMEDY_FALLBACK_DIR=str(tmp / "fallback"),

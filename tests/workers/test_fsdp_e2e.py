@@ -17,6 +17,7 @@ from remedy.cli.runner import run_supervised
 from remedy.protocol.exceptions import UsageError
 from remedy.protocol.spec import RunSpec
 from remedy.rundir.writer import read_jsonl
+from tests.paths import PYTHONPATH
 from tests.workers.fsdp_ranks import backends
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -222,7 +223,7 @@ def test_sharded_run_resumes_on_fewer_ranks_with_resume_from(
     two = tmp_path / "two"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        PYTHONPATH=PYTHONPATH,
         HOME=str(tmp_path),
         REMEDY_HOME=str(tmp_path / ".remedy"),
     )

@@ -15,6 +15,7 @@ from torch import nn
 
 from remedy.rank import Guard, GuardConfig
 from remedy.rank.loop.metrics import METRICS_PORT_ENV, PrometheusBackend, RunMetrics
+from tests.paths import PYTHONPATH
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -132,7 +133,7 @@ def test_ray_exporter_serves_remedy_metrics(tmp_path: Path) -> None:
     """On a private Ray with its metrics agent, Ray's export port serves the metrics an actor recorded."""
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        "PYTHONPATH": PYTHONPATH,
         "HOME": str(tmp_path),
     }
     probe = subprocess.run(
