@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from remedy.cli import ray_train
+from remedy.cli import ray_train, registry
 from remedy.protocol.exceptions import UsageError
+from remedy.rundir.claim import MARKER as CLAIM_MARKER
 from remedy.rundir.writer import read_jsonl
 
 HERE = Path(__file__).parent
@@ -44,9 +45,13 @@ def test_scaling_from_num_workers_or_a_scaling_config() -> None:
 
 @pytest.mark.ray
 @pytest.mark.timeout(300)
-def test_run_supervised_nan_on_rank_1_is_one_decision(ray_cluster: None, tmp_path: Path) -> None:
+def test_run_supervised_nan_on_rank_1_is_one_decision(
+    ray_cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The `TorchTrainer` loop of test_ray_train, run by `run_supervised` on 2 gloo ranks: a NaN
-    loss on rank 1 is one decision for the group, and the run completes with equal parameters."""
+    loss on rank 1 is one decision for the group, and the run completes with equal parameters.
+    The run is in the registry as a `remedy run` is, and its directory is claimed."""
+    monkeypatch.setenv("REMEDY_HOME", str(tmp_path / "home"))
     chaos = tmp_path / "chaos.yaml"
     chaos.write_text("faults:\n  - {kind: nan_loss, at_step: 12, rank: 1}\n")
     run_dir = tmp_path / "run"
@@ -70,3 +75,17 @@ def test_run_supervised_nan_on_rank_1_is_one_decision(ray_cluster: None, tmp_pat
     assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
     written = json.loads((run_dir / "summary.json").read_text())
     assert written["status"] == "completed"
+    (entry,) = registry.runs()
+    assert (entry["run_dir"], entry["state"]) == (str(run_dir), "completed")
+    with pytest.raises(UsageError, match="already holds a run"):
+        ray_train.run_supervised(launched_train.ray_train_loop, num_workers=2, run_dir=run_dir)
+
+
+def test_a_directory_another_run_claimed_is_refused_before_ray(tmp_path: Path) -> None:
+    """A run directory claimed by a run is refused in one line; nothing is written into it."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / CLAIM_MARKER).write_text("other-run\n")
+    with pytest.raises(UsageError, match="already holds a run"):
+        ray_train.run_supervised(_loop, num_workers=1, run_dir=run_dir)
+    assert not (run_dir / ray_train.LOOP_FILE).exists()

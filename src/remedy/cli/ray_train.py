@@ -58,6 +58,7 @@ def run_supervised(
     """
     from remedy.protocol.spec import RunSpec  # noqa: PLC0415 - the ranks import this module too
     from remedy.rank.chaos.faults import ChaosSetting, load_chaos  # noqa: PLC0415
+    from remedy.rundir.claim import claim_run_dir  # noqa: PLC0415
     from remedy.supervisor.policy_source import load_policy_source  # noqa: PLC0415
 
     workers, gpus = _scaling(num_workers, scaling_config)
@@ -76,11 +77,24 @@ def run_supervised(
     if chaos is not None:
         setting = ChaosSetting(world_size=workers, supervised=True)
         spec.faults = [f.model_dump() for f in load_chaos(os.fspath(chaos), setting=setting)]
-    loop = Path(spec.run_dir) / LOOP_FILE
-    loop.parent.mkdir(parents=True, exist_ok=True)
-    loop.write_bytes(_pickled(train_loop_per_worker, train_loop_config))
-    spec.argv = [str(loop)]
-    return _supervise(spec)
+    pickled = _pickled(train_loop_per_worker, train_loop_config)
+    # The directory is claimed as `remedy run` claims it: a second run into it is refused,
+    # and a run that never started leaves nothing behind.
+    claim = claim_run_dir(
+        Path(spec.run_dir),
+        given=f"run_dir {run_dir}" if run_dir is not None else f"run directory {spec.run_dir}",
+        run_id=spec.run_id,
+    )
+    try:
+        loop = Path(spec.run_dir) / LOOP_FILE
+        try:
+            loop.write_bytes(pickled)
+        except OSError as exc:
+            raise UsageError(f"cannot write {loop}: {exc.strerror}") from None
+        spec.argv = [str(loop)]
+        return _supervise(spec, claim)
+    finally:
+        claim.release()  # a no-op once the run has started: its directory is its record
 
 
 def _pickled(fn: Callable[..., Any], config: dict[str, Any] | None) -> bytes:
@@ -126,14 +140,34 @@ def _scaling(num_workers: int | None, scaling_config: Any) -> tuple[int, float]:
     return workers, gpus
 
 
-def _supervise(spec: Any) -> dict[str, Any]:
-    """Connect to Ray (or start a private one) and run `spec` under a supervisor."""
+def _supervise(spec: Any, claim: Any) -> dict[str, Any]:
+    """Connect to Ray (or start a private one) and run `spec` under a supervisor, recorded in
+    this machine's registry as `remedy run` records its runs (`remedy status`, `logs`, `stop`
+    and `explain` find it by its id)."""
+    from remedy.cli import registry  # noqa: PLC0415
     from remedy.cli.cluster import choose, connect, disconnect  # noqa: PLC0415
     from remedy.cli.runner import run_supervised as run_spec  # noqa: PLC0415
+    from remedy.protocol.spec import NAMESPACE  # noqa: PLC0415
 
     conn = connect(choose(None), workers=spec.workers, quiet=True)
     try:
-        return run_spec(spec)
+        registry.register(
+            spec.run_id,
+            {
+                "address": conn.address,
+                "namespace": NAMESPACE,
+                "token": spec.token,
+                "ray_token": conn.token if conn.mode == "local" else None,
+                "mode": "local" if conn.mode == "local" else "cluster",
+                "run_dir": spec.run_dir,
+                "temp_dir": conn.temp_dir,
+                "detached": False,
+            },
+        )
+        claim.started = True
+        summary = run_spec(spec)
+        registry.update(spec.run_id, state=summary.get("status"))
+        return summary
     finally:
         disconnect(conn)  # a Ray this process had joined before stays joined
 
