@@ -43,8 +43,30 @@ def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:
     return nn.functional.mse_loss(model(x), y)
 
 
-def train(run_dir: str, steps: int, seed: int = 0, policy: str | None = None) -> dict[str, Any]:
-    """The loop: every rank builds the same model, DDP keeps it equal, each reads its shard."""
+class LoopState:
+    """The loop's own counter (Stateful); `broken` makes its `load_state_dict` raise."""
+
+    def __init__(self, broken: bool) -> None:
+        self.trained, self.broken = 0, broken
+
+    def state_dict(self) -> dict[str, int]:
+        return {"trained": self.trained}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if self.broken:
+            raise RuntimeError("this rank's loop state refuses to load")
+        self.trained = state["trained"]
+
+
+def train(
+    run_dir: str,
+    steps: int,
+    seed: int = 0,
+    policy: str | None = None,
+    broken_state_rank: int | None = None,
+) -> dict[str, Any]:
+    """The loop: every rank builds the same model, DDP keeps it equal, each reads its shard.
+    Its counter of steps trained is registered `state=`; on `broken_state_rank` it cannot load."""
     ctx = get_context()
     rank, world = (ctx.rank, ctx.world_size) if ctx else (0, 1)
     torch.manual_seed(seed)  # the same initial weights on every rank
@@ -55,6 +77,7 @@ def train(run_dir: str, steps: int, seed: int = 0, policy: str | None = None) ->
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=seed)
     loader = DataLoader(dataset, batch_size=16, sampler=sampler, drop_last=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loop_state = LoopState(broken=rank == broken_state_rank)
     guard = Guard(
         model,
         optimizer,
@@ -64,9 +87,11 @@ def train(run_dir: str, steps: int, seed: int = 0, policy: str | None = None) ->
         max_steps=steps,
         run_dir=run_dir,
         config=GuardConfig(snapshot_every=5, checkpoint_every=10, policy=policy),
+        state={"loop": loop_state},
     )
     for batch in guard:
         guard.step(batch)
+        loop_state.trained += 1
     summary = guard.close()
     out = Path(run_dir) / "out"
     out.mkdir(exist_ok=True)
@@ -74,6 +99,7 @@ def train(run_dir: str, steps: int, seed: int = 0, policy: str | None = None) ->
     (out / f"summary.rank{rank}.json").write_text(json.dumps(summary, default=str))
     outcomes = [o.to_dict() for o in guard.history]  # every command this rank applied, and where
     (out / f"outcomes.rank{rank}.json").write_text(json.dumps(outcomes, default=str))
+    (out / f"trained.rank{rank}.json").write_text(json.dumps(loop_state.trained))
     return summary
 
 
@@ -99,10 +125,14 @@ def main(argv: list[str]) -> None:
     p.add_argument("--run-dir", required=True)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--policy", default=None, help="a policy file or bundled name")
+    p.add_argument("--broken-state-rank", type=int, default=None,
+                   help="the rank whose loop state refuses to load")  # fmt: skip
     args = p.parse_args(argv)
     init_group()
     try:
-        train(args.run_dir, args.steps, policy=args.policy)
+        train(
+            args.run_dir, args.steps, policy=args.policy, broken_state_rank=args.broken_state_rank
+        )
     finally:
         dist.destroy_process_group()
 

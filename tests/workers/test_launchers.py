@@ -113,6 +113,52 @@ def test_torchrun_nan_on_one_rank_is_one_group_decision(tmp_path: Path) -> None:
     assert params_equal(run_dir)
 
 
+ROLLBACK_THEN_LR = """\
+version: 1
+name: rollback-then-cut
+rules:
+  - name: nan-rollback
+    when: {anomaly: [nonfinite_loss, nonfinite_grad]}
+    do:
+      - rollback: {steps_back: 5, skip_batches: 1}
+        on_failure: next
+      - shrink_lr: {factor: 0.5}
+    max_fires: 1
+"""
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_a_state_that_fails_to_load_on_one_rank_fails_the_rollback_on_both(
+    tmp_path: Path,
+) -> None:
+    """Rank 1's loop state refuses to load during a rollback under torchrun: the rollback fails
+    on both ranks with rank 1's reason (rank 0 puts its state back), neither rank goes back, the
+    policy's next step (the LR cut) runs, and the replicas stay bitwise equal."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(ROLLBACK_THEN_LR)
+    run_dir = torchrun(
+        tmp_path,
+        "faults:\n  - {kind: nan_loss, at_step: 12, rank: 0}\n",
+        steps=20,
+        extra=("--policy", str(policy), "--broken-state-rank", "1"),
+    )
+    decisions = {d["action"]: d for d in read_jsonl(run_dir / "decisions.jsonl")}
+    assert decisions["rollback"]["outcome"] == "failed", decisions["rollback"]
+    assert decisions["shrink_lr"]["outcome"] == "applied"
+    ours = [outcomes(run_dir, r) for r in (0, 1)]
+    assert [[o["outcome"] for o in got] for got in ours] == [["failed", "applied"]] * 2
+    refused = "load_state_dict raised RuntimeError: this rank's loop state refuses to load"
+    assert refused in ours[1][0]["detail"]
+    assert f"rank 1 could not restore: state 'loop': {refused}" in ours[0][0]["detail"]
+    assert "no rank restored anything" in ours[0][0]["detail"]
+    trained = [json.loads((run_dir / "out" / f"trained.rank{r}.json").read_text()) for r in (0, 1)]
+    assert trained == [20, 20]  # nothing went back, nothing was lost
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert all(r["steps_executed"] == 20 for r in summary["ranks"]), summary["ranks"]
+    assert params_equal(run_dir)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_torchrun_restart_resumes_from_the_newest_committed_checkpoint(tmp_path: Path) -> None:

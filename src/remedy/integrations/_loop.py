@@ -21,6 +21,7 @@ import contextlib
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -462,10 +463,12 @@ class LoopGuard:
             detectors=self.detectors.state_dict(),
         )
 
-    def restore(self, snap: Snapshot) -> None:
+    def restore(self, snap: Snapshot, *, agree: Callable[[str | None], str] | None = None) -> None:
         """Weights, optimizer, scheduler, scaler and RNG back to `snap`; remediations stay in force.
 
         The step goes back with them; the loop's data position does not (`data_rewindable`).
+        A callback holds no objects of the user's that could refuse their state, so there is
+        nothing for the ranks to agree on (`agree` is not called).
         """
         self.model.load_state_dict(snap.model)
         # Loading may alias the given tensors; the snapshot must stay pristine for a second rollback.

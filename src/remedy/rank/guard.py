@@ -48,7 +48,7 @@ from remedy.rank.actions.replay import Replays, StepMark
 from remedy.rank.chaos import process_faults  # noqa: F401 - memory_actions registers its appliers
 from remedy.rank.chaos.faults import ChaosSetting, FaultInjector
 from remedy.rank.detectors import Detector, DetectorSuite, default_detectors
-from remedy.rank.exceptions import ChaosConfigError, RunAborted
+from remedy.rank.exceptions import ChaosConfigError, RunAborted, UserStateError
 from remedy.rank.group import replicas
 from remedy.rank.link import group_decide, launcher, relaunch
 from remedy.rank.link.context import Reporter, WorkerContext, get_context
@@ -914,16 +914,34 @@ class Guard:
             detectors=self.detectors.state_dict(),
         )
 
-    def restore(self, snap: Snapshot, *, own: bool = True) -> None:
+    def restore(
+        self, snap: Snapshot, *, own: bool = True, agree: Callable[[str | None], str] | None = None
+    ) -> None:
         """Put the loop back at the boundary before `snap.step`, keeping remediations in force.
 
         `own`: `snap` is this rank's (a rollback, a resume); else a peer's (an adopted
         state), whose per-rank user state and data source state are not loaded.
+        `agree`: called by every rank of the group together once the user's objects are
+        loaded, with this rank's failure (None when they loaded); it returns why another
+        rank failed ("" when none did). Where one did, this rank puts its objects back and
+        raises too, so no rank restores alone and the replicas stay equal.
         """
         # The user's objects first: a load_state_dict that raises leaves everything as it was.
-        self.user_state.load(
-            snap.user, names=None if own else self.user_state.names(per_rank=False)
-        )
+        names = None if own else self.user_state.names(per_rank=False)
+        before = self.user_state.capture() if agree is not None and len(self.user_state) else None
+        failure: UserStateError | None = None
+        try:
+            self.user_state.load(snap.user, names=names)
+        except UserStateError as exc:
+            failure = exc
+        if agree is not None:
+            elsewhere = agree(None if failure is None else str(failure))
+            if elsewhere and failure is None:
+                if before is not None:
+                    self.user_state.load(before, names=names)
+                raise UserStateError(f"{elsewhere}; no rank restored anything")
+        if failure is not None:
+            raise failure
         # A sharded model's snapshot holds local shards: rebuilt as DTensors, each rank loads its own.
         self.model.load_state_dict(sharding.rebuild(snap.model))
         # Loading may alias the given tensors; the snapshot must stay pristine for a second rollback.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -79,7 +80,9 @@ class ActionTarget(Protocol):
     def refusal(self, action: str) -> str | None:
         """Why this loop cannot apply `action` (one sentence), or None when it can."""
 
-    def restore(self, snap: Snapshot) -> None: ...
+    def restore(
+        self, snap: Snapshot, *, agree: Callable[[str | None], str] | None = None
+    ) -> None: ...
     def skip_next(self, count: int) -> list[int]: ...
     def effective_lrs(self) -> list[float]: ...
     def scale_lr(self, factor: float, *, min_lr: float = 0.0) -> None: ...
@@ -196,7 +199,11 @@ def rollback(guard: ActionTarget, params: dict[str, Any], command: Command) -> d
             + (f" ({why})" if why else "")
         )
     from_step = guard.step_count
-    guard.restore(snap)
+    # Every rank of a group restores or none does: a user's object that refuses its state
+    # on one rank must not leave that rank alone at the old step (`restore_point`).
+    group = guard.group
+    agree = None if group is None else partial(restore_point.failed_elsewhere, group=group)
+    guard.restore(snap, agree=agree)
     retired = guard.checkpoints.retire_after(snap.step) if guard.checkpoints is not None else []
     skipped = guard.skip_next(int(params.get("skip_batches", 0)))
     rewound = guard.data_rewindable

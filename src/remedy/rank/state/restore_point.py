@@ -47,6 +47,22 @@ def gather(value: Any, group: Any = None) -> Views:
     return Views(out)
 
 
+def failed_elsewhere(failure: str | None, group: Any = None) -> str:
+    """Every rank's failure to restore, exchanged: why the other ranks failed ("" if none did).
+
+    Called by every rank of the group together (one `all_gather_object`) between
+    loading a rank's own state and the rest of a restore, so that a rank whose
+    objects refused their state is never the only one left at the old step.
+    """
+    views = gather(failure, group).values
+    me = dist.get_rank(group) if group is not None and dist.is_initialized() else 0
+    return "; ".join(
+        f"rank {rank} could not restore: {why}"
+        for rank, why in enumerate(views)
+        if why is not None and rank != me
+    )
+
+
 @dataclass
 class DiskChoice:
     """The step every rank restores from disk, and why."""
