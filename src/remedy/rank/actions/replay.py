@@ -241,6 +241,8 @@ def _shared(rng: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 
 def _same_state(a: Any, b: Any) -> bool:
     """Whether two captures of one generator's state are equal (cheaply: C-level compares)."""
+    if a is b:  # numpy's capture of a generator that did not move is the same object (`rng`)
+        return True
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
     if isinstance(a, list):  # CUDA: one state tensor per device

@@ -12,7 +12,6 @@ numbers, the same verdicts.
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +20,10 @@ from typing import Any
 import torch
 
 from remedy.rank.state import sharding
+
+# Re-exported: the rest of the rank takes them from here, with the snapshots that hold them.
+from remedy.rank.state.rng import capture_rng as capture_rng
+from remedy.rank.state.rng import restore_rng as restore_rng
 
 
 def clone_to_host(tree: Any, into: Any = None) -> Any:
@@ -69,31 +72,6 @@ def blank_like(tree: Any) -> Any:
         items = [blank_like(v) for v in tree]
         return items if isinstance(tree, list) else tuple(items)
     return tree
-
-
-def capture_rng() -> dict[str, Any]:
-    """The state of every RNG a training step may draw from."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy as np  # noqa: PLC0415 - optional; only if the loop uses it
-
-        state["numpy"] = np.random.get_state()
-    except ImportError:  # pragma: no cover - numpy ships with torch's usual installs
-        pass
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy as np  # noqa: PLC0415
-
-        np.random.set_state(state["numpy"])
 
 
 @dataclass
