@@ -33,13 +33,19 @@ tiny model's real batches, and the Guard's own per-step pieces.
     python benchmarks/overhead.py --quick    # fewer steps, for a smoke run
     python benchmarks/overhead.py --only example
     python benchmarks/overhead.py --profile  # cProfile of the tiny config's guarded steps
-    python benchmarks/overhead.py --supervised [--sup-workers 1,4] [--sup-steps 150] [--sup-repeat 3]
+    python benchmarks/overhead.py --supervised [--sup-workers 1,4] [--sup-steps 400] [--chunk 10]
+    python benchmarks/overhead.py --supervised --separate [--sup-repeat 3]
 
 `--supervised` prints the rows of the real supervised path instead: the
-example under `remedy run` (a private local Ray), guarded and plain, at 1
-rank and at 4 DDP ranks, with reports, snapshots and durable checkpoints at
-their defaults (see `supervised_target.py`); the runs alternate which goes
-first, and the row is the ratio of the median step times of rank 0.
+example under `remedy run` (a private local Ray) at 1 rank and at 4 DDP
+ranks, with reports, snapshots and durable checkpoints at their defaults
+(see `supervised_target.py`). Each world size is one run whose ranks train
+a guarded and a plain copy of the model in alternating chunks, so the noise
+of this shared machine hits both alike; a row is `supervised N ranks RATIO
+[LO, HI]`: the median over pairs of chunks of rank 0's guarded/plain ratio
+of median step times, with its 95% bootstrap interval over the pairs. Then
+the Guard's per-step pieces (as in the one-process rows). `--separate` runs
+each side as its own `remedy run` instead, alternating which goes first.
 
 Timings on a shared machine are noisy: compare ratios, rerun, and keep
 `--threads 1` (the default) where other jobs compete for the cores.
@@ -327,8 +333,24 @@ def supervised(args: argparse.Namespace) -> None:
     import os  # noqa: PLC0415
 
     from benchmarks.supervised_target import compare as supervised_compare  # noqa: PLC0415
+    from benchmarks.supervised_target import interleaved  # noqa: PLC0415
 
     workers = [int(w) for w in args.sup_workers.split(",")]
+    if not args.separate:
+        print(f"under remedy run, both sides in the same ranks: {args.sup_steps} steps of each in "
+              f"chunks of {args.chunk}, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+        for w in workers:
+            r = interleaved(w, args.sup_steps, args.chunk)
+            print(f"supervised {w} ranks {r['ratio']:.4f} [{r['lo']:.4f}, {r['hi']:.4f}]  "
+                  f"(plain {r['plain_ms']:.2f} ms, guarded {r['guarded_ms']:.2f} ms, "
+                  f"{r['pairs']} pairs of chunks)", flush=True)  # fmt: skip
+        print(
+            "\nGuard pieces on the tiny model, right after a backward (µs per call: median, mean):"
+        )
+        for name, median, mean in component_costs():
+            print(f"  {name:44} {median:8.1f} {mean:8.1f}")
+        print(f"load average at the end {os.getloadavg()[0]:.1f}")
+        return
     print(f"under remedy run: {args.sup_steps} steps a run (20 untimed), {args.sup_repeat} runs "
           f"of each mode per world size, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"{'ranks':>6} {'plain ms':>9} {'guarded ms':>11} {'ratio':>7}  per-pair ratios")
@@ -347,8 +369,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile", action="store_true", help="cProfile the tiny guarded steps")
     p.add_argument("--supervised", action="store_true", help="the rows under `remedy run`")
     p.add_argument("--sup-workers", default="1,4", help="world sizes for --supervised")
-    p.add_argument("--sup-steps", type=int, default=150, help="steps per supervised run")
-    p.add_argument("--sup-repeat", type=int, default=3, help="runs of each mode per world size")
+    p.add_argument("--sup-steps", type=int, default=400, help="steps of each side per run")
+    p.add_argument("--chunk", type=int, default=10, help="steps per chunk (--supervised)")
+    p.add_argument("--separate", action="store_true", help="one remedy run per side (--supervised)")
+    p.add_argument("--sup-repeat", type=int, default=3, help="runs of each side (--separate)")
     add_check_imports(p)
     args = p.parse_args(argv)
     if args.check_imports:

@@ -8,8 +8,16 @@ defaults (every default detector, reports to the supervisor, snapshots every
 same plain loop with no Guard. It returns this rank's step times, so the
 run's `summary.json` carries them.
 
-`compare` runs both under `remedy run` at each world size, alternating
-which goes first, and gives the ratio of the median step times.
+`--mode interleaved` trains both in the same ranks of one `remedy run`: two
+copies of the model from the same weights, each its own DDP, on the same
+batches, in alternating chunks of `--chunk` steps (guarded then plain, then
+plain then guarded, ...), so that machine noise, a busy neighbour or a slow
+rank hits both sides alike. It returns the median step time of each side in
+each pair of chunks; `interleaved` runs it and gives the median of the pairs'
+ratios with a 95% bootstrap interval over the pairs.
+
+`compare` runs both modes as separate `remedy run`s at each world size,
+alternating which goes first, and gives the ratio of the median step times.
 """
 
 from __future__ import annotations
@@ -47,7 +55,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     from remedy import Guard, get_context  # noqa: PLC0415
 
     p = argparse.ArgumentParser(prog="supervised_target")
-    p.add_argument("--mode", choices=("guarded", "plain"), required=True)
+    p.add_argument("--mode", choices=("guarded", "plain", "interleaved"), required=True)
+    p.add_argument("--chunk", type=int, default=10, help="steps per chunk (interleaved)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     # Set in the thread that trains, for both modes alike: under load, two intra-op
@@ -68,6 +77,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     def batch(i: int) -> torch.Tensor:
         return corpus.batch(i * world + rank)
 
+    if args.mode == "interleaved":
+        return _interleaved(args, model, opt, sched, batch, world)
     times: list[float] = []
     last = time.perf_counter()
     if args.mode == "guarded":
@@ -94,21 +105,117 @@ def main(argv: list[str]) -> dict[str, Any]:
             "torch_threads": torch.get_num_threads()}  # fmt: skip
 
 
+def _interleaved(
+    args: argparse.Namespace, model: Any, opt: Any, sched: Any, batch: Any, world: int
+) -> dict[str, Any]:
+    """Both sides in this rank, in alternating chunks; each pair's median step times."""
+    import copy  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from examples.gpt_model import cosine_with_warmup, lm_loss  # noqa: PLC0415
+    from remedy import Guard  # noqa: PLC0415
+
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    twin: torch.nn.Module = copy.deepcopy(inner)
+    if world > 1 and dist.is_initialized():
+        twin = torch.nn.parallel.DistributedDataParallel(twin)
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.95))
+    twin_sched = torch.optim.lr_scheduler.LambdaLR(twin_opt, cosine_with_warmup(30, args.steps))
+    guard = Guard(model, opt, loss_fn=lm_loss, data=batch, scheduler=sched, max_steps=args.steps)
+    it = iter(guard)
+    plain_step = 0
+
+    def guarded_chunk() -> list[float]:
+        times = []
+        last = time.perf_counter()
+        for _ in range(args.chunk):
+            guard.step(next(it))  # the boundary (commands, snapshots, reports) is in `next`
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+        return times
+
+    def plain_chunk() -> list[float]:
+        nonlocal plain_step
+        times = []
+        last = time.perf_counter()
+        for _ in range(args.chunk):
+            twin_opt.zero_grad(set_to_none=True)
+            lm_loss(twin, batch(plain_step)).backward()
+            twin_opt.step()
+            twin_sched.step()
+            plain_step += 1
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+        return times
+
+    pairs: list[tuple[float, float]] = []
+    for i in range(args.steps // args.chunk):
+        if i % 2 == 0:
+            g, pl = guarded_chunk(), plain_chunk()
+        else:
+            pl, g = plain_chunk(), guarded_chunk()
+        # The first step of a chunk pays for the switch from the other model: left out.
+        pairs.append((statistics.median(g[1:]), statistics.median(pl[1:])))
+    guard.close()
+    warm = max(1, args.warmup // args.chunk)
+    return {"mode": "interleaved", "pairs": pairs[warm:], "chunk": args.chunk,
+            "torch_threads": torch.get_num_threads()}  # fmt: skip
+
+
 def _one(mode: str, workers: int, steps: int, tmp: Path, i: int) -> float:
     """One `remedy run`; rank 0's median step time."""
     run_dir = tmp / f"{mode}-{workers}-{i}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     cmd = [sys.executable, "-m", "remedy.cli", "run", TARGET, "--workers", str(workers),
            "--run-dir", str(run_dir), "--quiet", "--", "--mode", mode, "--steps", str(steps)]  # fmt: skip
+    return float(_rank0(cmd, env, run_dir, f"{mode} x{workers}")["median_s"])
+
+
+def _rank0(cmd: list[str], env: dict[str, str], run_dir: Path, what: str) -> dict[str, Any]:
+    """Run one `remedy run`; rank 0's result."""
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=1800)
     if proc.returncode != 0:
         # `--quiet` puts the display's JSON lines on stdout: the summary's error is the last.
         tail = (proc.stdout.strip().splitlines() or [""])[-1][-800:]
-        raise RuntimeError(f"remedy run {mode} x{workers} exited {proc.returncode}: {tail} "
+        raise RuntimeError(f"remedy run {what} exited {proc.returncode}: {tail} "
                            f"{proc.stderr[-400:]}")  # fmt: skip
     summary = json.loads((run_dir / "summary.json").read_text())
     rank0 = next(r for r in summary["ranks"] if r.get("rank") == 0)
-    return float(rank0["result"]["median_s"])
+    return dict(rank0["result"])
+
+
+def interleaved(workers: int, steps: int, chunk: int) -> dict[str, Any]:
+    """One `remedy run` of `workers` ranks training both sides in alternating chunks: the
+    median of the pairs' guarded/plain ratios and its 95% bootstrap interval over the pairs."""
+    with tempfile.TemporaryDirectory() as tmp_s:
+        run_dir = Path(tmp_s) / f"interleaved-{workers}"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+        cmd = [sys.executable, "-m", "remedy.cli", "run", TARGET, "--workers", str(workers),
+               "--run-dir", str(run_dir), "--quiet", "--", "--mode", "interleaved",
+               "--steps", str(steps), "--chunk", str(chunk)]  # fmt: skip
+        result = _rank0(cmd, env, run_dir, f"interleaved x{workers}")
+    pairs = [tuple(p) for p in result["pairs"]]
+    ratios = [g / p for g, p in pairs]
+    lo, hi = bootstrap_interval(ratios)
+    return {"workers": workers, "ratio": statistics.median(ratios), "lo": lo, "hi": hi,
+            "pairs": len(pairs), "guarded_ms": statistics.median(g for g, _ in pairs) * 1e3,
+            "plain_ms": statistics.median(p for _, p in pairs) * 1e3}  # fmt: skip
+
+
+def bootstrap_interval(
+    values: list[float], *, level: float = 0.95, draws: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """The `level` percentile bootstrap interval of the median of `values`."""
+    import random  # noqa: PLC0415
+
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    tail = (1 - level) / 2
+    return medians[int(tail * draws)], medians[min(int((1 - tail) * draws), draws - 1)]
 
 
 def compare(workers: list[int], steps: int, repeat: int) -> Iterator[dict[str, Any]]:
