@@ -42,6 +42,7 @@ def _decisions(run_dir: Path) -> list[tuple[Any, ...]]:
     ]
 
 
+@pytest.mark.slow
 def test_two_ranks_through_an_agent_match_the_run_without(
     ray_cluster: None, tmp_path: Path
 ) -> None:

@@ -64,6 +64,7 @@ def _decisions(run_dir: Path) -> list[tuple[Any, ...]]:
     ]
 
 
+@pytest.mark.slow
 def test_a_killed_agent_comes_back_and_the_run_matches_one_without_the_kill(
     ray_cluster: None, tmp_path: Path
 ) -> None:

@@ -65,6 +65,7 @@ def _save(path: Path, data: bytes, n: int) -> None:
     os.utime(path, ns=(stamp, stamp))
 
 
+@pytest.mark.slow
 def test_hostile_saves_and_applies_never_kill_the_run(
     ray_cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -74,6 +74,7 @@ def _kill_agent_after_promotion(spec: RunSpec, out: dict[str, Any]) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_killed_rank_is_replaced_by_its_nodes_spare_which_outlives_the_agent(
     ray_cluster: None, tmp_path: Path
 ) -> None:

@@ -157,6 +157,7 @@ def test_a_slow_rank_is_not_named_hung(clean_digest: str, tmp_path: Path) -> Non
     assert [r["incarnation"] for r in summary["ranks"]] == [1] * 4
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_replacement_that_dies_as_it_joins_is_launched_again(
     clean_digest: str, tmp_path: Path

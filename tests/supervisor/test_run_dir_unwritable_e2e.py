@@ -89,6 +89,7 @@ def test_a_full_run_directory_ends_the_run_in_one_line(small_disk: Path, tmp_pat
     assert summary["status"] == "failed" and "ENOSPC" in summary["io_error"]
 
 
+@pytest.mark.slow
 def test_a_run_directory_deleted_mid_run_ends_the_run_in_one_line(tmp_path: Path) -> None:
     """The run directory removed while the run goes on: one line saying so, exit EXIT_RUN_DIR."""
     run_dir = tmp_path / "run"
