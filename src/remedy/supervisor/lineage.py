@@ -22,6 +22,7 @@ from remedy.control.job import JobState, Phase
 from remedy.protocol.spec import NAMESPACE
 from remedy.rundir.claim import claimed_lives
 from remedy.rundir.journals import read_journal
+from remedy.supervisor.death_cause import describe, kernel_oom_kill
 from remedy.supervisor.worker_group import run_actor_names
 
 if TYPE_CHECKING:
@@ -105,7 +106,18 @@ def applied_ids(answers: dict[int, tuple[str, dict[str, Any]]]) -> list[str]:
     ]
 
 
-def death_of(pid: int) -> dict[str, Any] | None:
+def death_of(pid: int) -> dict[str, Any]:
+    """How the worker process `pid` of this cluster ended: Ray's exit type and detail (None
+    where Ray holds no record of it) and, from them and the kernel log, its `cause` and a
+    `reason` in words (`death_cause`)."""
+    record = ray_death(pid)
+    return {
+        **(record or {"exit_type": None, "exit_detail": "Ray holds no record of its end"}),
+        **describe(pid, record, kernel_oom_kill(pid)),
+    }
+
+
+def ray_death(pid: int) -> dict[str, Any] | None:
     """How Ray says the worker process `pid` of this cluster ended (its exit type and detail),
     or None where it holds no record of it. Read from the GCS's worker table, which Ray
     fills when a worker dies: the private API is guarded, an answer is never required."""
