@@ -99,3 +99,19 @@ def test_a_driver_that_stands_it_down_keeps_everything(tmp_path: Path) -> None:
         assert not (tmp_path / "run" / "logs").exists()
     finally:
         os.kill(pids["member"], signal.SIGKILL)
+
+
+def test_status_names_a_temp_dir_left_behind(tmp_path: Path) -> None:
+    """`remedy status RUN_ID` of an ended run whose private Ray's temp dir is still there (its
+    driver and watchdog both killed) names it; once removed, it says nothing of it."""
+    from remedy.cli.run_access import RunRef  # noqa: PLC0415
+    from remedy.cli.run_commands import _status_of  # noqa: PLC0415
+
+    run_dir, temp = tmp_path / "run", tmp_path / "remedy-ray-x"
+    run_dir.mkdir()
+    temp.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"run_id": "r1", "status": "failed"}))
+    ref = RunRef("r1", {"run_dir": str(run_dir), "temp_dir": str(temp)})
+    assert _status_of(ref)["ray_temp_dir_left"] == str(temp)
+    temp.rmdir()
+    assert "ray_temp_dir_left" not in _status_of(ref)
