@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from remedy.supervisor.death_cause import describe, kernel_oom_kill
+from remedy.supervisor.death_cause import describe, kernel_oom_kill, oom_line
 
 UNEXPECTED = {"exit_type": "SYSTEM_ERROR", "exit_detail": "Worker unexpectedly exits with a "
               "connection error code 2. End of file. Some common causes include: (1) the "
@@ -48,3 +48,20 @@ def test_an_unreadable_kernel_log_is_said_so(tmp_path: Path) -> None:
 def test_a_living_process_has_no_oom_kill_in_the_kernel_log() -> None:
     """The real /dev/kmsg read to its end: readable, and no OOM kill of this test's own pid."""
     assert kernel_oom_kill(os.getpid()) == (True, None)
+
+
+def test_the_kernels_line_for_that_process_is_found() -> None:
+    """oom_line: the `Killed process` line of that pid (over its `oom-kill:` summary), not another
+    pid's, not one logged before the process started (an older process with the same pid)."""
+    records = [
+        "6,100,1000000,-;oom-kill:constraint=CONSTRAINT_MEMCG,task=ray::Supervisor,pid=42,uid=0",
+        "3,101,1000100,-;Memory cgroup out of memory: Killed process 42 (ray::Supervisor) x\n X=y",
+        "3,102,1000200,-;Memory cgroup out of memory: Killed process 420 (python) total-vm:1kB",
+    ]
+    found = oom_line(records, 42)
+    assert found == "Memory cgroup out of memory: Killed process 42 (ray::Supervisor) x"
+    assert oom_line(records[:1], 42) == records[0].partition(";")[2]
+    assert oom_line(records[2:], 42) is None
+    # Booted at 1000 (epoch seconds): the lines are from 1001.0-1001.2.
+    assert oom_line(records, 42, since=1001.0, booted=1000.0) == found
+    assert oom_line(records, 42, since=2000.0, booted=1000.0) is None

@@ -28,17 +28,24 @@ import contextlib
 import errno
 import os
 import re
+import time
 from typing import Any
 
 KMSG = "/dev/kmsg"
 # How much of the kernel log is read at most (its ring buffer is far smaller).
 KMSG_LIMIT = 16 << 20
+# How far the kernel's clock and the wall clock may disagree over a process's start.
+CLOCK_SLACK_S = 5.0
 
 
-def kernel_oom_kill(pid: int, kmsg: str = KMSG) -> tuple[bool, str | None]:
-    """(whether the kernel log could be read, its line saying the OOM killer killed `pid`)."""
-    pattern = re.compile(rf"(?:Killed process {pid} \(|oom-kill:.*[,:]pid={pid}[,\s])")
-    found: str | None = None
+def kernel_oom_kill(
+    pid: int, kmsg: str = KMSG, *, since: float | None = None
+) -> tuple[bool, str | None]:
+    """(whether the kernel log could be read, its line saying the OOM killer killed `pid`).
+
+    `since` (seconds since the epoch: when that process started) leaves out the lines logged
+    before it, of an older process that had the same pid."""
+    records: list[str] = []
     try:
         fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
@@ -47,23 +54,47 @@ def kernel_oom_kill(pid: int, kmsg: str = KMSG) -> tuple[bool, str | None]:
         total = 0
         while total < KMSG_LIMIT:
             try:
-                record = os.read(fd, 8192)
+                record = os.read(fd, 8192)  # /dev/kmsg gives one record per read
             except BlockingIOError:
                 break  # the end of the log
             except OSError as exc:
                 if exc.errno == errno.EPIPE:  # records overwritten while reading: go on
                     continue
-                return found is not None, found
+                break
             if not record:
                 break
             total += len(record)
-            message = record.decode("utf-8", "replace").partition(";")[2].split("\n")[0]
-            if pattern.search(message) and (found is None or "Killed process" in message):
-                found = message.strip()
+            records.append(record.decode("utf-8", "replace"))
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
-    return True, found
+    # The kernel stamps its records in microseconds since boot.
+    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return True, oom_line(records, pid, since=since, booted=booted)
+
+
+def oom_line(
+    records: list[str], pid: int, *, since: float | None = None, booted: float = 0.0
+) -> str | None:
+    """The kernel log's line saying its OOM killer killed `pid` (`Killed process PID (...)`,
+    else its `oom-kill:` summary), among /dev/kmsg records (`prio,seq,usec,flags;message`)
+    logged after `since` (seconds since the epoch; the kernel booted at `booted`)."""
+    pattern = re.compile(rf"(?:Killed process {pid} \(|oom-kill:.*[,:]pid={pid}(?:[,\s]|$))")
+    found: str | None = None
+    for record in records:
+        head, _, body = record.partition(";")
+        message = body.split("\n")[0].strip()
+        if since is not None and booted + _stamp_s(head) < since - CLOCK_SLACK_S:
+            continue  # an older process with the same pid
+        if pattern.search(message) and (found is None or "Killed process" in message):
+            found = message
+    return found
+
+
+def _stamp_s(head: str) -> float:
+    """A /dev/kmsg record's time (its prefix `priority,seq,microseconds,flags`), in seconds."""
+    fields = head.split(",")
+    return int(fields[2]) / 1e6 if len(fields) > 2 and fields[2].isdigit() else 0.0
 
 
 def describe(

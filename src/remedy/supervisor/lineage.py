@@ -111,16 +111,18 @@ def death_of(pid: int) -> dict[str, Any]:
     where Ray holds no record of it) and, from them and the kernel log, its `cause` and a
     `reason` in words (`death_cause`)."""
     record = ray_death(pid)
+    since = record.get("started_at") if record is not None else None
     return {
         **(record or {"exit_type": None, "exit_detail": "Ray holds no record of its end"}),
-        **describe(pid, record, kernel_oom_kill(pid)),
+        **describe(pid, record, kernel_oom_kill(pid, since=since)),
     }
 
 
 def ray_death(pid: int) -> dict[str, Any] | None:
-    """How Ray says the worker process `pid` of this cluster ended (its exit type and detail),
-    or None where it holds no record of it. Read from the GCS's worker table, which Ray
-    fills when a worker dies: the private API is guarded, an answer is never required."""
+    """How Ray says the worker process `pid` of this cluster ended (its exit type and detail,
+    and when it started, in seconds since the epoch), or None where it holds no record of it.
+    Read from the GCS's worker table, which Ray fills when a worker dies: the private API is
+    guarded, an answer is never required."""
     try:
         from ray._private.state import state  # noqa: PLC0415 - only after a restart
         from ray.core.generated import common_pb2, gcs_pb2  # noqa: PLC0415
@@ -134,6 +136,7 @@ def ray_death(pid: int) -> dict[str, Any] | None:
                         worker.exit_type
                     ),
                     "exit_detail": worker.exit_detail[:500],
+                    "started_at": worker.start_time_ms / 1000 if worker.start_time_ms else None,
                 }
     except Exception as exc:  # another Ray version: the death goes unexplained, not the restart
         log.warning("death_not_read", pid=pid, error=repr(exc)[:200])
