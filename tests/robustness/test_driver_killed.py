@@ -34,13 +34,14 @@ def test_a_killed_driver_leaves_no_private_ray_behind(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "remedy.cli", "run", TINY, "--address", "local", "--workers", "2",
          "--run-dir", str(run_dir), "--quiet", "--", "--steps", "100000", "--sleep", "0.02"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path,
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr").open("w"), env=env, cwd=tmp_path,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
         metrics = run_dir / "metrics.jsonl"
         while not metrics.exists() or len(metrics.read_text().splitlines()) < 20:
-            assert proc.poll() is None and time.monotonic() < deadline, "the run never trained"
+            said = (tmp_path / "stderr").read_text()[-2000:]
+            assert proc.poll() is None and time.monotonic() < deadline, f"never trained: {said}"
             time.sleep(0.5)
         [entry_file] = (home / "runs").glob("*.json")
         entry = json.loads(entry_file.read_text())
