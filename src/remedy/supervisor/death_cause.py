@@ -68,8 +68,9 @@ def kernel_oom_kill(
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
-    # The kernel stamps its records in microseconds since boot.
-    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    # The kernel stamps its records with its local clock, microseconds since boot not counting
+    # a suspension: CLOCK_MONOTONIC's.
+    booted = time.time() - time.monotonic()
     return True, oom_line(records, pid, since=since, booted=booted)
 
 
