@@ -107,6 +107,13 @@ def test_cli_prints_the_rank_exception(tmp_path: Path) -> None:
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["event"] == "summary"
     assert (last["status"], last["steps_completed"]) == ("failed", 5), last
+    # The private Ray's logs of the failed run are kept in its run directory: the rank's with
+    # the exception, the supervisor's, the raylet's.
+    logs = tmp_path / "r" / "logs"
+    kept = [f for f in json.loads((logs / "index.json").read_text())["files"] if f["kept"]]
+    assert {"supervisor", "rank", "ray"} <= {f["role"] for f in kept}, kept
+    rank_text = "".join((logs / f["name"]).read_text() for f in kept if f["role"] == "rank")
+    assert "loss went sideways at step 5" in rank_text, rank_text[-2000:]
 
 
 def test_cli_prints_a_config_error_in_one_line(tmp_path: Path) -> None:

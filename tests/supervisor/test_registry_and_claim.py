@@ -76,6 +76,25 @@ def test_update_changes_fields_and_keeps_the_entry_private(home: Path) -> None:
     assert sorted(p.name for p in (home / "runs").iterdir()) == ["r1.json"]
 
 
+def test_settle_ends_a_lost_private_run_instead_of_dropping_it(home: Path) -> None:
+    """`settle` (the watchdog of a killed driver): the entry of a local run whose driver is gone
+    gets its end state and is kept; an ended entry keeps the state it has."""
+    runs = home / "runs"
+    runs.mkdir()
+    gone = 2**22 + 12345
+    lost = {"run_id": "lost", "pid": gone, "mode": "local", "state": "running", "ray_token": "s"}
+    (runs / "lost.json").write_text(json.dumps(lost))
+    (runs / "ended.json").write_text(
+        json.dumps({"run_id": "ended", "pid": gone, "state": "stopped"})
+    )
+    registry.settle("lost", "failed", ray_token=None)
+    registry.settle("ended", "failed")
+    entry = registry.lookup("lost")
+    assert entry is not None and entry["state"] == "failed" and entry["ray_token"] is None
+    assert stat.S_IMODE((runs / "lost.json").stat().st_mode) == 0o600
+    assert (registry.lookup("ended") or {}).get("state") == "stopped"
+
+
 def test_claim_and_release(tmp_path: Path) -> None:
     """A claim creates the folders and a marker; a second claim is refused; release removes what it made."""
     run_dir = tmp_path / "a" / "b" / "run"

@@ -16,6 +16,12 @@ the process table) is refused instead of attaching to it and dying with it.
 A named cluster is probed before `ray.init`: one gRPC call with a short
 deadline, so an unreachable address or a refused token is one line within
 seconds instead of minutes of Ray's own retries.
+
+A private Ray is watched by a process of its own (`cli.ray_watchdog`) that
+ends it, keeps the run's logs and removes its directory if the driver dies
+without stopping it (a SIGKILL); `disconnect` stands it down. Where a run
+failed or its supervisor died, `disconnect` keeps the private Ray's logs in
+the run directory first (`rundir.ray_logs`).
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from remedy.cli import ray_watchdog
 from remedy.protocol.exceptions import ClusterError
+from remedy.rundir.ray_logs import keep_logs
 
 # Ray advertises the host's network address unless this is set before it
 # starts; remedy's local clusters stay on loopback. An explicit setting in
@@ -260,6 +268,8 @@ def _start_private(workers: int, common: dict[str, Any]) -> Connection:
     if len(base) > MAX_TEMP_BASE and os.access("/tmp", os.W_OK):
         base = "/tmp"
     temp_dir = tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=base)
+    # Watching from before Ray starts: a driver killed while Ray starts leaves nothing either.
+    _WATCHDOG[:] = [dog] if (dog := ray_watchdog.start(token, temp_dir)) is not None else []
     import ray  # noqa: PLC0415 - after the environment is set
 
     cpus = max(os.cpu_count() or 1, workers + 1)
@@ -275,10 +285,12 @@ def _start_private(workers: int, common: dict[str, Any]) -> Connection:
         )
     except Exception as exc:
         shutil.rmtree(temp_dir, ignore_errors=True)
+        _stand_down()
         first = " ".join(str(exc).split())[:300]
         raise ClusterError(f"cannot start a private Ray: {type(exc).__name__}: {first}") from None
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)
+        _stand_down()
         raise
     address = ray.get_runtime_context().gcs_address
     _PRIVATE_DAEMONS.clear()
@@ -291,6 +303,20 @@ def _start_private(workers: int, common: dict[str, Any]) -> Connection:
 _PRIVATE_DAEMONS: dict[int, str] = {}
 _DAEMON_NAMES = ("raylet", "gcs_server")
 _PRIVATE_TEMP: list[str] = []
+# The private Ray's watchdog (`cli.ray_watchdog`), while one runs.
+_WATCHDOG: list[ray_watchdog.Watchdog] = []
+
+
+def watch_run(run_dir: str, run_id: str, **summary: Any) -> None:
+    """Tell the private Ray's watchdog which run it carries: if the driver dies, that run's logs
+    are kept and its summary written (`summary` holds fields for it)."""
+    for dog in _WATCHDOG:
+        dog.watch_run(run_dir, run_id, **summary)
+
+
+def _stand_down() -> None:
+    while _WATCHDOG:
+        _WATCHDOG.pop().stand_down()
 
 
 def _stat(pid: int) -> tuple[str, str, int] | None:
@@ -317,15 +343,18 @@ def _daemons_of(parent: int) -> dict[int, str]:
     return found
 
 
-def abandon_private_ray() -> None:
+def abandon_private_ray(keep_logs_in: str | None = None) -> None:
     """After part of the private Ray died: end the rest of it (its raylet ends the ranks'
-    processes) and remove its directory; this process cannot use Ray any more."""
+    processes; the watchdog, once this process exits, what stays) and remove its directory,
+    keeping its logs in `keep_logs_in` first; this process cannot use Ray any more."""
     for pid, name in _PRIVATE_DAEMONS.items():
         st = _stat(pid)
         if st is not None and st[0] == name and st[1] not in ("Z", "X"):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
     for temp_dir in _PRIVATE_TEMP:
+        if keep_logs_in is not None:
+            keep_logs(temp_dir, keep_logs_in)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
@@ -361,8 +390,9 @@ def _set_token_mode() -> None:
         AuthenticationTokenLoader.instance().reset_cache()
 
 
-def disconnect(conn: Connection | None) -> None:
-    """Leave Ray; a private one is stopped and its directory removed."""
+def disconnect(conn: Connection | None, *, keep_logs_in: str | None = None) -> None:
+    """Leave Ray; a private one is stopped and its directory removed, its logs kept in the run
+    directory `keep_logs_in` first where one is given (`rundir.ray_logs`)."""
     import ray  # noqa: PLC0415
 
     if conn is not None and conn.mode == "attached":
@@ -372,4 +402,7 @@ def disconnect(conn: Connection | None) -> None:
     if ray.is_initialized():
         ray.shutdown()
     if conn is not None and conn.temp_dir:
+        if keep_logs_in is not None:
+            keep_logs(conn.temp_dir, keep_logs_in)
         shutil.rmtree(conn.temp_dir, ignore_errors=True)
+        _stand_down()

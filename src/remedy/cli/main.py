@@ -460,9 +460,10 @@ def _load_chaos(path: str, workers: int) -> list[Any]:
 def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) -> int:
     """Connect, check the cluster's GPUs, and supervise (or detach); the exit code."""
     from remedy.cli import registry  # noqa: PLC0415 - after validation
-    from remedy.cli.cluster import ClusterError, connect, disconnect  # noqa: PLC0415
+    from remedy.cli.cluster import ClusterError, connect, disconnect, watch_run  # noqa: PLC0415
     from remedy.protocol.exceptions import UsageError  # noqa: PLC0415
     from remedy.protocol.spec import NAMESPACE  # noqa: PLC0415
+    from remedy.rundir.ray_logs import wants_logs  # noqa: PLC0415
 
     try:
         conn = connect(choice, workers=spec.workers, quiet=True)
@@ -496,6 +497,7 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) ->
                 "detached": bool(args.detach),
             },
         )
+        watch_run(spec.run_dir, spec.run_id, policy=spec.policy, workers=spec.workers)
         if not args.quiet or args.detach:
             where = (
                 "a private local Ray"
@@ -522,7 +524,9 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) ->
         if conn.mode == "local":
             # A private Ray ends with this command: its token opens nothing any more.
             registry.update(spec.run_id, ray_token=None)
-        disconnect(conn)
+        # What explains a failure or a supervisor's death goes with the private Ray: keep it.
+        keep = conn.mode == "local" and claim.started and wants_logs(spec.run_dir)
+        disconnect(conn, keep_logs_in=spec.run_dir if keep else None)
 
 
 def _detach(spec: Any) -> int:
@@ -680,7 +684,7 @@ def _watch_private_ray(spec: Any, display: Any, done: threading.Event) -> None:
             file=sys.stderr,
             flush=True,
         )
-        abandon_private_ray()
+        abandon_private_ray(keep_logs_in=spec.run_dir)
         sys.stdout.flush()
         os._exit(EXIT_FAILED)
 

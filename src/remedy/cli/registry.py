@@ -67,6 +67,17 @@ def update(run_id: str, **fields: Any) -> None:
         _write(run_id, {**entry, **fields})
 
 
+def settle(run_id: str, state: str, **fields: Any) -> None:
+    """Give the entry of a run whose driver is gone its end `state` (read as it is: `lookup`
+    drops a local run's entry whose driver died without one)."""
+    if not valid_run_id(run_id):
+        return
+    with contextlib.suppress(OSError, ValueError):
+        entry = json.loads(_entry_path(run_id).read_text(encoding="utf-8"))
+        if isinstance(entry, dict) and entry.get("state") not in FINAL_STATES:
+            _write(run_id, {**entry, "state": state, **fields})
+
+
 def _write(run_id: str, entry: dict[str, Any]) -> None:
     if not valid_run_id(run_id):
         return

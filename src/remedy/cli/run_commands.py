@@ -145,7 +145,17 @@ def _ended_status(ref: RunRef, summary: dict[str, Any]) -> dict[str, Any]:
         "wall_s": summary.get("wall_s"),
         "run_dir": str(ref.run_dir),
         "ended": True,
+        **_temp_dir_left(ref),
     }
+
+
+def _temp_dir_left(ref: RunRef) -> dict[str, Any]:
+    """The private Ray's temporary directory of an ended run, where it is still there (its
+    driver and the driver's watchdog both killed): the user's to remove."""
+    temp_dir = ref.entry.get("temp_dir")
+    if isinstance(temp_dir, str) and temp_dir and Path(temp_dir).is_dir():
+        return {"ray_temp_dir_left": temp_dir}
+    return {}
 
 
 def _brief(d: dict[str, Any]) -> dict[str, Any]:

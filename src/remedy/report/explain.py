@@ -24,6 +24,7 @@ from remedy.policies import (
 )
 from remedy.policies._predicates import COMPARABLE_FIELDS, _field
 from remedy.policies._vocab import severity_rank
+from remedy.report.deaths import death_lines
 from remedy.rundir.rundata import RunData, number
 
 # Executed steps averaged for "loss before" and "loss after".
@@ -52,7 +53,7 @@ def explain(
     elif rule is not None:
         text = explain_rule(run, rule, policy)
     else:
-        text = _overview(run)
+        text = "\n".join([_overview(run), *death_lines(run.path)])
     notes = list(run.problems)
     if nameless:
         notes.append(

@@ -90,6 +90,7 @@ from remedy.rundir.write_errors import RunDirWriteError
 from remedy.rundir.writer import RunDir
 from remedy.supervisor import placement
 from remedy.supervisor.agent.actor import alive_nodes, kill_agents, launch_agents
+from remedy.supervisor.death_cause import describe
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.intake import Intake
 from remedy.supervisor.lineage import (
@@ -343,10 +344,9 @@ class SupervisorActor:
         it was not new; take the ranks over where the journal was lost or behind and they
         could say where they are."""
         pid = claimed_supervisors(self.run_dir.path).get(lineage.lives)
-        death = death_of(pid) if pid is not None else None
+        death = death_of(pid) if pid is not None else describe(None, None, (False, None))
         self.run_dir.history({
-            "type": "supervisor_died", "incarnation": lineage.lives, "pid": pid,
-            **(death or {"exit_type": None, "exit_detail": "Ray holds no record of its end"}),
+            "type": "supervisor_died", "incarnation": lineage.lives, "pid": pid, **death,
         })  # fmt: skip
         if self._takeover is None:
             return

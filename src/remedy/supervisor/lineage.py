@@ -22,6 +22,7 @@ from remedy.control.job import JobState, Phase
 from remedy.protocol.spec import NAMESPACE
 from remedy.rundir.claim import claimed_lives
 from remedy.rundir.journals import read_journal
+from remedy.supervisor.death_cause import describe, kernel_oom_kill
 from remedy.supervisor.worker_group import run_actor_names
 
 if TYPE_CHECKING:
@@ -105,10 +106,23 @@ def applied_ids(answers: dict[int, tuple[str, dict[str, Any]]]) -> list[str]:
     ]
 
 
-def death_of(pid: int) -> dict[str, Any] | None:
-    """How Ray says the worker process `pid` of this cluster ended (its exit type and detail),
-    or None where it holds no record of it. Read from the GCS's worker table, which Ray
-    fills when a worker dies: the private API is guarded, an answer is never required."""
+def death_of(pid: int) -> dict[str, Any]:
+    """How the worker process `pid` of this cluster ended: Ray's exit type and detail (None
+    where Ray holds no record of it) and, from them and the kernel log, its `cause` and a
+    `reason` in words (`death_cause`)."""
+    record = ray_death(pid)
+    since = record.get("started_at") if record is not None else None
+    return {
+        **(record or {"exit_type": None, "exit_detail": "Ray holds no record of its end"}),
+        **describe(pid, record, kernel_oom_kill(pid, since=since)),
+    }
+
+
+def ray_death(pid: int) -> dict[str, Any] | None:
+    """How Ray says the worker process `pid` of this cluster ended (its exit type and detail,
+    and when it started, in seconds since the epoch), or None where it holds no record of it.
+    Read from the GCS's worker table, which Ray fills when a worker dies: the private API is
+    guarded, an answer is never required."""
     try:
         from ray._private.state import state  # noqa: PLC0415 - only after a restart
         from ray.core.generated import common_pb2, gcs_pb2  # noqa: PLC0415
@@ -122,6 +136,7 @@ def death_of(pid: int) -> dict[str, Any] | None:
                         worker.exit_type
                     ),
                     "exit_detail": worker.exit_detail[:500],
+                    "started_at": worker.start_time_ms / 1000 if worker.start_time_ms else None,
                 }
     except Exception as exc:  # another Ray version: the death goes unexplained, not the restart
         log.warning("death_not_read", pid=pid, error=repr(exc)[:200])
