@@ -72,11 +72,38 @@ class LoopStep:
         self.loader_s = 0.0
         self._started = time.perf_counter()
         self._ended: float | None = None  # when the step before ended: the loader's wait starts
+        # Where the framework's fetches are timed (Lightning's, `fetch_began`/`fetch_ended`):
+        # their total since the last mark, and when the one under way began.
+        self._timed = False
+        self._waited = 0.0
+        self._fetch_began: float | None = None
+
+    def fetch_began(self) -> None:
+        """The framework starts fetching a batch: from now on the loader's wait is the time
+        its fetches take, wherever they fall (between steps, or between the micro-batches of
+        one step), never the time between steps (an evaluation, a save)."""
+        self._timed = True
+        self._fetch_began = time.perf_counter()
+
+    def fetch_ended(self) -> None:
+        """The fetch that `fetch_began` marked has returned its batch."""
+        if self._fetch_began is not None:
+            self._waited += time.perf_counter() - self._fetch_began
+            self._fetch_began = None
 
     def fetched(self) -> None:
         """The framework fetched this step's batch since the last step ended: that is the
-        loader's wait (with the framework's own bookkeeping, small beside a stall)."""
-        self.loader_s = time.perf_counter() - self._ended if self._ended is not None else 0.0
+        loader's wait, as its fetches were timed, else the whole time since the last step
+        ended (with the framework's own bookkeeping, small beside a stall)."""
+        if self._timed:
+            self.loader_s, self._waited = self._waited, 0.0
+        else:
+            self.loader_s = time.perf_counter() - self._ended if self._ended is not None else 0.0
+
+    @property
+    def loader_time_s(self) -> float:
+        """The step's loader wait: before it, and in it (the fetches of its later micro-batches)."""
+        return self.loader_s + self._waited
 
     def begin(self) -> None:
         """The step starts now: no loss yet, nothing dropped."""
@@ -109,11 +136,13 @@ class LoopStep:
 
     @property
     def elapsed_s(self) -> float:
-        return time.perf_counter() - self._started
+        """The step's time, less the fetches timed in it (they are the loader's wait)."""
+        return time.perf_counter() - self._started - self._waited
 
     def ended(self) -> None:
         """The step is over, reported and all: the loader's wait for the next starts."""
         self._ended = time.perf_counter()
+        self._waited = 0.0
 
 
 class LoopCursor:
@@ -207,7 +236,13 @@ class LoopGuard:
         self.checkpoints = None  # the framework writes its own checkpoints
         self.snapshot_every = snapshot_every
         self.snapshots = SnapshotRing(snapshot_ring)
-        self.detectors = DetectorSuite(detectors or default_detectors(model, hardware=False))
+        # The Guard's own suite: its hardware monitor is on where NVML finds a GPU (off, with
+        # one line in the log, elsewhere), its batch inspectors see the batches the
+        # framework hands over (`inspect_batch`).
+        self.detectors = DetectorSuite(detectors or default_detectors(model))
+        self._batch_inspectors: list[Any] = [
+            d for d in self.detectors.detectors if callable(getattr(d, "inspect_batch", None))
+        ]
         self._owns_reporter = ctx is None or ctx.reporter is None
         self.reporter: Reporter = (
             ctx.reporter if ctx is not None and ctx.reporter is not None else self._local(policy)
@@ -306,6 +341,12 @@ class LoopGuard:
                 self.snapshots.push(self.take_snapshot())
         self.this_step.begin()
 
+    def inspect_batch(self, batch: Any) -> None:
+        """The batch the framework hands over for this step's forward (each micro-batch's):
+        the detectors that look at batches (padding, duplicates) read it, as under a Guard."""
+        for inspector in self._batch_inspectors:
+            inspector.inspect_batch(batch)
+
     def record_loss(self, loss: Any) -> None:
         """The loss of one forward of this step (several with gradient accumulation)."""
         self.this_step.record_loss(loss)
@@ -358,7 +399,7 @@ class LoopGuard:
             if self.optimizer
             else math.nan,
             step_time_s=step.elapsed_s,
-            loader_time_s=step.loader_s,
+            loader_time_s=step.loader_time_s,
             batch_index=self.cursor.batch,
             loss_scale=float(self.scaler.get_scale())
             if self.scaler is not None and self.scaler.is_enabled()
