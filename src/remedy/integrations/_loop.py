@@ -26,15 +26,17 @@ from typing import Any
 
 import structlog
 import torch
-import torch.distributed as dist
 
+from remedy.integrations._agree import LoopAgreement
 from remedy.policies._vocab import ACTION_TABLE
 from remedy.protocol.commands import Command, Outcome
 from remedy.rank.actions.remediation import Remediation
 from remedy.rank.chaos.faults import ChaosSetting, FaultInjector, refuse_under_frameworks
 from remedy.rank.detectors import DetectorSuite, default_detectors
 from remedy.rank.guard import LocalReporter
+from remedy.rank.link import group_decide
 from remedy.rank.link.context import Reporter, WorkerContext, get_context
+from remedy.rank.link.group_decide import GroupReporter
 from remedy.rank.link.inbox import CommandInbox
 from remedy.rank.link.outbox import Outbox
 from remedy.rank.loop.learning import LearningTracker
@@ -189,16 +191,6 @@ class LoopCursor:
         self.skipped_updates = {s for s in self.skipped_updates if s < step}
 
 
-def _agreement_group() -> tuple[Any, torch.device]:
-    """The process group every rank agrees through on which commands are due (None for one
-    rank), and the device its collectives use."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return None, torch.device("cpu")
-    if dist.get_backend() == "nccl":
-        return dist.group.WORLD, torch.device("cuda", torch.cuda.current_device())
-    return dist.group.WORLD, torch.device("cpu")
-
-
 class LoopGuard:
     """Detection, decisions and in-process actions for one rank of a framework's loop.
 
@@ -259,7 +251,9 @@ class LoopGuard:
         self._lr_in_force = contextlib.ExitStack()
         self.inbox = CommandInbox()  # the Guard's inbox and outbox: one implementation
         self.outbox = Outbox(self.reporter, self.inbox, rank=self.rank, heartbeat_s=HEARTBEAT_S)
-        self._group, self._group_device = _agreement_group()
+        # Which commands are due, agreed by every rank (decided once under a launcher).
+        self.agreement = LoopAgreement(ctx, self.reporter, self.rank)
+        self._group = self.agreement.agreement.group if self.agreement.agreement else None
         self._recent_stats: deque[StepStats] = deque(maxlen=50)
         self.learning = LearningTracker()  # the summary's `learning` (see the Guard's)
         self.grad_clip = grad_clip
@@ -291,7 +285,8 @@ class LoopGuard:
         from remedy.policies._loops import for_loop, refused_steps  # noqa: PLC0415
         from remedy.rundir.writer import RunDir  # noqa: PLC0415
 
-        run_id = "local"
+        ctx = self._ctx
+        run_id = ctx.run_id if ctx is not None else "local"
         rules = load_policy(policy or "default")
         if (policy or "default") in BUNDLED:
             # The bundled policies are written for the Guard: their callback version
@@ -308,6 +303,9 @@ class LoopGuard:
             )
         engine = Engine(rules, run_id=run_id)
         run_dir = RunDir(self.run_dir, run_id) if self.run_dir is not None else None
+        if ctx is not None and ctx.launcher is not None:
+            # Ranks that torchrun (or another launcher) started: rank 0 decides for the group.
+            return group_decide.reporter_for(ctx, engine, run_dir)
         journal = journal_to(run_dir) if run_dir is not None else None
         return LocalReporter(Controller(engine, world_size=1, journal=journal), run_dir=run_dir)
 
@@ -324,11 +322,8 @@ class LoopGuard:
     def begin_step(self) -> None:
         """At the boundary before a step: apply due commands, snapshot, start the clock."""
         self.inbox.take(self.reporter.poll())
-        if self._group is not None:
-            # Every rank applies the same commands at the same boundary (as the Guard does).
-            due = self.inbox.due_up_to_seq(self.inbox.agreed_seq(self._group, self._group_device))
-        else:
-            due = self.inbox.due_at_tick(self.tick)
+        # Every rank applies the same commands at the same boundary (as the Guard does).
+        due = self.agreement.due(self.inbox, tick=self.tick, target=self)
         self.inbox.apply(due, self)
         if due:
             self._send()
@@ -463,7 +458,8 @@ class LoopGuard:
         if ctx is not None:
             ctx.summary = summary  # what a supervised rank returns (as a Guard's close does)
         if self._owns_reporter:
-            assert isinstance(self.reporter, LocalReporter)
+            # The in-process controller's, or under a launcher the group's (rank 0 writes it).
+            assert isinstance(self.reporter, LocalReporter | GroupReporter)
             self.reporter.close(summary)
         return summary
 
