@@ -125,7 +125,8 @@ def test_a_stall_in_the_prefetch_inside_a_step_is_a_loader_wait(tmp_path: Path) 
     [record] = [m for m in read_jsonl(run / "metrics.jsonl") if m["loader_time_s"] >= 3.0]
     assert record["step"] == 7
     assert record["step_time_s"] < record["loader_time_s"]
-    [stall] = anomalies(run, "data_stall")
+    # The single long wait, at that step (the windowed ratio may speak too, on a busy machine).
+    [stall] = [a for a in anomalies(run, "data_stall") if a["details"].get("single_wait")]
     assert stall["step"] == 7 and stall["details"]["loader_s"] >= 3.0
 
 
