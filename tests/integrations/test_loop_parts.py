@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 import time
 
+import pytest
 import torch
 
+from remedy.integrations import _loop
 from remedy.integrations._loop import LoopCursor, LoopStep
 
 
@@ -49,6 +51,39 @@ def test_the_loaders_wait_runs_from_the_end_of_the_step_before() -> None:
     assert step.loader_s >= 0.015  # slept 0.02 s; a margin for the two clocks
     step.begin()
     assert step.elapsed_s < step.loader_s
+
+
+def test_timed_fetches_are_the_loaders_wait_wherever_they_fall(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the framework's fetches are timed (Lightning's), the loader's wait is their time:
+    a fetch between steps, and one inside a step (a later micro-batch's), which the step's time
+    leaves out. The rest of the time between steps (an evaluation, a save) is neither."""
+    now = [0.0]
+    monkeypatch.setattr(_loop.time, "perf_counter", lambda: now[0])
+    step = LoopStep([])
+    step.fetched()
+    step.begin()
+    now[0] = 1.0
+    step.ended()  # step 0 ends at 1 s; an evaluation runs until 3 s
+    now[0] = 3.0
+    step.fetch_began()
+    now[0] = 5.0
+    step.fetch_ended()  # the next batch took 2 s
+    now[0] = 6.0
+    step.fetched()
+    step.begin()
+    assert step.loader_s == 2.0
+    now[0] = 7.0
+    step.fetch_began()
+    now[0] = 10.0
+    step.fetch_ended()  # the step's second micro-batch took 3 s
+    now[0] = 11.0
+    assert (step.elapsed_s, step.loader_time_s) == (2.0, 5.0)
+    step.ended()
+    now[0] = 12.0
+    step.fetched()
+    assert step.loader_s == 0.0  # nothing fetched since: no wait
 
 
 def test_the_cursor_drops_the_updates_asked_for_and_the_bad_ones() -> None:

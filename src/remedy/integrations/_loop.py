@@ -27,15 +27,17 @@ from typing import Any
 
 import structlog
 import torch
-import torch.distributed as dist
 
+from remedy.integrations._agree import LoopAgreement
 from remedy.policies._vocab import ACTION_TABLE
 from remedy.protocol.commands import Command, Outcome
 from remedy.rank.actions.remediation import Remediation
 from remedy.rank.chaos.faults import ChaosSetting, FaultInjector, refuse_under_frameworks
 from remedy.rank.detectors import DetectorSuite, default_detectors
 from remedy.rank.guard import LocalReporter
+from remedy.rank.link import group_decide
 from remedy.rank.link.context import Reporter, WorkerContext, get_context
+from remedy.rank.link.group_decide import GroupReporter
 from remedy.rank.link.inbox import CommandInbox
 from remedy.rank.link.outbox import Outbox
 from remedy.rank.loop.learning import LearningTracker
@@ -73,11 +75,38 @@ class LoopStep:
         self.loader_s = 0.0
         self._started = time.perf_counter()
         self._ended: float | None = None  # when the step before ended: the loader's wait starts
+        # Where the framework's fetches are timed (Lightning's, `fetch_began`/`fetch_ended`):
+        # their total since the last mark, and when the one under way began.
+        self._timed = False
+        self._waited = 0.0
+        self._fetch_began: float | None = None
+
+    def fetch_began(self) -> None:
+        """The framework starts fetching a batch: from now on the loader's wait is the time
+        its fetches take, wherever they fall (between steps, or between the micro-batches of
+        one step), never the time between steps (an evaluation, a save)."""
+        self._timed = True
+        self._fetch_began = time.perf_counter()
+
+    def fetch_ended(self) -> None:
+        """The fetch that `fetch_began` marked has returned its batch."""
+        if self._fetch_began is not None:
+            self._waited += time.perf_counter() - self._fetch_began
+            self._fetch_began = None
 
     def fetched(self) -> None:
         """The framework fetched this step's batch since the last step ended: that is the
-        loader's wait (with the framework's own bookkeeping, small beside a stall)."""
-        self.loader_s = time.perf_counter() - self._ended if self._ended is not None else 0.0
+        loader's wait, as its fetches were timed, else the whole time since the last step
+        ended (with the framework's own bookkeeping, small beside a stall)."""
+        if self._timed:
+            self.loader_s, self._waited = self._waited, 0.0
+        else:
+            self.loader_s = time.perf_counter() - self._ended if self._ended is not None else 0.0
+
+    @property
+    def loader_time_s(self) -> float:
+        """The step's loader wait: before it, and in it (the fetches of its later micro-batches)."""
+        return self.loader_s + self._waited
 
     def begin(self) -> None:
         """The step starts now: no loss yet, nothing dropped."""
@@ -110,11 +139,13 @@ class LoopStep:
 
     @property
     def elapsed_s(self) -> float:
-        return time.perf_counter() - self._started
+        """The step's time, less the fetches timed in it (they are the loader's wait)."""
+        return time.perf_counter() - self._started - self._waited
 
     def ended(self) -> None:
         """The step is over, reported and all: the loader's wait for the next starts."""
         self._ended = time.perf_counter()
+        self._waited = 0.0
 
 
 class LoopCursor:
@@ -161,16 +192,6 @@ class LoopCursor:
         self.skipped_updates = {s for s in self.skipped_updates if s < step}
 
 
-def _agreement_group() -> tuple[Any, torch.device]:
-    """The process group every rank agrees through on which commands are due (None for one
-    rank), and the device its collectives use."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return None, torch.device("cpu")
-    if dist.get_backend() == "nccl":
-        return dist.group.WORLD, torch.device("cuda", torch.cuda.current_device())
-    return dist.group.WORLD, torch.device("cpu")
-
-
 class LoopGuard:
     """Detection, decisions and in-process actions for one rank of a framework's loop.
 
@@ -208,7 +229,13 @@ class LoopGuard:
         self.checkpoints = None  # the framework writes its own checkpoints
         self.snapshot_every = snapshot_every
         self.snapshots = SnapshotRing(snapshot_ring)
-        self.detectors = DetectorSuite(detectors or default_detectors(model, hardware=False))
+        # The Guard's own suite: its hardware monitor is on where NVML finds a GPU (off, with
+        # one line in the log, elsewhere), its batch inspectors see the batches the
+        # framework hands over (`inspect_batch`).
+        self.detectors = DetectorSuite(detectors or default_detectors(model))
+        self._batch_inspectors: list[Any] = [
+            d for d in self.detectors.detectors if callable(getattr(d, "inspect_batch", None))
+        ]
         self._owns_reporter = ctx is None or ctx.reporter is None
         self.reporter: Reporter = (
             ctx.reporter if ctx is not None and ctx.reporter is not None else self._local(policy)
@@ -225,7 +252,9 @@ class LoopGuard:
         self._lr_in_force = contextlib.ExitStack()
         self.inbox = CommandInbox()  # the Guard's inbox and outbox: one implementation
         self.outbox = Outbox(self.reporter, self.inbox, rank=self.rank, heartbeat_s=HEARTBEAT_S)
-        self._group, self._group_device = _agreement_group()
+        # Which commands are due, agreed by every rank (decided once under a launcher).
+        self.agreement = LoopAgreement(ctx, self.reporter, self.rank)
+        self._group = self.agreement.agreement.group if self.agreement.agreement else None
         self._recent_stats: deque[StepStats] = deque(maxlen=50)
         self.learning = LearningTracker()  # the summary's `learning` (see the Guard's)
         self.grad_clip = grad_clip
@@ -257,7 +286,8 @@ class LoopGuard:
         from remedy.policies._loops import for_loop, refused_steps  # noqa: PLC0415
         from remedy.rundir.writer import RunDir  # noqa: PLC0415
 
-        run_id = "local"
+        ctx = self._ctx
+        run_id = ctx.run_id if ctx is not None else "local"
         rules = load_policy(policy or "default")
         if (policy or "default") in BUNDLED:
             # The bundled policies are written for the Guard: their callback version
@@ -274,6 +304,9 @@ class LoopGuard:
             )
         engine = Engine(rules, run_id=run_id)
         run_dir = RunDir(self.run_dir, run_id) if self.run_dir is not None else None
+        if ctx is not None and ctx.launcher is not None:
+            # Ranks that torchrun (or another launcher) started: rank 0 decides for the group.
+            return group_decide.reporter_for(ctx, engine, run_dir)
         journal = journal_to(run_dir) if run_dir is not None else None
         return LocalReporter(Controller(engine, world_size=1, journal=journal), run_dir=run_dir)
 
@@ -290,11 +323,8 @@ class LoopGuard:
     def begin_step(self) -> None:
         """At the boundary before a step: apply due commands, snapshot, start the clock."""
         self.inbox.take(self.reporter.poll())
-        if self._group is not None:
-            # Every rank applies the same commands at the same boundary (as the Guard does).
-            due = self.inbox.due_up_to_seq(self.inbox.agreed_seq(self._group, self._group_device))
-        else:
-            due = self.inbox.due_at_tick(self.tick)
+        # Every rank applies the same commands at the same boundary (as the Guard does).
+        due = self.agreement.due(self.inbox, tick=self.tick, target=self)
         self.inbox.apply(due, self)
         if due:
             self._send()
@@ -306,6 +336,12 @@ class LoopGuard:
             if not steps or steps[-1] != self.step_count:
                 self.snapshots.push(self.take_snapshot())
         self.this_step.begin()
+
+    def inspect_batch(self, batch: Any) -> None:
+        """The batch the framework hands over for this step's forward (each micro-batch's):
+        the detectors that look at batches (padding, duplicates) read it, as under a Guard."""
+        for inspector in self._batch_inspectors:
+            inspector.inspect_batch(batch)
 
     def record_loss(self, loss: Any) -> None:
         """The loss of one forward of this step (several with gradient accumulation)."""
@@ -359,7 +395,7 @@ class LoopGuard:
             if self.optimizer
             else math.nan,
             step_time_s=step.elapsed_s,
-            loader_time_s=step.loader_s,
+            loader_time_s=step.loader_time_s,
             batch_index=self.cursor.batch,
             loss_scale=float(self.scaler.get_scale())
             if self.scaler is not None and self.scaler.is_enabled()
@@ -423,7 +459,8 @@ class LoopGuard:
         if ctx is not None:
             ctx.summary = summary  # what a supervised rank returns (as a Guard's close does)
         if self._owns_reporter:
-            assert isinstance(self.reporter, LocalReporter)
+            # The in-process controller's, or under a launcher the group's (rank 0 writes it).
+            assert isinstance(self.reporter, LocalReporter | GroupReporter)
             self.reporter.close(summary)
         return summary
 

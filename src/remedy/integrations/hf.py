@@ -3,8 +3,10 @@
     from remedy.integrations.hf import RemedyCallback
     trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[RemedyCallback()])
 
-The callback reads each forward's loss from the model's output (a forward
-hook on `output.loss`), measures the gradients right before the optimizer
+The callback reads each forward's inputs (the batch the Trainer hands the
+model, for the detectors that read batches: padding, duplicates) and its
+loss from the model's output (forward hooks on the inputs and on
+`output.loss`), measures the gradients right before the optimizer
 step, before clipping (it clips to the Trainer's `max_grad_norm` itself, after
 measuring, and drops a non-finite update, as the Guard does), runs the detectors
 at the end of the step and applies the policy's in-process actions at the
@@ -38,7 +40,7 @@ class RemedyCallback(TrainerCallback):
         self.run_dir = run_dir
         self.options = options
         self.guard: LoopGuard | None = None
-        self._hook: Any = None
+        self._hooks: list[Any] = []
         self._clip = 0.0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -58,6 +60,13 @@ class RemedyCallback(TrainerCallback):
         self.guard.steps_asked = int(state.max_steps) if state.max_steps else None
         guard = self.guard
 
+        def inspect(module: Any, args: Any, kwargs: Any) -> None:
+            # The inputs the Trainer hands the model (`model(**inputs)`): the batch of this
+            # forward, for the detectors that read batches. Evaluation's forwards are not
+            # training's batches.
+            if module.training:
+                guard.inspect_batch(kwargs or (args[0] if len(args) == 1 else args))
+
         def capture(module: Any, inputs: Any, output: Any) -> Any:
             loss = getattr(output, "loss", None)
             if loss is None and isinstance(output, dict):
@@ -71,7 +80,10 @@ class RemedyCallback(TrainerCallback):
             output["loss"] = changed  # a ModelOutput is a dict too; its attribute follows
             return output
 
-        self._hook = model.register_forward_hook(capture)
+        self._hooks = [
+            model.register_forward_pre_hook(inspect, with_kwargs=True),
+            model.register_forward_hook(capture),
+        ]
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         guard = self._require()
@@ -88,9 +100,18 @@ class RemedyCallback(TrainerCallback):
         guard.end_step()
         self._stop_if_asked(control)
 
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        # The Trainer evaluates (and saves) between steps, before it fetches the next step's
+        # batches: that time is not the loader's wait, which starts again after it.
+        if self.guard is not None:
+            self.guard.this_step.ended()
+
+    on_save = on_evaluate
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        if self._hook is not None:
-            self._hook.remove()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
         if self._clip > 0:
             args.max_grad_norm = self._clip  # the user's arguments as they were
         if self.guard is not None:

@@ -4,6 +4,10 @@
     trainer = lightning.Trainer(max_steps=1000, callbacks=[RemedyCallback()])
 
 The loss is the one `training_step` returns (taken before its backward);
+each batch Lightning hands over goes to the detectors that read batches
+(`on_train_batch_start`); the loader's wait is the time the fit loop's
+fetches take (`_lightning_fetch`), so a stall in Lightning's prefetch, or
+between the micro-batches of one step, is a loader wait and not step time;
 the gradients are measured in
 `on_before_optimizer_step`, before Lightning clips (a non-finite update is
 dropped there, as the Guard does); with gradient accumulation one step is
@@ -22,6 +26,7 @@ from typing import Any
 import lightning
 import torch
 
+from remedy.integrations._lightning_fetch import FetchTimer, time_fetches
 from remedy.integrations._loop import LoopGuard
 
 
@@ -45,6 +50,7 @@ class RemedyCallback(lightning.Callback):
         self._open = False  # a step has begun and its optimizer step has not ended it yet
         self._stepped = False
         self._unwrap: tuple[Any, Any] | None = None
+        self._fetches: FetchTimer | None = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.guard = LoopGuard(pl_module, policy=self.policy, run_dir=self.run_dir, **self.options)
@@ -71,6 +77,7 @@ class RemedyCallback(lightning.Callback):
         if guard.injector.faults:
             pl_module.training_step = training_step
             self._unwrap = (pl_module, step_fn)
+        self._fetches = time_fetches(trainer, guard.this_step)
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
@@ -81,6 +88,7 @@ class RemedyCallback(lightning.Callback):
             guard.begin_step()
             self._open, self._stepped = True, False
             self._train_asked_steps(trainer)
+        guard.inspect_batch(batch)  # each micro-batch, as the Guard inspects each batch
         if guard.stop_reason is not None:
             trainer.should_stop = True
 
@@ -121,6 +129,9 @@ class RemedyCallback(lightning.Callback):
         if self._unwrap is not None:
             module, step_fn = self._unwrap
             module.training_step = step_fn
+        if self._fetches is not None:
+            self._fetches.remove()
+            self._fetches = None
         if self.guard is not None:
             self.guard.close()
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 import torch.distributed as dist
@@ -46,8 +46,8 @@ from remedy.rank.link import launcher
 if TYPE_CHECKING:
     from remedy.control.decide import Controller
     from remedy.policies import Engine
-    from remedy.rank.guard import Guard
     from remedy.rank.link.context import WorkerContext
+    from remedy.rank.link.inbox import Agreement
     from remedy.rundir.writer import RunDir
 
 log = structlog.get_logger("remedy.group_decide")
@@ -237,7 +237,18 @@ def reporter_for(ctx: WorkerContext, engine: Engine, run_dir: RunDir | None) -> 
     )
 
 
-def join(guard: Guard) -> None:
+class Joining(Protocol):
+    """What `join` reads of a launched rank: a Guard, or a framework loop's (`integrations`)."""
+
+    @property
+    def ctx(self) -> WorkerContext: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def agreement(self) -> Agreement | None: ...
+
+
+def join(guard: Joining) -> None:
     """A launched rank's Guard has its group: agree on news with the commands, bound the
     agreement by the collective timeout, end on a lost peer, and say at start (rank 0) what
     only a supervisor could do."""

@@ -1,0 +1,84 @@
+"""A Lightning DDP job with remedy's callback, as torchrun runs it (no remedy supervisor).
+
+    torchrun --nproc_per_node 2 tests/integrations/launched_lightning.py --run-dir runs/t --steps 30
+
+Lightning forms the gloo group from torchrun's environment (its
+`TorchElasticEnvironment`); the callback finds the group and no supervisor,
+so rank 0 decides for both ranks. Each rank writes its parameters and the
+commands it applied to the run directory's `out/` when the fit ends, for
+test_callbacks_torchrun.py to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning
+import torch
+from torch import nn
+
+from remedy.integrations.lightning import RemedyCallback
+
+SAMPLES, FEATURES = 2048, 8
+
+
+class Regression(lightning.LightningModule):  # type: ignore[misc]
+    """y = tanh(x @ w) on generated data, under DDP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def data() -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(SAMPLES, FEATURES, generator=g)
+    y = (x @ torch.randn(FEATURES, 1, generator=g)).tanh()
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--steps", type=int, default=30)
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    module = Regression()
+    callback = RemedyCallback(run_dir=args.run_dir, snapshot_every=5)
+    trainer = lightning.Trainer(
+        max_steps=args.steps,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        default_root_dir=args.run_dir,
+    )
+    trainer.fit(module, data())
+    guard = callback.guard
+    assert guard is not None
+    rank = guard.rank
+    out = Path(args.run_dir) / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(module.state_dict(), out / f"params.rank{rank}.pt")
+    outcomes = [o.to_dict() for o in guard.history]  # every command this rank applied, and where
+    (out / f"outcomes.rank{rank}.json").write_text(json.dumps(outcomes, default=str))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
