@@ -148,6 +148,17 @@ def test_a_rank_restart_incident_restarts_the_rank_on_every_rollback_rung() -> N
     assert [s.action for s in rung_steps(inc, STOP, restart)] == ["notify", "abort"]
 
 
+def test_a_rank_kind_is_one_incident_per_rank() -> None:
+    """Two ranks lost at one step are two incidents; the same rank lost there again is one."""
+    ladder = Ladder()
+    restart = (Step("restart_rank", freeze({})),)
+    ladder.remedied(_event("rank_dead", rank=1), tick=60, rule="r", chain="c", steps=restart)
+    assert ladder.sighting(_event("rank_dead", rank=3, tick=60), tick=60) is None
+    ladder.resolved("c", "restart_rank", "applied", "")
+    move = ladder.sighting(_event("rank_dead", rank=1, tick=60), tick=60)
+    assert move is not None and move.act and move.incident.name == "rank_dead at step 60 on rank 1"
+
+
 def test_state_round_trips() -> None:
     """`to_dict` / `from_dict` keep every incident and its rung; None is an empty ladder."""
     ladder = Ladder()

@@ -37,6 +37,10 @@ from remedy.policies._rules import Step, freeze
 
 # The remedies that run steps again, so that a fault tied to a step comes back.
 LADDER_ACTIONS: Final = frozenset({"rollback", "restart_rank"})
+# Kinds that belong to one rank: two ranks lost at one step are two incidents, and the
+# same rank lost there again is the same one. Other kinds are one incident per step,
+# whichever rank reported it (one fault seen through a collective is merged already).
+RANK_KINDS: Final = frozenset({"rank_hang", "rank_dead", "node_lost", "replica_divergence"})
 # Sightings of one incident on one rung before it climbs (the standalone rollback
 # chain of the default policy allows 3 fires too, then aborts).
 REPEATS: Final = 3
@@ -72,6 +76,7 @@ class Incident:
     kind: str
     step: int
     rule: str  # the rule whose rewind started it (its name goes on every rung's decisions)
+    rank: int = -1  # the rank, for a kind of `RANK_KINDS`
     rung: int = 0
     seen: int = 1  # sightings on this rung, the first included
     sightings: int = 1  # sightings in all
@@ -84,8 +89,9 @@ class Incident:
 
     @property
     def name(self) -> str:
-        """``nonfinite_loss at step 60``."""
-        return f"{self.kind} at step {self.step}"
+        """``nonfinite_loss at step 60``, ``rank_dead at step 50 on rank 2``."""
+        where = f" on rank {self.rank}" if self.rank >= 0 else ""
+        return f"{self.kind} at step {self.step}{where}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +128,7 @@ class Ladder:
     """The incidents remedied by a rewind, and the rung each stands on."""
 
     repeats: int = REPEATS
-    incidents: dict[tuple[str, int], Incident] = field(default_factory=dict)
+    incidents: dict[tuple[str, int, int], Incident] = field(default_factory=dict)
 
     def remedied(
         self, event: AnomalyEvent, *, tick: int, rule: str, chain: str, steps: Sequence[Step]
@@ -137,6 +143,7 @@ class Ladder:
             event.kind,
             event.step,
             rule,
+            _rank(event),
             tick=tick,
             chain=chain,
             restart="restart_rank" in actions,
@@ -144,7 +151,7 @@ class Ladder:
         if back is not None:
             inc.steps_back = int(back.params.get("steps_back", DEFAULT_STEPS_BACK))
             inc.skip = int(back.params.get("skip_batches", DEFAULT_SKIP))
-        key = (event.kind, event.step)
+        key = _key(event)
         self.incidents.pop(key, None)
         self.incidents[key] = inc
         while len(self.incidents) > MAX_INCIDENTS:
@@ -155,7 +162,7 @@ class Ladder:
         """`event` seen: None when it is no incident the ladder tracks (the policy decides);
         else the move. A sighting while the last rung's rewind is under way, at no later
         executed step, is that same sighting again (another rank's report of it)."""
-        inc = self.incidents.get((event.kind, event.step))
+        inc = self.incidents.get(_key(event))
         if inc is None:
             return None
         if inc.awaiting and tick <= inc.tick:
@@ -216,8 +223,17 @@ class Ladder:
         ladder = cls(repeats=int(data.get("repeats", REPEATS)))
         for raw in data.get("incidents", ()):
             inc = Incident(**raw)
-            ladder.incidents[(inc.kind, inc.step)] = inc
+            ladder.incidents[(inc.kind, inc.step, inc.rank)] = inc
         return ladder
+
+
+def _rank(event: AnomalyEvent) -> int:
+    return event.rank if event.kind in RANK_KINDS else -1
+
+
+def _key(event: AnomalyEvent) -> tuple[str, int, int]:
+    """One incident: its kind, its step, and its rank for a kind of one rank."""
+    return (event.kind, event.step, _rank(event))
 
 
 def rung_steps(incident: Incident, rung: int, own: Sequence[Step] | None) -> tuple[Step, ...]:
