@@ -79,7 +79,7 @@ def test_the_climb_says_why_and_what_comes_next() -> None:
         assert move is not None
         moves.append(move)
         ladder.issued(inc, f"c{tick}")
-    assert not moves[0].climbed and "seen 2 of 3 times on rung 0" in moves[0].why
+    assert not moves[0].climbed and "came back after rung 0 (policy): seen 2 of 3 times" in moves[0].why
     assert moves[1].climbed and moves[1].rung == 1
     assert "seen 3 times on rung 0" in moves[1].why
     assert RUNGS[1].text in moves[1].why

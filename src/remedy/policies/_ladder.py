@@ -178,8 +178,8 @@ class Ladder:
                 inc, f"seen {inc.seen} times on rung {before} ({RUNGS[before].name})"
             )
         why = (
-            f"the same incident came back after {RUNGS[before].name} remedy "
-            f"(seen {inc.seen} of {self.repeats} times on rung {before}); applying it again"
+            f"the same incident came back after rung {before} ({RUNGS[before].name}): seen "
+            f"{inc.seen} of {self.repeats} times on it; applying it again"
         )
         return Move(inc, True, inc.rung, False, why)
 
