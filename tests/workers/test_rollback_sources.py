@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.workers.test_actions import command, guarded, last_outcome, train
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(300)]
 
 
 def test_source_disk_skips_the_snapshot_ring(tmp_path: Path) -> None:
