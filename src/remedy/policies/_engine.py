@@ -14,6 +14,10 @@ counters behind these gates are kept per state key (`_rulestate.state_fields`:
 per kind with `group_by: [kind]`, per rule when the rule groups by step).
 A chain is issued whole; a failed step ends it unless it says
 `on_failure: next` (see `Decision.continue_on_failure`).
+An incident that comes back at the same step after a rewind a rule chose
+for it is answered by the escalation ladder (`_ladder`), not by the rule
+again: the rule's counters no longer see it, and the ladder's rungs end in
+a stop, so no restart loop runs for ever.
 
 Everything is deterministic: the same stream gives the same decisions and
 the same ids, which is what makes the journal replayable and the property
