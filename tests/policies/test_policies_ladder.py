@@ -79,7 +79,10 @@ def test_the_climb_says_why_and_what_comes_next() -> None:
         assert move is not None
         moves.append(move)
         ladder.issued(inc, f"c{tick}")
-    assert not moves[0].climbed and "came back after rung 0 (policy): seen 2 of 3 times" in moves[0].why
+    assert (
+        not moves[0].climbed
+        and "came back after rung 0 (policy): seen 2 of 3 times" in moves[0].why
+    )
     assert moves[1].climbed and moves[1].rung == 1
     assert "seen 3 times on rung 0" in moves[1].why
     assert RUNGS[1].text in moves[1].why
@@ -284,3 +287,22 @@ def test_a_policy_without_rewinds_never_climbs() -> None:
 def test_repeats_default_is_three() -> None:
     """The rule of the issue: seen 3 times on one rung climbs."""
     assert REPEATS == 3
+
+
+def test_older_without_source_disk_is_a_located_error() -> None:
+    """A policy's rollback with `older` but no `source: disk` is refused at its line."""
+    from remedy.policies import PolicyError  # noqa: PLC0415
+
+    text = (
+        "version: 1\nrules:\n  - name: a\n    when: {anomaly: nonfinite_loss}\n"
+        "    do:\n      - rollback: {steps_back: 10, older: 1}\n"
+    )
+    with pytest.raises(PolicyError, match=r"p\.yaml:6:.*add `source: disk`"):
+        load_policy_text(text, "p.yaml")
+    ok = load_policy_text(text.replace("older: 1}", "older: 1, source: disk}"), "p.yaml")
+    assert dict(ok.rules[0].steps[0].params) == {
+        "steps_back": 10,
+        "skip_batches": 0,
+        "source": "disk",
+        "older": 1,
+    }

@@ -77,6 +77,14 @@ class RollbackParams(ActionParams):
     # choices, which a policy's own rollback rarely names (its decisions read as before).
     sparse: ClassVar[frozenset[str]] = frozenset({"source", "older"})
 
+    @model_validator(mode="after")
+    def _older_on_disk(self) -> RollbackParams:
+        if self.older and self.source != "disk":
+            raise PydanticCustomError(
+                "older_needs_disk", "`older` passes over durable checkpoints: add `source: disk`"
+            )
+        return self
+
 
 class ShrinkLrParams(ActionParams):
     """Multiply the learning rate by `factor`, never below `min_lr`."""
