@@ -243,6 +243,30 @@ def test_the_rule_never_exhausts_on_a_recurring_incident() -> None:
     assert not any(d.action == "abort" for r in rounds for d in r)
 
 
+def test_on_rung_0_the_rules_cooldown_holds_a_sighting_back_and_it_still_counts() -> None:
+    """A recurrence inside nan-rollback's 20-step cooldown is suppressed by the rule, saying
+    so; it is a sighting all the same, and the next one climbs to rung 1."""
+    engine = Engine(load_policy("default"))
+    first = engine.decide([AnomalyEvent("nonfinite_loss", 0, 60, tick=60)])
+    for d in first:
+        engine.record_outcome(d.decision_id, "applied", tick=60)
+    held = engine.decide([AnomalyEvent("nonfinite_loss", 0, 60, tick=70)])
+    assert [(d.action, d.suppressed) for d in held] == [("rollback", True)]
+    assert "cooling down" in held[0].reason
+    assert held[0].anomaly.details["ladder"] == {
+        "incident": "nonfinite_loss at step 60",
+        "rung": 0,
+        "rungs": STOP,
+        "name": "policy",
+        "seen": 2,
+        "sightings": 2,
+        "climbed": False,
+    }
+    climbed = engine.decide([AnomalyEvent("nonfinite_loss", 0, 60, tick=200)])
+    assert climbed[0].params["source"] == "disk"
+    assert climbed[0].anomaly.details["ladder"]["rung"] == 1
+
+
 def test_a_new_incident_at_another_step_goes_to_the_policy() -> None:
     """A NaN at another step is the policy's (cooldown, max_fires), not the ladder's."""
     engine = Engine(load_policy("default"))

@@ -224,10 +224,15 @@ class Engine:
             return late
         occ = Occurrence(_representative(members), tuple(sorted(ranks)), tick, ts)
         move = self._ladder.sighting(occ.event, tick=tick)
-        if move is not None:  # an incident a rewind did not cure: the ladder answers it
+        if move is not None and (move.rung > 0 or not move.act):
+            # An incident a rewind did not cure, past its first rung: the ladder answers it.
             state.remember(key, ranks, True)
             self._ladder_step(move, occ, out)
             return True
+        if move is not None:
+            # Rung 0 is the rule's own remedy, under its own gates (a cooldown may hold it
+            # back); the decision says which sighting of the incident it answers.
+            occ = Occurrence(_with_ladder(occ.event, move), occ.ranks, tick, ts)
         counters = state.for_event(occ.event)
         inhibition = self._budget.inhibition(occ.event.kind, tick, self._policy.inhibit)
         if inhibition is not None:
@@ -347,10 +352,7 @@ class Engine:
         inc = move.incident
         own = self._policy.rule(inc.rule)
         steps = rung_steps(inc, move.rung, own.steps if own is not None else None)
-        event = dataclasses.replace(
-            occ.event, details={**occ.event.details, "ladder": move.details()}
-        )
-        occ = Occurrence(event, occ.ranks, occ.tick, occ.ts)
+        occ = Occurrence(_with_ladder(occ.event, move), occ.ranks, occ.tick, occ.ts)
         head = f"{seen(occ.event, occ.ranks)}: escalation ladder for rule {inc.rule!r}: {move.why}"
         busy = self._budget.busy()
         if busy is not None and any(s.disruptive for s in steps) and not self.dry_run:
@@ -586,6 +588,11 @@ class Engine:
         """Restore counters, cooldowns, budget and in-flight decisions from `state_dict`."""
         with self._lock:
             load_state(self, state)
+
+
+def _with_ladder(event: AnomalyEvent, move: Move) -> AnomalyEvent:
+    """`event` carrying the ladder's record of its incident (`details["ladder"]`)."""
+    return dataclasses.replace(event, details={**event.details, "ladder": move.details()})
 
 
 def _representative(members: list[AnomalyEvent]) -> AnomalyEvent:

@@ -16,7 +16,9 @@ the policy chose for it. Each rung is a stronger remedy:
 4. stop and page: a notification and an abort, with the reason.
 
 The incident seen `repeats` times (3) on one rung climbs to the next: a rung
-is tried `repeats - 1` times. A rung whose action fails (no durable
+is tried `repeats - 1` times. On rung 0 the rule itself answers each
+sighting, under its own cooldown and budget (a sighting it holds back still
+counts); from rung 1 the ladder answers, the rule's limits no longer apply. A rung whose action fails (no durable
 checkpoint under a framework's callbacks, none old enough) climbs at once.
 For an incident whose remedy restarted a rank, rungs 1-3 restart it again
 before the rollback. The last rung comes once; later sightings are ignored.
@@ -134,10 +136,15 @@ class Ladder:
         self, event: AnomalyEvent, *, tick: int, rule: str, chain: str, steps: Sequence[Step]
     ) -> Incident | None:
         """A rule answered `event` with `steps` (as chain `chain`): a new incident when the
-        chain rewinds the run, else None."""
+        chain rewinds the run (the one tracked already, if the rule answered a sighting of
+        it on rung 0), else None."""
         actions = [s.action for s in steps]
         if not LADDER_ACTIONS.intersection(actions):
             return None
+        known = self.incidents.get(_key(event))
+        if known is not None:  # the rule's remedy again, on rung 0: the count goes on
+            self.issued(known, chain)
+            return known
         back = next((s for s in steps if s.action == "rollback"), None)
         inc = Incident(
             event.kind,
