@@ -14,6 +14,10 @@ counters behind these gates are kept per state key (`_rulestate.state_fields`:
 per kind with `group_by: [kind]`, per rule when the rule groups by step).
 A chain is issued whole; a failed step ends it unless it says
 `on_failure: next` (see `Decision.continue_on_failure`).
+An incident that comes back at the same step after a rewind a rule chose
+for it is answered by the escalation ladder (`_ladder`), not by the rule
+again: the rule's counters no longer see it, and the ladder's rungs end in
+a stop, so no restart loop runs for ever.
 
 Everything is deterministic: the same stream gives the same decisions and
 the same ids, which is what makes the journal replayable and the property
@@ -22,6 +26,7 @@ tests possible.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import threading
 from collections import OrderedDict
@@ -31,8 +36,17 @@ from typing import Any
 from remedy.policies._budget import Budget
 from remedy.policies._engine_state import dump_state, load_state
 from remedy.policies._events import AnomalyEvent, Decision
+from remedy.policies._ladder import Ladder, Move, rung_steps
 from remedy.policies._occurrence import Occurrence, Pending
-from remedy.policies._reasons import chain_text, condition, fires_text, fires_window, seen, sentence
+from remedy.policies._reasons import (
+    action_phrase,
+    chain_text,
+    condition,
+    fires_text,
+    fires_window,
+    seen,
+    sentence,
+)
 from remedy.policies._rules import Escalation, Policy, Rule, Step, thaw
 from remedy.policies._rulestate import GroupKey, KeyState, RuleState
 from remedy.policies._vocab import DISRUPTIVE_ACTIONS, severity_rank
@@ -67,6 +81,9 @@ class Engine:
         self._held: dict[str, list[tuple[Rule, Occurrence, str | None, int]]] = {}
         self._pending: OrderedDict[str, Pending] = OrderedDict()
         self._states: dict[str, RuleState] = {}
+        # Incidents remedied by a rewind, and their rung (`_ladder`): a fault that comes back
+        # at the same step climbs instead of looping.
+        self._ladder = Ladder()
         self._install(policy)
 
     # -- configuration ---------------------------------------------------------------
@@ -206,6 +223,16 @@ class Engine:
         if late is not None:
             return late
         occ = Occurrence(_representative(members), tuple(sorted(ranks)), tick, ts)
+        move = self._ladder.sighting(occ.event, tick=tick)
+        if move is not None and (move.rung > 0 or not move.act):
+            # An incident a rewind did not cure, past its first rung: the ladder answers it.
+            state.remember(key, ranks, True)
+            self._ladder_step(move, occ, out)
+            return True
+        if move is not None:
+            # Rung 0 is the rule's own remedy, under its own gates (a cooldown may hold it
+            # back); the decision says which sighting of the incident it answers.
+            occ = Occurrence(_with_ladder(occ.event, move), occ.ranks, tick, ts)
         counters = state.for_event(occ.event)
         inhibition = self._budget.inhibition(occ.event.kind, tick, self._policy.inhibit)
         if inhibition is not None:
@@ -306,13 +333,41 @@ class Engine:
         else:
             head = f"{prefix}: "
         tail = fires_text(rule, number)
-        self._emit(
+        chain = self._emit(
             rule.name,
             rule.steps,
             occ,
             lambda i: sentence(head, chain_text(rule, i, rule.steps), tail),
             out,
         )
+        if not self.dry_run:
+            self._ladder.remedied(
+                occ.event, tick=tick, rule=rule.name, chain=chain, steps=rule.steps
+            )
+
+    def _ladder_step(self, move: Move, occ: Occurrence, out: list[Decision]) -> None:
+        """Apply the rung the ladder chose for an incident that came back (`_ladder`)."""
+        if not move.act:
+            return
+        inc = move.incident
+        own = self._policy.rule(inc.rule)
+        steps = rung_steps(inc, move.rung, own.steps if own is not None else None)
+        occ = Occurrence(_with_ladder(occ.event, move), occ.ranks, occ.tick, occ.ts)
+        head = f"{seen(occ.event, occ.ranks)}: escalation ladder for rule {inc.rule!r}: {move.why}"
+        busy = self._budget.busy()
+        if busy is not None and any(s.disruptive for s in steps) and not self.dry_run:
+            why = f"; but {busy[1]} ({busy[0]}) is still in flight; not acting"
+            out.append(
+                self._make(inc.rule, steps[0], occ, sentence(head, why), "", 0, 1, suppressed=True)
+            )
+            return
+
+        def reason(i: int) -> str:
+            phrase = action_phrase(steps[i].action, steps[i].params)
+            where = f"step {i + 1} of {len(steps)}: " if len(steps) > 1 else ""
+            return sentence(head, f"; {where}{phrase}")
+
+        self._ladder.issued(inc, self._emit(inc.rule, steps, occ, reason, out))
 
     def _escalate(
         self,
@@ -363,8 +418,8 @@ class Engine:
         occ: Occurrence,
         reason: Callable[[int], str],
         out: list[Decision],
-    ) -> None:
-        """Issue a chain's steps as decisions, tracking the ones carried out."""
+    ) -> str:
+        """Issue a chain's steps as decisions, tracking the ones carried out; the chain's id."""
         chain_id = ""
         for i, step in enumerate(steps):
             decision = self._make(rule_name, step, occ, reason(i), chain_id, i, len(steps))
@@ -373,6 +428,7 @@ class Engine:
             if decision.dry_run:
                 continue
             self._track(decision, step, occ)
+        return chain_id
 
     def _make(
         self,
@@ -461,6 +517,7 @@ class Engine:
             self._budget.release(decision_id)
             if pending is None:
                 return []
+            climb = self._ladder.resolved(pending.chain_id, pending.action, outcome, detail)
             held = self._held.pop(decision_id, [])
             if outcome == "applied":
                 if any(e.while_action == pending.action for e in self._policy.inhibit):
@@ -480,6 +537,11 @@ class Engine:
             for other_id in dropped:
                 del self._pending[other_id]
                 self._budget.release(other_id)
+            if climb is not None:  # a rung of the ladder failed: the next one, at once
+                out: list[Decision] = []
+                occ = pending.occurrence
+                self._ladder_step(climb, Occurrence(occ.event, occ.ranks, tick, self._ts), out)
+                return out
             return self._follow_up(decision_id, pending, tick, detail)
 
     def _release_held(
@@ -526,6 +588,11 @@ class Engine:
         """Restore counters, cooldowns, budget and in-flight decisions from `state_dict`."""
         with self._lock:
             load_state(self, state)
+
+
+def _with_ladder(event: AnomalyEvent, move: Move) -> AnomalyEvent:
+    """`event` carrying the ladder's record of its incident (`details["ladder"]`)."""
+    return dataclasses.replace(event, details={**event.details, "ladder": move.details()})
 
 
 def _representative(members: list[AnomalyEvent]) -> AnomalyEvent:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from remedy.policies._budget import Budget
 from remedy.policies._events import AnomalyEvent
+from remedy.policies._ladder import Ladder
 from remedy.policies._occurrence import Occurrence, Pending
 from remedy.policies._rules import Escalation
 from remedy.policies._rulestate import RuleState
@@ -37,6 +38,7 @@ def dump_state(engine: Engine) -> dict[str, Any]:
         "rules": {name: state.to_dict() for name, state in engine._states.items()},
         "budget": engine._budget.to_dict(),
         "pending": [_pending_to_dict(i, p) for i, p in engine._pending.items()],
+        "ladder": engine._ladder.to_dict(),
     }
 
 
@@ -61,6 +63,8 @@ def load_state(engine: Engine, data: dict[str, Any]) -> None:
             )
             pending[str(raw["id"])] = _pending(raw, occ)
         seq, tick, ts = int(data["seq"]), int(data["tick"]), float(data["ts"])
+        # A state from before the escalation ladder has none: no incident tracked.
+        ladder = Ladder.from_dict(data.get("ladder"))
     except (
         KeyError,
         TypeError,
@@ -73,6 +77,7 @@ def load_state(engine: Engine, data: dict[str, Any]) -> None:
         raise StateError(f"malformed engine state: {exc!r}") from None
     engine._states, engine._budget, engine._pending = states, budget, pending
     engine._seq, engine._tick, engine._ts = seq, tick, ts
+    engine._ladder = ladder
 
 
 def _pending_to_dict(decision_id: str, p: Pending) -> dict[str, Any]:

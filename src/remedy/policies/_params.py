@@ -7,7 +7,7 @@ the filled-in dict (`params_dict`), so the applier never guesses a default.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, model_validator
 from pydantic_core import PydanticCustomError
@@ -63,10 +63,27 @@ _OptText = Annotated[str | None, PlainValidator(_opt_text)]
 
 
 class RollbackParams(ActionParams):
-    """Go back to the snapshot `steps_back` steps ago and skip the next batches."""
+    """Go back to the snapshot `steps_back` steps ago and skip the next batches (`source: disk`:
+    to a durable checkpoint only, passing over the `older` newest good ones)."""
 
+    # `source: auto` takes the in-memory snapshots when they reach back that far, else a
+    # durable checkpoint; `memory` never reads the disk; `disk` never the ring.
     steps_back: NonNegInt = 100
     skip_batches: NonNegInt = 0
+    source: Literal["auto", "memory", "disk"] = "auto"
+    older: NonNegInt = 0
+
+    # Left out of the filled-in parameters at their defaults: the escalation ladder's
+    # choices, which a policy's own rollback rarely names (its decisions read as before).
+    sparse: ClassVar[frozenset[str]] = frozenset({"source", "older"})
+
+    @model_validator(mode="after")
+    def _older_on_disk(self) -> RollbackParams:
+        if self.older and self.source != "disk":
+            raise PydanticCustomError(
+                "older_needs_disk", "`older` passes over durable checkpoints: add `source: disk`"
+            )
+        return self
 
 
 class ShrinkLrParams(ActionParams):
@@ -202,4 +219,8 @@ if set(ACTION_PARAMS) != set(ACTIONS):  # pragma: no cover - a broken table fail
 
 def params_dict(params: ActionParams) -> dict[str, Any]:
     """The JSON-able dict of an action's parameters, defaults filled in."""
-    return params.model_dump(mode="json")
+    out = params.model_dump(mode="json")
+    for name in getattr(params, "sparse", ()):
+        if out[name] == type(params).model_fields[name].default:
+            del out[name]
+    return out

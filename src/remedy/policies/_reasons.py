@@ -85,6 +85,9 @@ def action_phrase(action: str, params: Mapping[str, Any]) -> str:
     p = params
     if action == "rollback":
         text = f"rolling back {p.get('steps_back')} steps"
+        if p.get("source") == "disk":
+            older = p.get("older") or 0
+            text += " to an older durable checkpoint" if older else " to a durable checkpoint"
         skip = p.get("skip_batches") or 0
         return text + (f" and skipping {skip} batches" if skip else "")
     if action == "shrink_lr":

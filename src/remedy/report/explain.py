@@ -24,6 +24,7 @@ from remedy.policies import (
 )
 from remedy.policies._predicates import COMPARABLE_FIELDS, _field
 from remedy.policies._vocab import severity_rank
+from remedy.report import ladder_text
 from remedy.report.deaths import death_lines
 from remedy.rundir.rundata import RunData, number
 
@@ -135,6 +136,7 @@ def _overview(run: RunData) -> str:
             f"  {d.get('decision_id')}  step {d.get('step')}  {d.get('rule')}: "
             f"{d.get('action')} [{d.get('outcome')}]"
         )
+    lines.extend(ladder_text.overview_lines(run.decisions))
     return "\n".join(lines)
 
 
@@ -156,6 +158,9 @@ def explain_decision(run: RunData, d: dict[str, Any], policy: Policy | None) -> 
     merged = merged_text(anomaly)
     if merged is not None:
         lines.append("  " + merged)
+    climbed = ladder_text.decision_line(d)
+    if climbed is not None:
+        lines.append("  " + climbed)
     rule = policy.rule(str(d.get("rule"))) if policy is not None else None
     if rule is None:
         lines.append(

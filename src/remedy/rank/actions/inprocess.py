@@ -177,8 +177,13 @@ def rollback(guard: ActionTarget, params: dict[str, Any], command: Command) -> d
     """
     steps_back = int(params.get("steps_back", 100))
     target = max(command.anomaly_step - steps_back, 0)
+    wanted, older = str(params.get("source", "auto")), int(params.get("older", 0))
+    if wanted == "disk":
+        # The escalation ladder asks for a durable checkpoint on purpose (the in-memory
+        # rollback did not cure the incident): no fallback to the ring.
+        return _rollback_from_disk(guard, params, target, older)
     snap, source, why = guard.snapshots.newest_at_or_before(target), "memory", ""
-    if snap is None and guard.checkpoints is not None:
+    if snap is None and guard.checkpoints is not None and wanted == "auto":
         choice = restore_point.agree_on_disk(
             guard.checkpoints, at_or_before=target, group=guard.group
         )
@@ -198,6 +203,41 @@ def rollback(guard: ActionTarget, params: dict[str, Any], command: Command) -> d
             f"no snapshot or checkpoint at or before step {command.anomaly_step} to roll back to"
             + (f" ({why})" if why else "")
         )
+    return _restored(guard, params, snap, source, why, target)
+
+
+def _rollback_from_disk(
+    guard: ActionTarget, params: dict[str, Any], target: int, older: int
+) -> dict[str, Any]:
+    """`rollback` with `source: disk`: the newest durable checkpoint at or before `target` good
+    on every rank, or `older` good ones before it."""
+    if guard.checkpoints is None:
+        raise ActionError(
+            "a rollback to a durable checkpoint needs remedy's checkpoint store; this loop has "
+            "none (no run directory, checkpoint_every 0, or a framework that keeps its own)"
+        )
+    choice = restore_point.agree_on_disk(
+        guard.checkpoints, at_or_before=target, group=guard.group, older=older
+    )
+    why = choice.describe()
+    if choice.step is None:
+        which = f"{older + 1} good durable checkpoints" if older else "a good durable checkpoint"
+        raise ActionError(
+            f"no {which} at or before step {target} on every rank" + (f" ({why})" if why else "")
+        )
+    try:
+        snap = guard.checkpoints.load(choice.step)
+    except CheckpointError as exc:
+        raise ActionError(f"checkpoint at step {choice.step} became unreadable: {exc}") from exc
+    if older:
+        why = (why + "; " if why else "") + f"passed over the {older} newest good one(s)"
+    return _restored(guard, params, snap, "disk", why, target)
+
+
+def _restored(
+    guard: ActionTarget, params: dict[str, Any], snap: Snapshot, source: str, why: str, target: int
+) -> dict[str, Any]:
+    """Restore `snap` (from `source`), retire the newer checkpoints, skip batches; the result."""
     from_step = guard.step_count
     # Every rank of a group restores or none does: a user's object that refuses its state
     # on one rank must not leave that rank alone at the old step (`restore_point`).

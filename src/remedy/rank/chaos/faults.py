@@ -79,7 +79,8 @@ FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 # What each fault does, for `remedy chaos list`. Only the faults listed here
 # can be injected by this version; a chaos file naming another is refused.
 FAULT_DESCRIPTIONS: dict[str, str] = {
-    "nan_loss": "the loss of one step becomes NaN (once per run)",
+    "nan_loss": "the loss of one step becomes NaN (once per run; with `repeat` n, each of the "
+    "first n times the step runs: a rollback runs it again, as a fault tied to the step would)",
     "nan_grad": "one parameter's gradient becomes NaN after backward (once per run)",
     "loss_spike": "poisons `duration` batches from the one trained at the step: their loss is "
     "scaled by `factor` every time they are trained on",
@@ -185,7 +186,7 @@ def refuse_under_frameworks(faults: Iterable[Fault]) -> None:
 
 # The parameters each injectable fault takes, besides `kind`, `at_step` and `rank`.
 FAULT_PARAMS: dict[str, frozenset[str]] = {
-    "nan_loss": frozenset(),
+    "nan_loss": frozenset({"repeat"}),
     "nan_grad": frozenset(),
     "loss_spike": frozenset({"duration", "factor"}),
     "grad_explosion": frozenset({"factor"}),
@@ -207,7 +208,7 @@ FAULT_PARAMS: dict[str, frozenset[str]] = {
 
 # A kind not listed above takes any of them.
 _ALL_PARAMS = frozenset(
-    {"duration", "factor", "seconds", "bytes", "target", "name", "index", "bit"}
+    {"duration", "factor", "seconds", "bytes", "target", "name", "index", "bit", "repeat"}
 )
 
 # Bounds: a chaos file describes a test, and a value past these is a typo
@@ -246,6 +247,8 @@ class Fault(BaseModel):
     name: str | None = Field(default=None, min_length=1, max_length=200)
     index: int = Field(default=0, ge=0, le=MAX_INDEX)
     bit: int = Field(default=30, ge=0, le=MAX_BIT)
+    # nan_loss: how many times the step's loss is NaN, one per time the step runs.
+    repeat: int = Field(default=1, ge=1, le=MAX_DURATION)
     # Where the fault was declared (`FILE:LINE:COL`), set by the loader, so a fault found
     # unable to fire later (in a rank) is reported at its line. Not part of its identity.
     source: str | None = None
@@ -266,7 +269,9 @@ class Fault(BaseModel):
 
     def key(self, rank: int) -> str:
         """A stable name for this fault hitting `rank`, the same in every process of the run."""
-        canon = json.dumps(self.model_dump(exclude={"source"}), sort_keys=True)
+        # `repeat` at its default is left out: a fault's name is the same as before it existed.
+        exclude = {"source"} if self.repeat != 1 else {"source", "repeat"}
+        canon = json.dumps(self.model_dump(exclude=exclude), sort_keys=True)
         digest = hashlib.sha256(canon.encode()).hexdigest()[:12]
         return f"{self.kind}-s{self.at_step}-r{rank}-{digest}"
 
@@ -907,6 +912,21 @@ class FaultInjector:
                 return f
         return None
 
+    def _fire_repeated(self, kind: str, step: int) -> Fault | None:
+        """`fire_once` for a fault with `repeat`: it fires each of the first `repeat` times its
+        step runs (the record counts them: `times`)."""
+        for i, f in self._window(kind, step):
+            fired = self.record.get(self._keys[i])
+            times = 0 if fired is None else fired.get("times", 1)
+            times = times if type(times) is int else f.repeat
+            if times < f.repeat:
+                self.record.mark(
+                    self._keys[i],
+                    {"kind": kind, "rank": self.rank, "step": step, "times": times + 1},
+                )
+                return f
+        return None
+
     def not_reached(self, steps: int) -> list[str]:
         """The faults of this rank that never fired because the run ended before their step
         (`steps`: the steps it completed), in words, for the warning at its end."""
@@ -1025,7 +1045,7 @@ class FaultInjector:
 
     def on_loss(self, step: int, batch_index: int, loss: torch.Tensor) -> torch.Tensor:
         """Loss-side faults: NaN and poisoned (spiking) batches."""
-        if self.fire_once("nan_loss", step) is not None:
+        if self._fire_repeated("nan_loss", step) is not None:
             self._note("nan_loss", step)
             return loss * float("nan")
         for i, f in self._window("loss_spike", step):

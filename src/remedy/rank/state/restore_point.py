@@ -85,9 +85,10 @@ class DiskChoice:
 
 
 def agree_on_disk(
-    store: CheckpointStore | None, *, at_or_before: int | None, group: Any = None
+    store: CheckpointStore | None, *, at_or_before: int | None, group: Any = None, older: int = 0
 ) -> DiskChoice:
-    """Every rank calls this: the newest step at or before `at_or_before` good on every rank."""
+    """Every rank calls this: the newest step at or before `at_or_before` good on every rank
+    (`older` > 0: the one that many good steps before it, none if there are not so many)."""
     corrupt: list[int] = []
     if store is None:
         good: list[int] = []
@@ -107,8 +108,9 @@ def agree_on_disk(
     views = gather({"good": good, "corrupt": corrupt}, group)
     offered = [list(v["good"]) for v in views.values]
     common = set(offered[0]).intersection(*offered[1:]) if offered else set()
+    newest_first = sorted(common, reverse=True)
     return DiskChoice(
-        step=max(common) if common else None,
+        step=newest_first[older] if len(newest_first) > older else None,
         corrupt={r: list(v["corrupt"]) for r, v in enumerate(views.values) if v["corrupt"]},
         offered=offered,
     )
