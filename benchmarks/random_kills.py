@@ -18,6 +18,11 @@ rank's digest). It exits 1 unless every run completed with the twin's
 weights.
 
     python benchmarks/random_kills.py [--kills 10] [--seed 48] [--window 1 40] [--workers 2]
+        [--clock run|training]
+
+`--clock training` counts the moments from rank 0's first step instead of
+the run's start: on a loaded machine starting the ranks alone takes tens of
+seconds, and every kill would fall before training begins.
 
 tests/supervisor/test_random_kills_e2e.py runs it with fewer kills (slow tier).
 """
@@ -83,12 +88,19 @@ def _reported_step(run_dir: Path) -> int:
     return max(steps, default=-1)
 
 
-def _kill_at(run_id: str, run_dir: Path, at_s: float, t0: float, out: KillRun) -> None:
-    """SIGKILL the run's supervisor process `at_s` seconds after `t0` (the run's start)."""
+def _kill_at(
+    run_id: str, run_dir: Path, at_s: float, t0: float, out: KillRun, *, clock: str = "run"
+) -> None:
+    """SIGKILL the run's supervisor process `at_s` seconds after `t0` (the run's start), or,
+    with `clock` "training", after rank 0's first step was reported."""
     import ray  # noqa: PLC0415 - the driver's Ray, started by main or the test
 
     from remedy.protocol.spec import NAMESPACE, supervisor_name  # noqa: PLC0415
 
+    if clock == "training":  # on a loaded machine the ranks' start alone can take 40 s
+        while _reported_step(run_dir) < 0 and not (run_dir / "summary.json").exists():
+            time.sleep(0.05)
+        t0 = time.time()
     time.sleep(max(0.0, t0 + at_s - time.time()))
     deadline = time.time() + 60
     while time.time() < deadline and not (run_dir / "summary.json").exists():
@@ -105,8 +117,11 @@ def _kill_at(run_id: str, run_dir: Path, at_s: float, t0: float, out: KillRun) -
         return
 
 
-def one_run(tmp: Path, kill_at_s: float | None, workers: int = 2, steps: int = 400) -> KillRun:
-    """The job under `remedy run` (this process's Ray), the supervisor killed at `kill_at_s`."""
+def one_run(
+    tmp: Path, kill_at_s: float | None, workers: int = 2, steps: int = 400, clock: str = "run"
+) -> KillRun:
+    """The job under `remedy run` (this process's Ray), the supervisor killed at `kill_at_s`
+    (seconds from the run's start, or with `clock` "training" from rank 0's first step)."""
     from remedy.cli.runner import run_supervised  # noqa: PLC0415 - Ray-side imports
     from remedy.protocol.spec import RunSpec  # noqa: PLC0415
     from remedy.rundir.writer import read_jsonl  # noqa: PLC0415
@@ -121,7 +136,10 @@ def one_run(tmp: Path, kill_at_s: float | None, workers: int = 2, steps: int = 4
     killer = None
     if kill_at_s is not None:
         killer = threading.Thread(
-            target=_kill_at, args=(spec.run_id, tmp, kill_at_s, t0, out), daemon=True
+            target=_kill_at,
+            args=(spec.run_id, tmp, kill_at_s, t0, out),
+            kwargs={"clock": clock},
+            daemon=True,
         )
         killer.start()
     try:
@@ -200,6 +218,12 @@ def main() -> None:
     p.add_argument("--window", type=float, nargs=2, default=(1.0, 40.0), metavar=("FROM", "TO"))
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--steps", type=int, default=400)
+    p.add_argument(
+        "--clock",
+        choices=("run", "training"),
+        default="run",
+        help="kill moments count from the run's start, or from rank 0's first step",
+    )
     add_check_imports(p)
     args = p.parse_args()
     if args.check_imports:
@@ -217,13 +241,17 @@ def main() -> None:
     )  # fmt: skip
     times = kill_times(args.kills, args.seed, tuple(args.window))
     print(f"{args.workers} ranks + 1 spare, {args.steps} steps of 0.1 s; faults {FAULTS}")
-    print(f"kill moments (seed {args.seed}, {args.window[0]}-{args.window[1]} s): {times}")
+    since = "the run's start" if args.clock == "run" else "rank 0's first step"
+    print(
+        f"kill moments (seed {args.seed}, {args.window[0]}-{args.window[1]} s after {since}): "
+        f"{times}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         twin = one_run(Path(tmp) / "twin", None, args.workers, args.steps)
         print(f"twin (no kill): {twin.status}, {twin.wall_s:.1f} s\n{HEADER}", flush=True)
         runs = []
         for i, at_s in enumerate(times, 1):
-            runs.append(one_run(Path(tmp) / f"kill{i}", at_s, args.workers, args.steps))
+            runs.append(one_run(Path(tmp) / f"kill{i}", at_s, args.workers, args.steps, args.clock))
             print("\n".join(row(i, runs[-1], twin)), flush=True)
     ray.shutdown()
     print()

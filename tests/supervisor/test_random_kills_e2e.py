@@ -15,14 +15,15 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 @pytest.mark.timeout(900)
 @pytest.mark.usefixtures("ray_cluster")
 def test_random_supervisor_kills_end_with_the_twins_weights(tmp_path: Path) -> None:
-    """Three kills at seeded random moments 1-40 s into the run: each lands, Ray restarts the
+    """Three kills at seeded random moments 1-40 s into training: each lands, Ray restarts the
     supervisor, the run completes, no decision id is given twice, and every rank's final
     parameters are the twin's bit for bit."""
     twin = one_run(tmp_path / "twin", None)
     assert twin.status == "completed" and twin.restarts == 0, twin
     assert len(twin.digests) == 1, twin
+    # Counted from rank 0's first step: each kill falls in training, however slow the start.
     runs = [
-        one_run(tmp_path / f"kill{i}", at_s)
+        one_run(tmp_path / f"kill{i}", at_s, clock="training")
         for i, at_s in enumerate(kill_times(3, seed=7, window=(1.0, 40.0)))
     ]
     report = "\n".join(table(twin, runs))
