@@ -51,6 +51,9 @@ class Decider:
         tick = batch.get("holding")
         if tick is None:
             return
+        if batch.get("final"):  # the last boundary (rank.link.end_hold): nothing is owed there
+            self._settled = max(self._settled, tick)
+            return
         self.holding.append(tick)
         self._first = self._first or time.monotonic()
         if self.settles and time.monotonic() - self._first >= self.delay_s and self._settled < tick:

@@ -505,6 +505,12 @@ class Engine:
 
     # -- outcomes --------------------------------------------------------------------
 
+    @property
+    def holding_back(self) -> bool:
+        """Whether a match is held back behind an in-flight disruptive decision: a decision
+        still to be taken once that one's outcome comes."""
+        return any(self._held.values())
+
     def record_outcome(
         self, decision_id: str, outcome: str, *, tick: int, detail: str = ""
     ) -> list[Decision]:

@@ -49,6 +49,8 @@ BATCH_FIELDS = frozenset(
         # The tick of a flagged step the rank holds for (workers.flag_hold): the reply
         # then says whether every decision on it is taken.
         "holding",
+        # Holding at its last step (rank.link.end_hold): settled once nothing is owed to it.
+        "final",
         # The first report of a new generation of the group (a restart waits on it): a node
         # agent sends its digest at once (`AgentCore.take`'s `Taken.hurry`).
         "regrouped",

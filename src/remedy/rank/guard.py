@@ -50,7 +50,7 @@ from remedy.rank.chaos.faults import ChaosSetting, FaultInjector
 from remedy.rank.detectors import Detector, DetectorSuite, default_detectors
 from remedy.rank.exceptions import ChaosConfigError, RunAborted, UserStateError
 from remedy.rank.group import replicas
-from remedy.rank.link import group_decide, launcher, relaunch
+from remedy.rank.link import end_hold, group_decide, launcher, relaunch
 from remedy.rank.link.context import Reporter, WorkerContext, get_context
 from remedy.rank.link.flag_hold import RESEND_S, WAIT_S, FlagHold, agree_while_holding
 from remedy.rank.link.group_decide import GroupReporter
@@ -136,6 +136,9 @@ class GuardConfig:
     # no step trained past it. None: as the supervisor says (its policy replays).
     flag_hold: bool | None = None
     flag_wait_s: float = WAIT_S  # the longest such hold
+    # After the last step the ranks hold until the supervisor owes nothing on the steps
+    # they trained (rank.link.end_hold), at most this long.
+    end_wait_s: float = end_hold.END_WAIT_S
     # Replicas' parameters and optimizer state are compared across data-parallel
     # ranks every this many steps (workers.replicas); 0 turns the check off.
     replica_check_every: int = replicas.DEFAULT_EVERY
@@ -345,9 +348,9 @@ class Guard:
             while True:
                 self._boundary()
                 self.injector.at_boundary(self.step_count, self.checkpoints)
-                if self._stop_reason is not None or (
-                    self.max_steps is not None and self.step_count >= self.max_steps
-                ):
+                if self._at_last_step() and self._stop_reason is None and self._hold_at_end():
+                    continue  # a command sent the loop back (a rollback), or the group re-formed
+                if self._stop_reason is not None or self._at_last_step():
                     break
                 t0 = time.perf_counter()
                 mark = self.step_mark = (
@@ -436,6 +439,27 @@ class Guard:
         ):
             self._snapshot()
 
+    def _at_last_step(self) -> bool:
+        return self.max_steps is not None and self.step_count >= self.max_steps
+
+    def _hold_at_end(self) -> bool:
+        """After the last step: hold until the supervisor owes nothing on the steps trained
+        (`rank.link.end_hold`). True when the loop goes on (a command sent it back, or the
+        group re-formed and agrees again)."""
+        settled = getattr(self.reporter, "settled", None)
+        if settled is None or self.tick == 0:
+            return False
+        last = self.tick - 1
+        end, _, _ = self._hold_here(
+            wait_s=self.config.end_wait_s,
+            holding=last,
+            final=True,
+            ready=lambda: end_hold.released(self, settled(), last),
+        )
+        if end == "late":
+            log.warning("end_decision_missing", tick=last, waited_s=self.config.end_wait_s)
+        return end == "regrouped" or not self._at_last_step()
+
     def _hold_for_decision(self) -> bool:
         """A step just run was flagged (on any rank): hold here until the supervisor has decided
         on it (`workers.flag_hold`). True when the group re-formed meanwhile."""
@@ -490,7 +514,12 @@ class Guard:
         return end == "regrouped"
 
     def _hold_here(
-        self, *, wait_s: float, ready: Callable[[], bool], holding: int | None = None
+        self,
+        *,
+        wait_s: float,
+        ready: Callable[[], bool],
+        holding: int | None = None,
+        final: bool = False,
     ) -> tuple[str, int, int]:
         """Wait at this boundary, reporting and taking replies and applying the commands every
         rank holds, until `ready()` on every rank, or one rank has waited `wait_s`.
@@ -506,7 +535,7 @@ class Guard:
         while True:
             now = time.monotonic()
             if now >= next_report:  # reports that fetch replies (a replay's outcome first)
-                self._send(force=True, holding=holding)
+                self._send(force=True, holding=holding, final=final)
                 next_report = now + RESEND_S
             self.inbox.take(self.reporter.poll())
             late, done = now > deadline, ready()
@@ -857,6 +886,7 @@ class Guard:
         wait: bool = False,
         ending: bool = False,
         holding: int | None = None,
+        final: bool = False,
         collective_failed: bool = False,
     ) -> None:
         # `ending`: the loop is done, this rank takes no more steps (the hang watch stops
@@ -865,6 +895,8 @@ class Guard:
         extra: dict[str, Any] = {"ending": True} if ending else {}
         if holding is not None:
             extra["holding"] = holding
+            if final:  # at the last step: settled once nothing is owed (rank.link.end_hold)
+                extra["final"] = True
         if collective_failed:
             extra["collective_failed"] = True
         self.outbox.send(

@@ -42,6 +42,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from remedy.control import decide_state as control_state
 from remedy.control.decide import Controller
 from remedy.control.effects import Notify, journal_to, log_notify
+from remedy.control.end_check import may_end
 from remedy.control.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.control.health import final_status
 from remedy.control.identity import Lineage, RankResume, journal_behind, plan_resume, with_rank_ids
@@ -568,21 +569,26 @@ class SupervisorActor:
         if self.controller.last_report is not None and _a_tick(holding):
             # A rank holding at a flagged step's boundary (workers.flag_hold): say whether
             # every decision on that step is taken (its commands are in this reply).
-            return {"commands": commands, "settled": holding if self.settled_now(holding) else None}
+            final = batch.get("final") is True  # at its last step: nothing may be owed
+            done = self.settled_now(holding, final=final)
+            return {"commands": commands, "settled": holding if done else None}
         return commands
 
-    def settled_now(self, tick: int) -> bool:
-        """Whether every decision on the step executed at `tick` is taken (`Controller.settled`)."""
-        return self.controller.settled(tick)
+    def settled_now(self, tick: int, *, final: bool = False) -> bool:
+        """Whether every decision on the step executed at `tick` is taken (`Controller.settled`);
+        `final`: ranks at their last step, to whom nothing may be owed (`control.end_check`)."""
+        return may_end(self.controller, tick) if final else self.controller.settled(tick)
 
-    async def settled(self, token: Any, tick: Any, rank: Any) -> dict[str, Any]:
-        """A node agent asks for `rank`, holding at a flagged step's boundary (workers.flag_hold):
-        whether `tick` is settled, and the commands `rank` owes, read at the same moment (a
-        decision taken on another node's report is in them once it is settled)."""
+    async def settled(self, token: Any, tick: Any, rank: Any, final: Any = False) -> dict[str, Any]:
+        """A node agent asks for `rank`, holding at a flagged step's boundary (workers.flag_hold)
+        or at its last step (`final`, rank.link.end_hold): whether `tick` is settled, and the
+        commands `rank` owes, read at the same moment (a decision taken on another node's
+        report is in them once it is settled)."""
         if not self._authorized(token, "settled") or not _a_tick(tick) or type(rank) is not int:
             return {"settled": False, "commands": []}
         await self._commit()  # a command decided in a call still waiting for its record
-        return {"settled": self.settled_now(tick), "commands": self.controller.commands_for(rank)}
+        done = self.settled_now(tick, final=final is True)
+        return {"settled": done, "commands": self.controller.commands_for(rank)}
 
     async def report_many(self, token: Any, node: Any, items: Any) -> dict[int, list[Any]]:
         """A node agent's call: many ranks' reports in one (`supervisor.agent`).

@@ -321,7 +321,8 @@ class NodeAgent:
         if taken.holding is not None:
             try:
                 answer = await self._ask(
-                    self.supervisor.settled.remote(self._token, taken.holding, rank), "settled"
+                    self.supervisor.settled.remote(self._token, taken.holding, rank, taken.final),
+                    "settled",
                 )
             except WaitTimeout:
                 answer = None  # not settled yet: a holding rank asks again (`workers.flag_hold`)

@@ -115,6 +115,7 @@ class Taken:
     metrics: tuple[dict[str, Any], ...] = ()
     holding: int | None = None
     hurry: bool = False
+    final: bool = False  # holding at its last step: nothing may be owed (rank.link.end_hold)
 
 
 class AgentCore:
@@ -219,7 +220,8 @@ class AgentCore:
             item["events"] = [ev.to_dict() for ev in report.events]
             if failed:
                 item["collective_failed"] = True
-            return Taken(True, item, metrics=tuple(report.metrics), holding=holding)
+            final = holding is not None and batch.get("final") is True
+            return Taken(True, item, metrics=tuple(report.metrics), holding=holding, final=final)
         return Taken(
             True,
             metrics=tuple(report.metrics),
