@@ -352,10 +352,12 @@ class GoodputLedger:
         steps_kept, time_kept = self.kept(completed)
         executed = self.executed + max(completed - n, 0)
         wall = max(ended - started, 0.0)
+        # The run's start and end, less what of them a supervisor outage held (the ranks
+        # ended while none was there to take their results, say): that is the outage's.
         if self.first_start is not None:
-            add("startup", None, 0, max(self.first_start - started, 0.0))
+            self._edge(add, "startup", started, self.first_start)
         if self.last_end is not None:
-            add("shutdown", None, 0, max(ended - self.last_end, 0.0))
+            self._edge(add, "shutdown", self.last_end, ended)
         accounted = time_kept + sum(s for _, s in lost.values())
         # What no record places: steps of records without an end time, rounding. The time is
         # a partition (see the module docstring), so this is never a restart's; a record
@@ -396,6 +398,14 @@ class GoodputLedger:
             "time_lost_by_cause": by_cause,
             "supervisor_downtime": self.outages,
         }
+
+    def _edge(self, add: Any, what: str, since: float, until: float) -> None:
+        """Book the run's `startup` or `shutdown` span: to the outages in it, then to itself."""
+        seconds = max(until - since, 0.0)
+        held = min(outage_seconds(self.outages, since, until), seconds)
+        if held > 0:
+            add(what, SUPERVISOR_RESTART, 0, held)
+        add(what, None, 0, seconds - held)
 
     # ------------------------------------------------------------------ replay
     @classmethod
@@ -460,6 +470,22 @@ def stall_cause(found: list[str], *, returned: bool) -> str | None:
     if returned or found:
         return SUPERVISOR_RESTART
     return None
+
+
+def outage_seconds(outages: Iterable[Mapping[str, Any]], since: float, until: float) -> float:
+    """Seconds of `since`..`until` that supervisor outages (`down_since`..`back_at`) cover."""
+    spans = sorted(
+        (float(o["down_since"]), float(o["back_at"]))
+        for o in outages
+        if all(isinstance(o.get(k), int | float) for k in ("down_since", "back_at"))
+    )
+    covered, reach = 0.0, since
+    for down, back in spans:
+        lo, hi = max(down, reach), min(back, until)
+        if hi > lo:
+            covered += hi - lo
+            reach = hi
+    return covered
 
 
 def _seconds(value: Any) -> float:

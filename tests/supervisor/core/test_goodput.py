@@ -357,3 +357,16 @@ def test_overlapping_records_and_unreported_steps_never_make_a_negative_row() ->
     assert ("other", None) not in rows
     assert s["steps_unreported"] == 15
     assert s["time_kept_s"] == pytest.approx(end)
+
+
+def test_the_end_of_a_run_that_waited_for_a_returning_supervisor_is_the_outages() -> None:
+    """The ranks finished while the supervisor was away; the run ended when it came back 8 s
+    later: those 8 s of the shutdown are supervisor_restart's, the rest the shutdown's."""
+    g = GoodputLedger()
+    _, t = feed(g, range(30), 0, 0.0)
+    g.outage({"incarnation": 2, "down_since": t - 1.0, "back_at": t + 8.0, "down_s": 9.0})
+    s = g.summary(started=0.0, ended=t + 8.5, completed=30)
+    rows = booked(s, 0.0, t + 8.5)
+    assert rows[("shutdown", "supervisor_restart")] == pytest.approx(8.0)
+    assert rows[("shutdown", None)] == pytest.approx(0.5)
+    assert s["time_lost_by_cause"] == {"supervisor_restart": pytest.approx(8.0)}
