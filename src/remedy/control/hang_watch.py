@@ -136,6 +136,21 @@ class HangWatch:
         self._ranks[rank] = r
         return True
 
+    def marked(self, rank: int, tick: int, since: float, ran: int) -> None:
+        """`rank`'s own progress mark (`control.progress_marks`, read by a supervisor that was
+        away): at `tick` since `since`, `ran` steps run by its process. Its progress age counts
+        from there, and a process that has stepped is past its start-up."""
+        r = self._ranks.get(rank)
+        if r is None:
+            r = self._ranks[rank] = _Rank(since=since, times=deque(maxlen=self.config.window))
+        if tick < r.tick:
+            return  # a report newer than the mark came first
+        r.since = since if tick > r.tick else min(r.since, since)
+        r.tick = tick
+        if ran > 0:
+            r.stepped = True
+            r.steps_seen = max(r.steps_seen, min(ran, self.config.first_steps))
+
     def record(self) -> dict[str, list[float]]:
         """What a restarted supervisor needs to go on watching (`resumed`): rank -> [its p99
         step time to the ms, the steps seen up to `first_steps`], for each rank that

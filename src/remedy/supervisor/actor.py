@@ -40,6 +40,7 @@ import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.control import decide_state as control_state
+from remedy.control import progress_marks
 from remedy.control.decide import Controller
 from remedy.control.effects import Notify, journal_to, log_notify
 from remedy.control.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
@@ -946,6 +947,7 @@ class SupervisorActor:
                             if d.action == "restart_rank"]  # fmt: skip
                 self.recovery.restore(self.core.recovery_record)
                 await self._adopt(group, self.core.group_record)
+                await self._watch_from_marks(group)
                 for d in restarts:  # a restart the crashed supervisor had begun: go on
                     self.recovery.resume(d)
             self.write_state()
@@ -1087,6 +1089,17 @@ class SupervisorActor:
             entry = self.core.hang_record.get(str(rank))
             if not self.watch.resumed(rank, now, ticks.get(rank, -1), entry):
                 self.watch.started(rank, now)
+
+    async def _watch_from_marks(self, group: WorkerGroup) -> None:
+        """Back after a restart: each rank's stall judged from its own progress mark (one ping
+        round, `control.progress_marks`), so a rank that hung while no supervisor watched is
+        found within its usual timeout, not after a start-up allowance."""
+        config = self.watch.config
+        pings = await group.ping_all(config.ping_timeout_s, patience=config.ping_patience)
+        for rank, mark in progress_marks.marks(
+            pings, wall=time.time(), now=time.monotonic()
+        ).items():
+            self.watch.marked(rank, mark.tick, mark.since, mark.ran)
 
     async def _adopt(self, group: WorkerGroup, record: dict[str, Any]) -> None:
         """Take over the ranks of the supervisor before this one."""
