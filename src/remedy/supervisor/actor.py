@@ -1223,10 +1223,9 @@ class SupervisorActor:
                     self.recovery.carry_losses([effect])
                 case RankEnded(rank, status):
                     self.feed.set_rank_state(rank, status)
-                case BatchesLost(rank, node, count):
-                    self.run_dir.history(
-                        {"type": "batches_lost", "rank": rank, "node": node, "count": count}
-                    )
+                case BatchesLost(rank, node, count, records):
+                    self.run_dir.history({"type": "batches_lost", "rank": rank, "node": node,
+                                          "count": count, "records": records})  # fmt: skip
                 case OutageNotes(notes):
                     self._outage_notes(notes)
                 case Status() | Answer() | Taken() | StopAsked():
