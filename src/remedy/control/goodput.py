@@ -59,6 +59,9 @@ RECENT_KEPT = 64
 # replay_step (the ranks re-run the step from the state before it and wait at that boundary,
 # so the steps they trained while the replay command was on its way are discarded).
 REWINDING_ACTIONS = frozenset({"rollback", "replay_step"})
+# The supervisor's anomalies of a rank lost (`control.lost_ranks`): each stops the group, as
+# the live ledger is told (`GoodputLedger.disrupted`); its other ones (a straggler) stop nothing.
+LOSSES = frozenset({"rank_hang", "rank_dead", "node_lost"})
 # Actions that stop the group until they end (a rank replaced, the group re-formed): the
 # stall they cause is their anomaly's, whatever found it (`GoodputLedger.disrupted`).
 STALLING_ACTIONS = frozenset({"restart_rank"})
@@ -251,9 +254,9 @@ class GoodputLedger:
 
     def _idle(self, since: float, until: float, filled: float, cause: str | None) -> None:
         """The lead ran no step from `since` to `until` (but `filled` seconds of steps whose
-        records never came): a stall of `cause` (a rewind's), of the disruptions found before
-        `until` (all taken: one stall is theirs), of a supervisor that came back in it, or
-        overhead."""
+        records never came): a stall of the disruptions found before `until` (all taken: one
+        stall is theirs), of `cause` (the rewind of the record that ends it), of a supervisor
+        that came back in it, or overhead (`stall_cause`)."""
         found = [why for at, why in self._disruptions if at <= until]
         del self._disruptions[: len(found)]
         back = bisect.bisect_right(self._returns, until)
@@ -262,8 +265,8 @@ class GoodputLedger:
         idle = until - since - filled
         if idle <= 0:
             return
-        cause = cause or stall_cause(found, returned=returned)
-        self._add("stalled" if cause is not None else "overhead", cause, 0, idle)
+        why = stall_cause(found, returned=returned, rewind=cause)
+        self._add("stalled" if why is not None else "overhead", why, 0, idle)
 
     def _add(self, what: str, cause: str | None, steps: int, seconds: float) -> None:
         entry = self._lost.setdefault((what, cause), [0, 0.0])
@@ -447,7 +450,7 @@ class GoodputLedger:
         events = list(anomalies)
         for ev in events:
             at = when(ev.get("ts"))
-            if ev.get("source") == "supervisor" and at is not None:
+            if ev.get("source") == "supervisor" and at is not None and ev.get("kind") in LOSSES:
                 ledger.disrupted(at, str(ev.get("kind")))
         for rec in metrics:
             rank = rec.get("rank")
@@ -459,14 +462,22 @@ class GoodputLedger:
         return ledger
 
 
-def stall_cause(found: list[str], *, returned: bool) -> str | None:
+def stall_cause(found: list[str], *, returned: bool, rewind: str | None = None) -> str | None:
     """The cause of an idle span of the lead: the first rank loss or restart found before it
-    ended (`found`, in time order), else a supervisor restart when a supervisor came back in it
-    (`returned`), else none (overhead). A loss outranks the outage: a rank that hung while no
-    supervisor watched stalled the group, and its detection waited for the supervisor."""
+    ended (`found`, in time order), else the rewind of the record that ends it (`rewind`: a
+    rollback's restore), else a supervisor restart when a supervisor came back in it
+    (`returned`), else none (overhead).
+
+    A loss outranks the rest: a rollback decided before a rank was lost and applied after
+    its replacement joined makes the first step after the restart a rewound one, but the
+    restart is what the group waited for (the rollback still owns the steps it discarded);
+    and a rank that hung while no supervisor watched stalled the group, its detection only
+    waiting for the supervisor."""
     losses = [why for why in found if why != SUPERVISOR_RESTART]
     if losses:
         return losses[0]
+    if rewind is not None:
+        return rewind
     if returned or found:
         return SUPERVISOR_RESTART
     return None

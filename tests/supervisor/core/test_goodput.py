@@ -370,3 +370,35 @@ def test_the_end_of_a_run_that_waited_for_a_returning_supervisor_is_the_outages(
     assert rows[("shutdown", "supervisor_restart")] == pytest.approx(8.0)
     assert rows[("shutdown", None)] == pytest.approx(0.5)
     assert s["time_lost_by_cause"] == {"supervisor_restart": pytest.approx(8.0)}
+
+
+def test_a_restart_stall_ended_by_a_rollbacks_rewound_step_is_the_restarts() -> None:
+    """A rollback for a loss spike is decided; rank 2 dies before it is applied, and its cold
+    replacement takes 23 s; the first step after it is the rollback's rewound one: the 23 s
+    are rank_dead's, the discarded steps loss_spike's."""
+    g = GoodputLedger()
+    _, t = feed(g, range(66), 0, 0.0)
+    g.expect_rewind(t - 0.5, "loss_spike")
+    g.disrupted(t + 0.2, "rank_dead")
+    g.disrupted(t + 0.3, "rank_dead")  # its restart_rank
+    _, end = feed(g, range(60, 90), 66, t + 23.0)
+    s = g.summary(started=0.0, ended=end, completed=90)
+    rows = booked(s, 0.0, end)
+    assert rows[("stalled", "rank_dead")] == pytest.approx(23.0)
+    assert row(s, "discarded_steps", "loss_spike")["steps"] == 6
+    assert ("stalled", "loss_spike") not in rows
+
+
+def test_replay_takes_only_a_lost_rank_of_the_supervisors_anomalies_as_a_stall(
+    tmp_path: Path,
+) -> None:
+    """A straggler the supervisor found stops nothing: the gap after it stays overhead, as
+    the live ledger (told only of lost ranks) books it."""
+    records = [rec(0, 0, 1000.1), rec(1, 1, 1000.2), rec(2, 2, 1000.4)]
+    _jsonl(tmp_path / "metrics.jsonl", records)
+    _jsonl(tmp_path / "anomalies.jsonl", [
+        {"kind": "straggler", "source": "supervisor", "step": 1, "ts": "1970-01-01T00:16:40.150000Z"},
+    ])  # fmt: skip
+    s = goodput_of(tmp_path).summary(started=1000.0, ended=1000.4, completed=3)
+    assert row(s, "overhead", None)["seconds"] == pytest.approx(0.1)
+    assert s["time_lost_by_cause"] == {}
