@@ -40,7 +40,7 @@ import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.control import decide_state as control_state
-from remedy.control import progress_marks
+from remedy.control import progress_marks, stuck_at
 from remedy.control.decide import Controller
 from remedy.control.effects import Notify, journal_to, log_notify
 from remedy.control.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
@@ -1185,6 +1185,18 @@ class SupervisorActor:
         self.recovery.start(d)
         return None
 
+    async def _peers_at(self, group: WorkerGroup, rank: int) -> dict[str, int]:
+        """Where the peers of `rank`, which died, wait (`control.stuck_at.front` of one ping
+        round): the step its loss is recorded at, which its last report lags."""
+        peers = [r for r in group.actors if r != rank]
+        if not peers:
+            return {}
+        config = self.watch.config
+        pings = await group.ping_all(config.ping_timeout_s, ranks=peers,
+                                     patience=config.ping_patience)  # fmt: skip
+        where = stuck_at.front(pings)
+        return {} if where is None else {"step": where[0], "tick": where[1]}
+
     async def _rank_finished(self, group: WorkerGroup, ref: ray.ObjectRef) -> None:
         rank, incarnation = group.owner(ref)
         retired = group.retired(ref)
@@ -1206,10 +1218,11 @@ class SupervisorActor:
             # a restart may replace this rank (its node found lost meanwhile): the loss below
             # is about the incarnation that ran here, and dropped if that one is replaced.
             await self.check_nodes(group, now=True)
+            at = await self._peers_at(group, rank)
             self._carry(self.core.step(RankDied(
                 rank, incarnation, f"rank process died: {exc}",
                 f"rank {rank}'s process died ({_why_gone(exc)})", time.time(),
-                {"error": str(exc)[:300], "incarnation": incarnation},
+                {"error": str(exc)[:300], "incarnation": incarnation, **at},
             )))  # fmt: skip
             return
         self._carry(self.core.step(RankReturned(rank, incarnation, result)))
