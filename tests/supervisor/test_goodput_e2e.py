@@ -80,9 +80,10 @@ def test_a_killed_supervisor_is_booked_apart(ray_cluster: None, tmp_path: Path) 
 
 # The storm: nine faults on four ranks within 45 steps, after the detectors' warm-up. The
 # straggler comes first: a rollback sends the ranks back to an earlier step, where the policy's
-# warm-up (`warmup_steps` of the throughput anomalies) would hold its notification back.
+# warm-up (`warmup_steps` of the throughput anomalies) would hold its notification back. It
+# lasts 20 steps: the straggler watch compares the median of a rank's last 20 step times.
 STORM = [
-    {"kind": "slow_rank", "at_step": 22, "rank": 2, "duration": 8, "seconds": 0.3},
+    {"kind": "slow_rank", "at_step": 22, "rank": 2, "duration": 20, "seconds": 0.3},
     {"kind": "nan_loss", "at_step": 27, "rank": 0},
     {"kind": "loss_spike", "at_step": 31, "rank": 1, "factor": 10.0},
     {"kind": "oom", "at_step": 35, "rank": 2},
