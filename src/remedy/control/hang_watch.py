@@ -204,6 +204,11 @@ class HangWatch:
             tick = ping.get("tick")
             if type(tick) is int:
                 self.beat(rank, tick, now)
+            # Its process says it ran steps (`steps_run`), which its reports may not have
+            # brought yet: past the new-process grace (`new_process_grace`).
+            ran = ping.get("steps_run")
+            if type(ran) is int and ran > 0 and rank in self._ranks:
+                self._ranks[rank].stepped = True
 
     def allow(self, rank: int, seconds: float, now: float) -> None:
         """`rank` may be quiet for `seconds` from now (checkpoint write, state adoption)."""

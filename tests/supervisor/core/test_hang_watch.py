@@ -223,3 +223,18 @@ def test_a_replacement_keeps_the_new_process_grace_until_its_own_first_step() ->
     watch.beat(1, 151, 104.0, [0.3])  # its first step
     watch.beat(1, 155, 104.1, [0.01] * 4)
     assert watch.timeout(1) == pytest.approx(CFG.floor_s)
+
+
+def test_a_ping_that_says_its_process_ran_steps_ends_the_new_process_grace() -> None:
+    """A rank whose reports brought no step time yet (it hangs before its next report) but whose
+    ping answer said it ran 15 steps is past the grace; a replacement's answer at its adopted
+    tick with no step run keeps it."""
+    watch = HangWatch(CFG)
+    watch.started(1, 0.0)
+    watch.beat(1, 0, 0.5)  # its Guard exists
+    watch.answered(1, {"phase": "step", "tick": 15, "step": 15, "steps_run": 15}, 1.0)
+    assert watch.timeout(1) == pytest.approx(CFG.floor_s)
+    watch.started(2, 0.0)
+    watch.beat(2, 0, 0.5)
+    watch.answered(2, {"phase": "boundary", "tick": 150, "step": 150, "steps_run": 0}, 1.0)
+    assert watch.timeout(2) == CFG.first_step_s
