@@ -40,7 +40,7 @@ from remedy.control.effects import (
     NotifyCarrier,
     log_notify,
 )
-from remedy.control.goodput import REWINDING_ACTIONS, GoodputLedger
+from remedy.control.goodput import REWINDING_ACTIONS, STALLING_ACTIONS, GoodputLedger
 from remedy.control.straggler import StepTimes, StragglerWatch
 from remedy.policies import (
     DISRUPTIVE_ACTIONS,
@@ -486,6 +486,8 @@ class Controller:
             self._resolve_now(d, "failed", f"{d.action} needs a worker group; none is attached")
         else:
             self._emit(HistoryRecord({"type": "decided", "decision": d.to_dict(), "command": None}))
+            if d.action in STALLING_ACTIONS:  # the group stalls until it ends: time lost to it
+                self.goodput.disrupted(self._clock(), d.anomaly.kind)
             result = self.group_action(d)
             if result is None:
                 self.deferred[d.decision_id] = d

@@ -15,9 +15,17 @@ were run:
   process was killed before reporting them): they count as executed and kept,
   with the typical step time;
 - the wall time between two records with no step running is idle: a stall
-  when a rank loss was detected in it (`disrupted`) or it precedes a rewound
-  record (detection, restart, restore, regroup), else per-step overhead
-  (snapshots, checkpoints, commands).
+  when it precedes a rewound record, or is the first idle span to end after
+  a rank loss or a restart was found (`disrupted`: detection, restart,
+  restore, regroup, all of it the loss's), or holds the moment a restarted
+  supervisor came back (`outage`) with no rank loss in it; else per-step
+  overhead (snapshots, checkpoints, commands).
+
+The wall time is a partition: a record's time is counted only from the end
+of the one before (records that overlap count once), steps whose records
+never came are fitted into the gap they ran in, and every other second is
+startup, shutdown, a stall or overhead. So the rows and the kept time sum
+to the wall time and none is negative (`summary`).
 
 Step goodput is steps kept / steps executed; time goodput (ETTR, effective
 training time ratio) is the time of the kept steps' last executions over the
@@ -40,6 +48,8 @@ from typing import Any
 
 # A rewind whose cause the ledger was not told (a rewind by an action it does not know).
 UNATTRIBUTED = "unattributed"
+# The cause of an idle span around a supervisor's return (`GoodputLedger.outage`).
+SUPERVISOR_RESTART = "supervisor_restart"
 # Recent (tick, end time) pairs of the lead, to drop a record seen twice (a batch re-sent
 # to a restarted supervisor that had written it already).
 SEEN_KEPT = 1024
@@ -49,6 +59,12 @@ RECENT_KEPT = 64
 # replay_step (the ranks re-run the step from the state before it and wait at that boundary,
 # so the steps they trained while the replay command was on its way are discarded).
 REWINDING_ACTIONS = frozenset({"rollback", "replay_step"})
+# The supervisor's anomalies of a rank lost (`control.lost_ranks`): each stops the group, as
+# the live ledger is told (`GoodputLedger.disrupted`); its other ones (a straggler) stop nothing.
+LOSSES = frozenset({"rank_hang", "rank_dead", "node_lost"})
+# Actions that stop the group until they end (a rank replaced, the group re-formed): the
+# stall they cause is their anomaly's, whatever found it (`GoodputLedger.disrupted`).
+STALLING_ACTIONS = frozenset({"restart_rank"})
 # A record that ended this long before the newest one seen ran before it: it arrives late
 # (re-sent to a restarted supervisor after newer ones), and its step was counted as unreported
 # when the newer record came; it is no rewind.
@@ -81,6 +97,10 @@ class GoodputLedger:
         # by its own word (a ping), though their records may never come (`expect_reach`).
         self._reaches: list[tuple[float, int]] = []
         self._disruptions: list[tuple[float, str]] = []  # rank losses and the like, by time
+        self._returns: list[float] = []  # when each restarted supervisor came back
+        # Rewinds expected of full restarts (`restarting`): the first record after one is the
+        # restarted lead's, so one not rewound by it was not rewound at all.
+        self._restarts: list[tuple[float, str]] = []
         # (what, cause) -> [steps, seconds]
         self._lost: dict[tuple[str, str | None], list[float]] = {}
         self.outages: list[dict[str, Any]] = []  # supervisor outages (training went on)
@@ -89,6 +109,14 @@ class GoodputLedger:
     def expect_rewind(self, at: float, cause: str) -> None:
         """A rollback was decided, or a full-group restart begun, at `at`: the next rewind is its."""
         bisect.insort(self._causes, (at, cause))
+
+    def restarting(self, at: float, cause: str) -> None:
+        """Every rank is restarted at `at` because of `cause`: the rewind to the checkpoint is
+        its, and so is the stall (even when the checkpoint is the lead's last step and
+        nothing is rewound)."""
+        self.expect_rewind(at, cause)
+        self.disrupted(at, cause)
+        self._restarts.append((at, cause))
 
     def expect_reach(self, at: float, steps: int) -> None:
         """The lead said at `at` that it had executed `steps` steps of its timeline (its ping,
@@ -100,13 +128,19 @@ class GoodputLedger:
             bisect.insort(self._reaches, (at, steps))
 
     def disrupted(self, at: float, cause: str) -> None:
-        """Something stopped the group at `at` (a rank found lost): an idle span around it is its."""
+        """Something stopped the group at `at` (a rank found lost, a restart begun): the first
+        idle span of the lead that ends after `at` is its, however long before `at` it began
+        (a hung rank stops the group before it is found: the detection is the hang's)."""
         bisect.insort(self._disruptions, (at, cause))
 
     def outage(self, record: dict[str, Any]) -> None:
-        """A supervisor restart: `{incarnation, down_since, back_at, down_s}`."""
+        """A supervisor restart: `{incarnation, down_since, back_at, down_s}`. The ranks train on
+        without a supervisor: only an idle span that holds `back_at` is the outage's, and only
+        when no rank loss falls in it (a rank that hung meanwhile stalled the group)."""
         self.outages.append(record)
-        self.disrupted(float(record["back_at"]), "supervisor_restart")
+        back = record.get("back_at")
+        if isinstance(back, int | float) and math.isfinite(back):
+            bisect.insort(self._returns, float(back))
 
     def event(self, step: int, kind: str) -> None:
         """An anomaly at `step`: the cause of that step's update being dropped, if it was."""
@@ -133,9 +167,16 @@ class GoodputLedger:
             self.late += 1
             return
         start = end - dur if end is not None else None
+        self._recent.append(dur)  # the step's own time, for the typical step time
+        if start is not None and self.last_end is not None and start < self.last_end:
+            # It overlaps the record before (a loader wait measured from before that one's
+            # end): its time counts from there, so no second is counted twice.
+            start = self.last_end
+            dur = max(end - start, 0.0) if end is not None else 0.0
+        room = start - self.last_end if start is not None and self.last_end is not None else None
         filled = 0.0
         while self._reaches and start is not None and self._reaches[0][0] <= start:
-            filled += self._fill(self._reaches.pop(0)[1])
+            filled += self._fill(self._reaches.pop(0)[1], room, filled)
         n = len(self._dur)
         cause = None
         if step < n:
@@ -143,7 +184,8 @@ class GoodputLedger:
             self._add("discarded_steps", cause, n - step, sum(self._dur[step:]))
             self._truncate(step)
         elif step > n:
-            filled += self._fill(step)
+            filled += self._fill(step, room, filled)
+        self._drop_restarts(start)
         if start is not None and end is not None:
             if self.first_start is None:
                 self.first_start = start
@@ -158,16 +200,18 @@ class GoodputLedger:
         else:
             self._kept_n += 1
             self._kept_s += dur
-        self._recent.append(dur)
         self.executed += 1
 
-    def _fill(self, steps: int) -> float:
+    def _fill(self, steps: int, room: float | None = None, used: float = 0.0) -> float:
         """Extend the timeline to `steps` steps with ones executed whose records never came
-        (kept, at the typical step time); their seconds."""
+        (kept, at the typical step time, or less where the gap they ran in, `room` seconds of
+        which `used` are filled already, is shorter); their seconds."""
         missing = steps - len(self._dur)
         if missing <= 0:
             return 0.0
         typical = self._typical()
+        if room is not None:
+            typical = min(typical, max(room - used, 0.0) / missing)
         self._dur.extend([typical] * missing)
         self._skipped.extend(bytes(missing))
         self._kept_n += missing
@@ -198,15 +242,31 @@ class GoodputLedger:
             return self._causes.pop(0)[1]
         return UNATTRIBUTED
 
+    def _drop_restarts(self, start: float | None) -> None:
+        """A record that started after a full restart: that restart's rewind is taken (by this
+        record, or by none: it resumed where the lead was)."""
+        if start is None:
+            return
+        for entry in [e for e in self._restarts if e[0] <= start]:
+            self._restarts.remove(entry)
+            if entry in self._causes:
+                self._causes.remove(entry)
+
     def _idle(self, since: float, until: float, filled: float, cause: str | None) -> None:
+        """The lead ran no step from `since` to `until` (but `filled` seconds of steps whose
+        records never came): a stall of the disruptions found before `until` (all taken: one
+        stall is theirs), of `cause` (the rewind of the record that ends it), of a supervisor
+        that came back in it, or overhead (`stall_cause`)."""
+        found = [why for at, why in self._disruptions if at <= until]
+        del self._disruptions[: len(found)]
+        back = bisect.bisect_right(self._returns, until)
+        returned = any(since <= at for at in self._returns[:back])
+        del self._returns[:back]
         idle = until - since - filled
         if idle <= 0:
             return
-        if cause is None:
-            i = bisect.bisect_left(self._disruptions, (since, ""))
-            if i < len(self._disruptions) and self._disruptions[i][0] <= until:
-                cause = self._disruptions[i][1]
-        self._add("stalled" if cause is not None else "overhead", cause, 0, idle)
+        why = stall_cause(found, returned=returned, rewind=cause)
+        self._add("stalled" if why is not None else "overhead", why, 0, idle)
 
     def _add(self, what: str, cause: str | None, steps: int, seconds: float) -> None:
         entry = self._lost.setdefault((what, cause), [0, 0.0])
@@ -295,12 +355,24 @@ class GoodputLedger:
         steps_kept, time_kept = self.kept(completed)
         executed = self.executed + max(completed - n, 0)
         wall = max(ended - started, 0.0)
+        # The run's start and end, less what of them a supervisor outage held (the ranks
+        # ended while none was there to take their results, say): that is the outage's.
         if self.first_start is not None:
-            add("startup", None, 0, max(self.first_start - started, 0.0))
+            self._edge(add, "startup", started, self.first_start)
         if self.last_end is not None:
-            add("shutdown", None, 0, max(ended - self.last_end, 0.0))
+            self._edge(add, "shutdown", self.last_end, ended)
         accounted = time_kept + sum(s for _, s in lost.values())
-        add("other", None, 0, wall - accounted)  # clock and estimate residue
+        # What no record places: steps of records without an end time, rounding. The time is
+        # a partition (see the module docstring), so this is never a restart's; a record
+        # counted past the wall (clocks of two hosts) shows as a negative residue, which is
+        # taken off the overhead rather than shown as a negative row.
+        residue = wall - accounted
+        if residue < 0 and ("overhead", None) in lost:
+            take = min(-residue, lost[("overhead", None)][1])
+            lost[("overhead", None)][1] -= take
+            residue += take
+        if residue > 0:
+            add("other", None, 0, residue)
         kept_rows = sorted(
             ((what, cause, int(steps), round(seconds, 3))
              for (what, cause), (steps, seconds) in lost.items()
@@ -330,6 +402,14 @@ class GoodputLedger:
             "supervisor_downtime": self.outages,
         }
 
+    def _edge(self, add: Any, what: str, since: float, until: float) -> None:
+        """Book the run's `startup` or `shutdown` span: to the outages in it, then to itself."""
+        seconds = max(until - since, 0.0)
+        held = min(outage_seconds(self.outages, since, until), seconds)
+        if held > 0:
+            add(what, SUPERVISOR_RESTART, 0, held)
+        add(what, None, 0, seconds - held)
+
     # ------------------------------------------------------------------ replay
     @classmethod
     def replay(
@@ -355,11 +435,14 @@ class GoodputLedger:
             kind = r.get("type")
             decision = r.get("decision")
             if kind == "decided" and isinstance(decision, dict):
+                anomaly = decision.get("anomaly") or {}
+                why = str(anomaly.get("kind", UNATTRIBUTED))
                 if decision.get("action") in REWINDING_ACTIONS:
-                    anomaly = decision.get("anomaly") or {}
-                    ledger.expect_rewind(at, str(anomaly.get("kind", UNATTRIBUTED)))
+                    ledger.expect_rewind(at, why)
+                elif decision.get("action") in STALLING_ACTIONS:
+                    ledger.disrupted(at, why)
             elif kind == "full_restart":
-                ledger.expect_rewind(at, str(r.get("cause", UNATTRIBUTED)))
+                ledger.restarting(at, str(r.get("cause", UNATTRIBUTED)))
                 if type(r.get("lead_executed")) is int:
                     ledger.expect_reach(at, r["lead_executed"])
             elif kind == "supervisor_restored" and isinstance(r.get("outage"), dict):
@@ -367,7 +450,7 @@ class GoodputLedger:
         events = list(anomalies)
         for ev in events:
             at = when(ev.get("ts"))
-            if ev.get("source") == "supervisor" and at is not None:
+            if ev.get("source") == "supervisor" and at is not None and ev.get("kind") in LOSSES:
                 ledger.disrupted(at, str(ev.get("kind")))
         for rec in metrics:
             rank = rec.get("rank")
@@ -377,6 +460,43 @@ class GoodputLedger:
             if type(ev.get("step")) is int:
                 ledger.event(int(ev["step"]), str(ev.get("kind")))
         return ledger
+
+
+def stall_cause(found: list[str], *, returned: bool, rewind: str | None = None) -> str | None:
+    """The cause of an idle span of the lead: the first rank loss or restart found before it
+    ended (`found`, in time order), else the rewind of the record that ends it (`rewind`: a
+    rollback's restore), else a supervisor restart when a supervisor came back in it
+    (`returned`), else none (overhead).
+
+    A loss outranks the rest: a rollback decided before a rank was lost and applied after
+    its replacement joined makes the first step after the restart a rewound one, but the
+    restart is what the group waited for (the rollback still owns the steps it discarded);
+    and a rank that hung while no supervisor watched stalled the group, its detection only
+    waiting for the supervisor."""
+    losses = [why for why in found if why != SUPERVISOR_RESTART]
+    if losses:
+        return losses[0]
+    if rewind is not None:
+        return rewind
+    if returned or found:
+        return SUPERVISOR_RESTART
+    return None
+
+
+def outage_seconds(outages: Iterable[Mapping[str, Any]], since: float, until: float) -> float:
+    """Seconds of `since`..`until` that supervisor outages (`down_since`..`back_at`) cover."""
+    spans = sorted(
+        (float(o["down_since"]), float(o["back_at"]))
+        for o in outages
+        if all(isinstance(o.get(k), int | float) for k in ("down_since", "back_at"))
+    )
+    covered, reach = 0.0, since
+    for down, back in spans:
+        lo, hi = max(down, reach), min(back, until)
+        if hi > lo:
+            covered += hi - lo
+            reach = hi
+    return covered
 
 
 def _seconds(value: Any) -> float:

@@ -43,6 +43,7 @@ from typing import Any
 
 from remedy.control.hang_watch import HangWatch, Verdict
 from remedy.control.sightings import Sighting, Sightings
+from remedy.control.stuck_at import stuck_at
 
 # No second ping round for the same stall sooner than this.
 PING_EVERY_S = 0.25
@@ -269,7 +270,7 @@ class HangCheck:
         self.ping_started = min((used[r].pinged_at for r in pings if r in used), default=0.0)
         suspects = set(rnd.stalled) | {r for r in watch.suspects(judged_at) if r in direct}
         verdict = watch.judge({**pings, **direct}, sorted(suspects), now=judged_at)
-        return self._verdict(rnd, verdict, seen=used)
+        return self._verdict(rnd, verdict, seen=used, answers={**pings, **direct})
 
     def _alarm_round(
         self, alarm: float, now: float, wall: float, ranks: tuple[int, ...]
@@ -294,7 +295,7 @@ class HangCheck:
             watch.answered(rank, p, answered)
         pings = {**{r: s.ping for r, s in rnd.seen.items()}, **direct}
         verdict = watch.judge(pings, watch.suspects(answered), now=answered)
-        return self._verdict(rnd, verdict, seen=rnd.seen)
+        return self._verdict(rnd, verdict, seen=rnd.seen, answers=pings)
 
     # ------------------------------------------------------------- answers
     def _pinged(self, rnd: _Round, pings: dict[int, Any], now: float) -> list[Effect]:
@@ -307,10 +308,15 @@ class HangCheck:
             watch.answered(rank, p, now)
         # Judged against who is still stalled after the ping (reports may have come meanwhile).
         verdict = watch.judge(pings, watch.suspects(now), now=now)
-        return self._verdict(rnd, verdict, seen=None)
+        return self._verdict(rnd, verdict, seen=None, answers=pings)
 
     def _verdict(
-        self, rnd: _Round, verdict: Verdict, *, seen: dict[int, Sighting] | None
+        self,
+        rnd: _Round,
+        verdict: Verdict,
+        *,
+        seen: dict[int, Sighting] | None,
+        answers: Mapping[int, Any] | None = None,
     ) -> list[Effect]:
         """The round's verdict: its losses to report (`Found`), or the round is over."""
         self._round = rnd
@@ -318,7 +324,8 @@ class HangCheck:
         if not rnd.hit:
             self._finish(rnd)
             return []
-        return [Found(self.findings(verdict, now=rnd.looked, pinged=rnd.pinged, seen=seen))]
+        found = self.findings(verdict, now=rnd.looked, pinged=rnd.pinged, seen=seen)
+        return [Found(tuple(stuck_at(f, answers or {}) for f in found))]
 
     def _finish(self, rnd: _Round) -> None:
         """The round is over: an alarm raised before it is judged, and under agents the

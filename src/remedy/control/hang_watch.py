@@ -78,6 +78,7 @@ class _Rank:
     busy_until: float = 0.0
     entry: list[float] | None = None  # its state-record entry (`HangWatch.record`)
     moved: bool = True  # its step times or first steps moved since `entry` was built
+    stepped: bool = False  # this process reported a step it ran (`new_process_grace`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,17 @@ class Verdict:
     hung: list[int]
     dead: list[int]
     reason: str
+
+
+def new_process_grace(r: _Rank, config: HangWatchConfig) -> float:
+    """The allowance of a process that has not run a step yet: `first_step_s` (0 after).
+
+    Every replacement (a warm spare, a local spare, a cold start) gets it until its own
+    first step, however far its tick moved before: a replacement's tick jumps from its
+    Guard's first report (0) to the step it adopts, which `steps_seen` would count as
+    steps run, leaving a process still warming up (its first DDP buckets, imports, a
+    loaded node) to the floor timeout."""
+    return 0.0 if r.stepped else config.first_step_s
 
 
 class HangWatch:
@@ -118,10 +130,26 @@ class HangWatch:
             since=now, tick=tick, steps_seen=int(seen), times=deque(maxlen=self.config.window)
         )
         r.timed = self.config.first_steps  # its first steps are behind it
+        r.stepped = True
         if p99 > 0:
             r.times.append(float(p99))
         self._ranks[rank] = r
         return True
+
+    def marked(self, rank: int, tick: int, since: float, ran: int) -> None:
+        """`rank`'s own progress mark (`control.progress_marks`, read by a supervisor that was
+        away): at `tick` since `since`, `ran` steps run by its process. Its progress age counts
+        from there, and a process that has stepped is past its start-up."""
+        r = self._ranks.get(rank)
+        if r is None:
+            r = self._ranks[rank] = _Rank(since=since, times=deque(maxlen=self.config.window))
+        if tick < r.tick:
+            return  # a report newer than the mark came first
+        r.since = since if tick > r.tick else min(r.since, since)
+        r.tick = tick
+        if ran > 0:
+            r.stepped = True
+            r.steps_seen = max(r.steps_seen, min(ran, self.config.first_steps))
 
     def record(self) -> dict[str, list[float]]:
         """What a restarted supervisor needs to go on watching (`resumed`): rank -> [its p99
@@ -154,6 +182,7 @@ class HangWatch:
         if r is None:
             r = self._ranks[rank] = _Rank(since=now, times=deque(maxlen=self.config.window))
         for t in step_times:
+            r.stepped = True
             r.timed += 1
             # The first steps (DDP's first buckets, warm-up) have their own allowance;
             # kept in the window, one of them would set the timeout for the next 50 steps.
@@ -175,6 +204,11 @@ class HangWatch:
             tick = ping.get("tick")
             if type(tick) is int:
                 self.beat(rank, tick, now)
+            # Its process says it ran steps (`steps_run`), which its reports may not have
+            # brought yet: past the new-process grace (`new_process_grace`).
+            ran = ping.get("steps_run")
+            if type(ran) is int and ran > 0 and rank in self._ranks:
+                self._ranks[rank].stepped = True
 
     def allow(self, rank: int, seconds: float, now: float) -> None:
         """`rank` may be quiet for `seconds` from now (checkpoint write, state adoption)."""
@@ -208,7 +242,7 @@ class HangWatch:
             base = max(base, c.step_multiple * self.p99(rank))
         if r.steps_seen < c.first_steps:
             base = max(base, c.first_step_s)
-        return base
+        return max(base, new_process_grace(r, c))
 
     def alarm(self, now: float) -> None:
         """A rank's collective failed at `now`: every rank that has not moved since is a

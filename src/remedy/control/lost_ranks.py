@@ -195,8 +195,12 @@ class LostRanks:
         # The group stalls from here until the restart: that time is lost to this loss.
         c.goodput.disrupted(inp.at, kind)
         preempted = c.drop_rank(rank)
-        # The step the group is stuck at: a hung rank's own reports may lag behind.
+        # The step the group is stuck at: a hung rank's own reports may lag behind, and the
+        # ping that found it says where the ranks are (`control.stuck_at`).
         step, tick = max(c.step_of.values(), default=0), max(c.tick_of.values(), default=0)
+        pinged_step, pinged_tick = inp.details.get("step"), inp.details.get("tick")
+        if type(pinged_step) is int and type(pinged_tick) is int and pinged_tick >= tick:
+            step, tick = pinged_step, pinged_tick
         if route is Route.JOIN:
             why = f"{inp.reason}; joins the restart under way"
             c.record_anomaly(AnomalyEvent(

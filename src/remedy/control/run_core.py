@@ -71,6 +71,7 @@ from remedy.control.lost_ranks import NotReplaced as NotReplaced
 from remedy.control.lost_ranks import ReplacementFailed as ReplacementFailed
 from remedy.control.lost_ranks import ToPolicy as ToPolicy
 from remedy.control.record import RunState
+from remedy.control.record_holes import RecordHoles
 from remedy.control.slots import RankSlots
 
 _GOING = (Phase.RUNNING, Phase.DEGRADED)
@@ -198,11 +199,12 @@ class Taken:
 
 @dataclass(frozen=True, slots=True)
 class BatchesLost:
-    """`count` batch numbers of `rank` that its agent answered and never sent on."""
+    """`records` step records of `rank` never came; `count` batch numbers were given up."""
 
     rank: int
     node: str | None
     count: int
+    records: int = 0  # the step records missing (`RecordHoles`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +268,8 @@ class RunCore:
     hang_record: dict[str, Any] = field(default_factory=dict)
     # The losses reported and what became of them (the `recovery` section's loss part).
     lost: LostRanks = field(default_factory=LostRanks)
+    # Each rank process's step records seen, to tell a really lost one (`BatchesLost`).
+    holes: RecordHoles = field(default_factory=RecordHoles)
     _providers: dict[str, Provider] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- step
@@ -315,7 +319,8 @@ class RunCore:
                     # so it is answered again with what the rank still owes.
                     out.append(Answer(rank, retried=True))
                 return out
-            out += self._answered_below(rank, batch.get("seq"), batch.pop("unanswered_from", None))
+            below = batch.pop("unanswered_from", None)
+            out += self._answered_below(rank, batch.get("seq"), below, records=batch)
         out += self._take(batch, write_metrics=True)
         taken = next((e for e in out if isinstance(e, Taken)), None)
         if taken is not None:  # an invalid batch gets no commands
@@ -341,24 +346,44 @@ class RunCore:
         if not seqs and not self.slots.accept(rank, incarnation, None):
             return []
         newest = max((s for s in seqs[:MAX_ITEM_SEQS] if type(s) is int), default=None)
-        out = self._answered_below(rank, newest, item.pop("unanswered_from", None), node)
+        # Only the lead's item carries every step record; another rank's, a digest of them.
+        full = item if rank == self.controller.goodput.lead else None
+        out = self._answered_below(
+            rank, newest, item.pop("unanswered_from", None), node, records=full
+        )
         out += self._take(item, write_metrics=False)
         out.append(Answer(rank))  # an agent's rank is answered whether its item was valid or not
         return out
 
     def _answered_below(
-        self, rank: Any, seq: Any, below: Any, node: str | None = None
+        self,
+        rank: Any,
+        seq: Any,
+        below: Any,
+        node: str | None = None,
+        *,
+        records: Any = None,
     ) -> list[Effect]:
         """The rank says every batch number below `below` was answered: the ones its slot still
         awaits are not awaited any more (`RankSlots.answered_below`). Only a node agent that
         answered them and died before sending them on leaves any (step records only: it
         wrote those to its metrics file, and answers a batch with events or outcomes only
         once it is sent on), or a report that failed at the rank and went out again under a
-        new number."""
+        new number.
+
+        Numbers given up are a loss only where step records are missing (`records`: the
+        batch, whose metrics go to `RecordHoles`; None: its records are not all there to
+        tell, a digest): `BatchesLost` then, with the records missing."""
         if type(rank) is not int or rank not in self.slots.slots:
             return []
         lost = self.slots.answered_below(rank, seq, below)
-        return [BatchesLost(rank, node, lost)] if lost else []
+        if not isinstance(records, dict):
+            return []
+        metrics = records.get("metrics")
+        missing = self.holes.take(
+            rank, records.get("incarnation"), metrics if isinstance(metrics, list) else []
+        )
+        return [BatchesLost(rank, node, lost, missing)] if missing else []
 
     def _take(self, batch: Any, *, write_metrics: bool) -> list[Effect]:
         """The controller takes the batch; `write_metrics=False`: an agent's item, whose step

@@ -40,6 +40,7 @@ import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.control import decide_state as control_state
+from remedy.control import progress_marks, stuck_at
 from remedy.control.decide import Controller
 from remedy.control.effects import Notify, journal_to, log_notify
 from remedy.control.end_check import may_end
@@ -952,6 +953,7 @@ class SupervisorActor:
                             if d.action == "restart_rank"]  # fmt: skip
                 self.recovery.restore(self.core.recovery_record)
                 await self._adopt(group, self.core.group_record)
+                await self._watch_from_marks(group)
                 for d in restarts:  # a restart the crashed supervisor had begun: go on
                     self.recovery.resume(d)
             self.write_state()
@@ -1094,6 +1096,17 @@ class SupervisorActor:
             if not self.watch.resumed(rank, now, ticks.get(rank, -1), entry):
                 self.watch.started(rank, now)
 
+    async def _watch_from_marks(self, group: WorkerGroup) -> None:
+        """Back after a restart: each rank's stall judged from its own progress mark (one ping
+        round, `control.progress_marks`), so a rank that hung while no supervisor watched is
+        found within its usual timeout, not after a start-up allowance."""
+        config = self.watch.config
+        pings = await group.ping_all(config.ping_timeout_s, patience=config.ping_patience)
+        for rank, mark in progress_marks.marks(
+            pings, wall=time.time(), now=time.monotonic()
+        ).items():
+            self.watch.marked(rank, mark.tick, mark.since, mark.ran)
+
     async def _adopt(self, group: WorkerGroup, record: dict[str, Any]) -> None:
         """Take over the ranks of the supervisor before this one."""
         # Every rank, ended ones too: their `result()` is how this supervisor learns them.
@@ -1178,6 +1191,18 @@ class SupervisorActor:
         self.recovery.start(d)
         return None
 
+    async def _peers_at(self, group: WorkerGroup, rank: int) -> dict[str, int]:
+        """Where the peers of `rank`, which died, wait (`control.stuck_at.front` of one ping
+        round): the step its loss is recorded at, which its last report lags."""
+        peers = [r for r in group.actors if r != rank]
+        if not peers:
+            return {}
+        config = self.watch.config
+        pings = await group.ping_all(config.ping_timeout_s, ranks=peers,
+                                     patience=config.ping_patience)  # fmt: skip
+        where = stuck_at.front(pings)
+        return {} if where is None else {"step": where[0], "tick": where[1]}
+
     async def _rank_finished(self, group: WorkerGroup, ref: ray.ObjectRef) -> None:
         rank, incarnation = group.owner(ref)
         retired = group.retired(ref)
@@ -1199,10 +1224,11 @@ class SupervisorActor:
             # a restart may replace this rank (its node found lost meanwhile): the loss below
             # is about the incarnation that ran here, and dropped if that one is replaced.
             await self.check_nodes(group, now=True)
+            at = await self._peers_at(group, rank)
             self._carry(self.core.step(RankDied(
                 rank, incarnation, f"rank process died: {exc}",
                 f"rank {rank}'s process died ({_why_gone(exc)})", time.time(),
-                {"error": str(exc)[:300], "incarnation": incarnation},
+                {"error": str(exc)[:300], "incarnation": incarnation, **at},
             )))  # fmt: skip
             return
         self._carry(self.core.step(RankReturned(rank, incarnation, result)))
@@ -1216,10 +1242,9 @@ class SupervisorActor:
                     self.recovery.carry_losses([effect])
                 case RankEnded(rank, status):
                     self.feed.set_rank_state(rank, status)
-                case BatchesLost(rank, node, count):
-                    self.run_dir.history(
-                        {"type": "batches_lost", "rank": rank, "node": node, "count": count}
-                    )
+                case BatchesLost(rank, node, count, records):
+                    self.run_dir.history({"type": "batches_lost", "rank": rank, "node": node,
+                                          "count": count, "records": records})  # fmt: skip
                 case OutageNotes(notes):
                     self._outage_notes(notes)
                 case Status() | Answer() | Taken() | StopAsked():

@@ -715,7 +715,7 @@ class Recovery:
             "reason": f"restarting every rank {resumed}", "cause": cause,
         })  # fmt: skip
         now = time.time()
-        c.goodput.expect_rewind(now, cause)
+        c.goodput.restarting(now, cause)
         if lead_executed is not None:
             c.goodput.expect_reach(now, lead_executed)
         self._ticks = dict.fromkeys(world, -1)  # before the launch: no report is missed

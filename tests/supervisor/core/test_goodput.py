@@ -234,3 +234,171 @@ def test_replay_reads_a_lost_rank_from_anomalies_jsonl_stamped_in_iso(tmp_path: 
     ])  # fmt: skip
     s = goodput_of(tmp_path).summary(started=1000.0, ended=1003.3, completed=3)
     assert row(s, "stalled", "rank_hang")["seconds"] == pytest.approx(3.0)
+
+
+# ------------------------------------------------ every second to its cause
+
+
+def booked(s: dict[str, Any], started: float, ended: float) -> dict[tuple[str, str | None], float]:
+    """The rows of `s` by (what, cause), after checking the wall time is a partition: every row
+    non-negative, and the kept time plus the rows is the wall time."""
+    assert all(r["seconds"] >= 0 for r in s["time_lost"]), s["time_lost"]
+    total = s["time_kept_s"] + sum(r["seconds"] for r in s["time_lost"])
+    assert total == pytest.approx(ended - started, abs=0.01)
+    return {(r["what"], r["cause"]): r["seconds"] for r in s["time_lost"]}
+
+
+def test_a_hang_stall_is_the_hangs_from_the_last_step_including_its_detection() -> None:
+    """The lead's step 20 ends at t; rank 1 hangs; found 4 s later; the group steps again 2 s
+    after that: all 6 s are rank_hang's, none overhead."""
+    g = GoodputLedger()
+    _, t = feed(g, range(20), 0, 0.0)
+    g.disrupted(t + 4.0, "rank_hang")  # the hang check names it
+    g.disrupted(t + 4.01, "rank_hang")  # the restart_rank decided on it
+    _, end = feed(g, range(20, 30), 20, t + 6.0)
+    s = g.summary(started=0.0, ended=end, completed=30)
+    rows = booked(s, 0.0, end)
+    assert rows[("stalled", "rank_hang")] == pytest.approx(6.0)
+    assert ("overhead", None) not in rows and ("other", None) not in rows
+
+
+def test_a_killed_rank_found_before_the_leads_last_record_still_owns_the_stall() -> None:
+    """rank_dead is found while the lead's failed step's record is on its way (that record
+    ends after the detection): the stall after it is rank_dead's, not overhead."""
+    g = GoodputLedger()
+    _, t = feed(g, range(30), 0, 0.0)
+    g.disrupted(t + 0.05, "rank_dead")
+    g.record(0, rec(30, 30, t + 0.1))  # its step ran on to the broken collective
+    _, end = feed(g, range(31, 40), 31, t + 3.1)
+    rows = booked(g.summary(started=0.0, ended=end, completed=40), 0.0, end)
+    assert rows[("stalled", "rank_dead")] == pytest.approx(3.0)
+    assert ("overhead", None) not in rows
+
+
+def test_a_full_restart_from_the_last_step_is_its_causes_though_nothing_is_rewound() -> None:
+    """Every rank restarted for a lost node from a checkpoint of the lead's last step: no step
+    is discarded, and the 40 s restart is node_lost's, not overhead."""
+    g = GoodputLedger()
+    _, t = feed(g, range(20), 0, 0.0)
+    g.restarting(t + 1.0, "node_lost")
+    tick, t = feed(g, range(20, 25), 20, t + 40.0)
+    # The restart's rewind was not taken by any record: a later rewind is not its.
+    _, end = feed(g, range(23, 25), tick, t)
+    s = g.summary(started=0.0, ended=end, completed=25)
+    rows = booked(s, 0.0, end)
+    assert rows[("stalled", "node_lost")] == pytest.approx(40.0)
+    assert row(s, "discarded_steps", UNATTRIBUTED)["steps"] == 2
+    assert ("overhead", None) not in rows
+
+
+def test_a_restart_rank_for_any_anomaly_owns_its_stall_live_and_replayed(tmp_path: Path) -> None:
+    """A policy's restart_rank for an oom: the stall until the group steps again is oom's,
+    in the live ledger and in one rebuilt from journal.wal's decided record."""
+    live = GoodputLedger()
+    records = [rec(s, s, 1000.0 + STEP_S * (s + 1)) for s in range(10)]
+    records += [rec(s, s, 1005.0 + STEP_S * (s - 9)) for s in range(10, 15)]
+    live.disrupted(1001.5, "oom")
+    for r in records:
+        live.record(0, r)
+    _jsonl(tmp_path / "metrics.jsonl", records)
+    _jsonl(tmp_path / "journal.wal", [
+        {"type": "decided", "ts": "1970-01-01T00:16:41.500000Z",  # 1001.5 s
+         "decision": {"action": "restart_rank", "anomaly": {"kind": "oom"}}},
+    ])  # fmt: skip
+    _jsonl(tmp_path / "anomalies.jsonl", [])
+    kw = {"started": 1000.0, "ended": 1005.5, "completed": 15}
+    assert goodput_of(tmp_path).summary(**kw) == live.summary(**kw)
+    rows = booked(live.summary(**kw), 1000.0, 1005.5)
+    assert rows[("stalled", "oom")] == pytest.approx(4.0)
+
+
+def test_a_supervisor_outage_owns_only_a_stall_it_ends() -> None:
+    """The ranks train on while the supervisor is away: no stall is booked to the outage;
+    when the group waited for the supervisor to come back, that wait is supervisor_restart's."""
+    g = GoodputLedger()
+    _, t = feed(g, range(10), 0, 0.0)
+    g.outage({"incarnation": 2, "down_since": t - 0.5, "back_at": t + 0.35, "down_s": 0.85})
+    tick, t = feed(g, range(10, 20), 10, t)  # trained on through the outage
+    g.outage({"incarnation": 3, "down_since": t, "back_at": t + 2.0, "down_s": 2.0})
+    _, end = feed(g, range(20, 25), tick, t + 2.5)  # waited on it
+    rows = booked(g.summary(started=0.0, ended=end, completed=25), 0.0, end)
+    assert rows == {("stalled", "supervisor_restart"): pytest.approx(2.5)}
+
+
+def test_a_rank_that_hung_while_the_supervisor_was_away_owns_the_whole_stall() -> None:
+    """Rank 1 hangs after the lead's step 30; the supervisor dies, comes back 20 s later and
+    finds the hang 1 s after: the 25 s stall is rank_hang's, none is the outage's."""
+    g = GoodputLedger()
+    _, t = feed(g, range(30), 0, 0.0)
+    g.outage({"incarnation": 2, "down_since": t + 1.0, "back_at": t + 21.0, "down_s": 20.0})
+    g.disrupted(t + 22.0, "rank_hang")
+    _, end = feed(g, range(30, 35), 30, t + 25.0)
+    s = g.summary(started=0.0, ended=end, completed=35)
+    rows = booked(s, 0.0, end)
+    assert rows == {("stalled", "rank_hang"): pytest.approx(25.0)}
+    assert s["time_lost_by_cause"] == {"rank_hang": pytest.approx(25.0)}
+    assert [o["down_s"] for o in s["supervisor_downtime"]] == [20.0]
+
+
+def test_overlapping_records_and_unreported_steps_never_make_a_negative_row() -> None:
+    """Records whose loader wait reaches back over the one before, and more unreported steps
+    than their gap holds at the typical step time: counted once, fitted into the gap; the
+    rows are non-negative and sum to the wall time with no residue."""
+    g = GoodputLedger()
+    _, t = feed(g, range(10), 0, 0.0)
+    for s_ in range(10, 15):  # each claims 0.3 s though they end 0.1 s apart
+        t += STEP_S
+        g.record(0, rec(s_, s_, t, loader_time_s=0.2))
+    g.expect_reach(t + 0.01, 30)  # 15 steps unreported, in a 0.2 s gap
+    g.restarting(t + 0.02, "rank_dead")
+    _, end = feed(g, range(30, 35), 30, t + 0.2)
+    s = g.summary(started=0.0, ended=end, completed=35)
+    rows = booked(s, 0.0, end)
+    assert ("other", None) not in rows
+    assert s["steps_unreported"] == 15
+    assert s["time_kept_s"] == pytest.approx(end)
+
+
+def test_the_end_of_a_run_that_waited_for_a_returning_supervisor_is_the_outages() -> None:
+    """The ranks finished while the supervisor was away; the run ended when it came back 8 s
+    later: those 8 s of the shutdown are supervisor_restart's, the rest the shutdown's."""
+    g = GoodputLedger()
+    _, t = feed(g, range(30), 0, 0.0)
+    g.outage({"incarnation": 2, "down_since": t - 1.0, "back_at": t + 8.0, "down_s": 9.0})
+    s = g.summary(started=0.0, ended=t + 8.5, completed=30)
+    rows = booked(s, 0.0, t + 8.5)
+    assert rows[("shutdown", "supervisor_restart")] == pytest.approx(8.0)
+    assert rows[("shutdown", None)] == pytest.approx(0.5)
+    assert s["time_lost_by_cause"] == {"supervisor_restart": pytest.approx(8.0)}
+
+
+def test_a_restart_stall_ended_by_a_rollbacks_rewound_step_is_the_restarts() -> None:
+    """A rollback for a loss spike is decided; rank 2 dies before it is applied, and its cold
+    replacement takes 23 s; the first step after it is the rollback's rewound one: the 23 s
+    are rank_dead's, the discarded steps loss_spike's."""
+    g = GoodputLedger()
+    _, t = feed(g, range(66), 0, 0.0)
+    g.expect_rewind(t - 0.5, "loss_spike")
+    g.disrupted(t + 0.2, "rank_dead")
+    g.disrupted(t + 0.3, "rank_dead")  # its restart_rank
+    _, end = feed(g, range(60, 90), 66, t + 23.0)
+    s = g.summary(started=0.0, ended=end, completed=90)
+    rows = booked(s, 0.0, end)
+    assert rows[("stalled", "rank_dead")] == pytest.approx(23.0)
+    assert row(s, "discarded_steps", "loss_spike")["steps"] == 6
+    assert ("stalled", "loss_spike") not in rows
+
+
+def test_replay_takes_only_a_lost_rank_of_the_supervisors_anomalies_as_a_stall(
+    tmp_path: Path,
+) -> None:
+    """A straggler the supervisor found stops nothing: the gap after it stays overhead, as
+    the live ledger (told only of lost ranks) books it."""
+    records = [rec(0, 0, 1000.1), rec(1, 1, 1000.2), rec(2, 2, 1000.4)]
+    _jsonl(tmp_path / "metrics.jsonl", records)
+    _jsonl(tmp_path / "anomalies.jsonl", [
+        {"kind": "straggler", "source": "supervisor", "step": 1, "ts": "1970-01-01T00:16:40.150000Z"},
+    ])  # fmt: skip
+    s = goodput_of(tmp_path).summary(started=1000.0, ended=1000.4, completed=3)
+    assert row(s, "overhead", None)["seconds"] == pytest.approx(0.1)
+    assert s["time_lost_by_cause"] == {}

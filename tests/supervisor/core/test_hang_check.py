@@ -36,6 +36,7 @@ from remedy.control.hang_watch import (
     Verdict,
 )
 from remedy.control.sightings import Sighting, Sightings
+from remedy.control.stuck_at import stuck_at
 
 NODES = {0: "a", 1: "a", 2: "b", 3: "b"}
 MOVING = {"phase": "step", "tick": 120, "step": 120}  # a rank's ping answer: it went on
@@ -122,7 +123,9 @@ def test_without_agents_a_suspect_gets_every_rank_pinged_at_most_every_interval(
     assert (lost.rank, lost.kind, lost.incarnation) == (2, "rank_hang", 1)
     assert lost.reason.startswith("rank 2 made no progress for 3.00s (timeout ")
     assert lost.reason.endswith("and did not answer a ping within 0.25s")
-    assert set(lost.details or {}) == {"age_s", "timeout_s"}  # no "as ... saw" without agents
+    # No "as ... saw" without agents; where its peers wait (`stuck_at`) from their answers.
+    assert set(lost.details or {}) == {"age_s", "timeout_s", "step", "tick"}
+    assert (lost.details or {})["step"] == MOVING["step"]
     assert h.check.suspected_at > 0 and h.check.ping_started > 0
     h.look(now + PING_EVERY_S / 2)  # still a suspect: not pinged again so soon
     assert len(h.rounds) == 1
@@ -145,7 +148,7 @@ def test_without_agents_an_alarm_pings_at_once_and_is_judged_once_the_losses_are
     assert h.rounds == [[0, 1, 2, 3]]
     [(dead,)] = h.found
     assert dead.reason == "rank 3's process is gone after rank 0's collective failed"
-    assert dead.details == {"alarm_rank": 0}
+    assert dead.details == {"alarm_rank": 0, "step": 120, "tick": 120}
     assert h.alarm_at_report == [now]  # judged after the report, not before
     assert h.watch.alarmed_at is None
 
@@ -206,7 +209,8 @@ def test_ranks_whose_agent_does_not_answer_the_ask_are_pinged_by_the_supervisor(
     assert h.rounds == [[2, 3]]
     [(lost,)] = h.found
     assert lost.rank == 1 and lost.incarnation == 1
-    assert lost.details == {"age_s": 3.0, "timeout_s": 0.5, "found_by": "agent", "agent_node": "a"}
+    assert lost.details == {"age_s": 3.0, "timeout_s": 0.5, "found_by": "agent", "agent_node": "a",
+                            "step": 120, "tick": 120}  # fmt: skip
     assert lost.reason.endswith(", as its node's agent saw")
     assert h.sightings.fresh(time.monotonic(), lambda r: 1) == {}  # forgotten once reported
 
@@ -268,7 +272,12 @@ def test_under_agents_an_alarm_waits_for_their_sightings_then_pings_the_ranks_no
     assert losses[0].reason == (
         "rank 2's process is gone after rank 0's collective failed, as the supervisor saw"
     )
-    assert losses[0].details == {"alarm_rank": 0, "found_by": "supervisor"}
+    assert losses[0].details == {
+        "alarm_rank": 0,
+        "found_by": "supervisor",
+        "step": 120,
+        "tick": 120,
+    }
     assert h.watch.alarmed_at is None and h.alarm_at_report == [now]
 
 
@@ -338,3 +347,20 @@ def test_a_rank_suspect_by_the_alarm_alone_is_named_after_the_failed_collective(
         "rank 3's process is gone after rank 0's collective failed, as the supervisor saw"
     )
     assert dead.details == {"alarm_rank": 0, "found_by": "supervisor"}
+
+
+def test_a_hung_rank_is_found_at_the_step_its_peers_wait_in_not_its_last_report() -> None:
+    """Rank 2 last reported tick 138 and went silent; its peers answer the ping from inside
+    step 150, where they wait for it: the finding says step 150. A rank that answers but is
+    stuck says its own step."""
+    waiting = {"phase": "step", "tick": 150, "step": 150}
+    h = _Harness({**dict.fromkeys(NODES, waiting), 2: NO_ANSWER}, agents=False)
+    now = time.monotonic()
+    for rank in NODES:
+        h.beat(rank, 150, ago_s=0.0, now=now)
+    h.beat(2, 138, ago_s=3.0, now=now)
+    h.look(now)
+    [(lost,)] = h.found
+    assert (lost.details or {})["step"] == 150 and (lost.details or {})["tick"] == 150
+    behind = stuck_at(lost, {2: {"phase": "step", "tick": 149, "step": 149}, 0: waiting})
+    assert ((behind.details or {})["step"], (behind.details or {})["age_s"]) == (149, 3.0)

@@ -205,3 +205,36 @@ def test_a_record_entry_is_rebuilt_only_when_its_rank_moved_and_a_bad_one_is_not
         assert not fresh.resumed(0, 0.0, 5, bad)
     assert not fresh.resumed(0, 0.0, -1, [0.2, 3])  # never reported: the start-up allowance
     assert not fresh.knows(0)
+
+
+def test_a_replacement_keeps_the_new_process_grace_until_its_own_first_step() -> None:
+    """A replacement's tick jumps from its Guard's first report (0) to the adopted step (150):
+    no step of its own, so it keeps `first_step_s` (not the floor) until it reports one.
+    A warm spare, a local spare (its agent's watch) and a cold start are all `started`."""
+    watch = HangWatch(CFG)
+    _running(watch, 1, step_s=0.01, ticks=150)
+    assert watch.timeout(1) == pytest.approx(CFG.floor_s)
+    watch.started(1, 100.0)  # the replacement, whichever kind
+    assert watch.timeout(1) == CFG.startup_s
+    watch.beat(1, 0, 100.5)  # its Guard exists
+    watch.beat(1, 150, 101.0)  # it adopted the group's state at tick 150
+    assert watch.timeout(1) == CFG.first_step_s
+    assert watch.suspects(103.5) == []  # quiet 2.5 s after the restart: not suspected
+    watch.beat(1, 151, 104.0, [0.3])  # its first step
+    watch.beat(1, 155, 104.1, [0.01] * 4)
+    assert watch.timeout(1) == pytest.approx(CFG.floor_s)
+
+
+def test_a_ping_that_says_its_process_ran_steps_ends_the_new_process_grace() -> None:
+    """A rank whose reports brought no step time yet (it hangs before its next report) but whose
+    ping answer said it ran 15 steps is past the grace; a replacement's answer at its adopted
+    tick with no step run keeps it."""
+    watch = HangWatch(CFG)
+    watch.started(1, 0.0)
+    watch.beat(1, 0, 0.5)  # its Guard exists
+    watch.answered(1, {"phase": "step", "tick": 15, "step": 15, "steps_run": 15}, 1.0)
+    assert watch.timeout(1) == pytest.approx(CFG.floor_s)
+    watch.started(2, 0.0)
+    watch.beat(2, 0, 0.5)
+    watch.answered(2, {"phase": "boundary", "tick": 150, "step": 150, "steps_run": 0}, 1.0)
+    assert watch.timeout(2) == CFG.first_step_s

@@ -247,3 +247,18 @@ def test_the_ranks_of_a_restart_decided_before_a_crash_are_not_reported_again() 
 
 def test_nothing_lost_and_no_restart_writes_no_recovery_section() -> None:
     assert make().record(AT).recovery is None
+
+
+def test_a_hang_records_the_step_the_ping_found_the_group_at_not_the_last_report() -> None:
+    """The ranks last reported step 7; the ping that found rank 2 hung had its peers waiting
+    in step 12 (`control.stuck_at`): the decision records step 12; a pinged step older than
+    the reports does not move it back."""
+    core = make()
+    core.step(RankLost(2, "rank_hang", "rank 2 made no progress", AT,
+                       {"age_s": 3.0, "step": 12, "tick": 12}))  # fmt: skip
+    [d] = core.controller.deferred.values()
+    assert (d.anomaly.step, d.anomaly.tick) == (12, 12)
+    older = make()
+    older.step(RankLost(2, "rank_hang", "stuck", AT, {"step": 3, "tick": 3}))
+    [d] = older.controller.deferred.values()
+    assert d.anomaly.step == 7

@@ -261,7 +261,7 @@ def test_a_reports_flags_and_notes_go_to_the_shell() -> None:
 
 def test_an_agents_items_are_each_taken_by_their_slot() -> None:
     core = make()
-    item = {**batch(0, 3, 5), "seqs": [1, 2, 3]}
+    item = {**batch(0, 3, 5), "seqs": [1, 2, 3], "metrics": [step_record(0, 5)]}
     del item["seq"]
     effects = core.step(Report(item, "node-a"))
     assert [type(e) for e in effects] == [Taken, Answer]
@@ -271,9 +271,33 @@ def test_an_agents_items_are_each_taken_by_their_slot() -> None:
         assert core.step(Report(bad, "node-a")) == []
     assert core.controller.rejected["batch_item"] == 3
     # Numbers 4-9 skipped: the agent says every number below 10 was answered (it died
-    # before sending them on): no longer awaited, and said.
-    late = {**batch(0, 10, 9), "seqs": [10], "unanswered_from": 10}
-    assert core.step(Report(late, "node-a"))[0] == BatchesLost(0, "node-a", 6)
+    # before sending them on): no longer awaited, and said, with the lead's step records
+    # that never came (ticks 6-8: its item holds every record).
+    late = {**batch(0, 10, 9), "seqs": [10], "unanswered_from": 10,
+            "metrics": [step_record(0, 9)]}  # fmt: skip
+    assert core.step(Report(late, "node-a"))[0] == BatchesLost(0, "node-a", 6, 3)
+
+
+def step_record(rank: int, tick: int) -> dict[str, Any]:
+    return {"rank": rank, "step": tick, "tick": tick, "loss": 1.0, "step_time_s": 0.01}
+
+
+def test_batch_numbers_given_up_are_a_loss_only_where_step_records_are_missing() -> None:
+    """A restarted supervisor gets rank 1's batch 7 (ticks 20-21) after its record ended at
+    batch 3: numbers 4-6 are given up, but their records reached its predecessor, so nothing is
+    said. Batch 9 then skips ticks 22-23 (held records dropped while it was away): said."""
+    core = make()
+    first = batch(1, 3, 19, metrics=[step_record(1, 19)])
+    assert BatchesLost not in map(type, core.step(Report(first)))
+    resent = batch(1, 7, 21, unanswered_from=7, metrics=[step_record(1, 20), step_record(1, 21)])
+    assert BatchesLost not in map(type, core.step(Report(resent)))
+    dropped = batch(1, 9, 25, unanswered_from=9, metrics=[step_record(1, 24), step_record(1, 25)])
+    assert core.step(Report(dropped))[0] == BatchesLost(1, None, 1, 2)
+    # A new process of the rank starts wherever it adopted: no hole.
+    assert core.slots.replace(1) == 2
+    assert BatchesLost not in map(
+        type, core.step(Report(batch(1, 1, 40, incarnation=2, metrics=[step_record(1, 40)])))
+    )
 
 
 def test_an_operators_stop_is_taken_once_and_the_loop_moves_the_job() -> None:

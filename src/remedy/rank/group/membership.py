@@ -112,7 +112,11 @@ class Membership:
         # once a framework's loop is known to drive it (`framework_loop`); None: not known yet.
         self.regroups: bool | None = None
         self.step = 0
-        self.tick = 0
+        self._tick = 0
+        # Wall time this process's tick last moved: its own progress mark, which a supervisor
+        # that was away judges a stall from (`control.progress_marks`).
+        self.moved_at = time.time()
+        self.steps_run = 0  # steps this process began (a replacement's adopted tick is none)
         self.recoveries = 0
         self.last_recovery: dict[str, Any] = {}
         self.last_restore: dict[str, Any] = {}  # a sharded job: where the shards came from
@@ -175,6 +179,16 @@ class Membership:
             self.store_addr = (str(store_addr[0]), int(store_addr[1]))
             self._store = None  # connected to in `join`
 
+    @property
+    def tick(self) -> int:
+        return self._tick
+
+    @tick.setter
+    def tick(self, value: int) -> None:
+        if value != self._tick:
+            self.moved_at = time.time()
+        self._tick = value
+
     def status(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
@@ -183,6 +197,8 @@ class Membership:
             "regroups": self.regroups,
             "step": self.step,
             "tick": self.tick,
+            "moved_at": round(self.moved_at, 3),
+            "steps_run": self.steps_run,
             "pid": os.getpid(),
             "recoveries": self.recoveries,
             "timeline": dict(self.timeline),
@@ -220,6 +236,7 @@ class Membership:
         if "adopted" in self.timeline and "next_step" not in self.timeline:
             self.timeline["next_step"] = time.time()
         self.phase = phases.STEP
+        self.steps_run += 1
         self.step, self.tick = guard.step_count, guard.tick
 
     def adopt_if_joining(self, guard: Guard) -> None:
