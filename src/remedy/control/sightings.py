@@ -48,7 +48,7 @@ AGENT_PING_EVERY_S = 0.25
 # round of sightings every AGENT_PING_EVERY_S from every agent.
 RECOVERING_QUIET_S = 5.0
 # Keys of a rank's ping answer a sighting carries (what `judge` and the display read).
-PING_KEYS = ("phase", "tick", "step", "generation")
+PING_KEYS = ("phase", "tick", "step", "generation", "loop_phase")
 # How a sighting writes a ping that was not answered, or whose actor is gone.
 WIRE_NO_ANSWER = "no_answer"
 
