@@ -66,6 +66,7 @@ def test_rank_0s_eval_and_save_raise_nothing(ray_cluster: None, tmp_path: Path) 
     _waited_for_rank_0(tmp_path, [26, 51], EVAL_S * 0.8)
 
 
+@pytest.mark.slow  # 45 s on a quiet machine (the replacement's start and adoption)
 @pytest.mark.timeout(300)
 def test_a_hang_during_rank_0s_eval_is_still_found(ray_cluster: None, tmp_path: Path) -> None:
     """hang_rank stops rank 1 at step 30, as rank 0 starts its 3 s eval: rank 1 is found hung
