@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from remedy.control.slots import RankSlots
+from remedy.control.straggler import StepTimes, StragglerWatch
 from remedy.supervisor.agent.core import AgentCore, digest_metrics
 
 TOKEN = "t" * 32
@@ -70,6 +71,28 @@ def test_lead_rank_step_records_go_up_in_full() -> None:
     up = digest_metrics(0, records)
     assert [r["step"] for r in up] == [0, 1, 2, 3]
     assert all("x" not in r for r in up)
+
+
+def test_the_lead_ranks_records_keep_their_waits_so_it_is_no_straggler() -> None:
+    """Rank 0's records go up with the time they waited (in collectives, for a peer's phase),
+    as the other ranks' go up as compute time: the straggler watch compares like with like
+    (wall time for rank 0 and compute time for rank 1 made rank 0 look slow)."""
+    lead = [{"step": s, "tick": s, "rank": 0, "loss": 1.0, "step_time_s": 0.3,
+             "collective_s": 0.2, **({"phase_wait_s": 0.25} if s % 2 else {})}
+            for s in range(20)]  # fmt: skip
+    other = [{"step": s, "tick": s, "rank": 1, "loss": 1.0, "step_time_s": 0.11,
+              "collective_s": 0.01} for s in range(20)]  # fmt: skip
+    up = digest_metrics(0, lead)
+    assert all(r["collective_s"] == 0.2 for r in up)
+    assert [r.get("phase_wait_s") for r in up[:2]] == [None, 0.25]
+    times = StepTimes(StragglerWatch(patience=1))
+    events = []
+    for s in range(20):
+        times.add(0, up[s])
+        (digested,) = digest_metrics(1, other[: s + 1])
+        times.add(1, digested)
+        events += times.check()
+    assert events == []
 
 
 def test_an_event_goes_up_at_once_with_the_ranks_pending_batches() -> None:

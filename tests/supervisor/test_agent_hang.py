@@ -183,6 +183,23 @@ def test_sightings_that_are_not_plain_bounded_data_are_refused() -> None:
     assert taken.ping is NO_ANSWER and taken.stalled
 
 
+def test_a_sighting_keeps_the_ranks_loop_phase_as_a_plain_entry() -> None:
+    """A rank's loop phase (`rank.loop.phases`) travels in its sighting for the supervisor's
+    verdict; a malformed one is dropped, an overlong name cut, the sighting kept."""
+    base = {"rank": 1, "incarnation": 1, "stalled": True, "age_s": 1.0, "timeout_s": 0.5,
+            "suspected_at": 1.0, "pinged_at": 1.0}  # fmt: skip
+    phase = {"name": "eval", "for_s": 2.5, "bound_s": 300.0, "extra": "x" * 10}
+    taken = Sighting.from_wire("a", {**base, "ping": {"tick": 3, "loop_phase": phase}}, 0.0)
+    assert taken is not None and isinstance(taken.ping, dict)
+    assert taken.ping["loop_phase"] == {"name": "eval", "for_s": 2.5, "bound_s": 300.0}
+    long = {**phase, "name": "e" * 1000}
+    taken = Sighting.from_wire("a", {**base, "ping": {"tick": 3, "loop_phase": long}}, 0.0)
+    assert taken is not None and isinstance(taken.ping, dict)
+    assert taken.ping["loop_phase"]["name"] == "e" * 64
+    taken = Sighting.from_wire("a", {**base, "ping": {"tick": 3, "loop_phase": [1, 2]}}, 0.0)
+    assert taken is not None and taken.ping == {"tick": 3}
+
+
 def test_a_failed_collective_makes_the_agent_ping_its_ranks_at_once() -> None:
     """A rank's report says its collective failed: a ping of this node's ranks is due at once,
     far inside their timeout and the pacing of the last round; the ranks that have not moved

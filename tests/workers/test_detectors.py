@@ -304,9 +304,11 @@ def test_default_suite_is_complete_and_configurable() -> None:
     # Raised elsewhere: the OOM path, a checksum failure and a failed checkpoint write by the
     # Guard, KV fragmentation by user code, lost ranks and nodes and stragglers by the supervisor
     # (supervisor.core.straggler), diverged replicas by the Guard's replica check, a replay's
-    # answer by the replay (workers.replicas, workers.replay).
+    # answer by the replay (workers.replicas, workers.replay), a phase past its bound by the
+    # Guard's phases (rank.loop.phases).
     elsewhere = {"oom", "kv_fragmentation", "rank_hang", "rank_dead", "node_lost", "checkpoint_corrupt",
                  "checkpoint_write_failed", "replica_divergence", "replay_reproducible",
-                 "replay_transient", "replay_rank_specific", "straggler"}  # fmt: skip
+                 "replay_transient", "replay_rank_specific", "straggler",
+                 "phase_overrun"}  # fmt: skip
     expected = set(ANOMALY_KINDS) - elsewhere
     assert raised == expected

@@ -79,6 +79,14 @@ def test_read_brings_loss_norm_and_number_to_the_host() -> None:
     assert StepExecutor.read(loss, norm, None) == (2.5, 3.0, None)
 
 
+def test_read_all_brings_every_extra_tensor_in_one_read() -> None:
+    """Extra tensors of any length (the agreement's seq, the phases' exchange) come back as lists
+    in order, a None as None."""
+    loss, norm = torch.tensor(2.5), torch.tensor(3.0)
+    extras = [torch.tensor([7]), None, torch.tensor([3000, 1])]
+    assert StepExecutor.read_all(loss, norm, extras) == (2.5, 3.0, [[7], None, [3000, 1]])
+
+
 @pytest.mark.parametrize(("loss", "norm"), [(math.nan, 1.0), (1.0, math.inf)])
 def test_a_non_finite_value_skips_the_update_and_the_scheduler(loss: float, norm: float) -> None:
     ex = _executor(scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5))

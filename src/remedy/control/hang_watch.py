@@ -23,6 +23,14 @@ or, when every rank answered, one that has stayed behind the step the others
 wait at for longer than `behind_s` (a rank whose control thread still
 answers but whose training is stuck; slow is not stuck, hence the longer
 allowance). A rank whose actor is gone is dead, not hung.
+
+A rank outside training on purpose (an eval or a save of its own, the time
+between its steps, a compile: `rank.loop.phases`) says so in its ping answer
+(`loop_phase`), with its bound. Within that bound it is never named hung for
+staying behind: its peers wait for it in the next collective, which is what
+a phase costs. A silent rank is named whatever phase it was in last (a
+stopped process answers nothing), and one behind past its phase's bound is
+named with the phase in the reason.
 """
 
 from __future__ import annotations
@@ -316,11 +324,16 @@ class HangWatch:
             if t < front
             and r in stalled
             and (now is None or self.age(r, now) > self.config.behind_s)
+            # Within its own phase's bound (an eval, a save) a rank is behind on purpose.
+            and phases.within_phase(answers[r]) is None
         )
         if behind:
-            return Verdict(
-                behind,
-                [],
-                f"still at tick {min(ticks[r] for r in behind)} while its peers wait at {front}",
+            reason = (
+                f"still at tick {min(ticks[r] for r in behind)} while its peers wait at {front}"
             )
+            over = [p for p in (phases.loop_phase(answers[r]) for r in behind) if p is not None]
+            if over:
+                name, for_s, bound_s = over[0]
+                reason += f", in its phase {name!r} for {for_s:.1f}s, past its bound {bound_s:g}s"
+            return Verdict(behind, [], reason)
         return Verdict([], [], "")

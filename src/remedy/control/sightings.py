@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from remedy.control.hang_watch import DEAD, NO_ANSWER, HangWatch
+from remedy.protocol import phases
 
 # A sighting older than this is not part of a judging round: the agent pings again
 # every `AGENT_PING_EVERY_S` while a rank stays stalled, so a live stall's are newer.
@@ -48,7 +49,7 @@ AGENT_PING_EVERY_S = 0.25
 # round of sightings every AGENT_PING_EVERY_S from every agent.
 RECOVERING_QUIET_S = 5.0
 # Keys of a rank's ping answer a sighting carries (what `judge` and the display read).
-PING_KEYS = ("phase", "tick", "step", "generation")
+PING_KEYS = ("phase", "tick", "step", "generation", "loop_phase")
 # How a sighting writes a ping that was not answered, or whose actor is gone.
 WIRE_NO_ANSWER = "no_answer"
 
@@ -94,6 +95,12 @@ class Sighting:
                 return None
             if not isinstance(ping.get("phase", ""), str):
                 return None
+            if "loop_phase" in ping:  # kept only as the plain entry it must be
+                entry = phases.loop_phase(ping)
+                del ping["loop_phase"]
+                if entry is not None:
+                    name, for_s, bound_s = entry
+                    ping["loop_phase"] = {"name": name[:64], "for_s": for_s, "bound_s": bound_s}
         else:
             return None
         return cls(

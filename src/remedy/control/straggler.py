@@ -14,7 +14,10 @@ Under synchronous data parallelism every rank waits for the slowest in the
 gradient all-reduce, so the wall-clock step times even out. Feed the watch
 the time each rank spent *outside* collectives (`step_time_s` minus
 `collective_s`, which `CollectiveSlowDetector` adds to the metrics) to see
-who is slow, not just that everyone is.
+who is slow, not just that everyone is. The time a rank waited for a peer's
+own phase before the step (`phase_wait_s`: an eval or a save on that peer,
+`rank.loop.phases`) is waiting too, where no collective was timed; a phase
+itself never enters a step's time, so the rank in it is no straggler.
 """
 
 from __future__ import annotations
@@ -167,6 +170,14 @@ class StepTimes:
             waited = seconds_of(waited)
             if waited is None:
                 return
+        phase_wait = record.get("phase_wait_s")
+        if phase_wait is not None:
+            phase_wait = seconds_of(phase_wait)
+            if phase_wait is None:
+                return
+            # The timed collectives hold the wait for the peer's phase already, if any were.
+            waited = max(waited or 0.0, phase_wait)
+        if waited is not None:
             # Under synchronous DDP every rank waits in the all-reduce for the
             # slowest, so wall step times even out; the time outside collectives
             # tells who is slow. Bucket all-reduces can overlap, so their sum may

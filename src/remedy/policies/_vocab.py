@@ -55,6 +55,9 @@ ANOMALY_KINDS: Final[tuple[str, ...]] = (
     # A run that stopped learning: updates skipped, gradients identically zero or the
     # loss scale below its floor for many steps in a row (`rank.detectors.learning`).
     "learning_stopped",
+    # A rank stayed in a phase of its own (an eval, a save, the time between its steps:
+    # `rank.loop.phases`) past that phase's bound; `details["phase"]` names it.
+    "phase_overrun",
 )
 
 

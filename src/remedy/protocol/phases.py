@@ -1,5 +1,12 @@
 """The phases a rank's ping answer gives (`Membership.status`), named once for both sides.
 
+Two kinds: where the rank is in remedy's machinery (`phase`: starting, inside
+a step, at a boundary, recovering, joining), and, under `loop_phase`, a phase
+of the training loop's own that it is in (`rank.loop.phases`: an eval, a save,
+a compile, the time between two steps), with how long it has been in it and
+its bound: `{"name": "eval", "for_s": 2.5, "bound_s": 300.0}`. A ping answer of
+an older remedy has no `loop_phase`, read as none.
+
 Torch-free: the supervisor, its decision core and the node agents read them.
 """
 
@@ -40,3 +47,24 @@ def regroups(ping: Any) -> bool | None:
 def of(ping: Any) -> str | None:
     """The phase a rank's ping answer gives (None: no answer, or a dead actor)."""
     return ping.get("phase") if isinstance(ping, dict) else None
+
+
+def loop_phase(ping: Any) -> tuple[str, float, float] | None:
+    """(name, seconds in it, bound) of the loop's own phase a ping answer gives, or None
+    (none, no answer, an older remedy, or a malformed entry)."""
+    entry = ping.get("loop_phase") if isinstance(ping, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    name, for_s, bound_s = entry.get("name"), entry.get("for_s"), entry.get("bound_s")
+    numbers = (for_s, bound_s)
+    if not isinstance(name, str) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in numbers
+    ):
+        return None
+    return name, float(for_s), float(bound_s)  # type: ignore[arg-type]
+
+
+def within_phase(ping: Any) -> str | None:
+    """The name of the loop's own phase a ping answer's rank is in within its bound, else None."""
+    phase = loop_phase(ping)
+    return phase[0] if phase is not None and phase[1] <= phase[2] else None

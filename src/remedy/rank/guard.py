@@ -31,6 +31,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,7 @@ from remedy.rank.loop.measure import (
     first_nonfinite_param,
     module_grad_norms,
 )
+from remedy.rank.loop.phases import DEFAULT_BOUND_S, SAVE, LoopPhases, overrun_event
 from remedy.rank.loop.stats import StepStats
 from remedy.rank.loop.step_executor import LossFn, StepExecutor, StepSettings
 from remedy.rank.state import checkpoint_store, restore_point, shard_mirror, sharding
@@ -148,6 +150,11 @@ class GuardConfig:
     # `drain() -> list[AnomalyEvent]`, drained once per step.
     event_sources: list[Any] = field(default_factory=list)
     policy: str | None = None  # single-process mode only: policy file or bundled name
+    # Phases (rank.loop.phases): how long a rank may stay in a phase of its own (an eval,
+    # a save, the time between two steps) before it is `phase_overrun`; by phase name in
+    # `phase_bounds` (e.g. {"eval": 1800}); `guard.phase(name, bound_s=...)` wins over both.
+    phase_bound_s: float = DEFAULT_BOUND_S
+    phase_bounds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -185,6 +192,8 @@ class Guard:
         self.user_state = UserState(state)
         self.max_steps = max_steps
         self.config = config or GuardConfig()
+        # Where this rank is outside training on purpose (rank.loop.phases).
+        self.phases = LoopPhases(self.config.phase_bound_s, self.config.phase_bounds)
         ctx = context or get_context()
         self._owns_controller = ctx is None or ctx.reporter is None
         if ctx is None:
@@ -566,6 +575,10 @@ class Guard:
     def _snapshot(self) -> None:
         """Snapshot this boundary, and checkpoint it when one is due (`workers.saver`)."""
         due = self._checkpoint_due()
+        with self.phases.clock.phase(SAVE):
+            self._save(due)
+
+    def _save(self, due: bool) -> None:
         self.saver.save(
             self.step_count,
             lambda into: self.take_snapshot(into=into),
@@ -609,6 +622,7 @@ class Guard:
         """One training step on `batch`: forward, backward, checks, optimizer step, report."""
         t0 = time.perf_counter()
         step = self.step_count
+        self.phases.begin()  # the phase before this step, told to the group
         # Gradients are freed here rather than after the optimizer step: freed at the
         # end, the allocator hands the memory back to the OS and the next backward
         # page-faults it in again (1-2.5% of a 50M-parameter CPU step).
@@ -648,16 +662,18 @@ class Guard:
             return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
         try:
             seq_t = self.agreement.for_sync() if self.agreement is not None else None
-        except RuntimeError as exc:  # the agreement's all-reduce: a peer was lost
+            phase_t = self.phases.for_sync()
+        except RuntimeError as exc:  # the agreement's or the phases' all-reduce: a peer was lost
             if self.membership is None or not self.membership.recover(self, exc, in_step=True):
                 raise
             lr = float(self.optimizer.param_groups[0]["lr"])
             return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
-        # One host sync for the loss, the norm and the commands' agreement.
-        loss_v, norm_v, seq_v = self.executor.read(loss, norm_t, seq_t)
+        # One host sync for the loss, the norm, the commands' agreement and the phases'.
+        loss_v, norm_v, (seq_v, phase_v) = self.executor.read_all(loss, norm_t, [seq_t, phase_t])
         if seq_v is not None and self.agreement is not None:
-            self.agreement.settle(seq_v)
+            self.agreement.settle(seq_v[0])
         extra: dict[str, Any] = {}
+        self.phases.note(phase_v, extra)
         if not math.isfinite(norm_v):
             extra["nonfinite_param"] = (
                 sharding.first_nonfinite_param if self.sharded else first_nonfinite_param
@@ -775,6 +791,7 @@ class Guard:
             extra=extra or {},
         )
         events = [] if oom else self.detectors.observe(stats)
+        events += [overrun_event(stats, o) for o in self.phases.end()]
         warming = None if oom else self.detectors.warming_changed()
         if warming is not None:  # which detectors judge by their warm-up bounds only
             stats.extra["detectors_warming"] = warming
@@ -875,6 +892,7 @@ class Guard:
         an agreement launched in the old one is dropped."""
         self._group = group
         self.agreement = Agreement(group, self._group_device)
+        self.phases.use_group(group, self._group_device)
         # Whether to hold is decided alike on every rank: a replacement joins with no
         # quiet period, so every rank of the new group starts without one.
         self.flag_hold.quiet_until = 0
@@ -921,6 +939,12 @@ class Guard:
         (`lr = get_lr(guard.next_step)`), never from a counter of the loop's own.
         """
         return self.step_count
+
+    def phase(self, name: str, *, bound_s: float | None = None) -> AbstractContextManager[None]:
+        """`with guard.phase("eval"):` marks the code inside as this rank's own phase (an eval,
+        a save, a log: `rank.loop.phases`): the peers waiting for it are not slow, it is not
+        hung within `bound_s` (default `GuardConfig.phase_bound_s`), past it `phase_overrun`."""
+        return self.phases.clock.phase(name, bound_s=bound_s)
 
     def register_state(self, name: str, obj: Any, *, per_rank: bool = False) -> None:
         """Keep `obj` (with `state_dict()`/`load_state_dict()`) through every recovery, as `state=`
@@ -1088,6 +1112,7 @@ class Guard:
             self.agreement.finish()
         self._send(wait=True, ending=True)
         self.saver.close()
+        self.phases.close()
         recent = list(self.recent_stats)[-FINAL_LOSS_STEPS:]
         losses = [s.loss for s in recent if math.isfinite(s.loss)]
         self.summary = {

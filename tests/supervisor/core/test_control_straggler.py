@@ -86,6 +86,23 @@ def test_time_in_collectives_is_not_compute(tmp_path: Path) -> None:
     assert event["value"] == pytest.approx(0.39)
 
 
+@pytest.mark.parametrize("timed", [True, False], ids=["ddp-timed", "untimed"])
+def test_waiting_for_a_peers_phase_is_not_compute(tmp_path: Path, timed: bool) -> None:
+    """Rank 0 logs before two steps in three (its phase: not in its step time) while rank 1
+    waits 0.5 s for it in the step's collectives: rank 1 is no straggler, with the wait timed
+    by the DDP hook (collective_s) or only known from the phase exchange (phase_wait_s)."""
+
+    def times(rank: int, step: int) -> dict[str, Any]:
+        if rank == 0 or step % 3 == 2:
+            return {"step_time_s": FAST_S, **({"collective_s": 0.01} if timed else {})}
+        waited = {"collective_s": 0.51} if timed else {}
+        return {"step_time_s": FAST_S + 0.5, "phase_wait_s": 0.5, **waited}
+
+    controller = make_controller(tmp_path, 2)
+    run_steps(controller, 2, range(30), times)
+    assert stragglers(tmp_path) == []
+
+
 def test_default_policy_notifies_about_a_straggler(tmp_path: Path) -> None:
     """The bundled policy answers with its catch-all notify rule, journaled as applied."""
     controller = make_controller(tmp_path, 2)
@@ -113,6 +130,8 @@ MALFORMED: list[Any] = [
     {"step_time_s": 0.3, "collective_s": "0.1"},
     {"step_time_s": 0.3, "collective_s": float("nan")},
     {"step_time_s": 0.3, "collective_s": -1.0},
+    {"step_time_s": 0.3, "phase_wait_s": "0.1"},
+    {"step_time_s": 0.3, "phase_wait_s": float("inf")},
 ]
 
 

@@ -238,3 +238,47 @@ def test_a_ping_that_says_its_process_ran_steps_ends_the_new_process_grace() -> 
     watch.beat(2, 0, 0.5)
     watch.answered(2, {"phase": "boundary", "tick": 150, "step": 150, "steps_run": 0}, 1.0)
     assert watch.timeout(2) == CFG.first_step_s
+
+
+def _in_phase(tick: int, name: str, for_s: float, bound_s: float = 300.0) -> dict[str, object]:
+    """A ping answer of a rank in its loop's own phase (`rank.loop.phases`)."""
+    return {"tick": tick, "phase": "step", "loop_phase": {"name": name, "for_s": for_s,
+                                                          "bound_s": bound_s}}  # fmt: skip
+
+
+def test_a_rank_behind_in_its_own_phase_is_not_hung_within_the_phase_bound() -> None:
+    """Rank 0 evaluates while rank 1 waits a tick ahead: within the eval's bound rank 0 is not
+    hung however long it is behind; past the bound it is, and the reason names the phase."""
+    watch = HangWatch(CFG)
+    now = _running(watch, 0, step_s=0.01, ticks=11)
+    _running(watch, 1, step_s=0.01, ticks=12)
+    late = now + 60.0  # far past behind_s
+    within = {0: _in_phase(10, "eval", 59.0, bound_s=120.0), 1: {"tick": 11, "phase": "step"}}
+    assert watch.judge(within, watch.suspects(late), now=late).hung == []
+    between = {0: _in_phase(10, "between_steps", 59.0), 1: {"tick": 11, "phase": "step"}}
+    assert watch.judge(between, watch.suspects(late), now=late).hung == []
+    past = {0: _in_phase(10, "eval", 59.0, bound_s=30.0), 1: {"tick": 11, "phase": "step"}}
+    verdict = watch.judge(past, watch.suspects(late), now=late)
+    assert verdict.hung == [0]
+    assert "phase 'eval' for 59.0s, past its bound 30s" in verdict.reason
+
+
+def test_a_phase_does_not_blind_the_watch_to_a_silent_rank() -> None:
+    """Rank 0 evaluates (within bound) while rank 1 stops answering: rank 1 is named hung; a
+    rank whose last answer said it was in a phase but that is silent now is named too."""
+    watch = HangWatch(CFG)
+    verdict = watch.judge({0: _in_phase(10, "eval", 3.0), 1: NO_ANSWER})
+    assert verdict.hung == [1]
+    assert watch.judge({0: NO_ANSWER, 1: {"tick": 11, "phase": "step"}}).hung == [0]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [None, "eval", {"name": 3, "for_s": 1.0, "bound_s": 2.0}, {"name": "eval", "for_s": True,
+     "bound_s": 2.0}, {"name": "eval", "for_s": 1.0}, {"name": "eval", "for_s": -1, "bound_s": 2}],
+)  # fmt: skip
+def test_a_malformed_or_missing_loop_phase_is_no_phase(entry: object) -> None:
+    """An older rank's answer (no `loop_phase`) or a malformed one: judged as before."""
+    watch = HangWatch(CFG)
+    pings = {0: {"tick": 5, "phase": "step"}, 1: {"tick": 4, "phase": "step", "loop_phase": entry}}
+    assert watch.judge(pings).hung == [1]

@@ -13,6 +13,12 @@ raises `collective_slow` when one all-reduce took longer than
 `threshold_s`, and records the step's total collective time in
 `stats.extra["collective_s"]` (it reaches `metrics.jsonl`), so the
 supervisor can tell time spent computing from time spent waiting.
+
+Waiting for a peer's phase is not slow (`rank.loop.phases`): the time this
+rank waited for a peer that evaluated, saved or logged before the step
+(`phase_wait_s`, from the Guard's phase exchange) is taken off the slowest
+all-reduce before it is judged, and a warm-up step (`phase_warmup`: the first
+steps after a start or a regroup, a compile, on any rank) is not judged.
 """
 
 from __future__ import annotations
@@ -161,7 +167,11 @@ class CollectiveSlowDetector:
         if not durations:
             return []
         stats.extra["collective_s"] = round(sum(durations), 6)
-        slowest = max(durations)
+        if stats.extra.get("phase_warmup"):
+            return []
+        # The wait for a peer's own phase before this step is not the collective's.
+        waited = float(stats.extra.get("phase_wait_s", 0.0))
+        slowest = max(max(durations) - waited, 0.0)
         if slowest <= self.threshold_s or not self._cooldown.ready(stats.tick):
             return []
         self._cooldown.fire(stats.tick)
@@ -174,6 +184,7 @@ class CollectiveSlowDetector:
                 severity="critical" if slowest > 5 * self.threshold_s else "warning",
                 collectives=len(durations),
                 total_s=round(sum(durations), 6),
+                **({"phase_wait_s": round(waited, 6)} if waited else {}),
             )
         ]
 

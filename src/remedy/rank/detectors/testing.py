@@ -12,7 +12,7 @@ returns every event with its details.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,8 +122,10 @@ def run_guarded(
     event_sources: Sequence[Any] = (),
     snapshot_every: int = 10,
     grad_clip: float | None = None,
+    before_step: Callable[[Any], None] | None = None,
 ) -> GuardedRun:
-    """Train `steps` steps under a Guard (single-process mode, observe-only policy)."""
+    """Train `steps` steps under a Guard (single-process mode, observe-only policy);
+    `before_step(guard)` runs in the loop before each step (a rank's own eval, say)."""
     from remedy.rank.guard import Guard, GuardConfig  # noqa: PLC0415
     from remedy.rank.link.context import WorkerContext  # noqa: PLC0415 - avoids an import cycle
 
@@ -149,6 +151,8 @@ def run_guarded(
     )
     stats: list[StepStats] = []
     for batch in guard:
+        if before_step is not None:
+            before_step(guard)
         guard.step(batch)
         stats.append(guard.recent_stats[-1])
     summary = guard.close()

@@ -124,6 +124,8 @@ class Membership:
         # its start), for the supervisor's recovery record: where the time went.
         self.timeline: dict[str, float] = {"started": time.time()}
         self.inbox: Any = None  # the Guard's command inbox, once attached (`identity`)
+        # The loop's own phase now (`rank.loop.phases`), once a Guard is attached.
+        self._loop_phase: Any = None
 
     # ------------------------------------------------------------ generations
     def join(self) -> None:
@@ -203,6 +205,7 @@ class Membership:
             "recoveries": self.recoveries,
             "timeline": dict(self.timeline),
             "restore": dict(self.last_restore),
+            "loop_phase": self._loop_phase() if self._loop_phase is not None else None,
         }
 
     # ---------------------------------------------------------- training side
@@ -218,6 +221,7 @@ class Membership:
         """The Guard exists: say so at once, which ends the supervisor's start-up allowance."""
         self.timeline["guard"] = time.time()
         self.inbox = guard.inbox
+        self._loop_phase = guard.phases.status
         self.regroups = True
         if guard.sharded:  # its mesh's groups and the mirror's: released with the world's
             self._sockets.grow()

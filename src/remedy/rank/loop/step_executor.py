@@ -142,14 +142,31 @@ class StepExecutor:
         loss: torch.Tensor, norm_t: torch.Tensor, seq_t: torch.Tensor | None
     ) -> tuple[float, float, float | None]:
         """The loss, the norm and the agreement's number on the host: one device sync."""
+        loss_v, norm_v, (seq_v,) = StepExecutor.read_all(loss, norm_t, [seq_t])
+        return loss_v, norm_v, seq_v[0] if seq_v is not None else None
+
+    @staticmethod
+    def read_all(
+        loss: torch.Tensor, norm_t: torch.Tensor, more: list[torch.Tensor | None]
+    ) -> tuple[float, float, list[list[float] | None]]:
+        """The loss, the norm and each of `more` (None stays None) on the host: one device sync."""
         if loss.device.type == "cpu" and norm_t.device.type == "cpu":
             # No device to wait for: plain reads.
-            return loss.item(), norm_t.item(), seq_t.item() if seq_t is not None else None
-        read = [loss.detach().double().reshape(()), norm_t.to(loss.device).double()]
-        if seq_t is not None:
-            read.append(seq_t.to(loss.device).double().reshape(()))
-        loss_v, norm_v, *seq_v = torch.stack(read).tolist()
-        return loss_v, norm_v, seq_v[0] if seq_v else None
+            plain = [t.reshape(-1).tolist() if t is not None else None for t in more]
+            return loss.item(), norm_t.item(), plain
+        read = [loss.detach().double().reshape(1), norm_t.to(loss.device).double().reshape(1)]
+        read += [t.to(loss.device).double().reshape(-1) for t in more if t is not None]
+        flat = torch.cat(read).tolist()
+        loss_v, norm_v, at = flat[0], flat[1], 2
+        out: list[list[float] | None] = []
+        for t in more:
+            if t is None:
+                out.append(None)
+                continue
+            n = t.numel()
+            out.append(flat[at : at + n])
+            at += n
+        return loss_v, norm_v, out
 
     def optimizer_step(self, loss_v: float, norm_v: float) -> bool:
         """Step unless something non-finite would be applied; True when skipped."""

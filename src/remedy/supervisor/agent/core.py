@@ -64,6 +64,9 @@ from remedy.protocol.reports import Limits, RankMark, Report, validate_batch
 # Keys of a step record the supervisor reads (controller, goodput, displays); the rest
 # stays in the agent's metrics file.
 UPWARD_METRIC_KEYS = ("step", "tick", "rank", "loss", "step_time_s", "loader_time_s", "t_end")
+# The time a step waited (in collectives, for a peer's phase): the lead rank's records keep
+# them, so the straggler watch compares its compute time with the others', not its wall time.
+WAIT_KEYS = ("collective_s", "phase_wait_s")
 # The rank whose every step record the goodput ledger counts (`GoodputLedger.lead`).
 LEAD_RANK = 0
 _LIMITS = Limits()
@@ -511,7 +514,8 @@ def digest_metrics(rank: int, records: list[dict[str, Any]]) -> list[dict[str, A
     if not records:
         return []
     if rank == LEAD_RANK:
-        return [{k: m[k] for k in UPWARD_METRIC_KEYS if k in m} for m in records]
+        keys = (*UPWARD_METRIC_KEYS, *WAIT_KEYS)
+        return [{k: m[k] for k in keys if k in m} for m in records]
     newest = {k: records[-1][k] for k in UPWARD_METRIC_KEYS if k in records[-1]}
     compute = [c for c in (_compute_s(m) for m in records) if c is not None]
     if compute:
@@ -522,11 +526,14 @@ def digest_metrics(rank: int, records: list[dict[str, Any]]) -> list[dict[str, A
 
 
 def _compute_s(record: dict[str, Any]) -> float | None:
-    """A record's compute time: step time less time waited in collectives."""
+    """A record's compute time: step time less time waited in collectives or for a peer's
+    phase (the larger: the collectives hold the wait for the peer when they were timed)."""
     seconds = record.get("step_time_s")
     if not isinstance(seconds, int | float) or isinstance(seconds, bool):
         return None
-    waited = record.get("collective_s")
-    if isinstance(waited, int | float) and not isinstance(waited, bool):
-        return max(float(seconds) - float(waited), 0.0)
-    return float(seconds)
+    waits = [
+        float(w)
+        for w in (record.get(k) for k in WAIT_KEYS)
+        if isinstance(w, int | float) and not isinstance(w, bool)
+    ]
+    return max(float(seconds) - max(waits), 0.0) if waits else float(seconds)
