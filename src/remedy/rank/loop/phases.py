@@ -32,6 +32,7 @@ bound is never named hung for being behind its peers.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import sys
 import threading
 import time
@@ -214,6 +215,11 @@ def _status(name: str, seconds: float, bound_s: float) -> dict[str, Any]:
     return {"name": name, "for_s": round(max(seconds, 0.0), 3), "bound_s": bound_s}
 
 
+# The exchange's bound: the per-step agreement's, which is launched and read beside it
+# (`link.inbox.AGREEMENT_TIMEOUT`); a peer lost past it fails the step as the agreement does.
+EXCHANGE_TIMEOUT = datetime.timedelta(seconds=300)
+
+
 class PhaseExchange:
     """Each step, the group's latest arrival and whether any rank warms up, at no sync of its own.
 
@@ -247,7 +253,7 @@ class PhaseExchange:
         if self._work is None:
             return None
         work, self._work = self._work, None
-        work.wait()
+        work.wait(timeout=EXCHANGE_TIMEOUT)
         tensor, self._tensor = self._tensor, None
         return tensor
 
