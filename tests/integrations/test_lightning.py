@@ -106,6 +106,7 @@ def test_callback_under_remedy_run_reports_to_the_supervisor(
     }
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_a_lost_rank_under_lightning_restarts_every_rank_and_settles_the_pending_rollback(
     ray_cluster: None, tmp_path: Path

@@ -268,6 +268,7 @@ def shown(event: dict[str, Any]) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_live_supervisor_survives_fuzzed_batches(ray_cluster: None, tmp_path: Path) -> None:
     """Hundreds of generated malformed batches (wrong types, huge and NaN numbers, missing
     fields, unknown kinds, deep nesting, another run's token, stale incarnations, duplicate

@@ -80,6 +80,7 @@ def node_loss_times(run_dir: Path, summary: dict[str, Any]) -> dict[str, float]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_kill_node_loses_two_ranks_both_replaced_on_the_other_node(
     cluster: Cluster, clean_digest: str, tmp_path: Path

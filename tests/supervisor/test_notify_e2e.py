@@ -29,6 +29,7 @@ rules:
 """
 
 
+@pytest.mark.slow
 def test_a_notify_decision_is_delivered_from_a_supervised_run(tmp_path: Path) -> None:
     """The webhook gets the run id, rule, kind, ranks and step; the journal and explain say delivered."""
     policy = tmp_path / "tell.yaml"

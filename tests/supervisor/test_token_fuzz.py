@@ -67,6 +67,7 @@ def batches(real: str) -> st.SearchStrategy[Any]:
     return plausible | json_values
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
 def test_batches_without_the_runs_token_change_nothing(tmp_path: Path) -> None:
     """Foreign-token and token-less batches sent mid-run are all refused and counted; the run

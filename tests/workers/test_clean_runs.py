@@ -12,7 +12,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("job", list(JOBS))
+# hf_gpt2 (about 30 s, most of it loading transformers) runs in the slow tier.
+@pytest.mark.parametrize(
+    "job", [pytest.param(j, marks=pytest.mark.slow) if j == "hf_gpt2" else j for j in JOBS]
+)
 def test_clean_run_raises_nothing(job: str, tmp_path: Path) -> None:
     """One seed of each job of benchmarks/clean_runs.py, full length, every default detector and
     the default policy, alone as a user runs it: 0 anomaly events, 0 decisions, 1000+ steps."""
