@@ -462,7 +462,6 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) ->
     from remedy.cli import registry  # noqa: PLC0415 - after validation
     from remedy.cli.cluster import ClusterError, connect, disconnect, watch_run  # noqa: PLC0415
     from remedy.protocol.exceptions import UsageError  # noqa: PLC0415
-    from remedy.protocol.spec import NAMESPACE  # noqa: PLC0415
     from remedy.rundir.ray_logs import wants_logs  # noqa: PLC0415
 
     try:
@@ -483,20 +482,7 @@ def _run_on_ray(spec: Any, choice: Any, args: argparse.Namespace, claim: Any) ->
                 _check_gpus(spec.gpus_per_rank, spec.workers, gpus, "the Ray cluster")
             except UsageError as exc:
                 return _usage(str(exc))
-        registry.register(
-            spec.run_id,
-            {
-                "address": conn.address,
-                "namespace": NAMESPACE,
-                "token": spec.token,
-                # A private Ray's own authentication token (its registry entry is how it is joined).
-                "ray_token": conn.token if conn.mode == "local" else None,
-                "mode": "local" if conn.mode == "local" else "cluster",
-                "run_dir": spec.run_dir,
-                "temp_dir": conn.temp_dir,
-                "detached": bool(args.detach),
-            },
-        )
+        registry.register_run(spec, conn, detached=bool(args.detach))
         watch_run(spec.run_dir, spec.run_id, policy=spec.policy, workers=spec.workers)
         if not args.quiet or args.detach:
             where = (

@@ -147,23 +147,10 @@ def _supervise(spec: Any, claim: Any) -> dict[str, Any]:
     from remedy.cli import registry  # noqa: PLC0415
     from remedy.cli.cluster import choose, connect, disconnect  # noqa: PLC0415
     from remedy.cli.runner import run_supervised as run_spec  # noqa: PLC0415
-    from remedy.protocol.spec import NAMESPACE  # noqa: PLC0415
 
     conn = connect(choose(None), workers=spec.workers, quiet=True)
     try:
-        registry.register(
-            spec.run_id,
-            {
-                "address": conn.address,
-                "namespace": NAMESPACE,
-                "token": spec.token,
-                "ray_token": conn.token if conn.mode == "local" else None,
-                "mode": "local" if conn.mode == "local" else "cluster",
-                "run_dir": spec.run_dir,
-                "temp_dir": conn.temp_dir,
-                "detached": False,
-            },
-        )
+        registry.register_run(spec, conn, detached=False)
         claim.started = True
         summary = run_spec(spec)
         registry.update(spec.run_id, state=summary.get("status"))

@@ -51,6 +51,28 @@ def register(run_id: str, record: dict[str, Any]) -> None:
     _write(run_id, {**entry, **record})
 
 
+def register_run(spec: Any, conn: Any, *, detached: bool) -> None:
+    """Record the run of `spec` (a `RunSpec`) supervised on the Ray `conn` joined
+    (`cluster.connect`): how `status`, `logs`, `stop` and `attach` reach it again."""
+    from remedy.protocol.spec import NAMESPACE  # noqa: PLC0415
+
+    local = conn.mode == "local"
+    register(
+        spec.run_id,
+        {
+            "address": conn.address,
+            "namespace": NAMESPACE,
+            "token": spec.token,
+            # A private Ray's own authentication token (its registry entry is how it is joined).
+            "ray_token": conn.token if local else None,
+            "mode": "local" if local else "cluster",
+            "run_dir": spec.run_dir,
+            "temp_dir": conn.temp_dir,
+            "detached": detached,
+        },
+    )
+
+
 def written_at(run_id: str) -> float:
     """When a run's entry was last written (0 if unknown): the start of an entry without
     `started` (written before entries had it), near enough to order the runs by."""
