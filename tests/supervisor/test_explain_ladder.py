@@ -5,26 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from remedy.policies import AnomalyEvent, Decision, Engine, load_policy
+from remedy.control.decide import decision_record
+from remedy.policies import AnomalyEvent, Engine, load_policy
 from remedy.report import ladder_text
 from remedy.report.explain import explain
 from remedy.rundir.rundata import RunData
-
-
-def _record(d: Decision, outcome: str) -> dict[str, Any]:
-    """The decisions.jsonl line the Controller writes for `d`."""
-    return {
-        "decision_id": d.decision_id,
-        "step": d.step,
-        "ranks": list(d.ranks),
-        "rule": d.rule,
-        "anomaly": d.anomaly.to_dict(),
-        "action": d.action,
-        "params": dict(d.params),
-        "outcome": outcome,
-        "reason": d.reason,
-        "chain": {"id": d.chain_id, "index": d.chain_index, "length": d.chain_length},
-    }
 
 
 def _journal() -> list[dict[str, Any]]:
@@ -34,7 +19,7 @@ def _journal() -> list[dict[str, Any]]:
     tick = 60
     for _ in range(9):
         for d in engine.decide([AnomalyEvent("nonfinite_loss", 0, 60, tick=tick)]):
-            lines.append(_record(d, "applied"))
+            lines.append(decision_record(d, "applied"))
             if d.action not in ("notify", "abort"):
                 engine.record_outcome(d.decision_id, "applied", tick=tick)
         tick += 40

@@ -778,20 +778,7 @@ class Controller:
             )
 
     def _journal(self, d: Decision, outcome: str, *, detail: str = "", **extra: Any) -> None:
-        record = {
-            "decision_id": d.decision_id,
-            "step": d.step,
-            "ranks": list(d.ranks),
-            "rule": d.rule,
-            "anomaly": d.anomaly.to_dict(),
-            "action": d.action,
-            "params": dict(d.params),
-            "outcome": outcome,
-            "reason": d.reason,
-            "detail": detail,
-            "chain": {"id": d.chain_id, "index": d.chain_index, "length": d.chain_length},
-            **extra,
-        }
+        record = decision_record(d, outcome, detail=detail, **extra)
         if d.decision_id in self._journaled:
             return  # journaled before a supervisor restart; its outcome came again
         self._journaled.add(d.decision_id)
@@ -864,3 +851,21 @@ def replay_event(verdict: Any, tick: int, now: float, d: Decision) -> AnomalyEve
     except EventError as exc:
         log.warning("replay_verdict_rejected", error=str(exc))
         return None
+
+
+def decision_record(d: Decision, outcome: str, *, detail: str = "", **extra: Any) -> dict[str, Any]:
+    """The `decisions.jsonl` line of decision `d` with its `outcome`."""
+    return {
+        "decision_id": d.decision_id,
+        "step": d.step,
+        "ranks": list(d.ranks),
+        "rule": d.rule,
+        "anomaly": d.anomaly.to_dict(),
+        "action": d.action,
+        "params": dict(d.params),
+        "outcome": outcome,
+        "reason": d.reason,
+        "detail": detail,
+        "chain": {"id": d.chain_id, "index": d.chain_index, "length": d.chain_length},
+        **extra,
+    }
