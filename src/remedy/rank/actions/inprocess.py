@@ -189,12 +189,7 @@ def rollback(guard: ActionTarget, params: dict[str, Any], command: Command) -> d
         )
         why = choice.describe()
         if choice.step is not None:
-            try:
-                snap, source = guard.checkpoints.load(choice.step), "disk"
-            except CheckpointError as exc:  # changed since it was verified: no agreed state
-                raise ActionError(
-                    f"checkpoint at step {choice.step} became unreadable: {exc}"
-                ) from exc
+            snap, source = _load_agreed(guard.checkpoints, choice.step), "disk"
     if snap is None:
         # Nothing that far back: the newest state from before the anomaly still beats going on.
         snap, source = guard.snapshots.newest_at_or_before(command.anomaly_step), "memory"
@@ -225,13 +220,19 @@ def _rollback_from_disk(
         raise ActionError(
             f"no {which} at or before step {target} on every rank" + (f" ({why})" if why else "")
         )
-    try:
-        snap = guard.checkpoints.load(choice.step)
-    except CheckpointError as exc:
-        raise ActionError(f"checkpoint at step {choice.step} became unreadable: {exc}") from exc
+    snap = _load_agreed(guard.checkpoints, choice.step)
     if older:
         why = (why + "; " if why else "") + f"passed over the {older} newest good one(s)"
     return _restored(guard, params, snap, "disk", why, target)
+
+
+def _load_agreed(checkpoints: CheckpointStore, step: int) -> Snapshot:
+    """The checkpoint of `step`, which every rank verified; ActionError if it changed since
+    (no agreed state to restore)."""
+    try:
+        return checkpoints.load(step)
+    except CheckpointError as exc:
+        raise ActionError(f"checkpoint at step {step} became unreadable: {exc}") from exc
 
 
 def _restored(
