@@ -58,6 +58,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("gpus-nan", ["run", TINY, "--gpus-per-worker", "nan"], 2, "--gpus-per-worker: must be"),
     ("gpus-inf", ["run", TINY, "--gpus-per-worker", "inf"], 2, "--gpus-per-worker: must be"),
     ("gpus-absent", ["run", TINY, "--gpus-per-worker", "1000"], 2, "GPU"),
+    ("spares-negative", ["run", TINY, "--spares", "-1"], 2, "--spares: must be"),
+    ("spares-too-many", ["run", TINY, "--spares", "65"], 2, "--spares: must be between 0 and 64"),
     ("local-spares-negative", ["run", TINY, "--local-spares", "-1"], 2, "--local-spares: must be"),
     ("local-spares-text", ["run", TINY, "--local-spares", "one"], 2, "must be a whole number"),
     ("empty-policy-flag", ["run", TINY, "--policy", ""], 2, "--policy: must not be empty"),

@@ -165,6 +165,13 @@ def _parser() -> argparse.ArgumentParser:
         "than the supervisor's, or pack each node up to its CPUs in turn (default: spread)",
     )
     run.add_argument(
+        "--spares",
+        type=_spares,
+        default=None,
+        help="warm spare actors kept ready, on the nodes with the fewest actors, to replace a "
+        "lost rank at once (default: 1 when --workers is above 1, else 0)",
+    )
+    run.add_argument(
         "--local-spares",
         type=_spares,
         default=0,
@@ -397,6 +404,7 @@ def _run(args: argparse.Namespace) -> int:
             supervisor_timeout_s=args.supervisor_timeout,
             placement=args.placement,
             node_agents=args.node_agents,
+            spares=args.spares,
             local_spares=args.local_spares,
         )
         claim = claim_run_dir(
