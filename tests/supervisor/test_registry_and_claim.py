@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from remedy.cli import registry
 from remedy.protocol.exceptions import UsageError
 from remedy.rundir.claim import MARKER, claim_run_dir
+from remedy.rundir.names import RUN_FILES
 
 
 @pytest.fixture
@@ -104,6 +106,16 @@ def test_claim_and_release(tmp_path: Path) -> None:
         claim_run_dir(run_dir, given="--run-dir x", run_id="r2")
     claim.release()
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("name", RUN_FILES)
+def test_a_directory_holding_any_run_file_is_refused(tmp_path: Path, name: str) -> None:
+    """Each file of the run directory's one list (`rundir.names.RUN_FILES`) marks a run there already."""
+    (tmp_path / name).write_text("{}\n")
+    with pytest.raises(
+        UsageError, match=rf"--run-dir x: already holds a run \({re.escape(name)}\)"
+    ):
+        claim_run_dir(tmp_path, given="--run-dir x", run_id="r2")
 
 
 def test_started_claim_is_kept(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from torch.distributed.fsdp import fully_shard
 
 from examples.gpt_model import GPT, lm_loss
 from remedy.rank import Guard, GuardConfig
+from remedy.rank.group import regroup
 from remedy.rank.link.context import WorkerContext
 from remedy.rank.state import shard_mirror, sharding
 from remedy.rank.state.snapshots import Snapshot
@@ -74,8 +75,7 @@ def _ring_rank(rank: int, world: int, workdir: str, lose: tuple[int, ...], hsdp:
             loop = iter(guard)
             out["info"] = shard_mirror.restore_group(guard, fresh=True)
         else:
-            guard.use_group(dist.group.WORLD)  # agree on commands in the new generation
-            shard_mirror.regroup(guard)
+            regroup.new_groups(guard)  # agree on commands in the new generation, rebind shards
             out["info"] = shard_mirror.restore_group(guard, fresh=False)
     for batch in loop:
         guard.step(batch)

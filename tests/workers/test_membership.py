@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from remedy.protocol import phases
-from remedy.rank.group import membership
+from remedy.rank.group import ddp_layout, membership, regroup
 from remedy.rank.group.membership import Membership, collective_timeout
 
 
@@ -63,14 +63,14 @@ def test_a_survivor_says_it_is_joining_while_it_forms_the_ordered_generation(
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     m = Membership(rank=1, world_size=2, store_addr=("127.0.0.1", server.port), backend="gloo")
     guard = types.SimpleNamespace(
-        step_count=7, sharded=False, mirror=None, send_report=lambda **_: None
+        step_count=7, sharded=False, mirror=None, send_report=lambda **_: None, membership=m
     )
-    m.regroup(1, 0)  # rank 0, the source, never comes
+    m.order(1, 0)  # rank 0, the source, never comes
     errors: list[BaseException] = []
 
     def survive() -> None:
         try:
-            m.recover(guard, RuntimeError("Connection closed by peer"), in_step=False)
+            regroup.regroup(guard, RuntimeError("Connection closed by peer"))  # type: ignore[arg-type]
         except BaseException as exc:  # handed to the test's thread
             errors.append(exc)
 
@@ -106,7 +106,7 @@ def test_rebuilding_ddp_keeps_its_settings_and_warns_nothing(tmp_path: Path) -> 
         guard = types.SimpleNamespace(model=model, detectors=types.SimpleNamespace(detectors=[]))
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            membership.rebuild_ddp(guard)  # type: ignore[arg-type]
+            ddp_layout.rebuild_ddp(guard)  # type: ignore[arg-type]
         assert model.forward_sync_buffers is False
         model(torch.randn(3, 4)).sum().backward()
     finally:

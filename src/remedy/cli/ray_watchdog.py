@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from remedy.rundir import jsonl
+
 # How long the watchdog goes on killing the private Ray's processes once the driver is gone.
 END_BOUND_S = 10.0
 # How long a driver waits for its watchdog to leave after standing it down.
@@ -167,13 +169,11 @@ class _Inbox:
             return False
         self._buffer += chunk
         *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                message = json.loads(line)
-                if isinstance(message, dict):
-                    if message.get("done"):
-                        return True
-                    self.watched.update(message)
+        for message in jsonl.scan(lines, "the driver's messages"):
+            if isinstance(message, dict):  # a damaged line is dropped
+                if message.get("done"):
+                    return True
+                self.watched.update(message)
         return False
 
 

@@ -51,6 +51,7 @@ from remedy.rank.chaos.faults import ChaosSetting, FaultInjector
 from remedy.rank.detectors import Detector, DetectorSuite, default_detectors
 from remedy.rank.exceptions import ChaosConfigError, RunAborted, UserStateError
 from remedy.rank.group import replicas
+from remedy.rank.group.regroup import regroup
 from remedy.rank.link import end_hold, group_decide, launcher, relaunch
 from remedy.rank.link.context import Reporter, WorkerContext, get_context
 from remedy.rank.link.flag_hold import RESEND_S, WAIT_S, FlagHold, agree_while_holding
@@ -392,8 +393,7 @@ class Guard:
 
     def _boundary(self) -> None:
         """The safe point between steps: take commands, apply due ones, snapshot."""
-        if self.membership is not None:
-            self.membership.adopt_if_joining(self)
+        self._rejoined()  # a replacement's first boundary: it adopts the group's state
         if self._resume_step is not None:
             step, self._resume_step = self._resume_step, None
             self.resumed = restore_point.resume(self, step)
@@ -409,7 +409,7 @@ class Guard:
                     assert isinstance(self.reporter, GroupReporter)
                     self.inbox.take(self.reporter.exchange())
             except RuntimeError as exc:
-                if self.membership is None or not self.membership.recover(self, exc, in_step=False):
+                if not self._rejoined(exc):
                     raise
                 self._boundary()  # agree again, in the new generation
                 return
@@ -435,7 +435,7 @@ class Guard:
             try:
                 diverged = self.replica_check.check(self)
             except RuntimeError as exc:
-                if self.membership is None or not self.membership.recover(self, exc, in_step=False):
+                if not self._rejoined(exc):
                     raise
                 self._boundary()
                 return
@@ -476,7 +476,7 @@ class Guard:
             try:
                 tick = self.agreement.flagged()
             except RuntimeError as exc:
-                if self.membership is None or not self.membership.recover(self, exc, in_step=False):
+                if not self._rejoined(exc):
                     raise
                 return True
         else:
@@ -556,9 +556,7 @@ class Guard:
                     if isinstance(self.reporter, GroupReporter):  # the answer comes by exchange
                         self.inbox.take(self.reporter.exchange())
                 except RuntimeError as exc:
-                    if self.membership is None or not self.membership.recover(
-                        self, exc, in_step=False
-                    ):
+                    if not self._rejoined(exc):
                         raise
                     return "regrouped", first or seq, seq
             else:  # alone: whatever came is the answer, whatever tick it was meant for
@@ -649,14 +647,14 @@ class Guard:
                     )
             except RuntimeError as exc:
                 # A peer was lost inside a collective: the step is discarded, not raised.
-                if self.membership is None or not self.membership.recover(self, exc, in_step=True):
+                if not self._rejoined(exc, in_step=True):
                     raise
                 lr = float(self.optimizer.param_groups[0]["lr"])
                 return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
         try:
             norm_t = self.finish_grads()
         except RuntimeError as exc:  # a sharded norm's all-reduce: a peer was lost
-            if self.membership is None or not self.membership.recover(self, exc, in_step=True):
+            if not self._rejoined(exc, in_step=True):
                 raise
             lr = float(self.optimizer.param_groups[0]["lr"])
             return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
@@ -664,7 +662,7 @@ class Guard:
             seq_t = self.agreement.for_sync() if self.agreement is not None else None
             phase_t = self.phases.for_sync()
         except RuntimeError as exc:  # the agreement's or the phases' all-reduce: a peer was lost
-            if self.membership is None or not self.membership.recover(self, exc, in_step=True):
+            if not self._rejoined(exc, in_step=True):
                 raise
             lr = float(self.optimizer.param_groups[0]["lr"])
             return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
@@ -882,10 +880,13 @@ class Guard:
         """
         self._send(force=True, collective_failed=collective_failed)
 
-    def report_regrouped(self) -> None:
-        """The group re-formed: the next report (the new generation's first step) goes out at
-        once, marked so that a node agent sends it on at once too (`Outbox.regrouped`)."""
-        self.outbox.regrouped()
+    def _rejoined(self, failed: BaseException | None = None, *, in_step: bool = False) -> bool:
+        """Whether this rank has just entered a new generation of its group: the one place the
+        Guard regroups (`rank.group.regroup`, which says the order). `failed`: a collective's
+        error (None: at a boundary, where a replacement adopts the group's state); `in_step`:
+        raised inside a step, which is discarded. False: nothing to enter, or `failed` is not a
+        lost peer, which the caller raises."""
+        return regroup(self, failed, in_step=in_step)
 
     def use_group(self, group: Any) -> None:
         """Agree on commands through `group` from now on (a new generation's process group);

@@ -14,10 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from remedy.protocol.exceptions import UsageError
-
-MARKER = ".remedy-run"
-# Files that mark a directory as holding a run already: a second run there would mix journals.
-RUN_FILES = (MARKER, "summary.json", "journal.wal", "history.jsonl", "decisions.jsonl")
+from remedy.rundir.names import MARKER, RUN_FILES
 
 
 @dataclass

@@ -8,13 +8,14 @@ from is handed to it as records. These are the readers the supervisor,
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from remedy.control.goodput import GoodputLedger, ts_of
+from remedy.rundir import jsonl
+from remedy.rundir.jsonl import Damaged
 from remedy.rundir.writer import metrics_paths
 
 
@@ -23,22 +24,10 @@ def read_journal(
 ) -> list[dict[str, Any]]:
     """Every whole record of a journal; a torn or corrupt line (a crash mid-write) is skipped,
     and its number (from 1) added to `skipped` where given."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    out: list[dict[str, Any]] = []
-    with open(p, encoding="utf-8", errors="replace") as fh:
-        for number, line in enumerate(fh, 1):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                if skipped is not None and line.strip():
-                    skipped.append(number)
-                continue
-            if isinstance(record, dict):
-                out.append(record)
-            elif skipped is not None:
-                skipped.append(number)
+    damaged: list[Damaged] = []
+    out = list(jsonl.records(path, damaged=damaged))
+    if skipped is not None:
+        skipped.extend(d.line for d in damaged)
     return out
 
 
@@ -70,14 +59,12 @@ def last_written(path: str | os.PathLike[str]) -> float | None:
             fh.seek(0, 2)
             size = fh.tell()
             fh.seek(max(0, size - 65536))
-            tail = fh.read().decode("utf-8", "replace").splitlines()
+            tail = fh.read().decode("utf-8", "replace")
     except OSError:
         return None
-    for line in reversed(tail):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and (at := ts_of(record.get("ts"))) is not None:
+    # The tail's first line may be cut where it was read from: damaged, and skipped.
+    whole = [r for r in jsonl.scan_text(tail) if isinstance(r, dict)]
+    for record in reversed(whole):
+        if (at := ts_of(record.get("ts"))) is not None:
             return at
     return None

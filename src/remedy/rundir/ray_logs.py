@@ -33,11 +33,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from remedy.rundir import jsonl, names
+
 # The tail of each log file kept (a long run's log is mostly its healthy past).
 PER_FILE_BYTES = 1 << 20
 # All the logs kept for one run, at most.
 TOTAL_BYTES = 32 << 20
-LOGS_DIR = "logs"
+LOGS_DIR = names.LOGS
 INDEX = "index.json"
 DAEMON_LOGS = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err")
 # Ray's worker log names: worker-<worker id>-<job id>-<pid>.out|.err, and the core worker's.
@@ -189,6 +191,7 @@ def wants_logs(run_dir: str | Path) -> bool:
         return True
     if not isinstance(summary, dict) or summary.get("status") == "failed":
         return True
-    with contextlib.suppress(OSError), (path / "history.jsonl").open("rb") as f:
-        return any(b'"supervisor_died"' in line for line in f)
+    with contextlib.suppress(OSError):
+        history = jsonl.records(path / "history.jsonl")
+        return any(r.get("type") == "supervisor_died" for r in history)
     return False

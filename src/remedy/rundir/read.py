@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remedy.rundir import jsonl, names
+from remedy.rundir.jsonl import Damaged
+
 # Larger summaries or journals are not run files; read no more than this of each.
 MAX_FILE_BYTES = 256 << 20
 # Problems named one by one before the rest are counted.
@@ -20,15 +23,6 @@ MAX_NAMED_PROBLEMS = 5
 # Damaged lines of one file named each as FILE:LINE before the rest are only counted.
 MAX_LINES_NAMED = 20
 
-# A run directory without summary.json but with one of these is a run in progress (or cut short).
-_RUN_FILES = (
-    ".remedy-run",
-    "journal.wal",
-    "history.jsonl",
-    "decisions.jsonl",
-    "anomalies.jsonl",
-    "metrics.jsonl",
-)
 _NUMBERS = ("steps_completed", "steps_executed", "goodput", "wall_s")
 _TEXTS = ("outcome", "rule", "action", "reason")
 
@@ -45,14 +39,14 @@ class RunFiles:
 def read_run_dir(run_dir: Path) -> RunFiles:
     """The summary and decisions of `run_dir`, normalized so a report can always be printed."""
     out = RunFiles()
-    summary_path = run_dir / "summary.json"
+    summary_path = run_dir / names.SUMMARY
     try:
         if not run_dir.is_dir():
             what = "does not exist" if not run_dir.exists() else "is not a directory"
             out.missing = f"{run_dir} {what} (give a run directory, e.g. runs/<run_id>)"
             return out
         in_progress = not summary_path.is_file() and any(
-            (run_dir / name).is_file() for name in _RUN_FILES
+            (run_dir / name).is_file() for name in names.RUN_FILES
         )
         if not summary_path.is_file() and not in_progress:
             out.missing = f"{summary_path} not found (is {run_dir} a run directory?)"
@@ -73,7 +67,7 @@ def read_run_dir(run_dir: Path) -> RunFiles:
         out.problems.append(f"{summary_path}: not a JSON object")
         out.summary_corrupt, raw = True, None
     out.summary = _normal_summary(raw or {}, run_dir, out)
-    out.decisions = _read_decisions(run_dir / "decisions.jsonl", out)
+    out.decisions = _read_decisions(run_dir / names.DECISIONS, out)
     return out
 
 
@@ -198,19 +192,11 @@ def read_records(path: Path, out: RunFiles) -> list[dict[str, Any]]:
         return []
     records: list[dict[str, Any]] = []
     bad: list[int] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            why = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
-            _bad_line(path, number, f"not JSON ({why})", bad, out)
-            continue
-        if not isinstance(record, dict):
-            _bad_line(path, number, f"a JSON {type(record).__name__}, not an object", bad, out)
-            continue
-        records.append(record)
+    for item in jsonl.scan_text(text, str(path)):
+        if isinstance(item, Damaged):  # a torn last line too: the report says what it skipped
+            _bad_line(path, item.line, item.why, bad, out)
+        else:
+            records.append(item)
     if bad:
         shown = ", ".join(str(n) for n in bad[:MAX_NAMED_PROBLEMS])
         more = f" and {len(bad) - MAX_NAMED_PROBLEMS} more" if len(bad) > MAX_NAMED_PROBLEMS else ""

@@ -1,13 +1,5 @@
-"""The run directory: the files a person or a dashboard reads after a run.
-
-| file | one line / content |
-| `decisions.jsonl` | one decision with its outcome (structlog JSON) |
-| `anomalies.jsonl` | one anomaly event |
-| `metrics.jsonl` | one step of one rank |
-| `journal.wal` | the supervisor's state records (`RunState`), and deltas between them |
-| `history.jsonl` | what the supervisor did: decisions taken and resolved, job moves, restarts |
-| `summary.json` | the run's status and totals |
-| `checkpoints/` | durable checkpoints |
+"""The run directory's writer: the files a person or a dashboard reads after a run
+(`rundir.names` lists them).
 
 Every line is flushed as it is written; the state records are fsynced, so a
 supervisor that dies mid-decision resumes from what it had promised. The
@@ -26,6 +18,10 @@ from typing import Any, TextIO
 
 import structlog
 
+from remedy.rundir import names
+
+# The reader of what this writes, where its callers have long imported it from.
+from remedy.rundir.jsonl import read_jsonl as read_jsonl
 from remedy.rundir.write_errors import RunDirWriteError, fallback_dir, gone
 
 # As structlog's JSONRenderer(default=str) encodes, built once instead of per line.
@@ -45,12 +41,6 @@ def _jsonl_logger(fh: TextIO) -> Any:
     )
 
 
-# Step records of ranks that report through a node agent: one file per agent
-# (`remedy.supervisor.agent.actor`), read together with `metrics.jsonl`.
-AGENT_METRICS_GLOB = "metrics-agent-*.jsonl"
-# Step records of ranks 1.. of a group that decides without a supervisor (torchrun, Ray
-# Train): each writes its own (`remedy.rank.link.group_decide`).
-RANK_METRICS_GLOB = "metrics-rank-*.jsonl"
 # The record types of journal.wal (`supervisor.core.run_state`): RunState, full or as a delta.
 WAL_TYPES = ("state", "state_delta")
 
@@ -60,9 +50,9 @@ def metrics_paths(path: str | os.PathLike[str]) -> list[Path]:
     then those of a launched group's ranks."""
     p = Path(path)
     return [
-        p / "metrics.jsonl",
-        *sorted(p.glob(AGENT_METRICS_GLOB)),
-        *sorted(p.glob(RANK_METRICS_GLOB)),
+        p / names.METRICS,
+        *sorted(p.glob(names.AGENT_METRICS_GLOB)),
+        *sorted(p.glob(names.RANK_METRICS_GLOB)),
     ]
 
 
@@ -86,7 +76,7 @@ class RunDir:
         self.dropped = 0  # lines not written once `broken`
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            (self.path / "checkpoints").mkdir(exist_ok=True)
+            (self.path / names.CHECKPOINTS).mkdir(exist_ok=True)
         except OSError as exc:  # no run here at all: the caller's to say
             raise RunDirWriteError(self.path, exc) from None
 
@@ -118,7 +108,7 @@ class RunDir:
 
     @property
     def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
+        return self.path / names.CHECKPOINTS
 
     def _logger(self, name: str) -> Any:
         if name not in self._loggers:
@@ -129,7 +119,7 @@ class RunDir:
 
     def decision(self, record: dict[str, Any]) -> None:
         """One line of `decisions.jsonl`."""
-        self._write("decisions.jsonl", lambda: self._logger("decisions.jsonl").msg(
+        self._write(names.DECISIONS, lambda: self._logger(names.DECISIONS).msg(
             "decision", run_id=self.run_id, **record))  # fmt: skip
 
     def anomaly(self, record: dict[str, Any]) -> None:
@@ -138,13 +128,13 @@ class RunDir:
         ts = record.get("ts")
         if isinstance(ts, int | float) and not isinstance(ts, bool):
             record = {**record, "detected_at": ts}
-        self._write("anomalies.jsonl", lambda: self._logger("anomalies.jsonl").msg(
+        self._write(names.ANOMALIES, lambda: self._logger(names.ANOMALIES).msg(
             "anomaly", run_id=self.run_id, **record))  # fmt: skip
 
     def metrics(self, record: dict[str, Any]) -> None:
         self.metrics_many([record])
 
-    def metrics_many(self, records: list[dict[str, Any]], name: str = "metrics.jsonl") -> None:
+    def metrics_many(self, records: list[dict[str, Any]], name: str = names.METRICS) -> None:
         """Lines of `metrics.jsonl` in one write: the supervisor writes one per rank and step.
 
         Each line is what the structlog writer gives (the record, `event`, then
@@ -169,7 +159,7 @@ class RunDir:
             return
         encode = _ENCODER.encode
         text = "\n".join(encode(x) for x in lines) + "\n"
-        self._write("output.jsonl", lambda: self._append("output.jsonl", text))
+        self._write(names.OUTPUT, lambda: self._append(names.OUTPUT, text))
 
     def wal(self, record: dict[str, Any]) -> None:
         """A state record (`state` or `state_delta`) of the write-ahead journal, on disk before
@@ -182,17 +172,17 @@ class RunDir:
         if self.broken is not None:
             raise self.broken
         try:
-            self._logger("journal.wal").msg("wal", run_id=self.run_id, **record)
-            fh = self._files["journal.wal"]
+            self._logger(names.JOURNAL).msg("wal", run_id=self.run_id, **record)
+            fh = self._files[names.JOURNAL]
             fh.flush()
             os.fsync(fh.fileno())
         except OSError as exc:
-            self._failed("journal.wal", exc)
+            self._failed(names.JOURNAL, exc)
 
     def history(self, record: dict[str, Any]) -> None:
         """One line of `history.jsonl`: something the supervisor saw or did (flushed, not
         fsynced: what must survive a crash is in the state records)."""
-        self._write("history.jsonl", lambda: self._logger("history.jsonl").msg(
+        self._write(names.HISTORY, lambda: self._logger(names.HISTORY).msg(
             "history", run_id=self.run_id, **record))  # fmt: skip
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
@@ -203,17 +193,17 @@ class RunDir:
             try:
                 tmp = self.path / ".summary.json.tmp"
                 tmp.write_text(text)
-                os.replace(tmp, self.path / "summary.json")
-                return self.path / "summary.json"
+                os.replace(tmp, self.path / names.SUMMARY)
+                return self.path / names.SUMMARY
             except OSError as exc:
                 with contextlib.suppress(RunDirWriteError):
-                    self._failed("summary.json", exc)
+                    self._failed(names.SUMMARY, exc)
                 with contextlib.suppress(OSError):
                     tmp.unlink()  # a partial one takes space a full disk lacks
         out = fallback_dir(self.run_id)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(text)
-        return out / "summary.json"
+        (out / names.SUMMARY).write_text(text)
+        return out / names.SUMMARY
 
     def close(self) -> None:
         for fh in self._files.values():
@@ -221,11 +211,3 @@ class RunDir:
                 fh.close()
         self._files.clear()
         self._loggers.clear()
-
-
-def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every record of a JSON-lines file (a missing file reads as empty)."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]

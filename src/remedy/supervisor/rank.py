@@ -126,7 +126,7 @@ class RankActor:
     ) -> None:
         """The supervisor's order: form `generation` over `store_addr`, adopting rank `source`'s state."""
         if self.membership is not None:
-            self.membership.regroup(generation, source, store_addr)
+            self.membership.order(generation, source, store_addr)
 
     @ray.method(concurrency_group=CONTROL)
     def result(self) -> dict[str, Any] | None:

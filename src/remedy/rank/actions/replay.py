@@ -174,7 +174,7 @@ class Replays:
 
     def fetched(self, mark: StepMark, index: int, batch: Any, *, rewindable: bool) -> None:
         """The step's batch: kept only if it cannot be read again (a survivor that loses the
-        step to a failed collective trains it again, `Membership.recover`), and with the RNG
+        step to a failed collective trains it again, `rank.group.regroup`), and with the RNG
         state after fetching it where steps may be replayed."""
         mark.batch_index = index
         if not rewindable:

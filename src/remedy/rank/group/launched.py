@@ -64,9 +64,6 @@ class LaunchedGroup:
     def mark(self, guard: Guard) -> None:
         """No step is run again after a lost peer: nothing to mark."""
 
-    def adopt_if_joining(self, guard: Guard) -> None:
-        """No rank joins a running group here: a restart starts every rank anew."""
-
     def framework_loop(self) -> None:
         """A framework's loop: a lost peer ends it, as it ends a Guard's."""
 

@@ -70,7 +70,7 @@ class DcpStore(CheckpointStore):
         self._pg = dist.new_group(backend="gloo")
         self._pending: Future[Any] | None = None
 
-    def regroup(self) -> None:
+    def renew_group(self) -> None:
         """A new process-group generation: a fresh group for the writes (a collective)."""
         self._pending = None  # a write of the broken generation: its ranks never commit it
         self._pg = dist.new_group(backend="gloo")

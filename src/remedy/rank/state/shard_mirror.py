@@ -137,9 +137,9 @@ class ShardMirror:
         self._inflight: Future[None] | None = None
         self.sent_bytes = 0
         self.exchange_s: list[float] = []  # helper-thread seconds per exchange (pack + transfer)
-        self.regroup()
+        self.renew_group()
 
-    def regroup(self) -> None:
+    def renew_group(self) -> None:
         """A new process-group generation: a fresh gloo group for the exchanges (a collective)."""
         self._pg = dist.new_group(backend="gloo")
 
@@ -218,19 +218,6 @@ def _replica_peers(guard: Guard) -> list[int]:
 def _mesh(guard: Guard) -> Any:
     params = guard.model.parameters()
     return next((p.device_mesh for p in params if sharding.is_dtensor(p)), None)  # type: ignore[attr-defined]
-
-
-def regroup(guard: Guard) -> None:
-    """After `init_process_group` of a new generation: rebind the shards' groups, renew helpers.
-
-    Every rank of the generation calls this in the same order (new groups are collectives).
-    """
-    sharding.rebind_groups(guard.model)
-    regroup_store = getattr(guard.checkpoints, "regroup", None)
-    if callable(regroup_store):
-        regroup_store()
-    if guard.mirror is not None:
-        guard.mirror.regroup()
 
 
 def restore_group(guard: Guard, *, fresh: bool) -> dict[str, Any]:
