@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from remedy.control.sections import GroupSection
+
 _ID = re.compile(r"-(?:s(?P<inc>\d+)-)?d(?P<seq>\d+)$")
 
 
@@ -114,17 +116,9 @@ class RankResume:
     command_seq: int
     steps: dict[int, int]
 
-    def group_record(self) -> dict[str, Any]:
-        """The worker group's record (`WorkerGroup.record`) these ranks make."""
-        return {
-            "generation": self.generation,
-            "names": {str(r): n for r, n in sorted(self.names.items())},
-            "spares": [],
-            "next_spare": 0,
-            "spare_nodes": {},
-            "local_spares": [],
-            "dead_nodes": [],
-        }
+    def group_section(self) -> GroupSection:
+        """The worker group's section of the record (`WorkerGroup.section`) these ranks make."""
+        return GroupSection(self.generation, dict(sorted(self.names.items())))
 
 
 def plan_resume(

@@ -4,7 +4,7 @@
 | `decisions.jsonl` | one decision with its outcome (structlog JSON) |
 | `anomalies.jsonl` | one anomaly event |
 | `metrics.jsonl` | one step of one rank |
-| `journal.wal` | the supervisor's state records (`RunState`), and deltas between them |
+| `journal.wal` | the supervisor's state records (`RunRecord`), and deltas between them |
 | `history.jsonl` | what the supervisor did: decisions taken and resolved, job moves, restarts |
 | `summary.json` | the run's status and totals |
 | `checkpoints/` | durable checkpoints |
