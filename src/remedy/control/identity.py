@@ -6,7 +6,7 @@ new one, and its supervisor would give out decision ids the ranks have seen.
 The run is remembered in four places, and a supervisor takes the highest
 count any of them gives:
 
-- the journal's newest state record (`RunState.incarnation`);
+- the journal's newest state record (`RunRecord.incarnation`);
 - the run directory's claim (`rundir.claim`), where each supervisor notes
   its incarnation as it starts;
 - the decision ids already given (decisions.jsonl, and the ids the ranks say

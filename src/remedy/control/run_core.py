@@ -75,7 +75,7 @@ from remedy.control.lost_ranks import ReplacementFailed as ReplacementFailed
 from remedy.control.lost_ranks import ToPolicy as ToPolicy
 from remedy.control.record import RunRecord
 from remedy.control.record_holes import RecordHoles
-from remedy.control.sections import GroupSection, HangSection, LossesSection, RestartSection
+from remedy.control.sections import GroupSection, HangSection, RestartSection
 from remedy.control.slots import RankSlots
 
 _GOING = (Phase.RUNNING, Phase.DEGRADED)
@@ -523,7 +523,7 @@ class RunCore:
             group=self.group,
             controller=self.controller.state_dict(),
             restart=self.restart,
-            losses=LossesSection.from_json(self.lost.record(incarnations, now)),
+            losses=self.lost.section(incarnations, now),
             crashed=tuple(sorted(self.crashed)),
             hang=hang,
             ranks_ended=dict(self.results) if self.ranks_ended else None,
@@ -540,7 +540,7 @@ class RunCore:
         self.started = run.started
         self.group = run.group
         self.restart = run.restart
-        self.lost = LostRanks.from_record(run.losses.to_json() if run.losses else None)
+        self.lost = LostRanks.from_section(run.losses)
         for d in self.controller.deferred.values():
             if d.action != "restart_rank":
                 continue

@@ -51,7 +51,7 @@ AGENT_METRICS_GLOB = "metrics-agent-*.jsonl"
 # Step records of ranks 1.. of a group that decides without a supervisor (torchrun, Ray
 # Train): each writes its own (`remedy.rank.link.group_decide`).
 RANK_METRICS_GLOB = "metrics-rank-*.jsonl"
-# The record types of journal.wal (`supervisor.core.run_state`): RunState, full or as a delta.
+# The record types of journal.wal (`control.record`): RunRecord, full or as a delta.
 WAL_TYPES = ("state", "state_delta")
 
 
