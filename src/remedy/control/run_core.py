@@ -35,7 +35,7 @@ only; `restore` is its inverse.
   the run's status, decided from the ranks' results and the job's phase;
 - `Ended`: the run's summary is written: the run has ended;
 - `GroupMoved`, `RestartMoved`: the worker group's or the restart's section changed;
-- `Watching`: the hang watch took every rank in;
+- `Watching`: the hang watch takes every rank in, each as the restored record had it;
 
 and returns what the shell carries out: `StopAsked` (a stop taken), `Answer` (the rank is answered in
 this call with the commands it owes), `Taken` (the batch the controller
@@ -172,8 +172,12 @@ class RestartMoved:
 
 @dataclass(frozen=True, slots=True)
 class Watching:
-    """The hang watch took every rank in (`RunCore.watch`): its entries are the record's
-    from now on, in place of the restored ones."""
+    """The loop starts watching every rank at monotonic time `now` (`RunCore.watch`): each
+    rank with the entry the restored record holds for it (its own timeout, counted from
+    `now`), else with the start-up allowance. The watch's entries are the record's from
+    then on, in place of the restored ones."""
+
+    now: float
 
 
 Input = (
@@ -340,8 +344,8 @@ class RunCore:
             case RestartMoved(restart):
                 self.restart = restart
                 return []
-            case Watching():
-                self.watching = True
+            case Watching(now):
+                self._watch_from(now)
                 return []
         raise TypeError(f"not an input of the run: {inp!r}")
 
@@ -452,6 +456,15 @@ class RunCore:
         self.slots.end(rank)
         out.append(RankEnded(rank, status))
         return out
+
+    def _watch_from(self, now: float) -> None:
+        ticks = self.controller.tick_of
+        entries = self.hang.entries
+        for rank in range(self.controller.world_size):
+            entry = list(entries[rank]) if rank in entries else None
+            if not self.watch.resumed(rank, now, ticks.get(rank, -1), entry):
+                self.watch.started(rank, now)
+        self.watching = True
 
     def _abort_if_asked(self) -> None:
         c = self.controller

@@ -1090,14 +1090,7 @@ class SupervisorActor:
         """Every rank into the hang watch: with the start-up allowance, or, after a restart of
         the supervisor, as the one before watched it (its tick and step time: a rank that hung
         while no supervisor watched is found within its own timeout, not the start-up one)."""
-        now = time.monotonic()
-        ticks = self.controller.tick_of
-        entries = self.core.hang.entries
-        for rank in range(self.spec.workers):
-            entry = list(entries[rank]) if rank in entries else None
-            if not self.watch.resumed(rank, now, ticks.get(rank, -1), entry):
-                self.watch.started(rank, now)
-        self.core.step(Watching())
+        self.core.step(Watching(time.monotonic()))
 
     async def _watch_from_marks(self, group: WorkerGroup) -> None:
         """Back after a restart: each rank's stall judged from its own progress mark (one ping

@@ -193,9 +193,9 @@ def test_the_state_record_is_taken_back_whole_by_a_new_supervisor() -> None:
     assert not core.crash_due("before_kill", [])
     group = GroupSection(0, {0: "a0", 1: "a1"}, spares=("s1",), next_spare=1)
     core.step(GroupMoved(group))
+    core.step(Watching(0.0))
     core.watch.beat(0, 0, 0.0)
     core.watch.beat(0, 2, 1.0)
-    core.step(Watching())
     record = json.loads(json.dumps(core.record(NOW).to_record()))  # as journal.wal holds it
     assert record["group"] == group.to_json() and record["recovery"] is None
     assert record["hang"] == {"0": [0.0, 2]}
@@ -209,6 +209,30 @@ def test_the_state_record_is_taken_back_whole_by_a_new_supervisor() -> None:
     assert again.group == group
     assert again.hang == HangSection({0: HangEntry(0.0, 2)}) and not again.watching
     assert json.loads(json.dumps(again.record(NOW).to_record())) == {**record, "incarnation": 2}
+
+
+def test_a_restored_hang_watch_gives_each_rank_its_own_timeout_and_writes_it_back() -> None:
+    """Rank 0's entry says a p99 step time of 0.2 s, its first steps behind it: watched with
+    its own timeout from the restart. Rank 1 never reported a step: the start-up allowance.
+    Until the watch takes the ranks in, the record holds the restored entries; after, the
+    watch's, which are the same."""
+    core = make()
+    core.controller.ingest({"rank": 0, "step": 7, "tick": 7}, answer=False)
+    core.step(Watching(0.0))
+    for tick in range(8, 12):
+        core.watch.beat(0, tick, 0.0, [0.2])
+    record = json.loads(json.dumps(core.record(NOW).to_record()))
+    again = make()
+    again.restore(RunRecord.from_record(record))
+    assert again.hang == HangSection({0: HangEntry(0.2, 3)})
+    assert again.record(NOW).to_record()["hang"] == {"0": [0.2, 3]}
+    assert again.watch.knows(0) is False  # not watched before the loop says so
+    again.controller.ingest({"rank": 0, "step": 11, "tick": 11}, answer=False)
+    assert again.step(Watching(50.0)) == []
+    config = again.watch.config
+    assert again.watch.timeout(0) == max(config.floor_s, config.step_multiple * 0.2)
+    assert again.watch.timeout(1) == config.startup_s
+    assert again.record(NOW).to_record()["hang"] == {"0": [0.2, 3]}
 
 
 def test_restored_slots_count_their_refusals_where_the_summary_reads_them() -> None:
