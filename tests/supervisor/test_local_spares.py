@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import ray
 
+from remedy.control.sections import GroupSection
 from remedy.control.slots import RankSlots
 from remedy.protocol.spec import RunSpec
 from remedy.supervisor.placement import Node
@@ -17,8 +18,15 @@ from remedy.supervisor.worker_group import WorkerGroup
 HOME, A, B = "home-node", "node-a", "node-b"
 
 
+# What the run's core was sent by each group: its sections, in order (`GroupMoved`).
+SENT: dict[int, list[GroupSection]] = {}
+
+
 def _group(nodes: list[str], rank_nodes: list[str | None], **spec: Any) -> WorkerGroup:
     group = WorkerGroup.__new__(WorkerGroup)
+    sent = SENT[id(group)] = []
+    group.step, group._sent = lambda inp: sent.append(inp.group) or [], None
+    group.generation, group.names = 0, {}
     group.spec = RunSpec(target="t.py:main", workers=len(rank_nodes), run_dir="/tmp/x", **spec)
     group.slots = RankSlots(len(rank_nodes))
     for rank, node in enumerate(rank_nodes):
@@ -73,6 +81,10 @@ def test_a_dead_nodes_local_spares_are_dropped_and_never_chosen(
     group.node_died(B)
     assert len(killed) == 2 and group._local_spare(B) is None
     assert {group.spare_nodes[n] for n in group.local_spare_names} == {A}
+    # The core holds the group's section as it is now: the dead node, and the spares kept.
+    last = SENT[id(group)][-1]
+    assert last == group.section() and last.dead_nodes == {B}
+    assert set(last.spares) == set(last.local_spares) and len(last.spares) == 2
 
 
 def test_on_one_node_every_local_spare_is_the_ranks_own() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from remedy.control.hang_watch import NO_ANSWER, HangWatch, HangWatchConfig
 from remedy.control.lost_ranks import LostRanks, RankLost
+from remedy.control.sections import RestartSection
 from remedy.control.sightings import Sightings
 from remedy.control.slots import RankSlots
 from remedy.supervisor.recovery import Recovery
@@ -61,7 +62,7 @@ def test_a_round_pings_looks_at_the_nodes_then_reports_each_loss_to_the_core() -
         watch=watch,
         sightings=Sightings(),
         step=step,
-        lost_ranks=LostRanks,
+        core=types.SimpleNamespace(lost=LostRanks(), restart=RestartSection()),  # type: ignore[arg-type]
         write_state=lambda: None,
         crash_point=lambda _: None,
         check_nodes=check_nodes,

@@ -14,6 +14,8 @@ from remedy.control import restart
 from remedy.control.hang_watch import HangWatch
 from remedy.control.lost_ranks import LostRanks
 from remedy.control.restart import RestartState, Stage
+from remedy.control.run_core import RestartMoved
+from remedy.control.sections import RestartSection
 from remedy.control.slots import RankSlots
 from remedy.protocol import phases
 from remedy.supervisor.recovery import Recovery
@@ -44,6 +46,13 @@ class Group:
         self.abandoned += 1
 
 
+def moved(core: Any, inp: Any) -> list[Any]:
+    """The core's step as far as these tests go: a restart's move is held."""
+    if isinstance(inp, RestartMoved):
+        core.restart = inp.restart
+    return []
+
+
 def _recovery(group: Group) -> tuple[Recovery, list[int]]:
     dropped: list[int] = []
     lost = LostRanks()
@@ -51,6 +60,8 @@ def _recovery(group: Group) -> tuple[Recovery, list[int]]:
     async def nothing(*_: Any, **__: Any) -> None:
         return None
 
+    # The run's core as far as a restart reads and moves it: its losses and its section.
+    core = types.SimpleNamespace(lost=lost, restart=RestartSection())
     recovery = Recovery(
         group,
         spec=types.SimpleNamespace(workers=WORLD, node_agents="off", gpus_per_rank=0),
@@ -60,8 +71,8 @@ def _recovery(group: Group) -> tuple[Recovery, list[int]]:
         slots=RankSlots(WORLD),
         watch=HangWatch(),
         sightings=None,
-        step=lambda _: [],
-        lost_ranks=lambda: lost,
+        step=lambda inp: moved(core, inp),
+        core=core,
         write_state=lambda: None,
         crash_point=lambda _: None,
         check_nodes=nothing,

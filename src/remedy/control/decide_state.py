@@ -1,7 +1,7 @@
 """The Controller's state record, and rebuilding a Controller from the journal.
 
 `journal.wal` is the source of truth of a supervised run, and from state
-schema 8 on it holds nothing but the supervisor's state (`run_state.RunState`,
+schema 8 on it holds nothing but the supervisor's state (`record.RunRecord`,
 full records and deltas). Its `controller` section is `dump`'s: the
 engine's state (counters, cooldowns, budget, the decision sequence number),
 the pending commands with their targets and the outcomes received, the ids

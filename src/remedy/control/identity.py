@@ -6,7 +6,7 @@ new one, and its supervisor would give out decision ids the ranks have seen.
 The run is remembered in four places, and a supervisor takes the highest
 count any of them gives:
 
-- the journal's newest state record (`RunState.incarnation`);
+- the journal's newest state record (`RunRecord.incarnation`);
 - the run directory's claim (`rundir.claim`), where each supervisor notes
   its incarnation as it starts;
 - the decision ids already given (decisions.jsonl, and the ids the ranks say
@@ -26,6 +26,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from remedy.control.sections import GroupSection
 
 _ID = re.compile(r"-(?:s(?P<inc>\d+)-)?d(?P<seq>\d+)$")
 
@@ -114,17 +116,9 @@ class RankResume:
     command_seq: int
     steps: dict[int, int]
 
-    def group_record(self) -> dict[str, Any]:
-        """The worker group's record (`WorkerGroup.record`) these ranks make."""
-        return {
-            "generation": self.generation,
-            "names": {str(r): n for r, n in sorted(self.names.items())},
-            "spares": [],
-            "next_spare": 0,
-            "spare_nodes": {},
-            "local_spares": [],
-            "dead_nodes": [],
-        }
+    def group_section(self) -> GroupSection:
+        """The worker group's section of the record (`WorkerGroup.section`) these ranks make."""
+        return GroupSection(self.generation, dict(sorted(self.names.items())))
 
 
 def plan_resume(

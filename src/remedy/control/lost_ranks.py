@@ -48,6 +48,7 @@ from remedy.control.job import (
     RanksUnreplaced,
 )
 from remedy.control.losses import Losses, Route
+from remedy.control.sections import LossesSection
 from remedy.policies import AnomalyEvent
 
 if TYPE_CHECKING:
@@ -308,6 +309,34 @@ class LostRanks:
             "joining": {str(r): why for r, why in self.joining.items()},
             "losses": self.losses.record(incarnations, now),
         }
+
+    def section(self, incarnations: Mapping[int, int], now: float) -> LossesSection:
+        """This part as the run's record holds it (`record`'s, typed)."""
+        losses = self.losses
+        recent = {
+            r: (n, at) for r, (n, at) in losses.lost_on.items() if now - at <= losses.window_s
+        }
+        nodes = {n for n, _ in recent.values()}
+        return LossesSection(
+            detected_at=dict(self.detected_at),
+            joining=dict(self.joining),
+            reported=tuple(sorted((r, i) for r, i in losses.reported if incarnations.get(r) == i)),
+            lost_on=dict(sorted(recent.items())),
+            held={n: tuple(sorted(rs)) for n, rs in sorted(losses.held.items()) if n in nodes},
+        )
+
+    @classmethod
+    def from_section(cls, section: LossesSection | None) -> LostRanks:
+        """This part back from the run's record (None: nothing lost yet)."""
+        if section is None:
+            return cls()
+        losses = Losses(NODE_LOSS_WINDOW_S)
+        losses.reported = set(section.reported)
+        losses.lost_on = dict(section.lost_on)
+        losses.held = {n: set(rs) for n, rs in section.held.items()}
+        return cls(
+            losses=losses, detected_at=dict(section.detected_at), joining=dict(section.joining)
+        )
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any] | None) -> LostRanks:

@@ -1,13 +1,18 @@
-"""The record a restarted supervisor resumes from: `RunState`, with a schema version.
+"""The record a restarted supervisor resumes from: `RunRecord`, with a schema version.
 
-Every `state` record in `journal.wal` is a `RunState.to_record()`: the
-job's phase (`JobState`), the rank slots with their incarnations, the
-worker group's generation and actor names, the restart in progress (its
-timeline and the tick the group must pass), and the Controller's state
-(engine, pending commands with targets and outcomes, counters). A
-supervisor that Ray restarts reads the last one back with
-`RunState.from_record`, which reads every schema this code knows and
-migrates the older ones:
+`RunRecord` is frozen, and its sections are typed (`control.sections`):
+the job's phase (`JobState`), the rank slots with their incarnations
+(`SlotSection`, their `last_seq` apart), the worker group's generation,
+actor names and spares (`GroupSection`), the Controller's state (engine,
+pending commands with targets and outcomes, counters), the restart in
+progress with its deadline (`RestartSection`), the losses
+(`LossesSection`), the hang watch's entries (`HangSection`), the ranks'
+results and the run's end, and the chaos crash points passed. Every
+`state` record in `journal.wal` is a `RunRecord.to_record()` (the restart
+and the losses share its JSON `recovery` section). A supervisor that Ray
+restarts reads the last one back with `RunRecord.from_record`, which reads
+every schema this code knows and migrates the older ones (`RunState`, the
+same record with plain JSON sections, is kept for one release):
 
 - schema 1: the records of remedy up to 0.1.0 (no `schema` key, no `recovery`);
 - schema 2: `schema`, `recovery` (a restart in progress continues after a
@@ -56,6 +61,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import eq, is_not, itemgetter
@@ -63,6 +69,14 @@ from typing import Any
 
 from remedy.control.job import JobState
 from remedy.control.restart import RestartState, Stage
+from remedy.control.sections import (
+    RESTART_KEYS,
+    GroupSection,
+    HangSection,
+    LossesSection,
+    RestartSection,
+    SlotSection,
+)
 
 STATE = "state"
 DELTA = "state_delta"
@@ -95,8 +109,103 @@ class StateSchemaError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class RunRecord:
+    """What the supervisor of a run must know to carry on, in typed sections (see the module
+    docstring); `to_record` gives the journal's JSON, `from_record` reads any schema back."""
+
+    incarnation: int
+    started: float
+    job: JobState
+    slots: tuple[SlotSection, ...] = ()
+    # rank -> its slot's last_seq (`RankSlots.seqs`): every report moves it, so it is kept
+    # apart from the slots' records.
+    last_seq: Mapping[int, int] = field(default_factory=dict)
+    group: GroupSection | None = None
+    # The Controller's own state (`Controller.state_dict`: engine, pending commands, marks).
+    controller: Mapping[str, Any] = field(default_factory=dict)
+    restart: RestartSection | None = None
+    losses: LossesSection | None = None
+    # Chaos: the supervisor crash points (`RunSpec.crash_points`) already passed.
+    crashed: tuple[str, ...] = ()
+    hang: HangSection = field(default_factory=HangSection)
+    # rank -> its final result, once every rank has ended.
+    ranks_ended: Mapping[int, Mapping[str, Any]] | None = None
+    # The run's status once it has ended (`summary.json` holds the rest).
+    ended: str | None = None
+
+    @property
+    def recovery(self) -> dict[str, Any] | None:
+        """The JSON `recovery` section: the restart's half and the losses', or None before
+        either holds anything."""
+        losses = self.losses if self.losses is not None and not self.losses.empty() else None
+        if self.restart is None and losses is None:
+            return None
+        return {
+            **(self.restart.to_json() if self.restart is not None else {}),
+            **(self.losses or LossesSection()).to_json(),
+        }
+
+    def to_record(self) -> dict[str, Any]:
+        """The journal record (JSON-able)."""
+        return {
+            "type": STATE,
+            "schema": SCHEMA,
+            "incarnation": self.incarnation,
+            "started": self.started,
+            "job": self.job.to_dict(),
+            "slots": [s.to_json() for s in self.slots],
+            "last_seq": dict(self.last_seq),
+            "group": self.group.to_json() if self.group is not None else None,
+            "controller": dict(self.controller),
+            "recovery": self.recovery,
+            "crashed": list(self.crashed),
+            "hang": self.hang.to_json(),
+            "ranks_ended": (
+                None
+                if self.ranks_ended is None
+                else {str(r): v for r, v in self.ranks_ended.items()}
+            ),
+            "ended": self.ended,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> RunRecord:
+        """The record a journal record holds, whichever schema wrote it."""
+        record = migrate(record)
+        recovery = record["recovery"]
+        restart = losses = None
+        if recovery is not None:
+            if RESTART_KEYS & recovery.keys():
+                restart = RestartSection.from_json(recovery)
+            losses = LossesSection.from_json(recovery)
+        return cls(
+            incarnation=int(record["incarnation"]),
+            started=float(record["started"]),
+            job=JobState.from_dict(record["job"]),
+            slots=tuple(SlotSection.from_json(s) for s in record["slots"]),
+            last_seq={int(r): int(n) for r, n in record["last_seq"].items()},
+            group=None if record["group"] is None else GroupSection.from_json(record["group"]),
+            controller=dict(record["controller"]),
+            restart=restart,
+            losses=losses,
+            crashed=tuple(str(p) for p in record["crashed"]),
+            hang=HangSection.from_json(record["hang"]),
+            ranks_ended=(
+                None
+                if record["ranks_ended"] is None
+                else {int(r): dict(v) for r, v in record["ranks_ended"].items()}
+            ),
+            ended=None if record["ended"] is None else str(record["ended"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class RunState:
-    """What the supervisor of a run must know to carry on (see the module docstring)."""
+    """The state record as plain JSON sections, as remedy up to this release read it.
+
+    Deprecated, kept for one release for code that reads a record's sections as dicts:
+    `RunRecord` is the record, with typed sections, and writes the same JSON.
+    """
 
     incarnation: int
     started: float
@@ -105,15 +214,10 @@ class RunState:
     group: dict[str, Any] | None
     controller: dict[str, Any]
     recovery: dict[str, Any] | None = None
-    # Chaos: the supervisor crash points (`RunSpec.crash_points`) already passed.
     crashed: tuple[str, ...] = ()
-    # rank -> its slot's last_seq (`RankSlots.seqs`); keys are strings once read back.
     last_seq: dict[Any, int] = field(default_factory=dict)
-    # rank -> the hang watch's entry for it (`HangWatch.record`); keys are strings.
     hang: dict[str, list[float]] = field(default_factory=dict)
-    # rank -> its final result, once every rank has ended (keys are strings once read back).
     ranks_ended: dict[str, Any] | None = None
-    # The run's status once it has ended (`summary.json` holds the rest).
     ended: str | None = None
 
     def to_record(self) -> dict[str, Any]:

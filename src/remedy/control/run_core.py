@@ -1,16 +1,16 @@
 """The run as a whole: one owner of its state record, and the decisions about its ranks' ends.
 
-`RunCore` holds what the supervisor's state record (`RunState`) says: the
-policy side (`Controller`), the job's phase (`JobStateMachine`), the rank
-slots, each rank's final result, the run's status once it ended, the chaos
-crash points passed, and the records of the parts that run in the shell
-(the worker group's, the restart's, the hang watch's), and the losses
-reported (`LostRanks`, which shares the `recovery` section with the
-restart's record). A part the shell has
-built gives its record itself (`provide`); until then the record a restarted
-supervisor read is kept, so a state record written first after a restart
-keeps the restart in progress. `record` builds the state record; `restore`
-is its inverse.
+`RunCore` holds every section of the supervisor's state record
+(`RunRecord`): the policy side (`Controller`), the job's phase
+(`JobStateMachine`), the rank slots, each rank's final result, the run's
+status once it ended, the chaos crash points passed, the worker group's
+section, the restart's, the hang watch (`HangWatch`, whose entries are the
+record's once it has taken the ranks in: `Watching`; until then the
+restored ones), and the losses reported (`LostRanks`). Nothing outside
+gives its part at write time: the shell's worker group and restart send
+their sections as they change (`GroupMoved`, `RestartMoved`), and read
+them back from here. `record` builds the state record from these fields
+only; `restore` is its inverse.
 
 `step(input) -> effects` takes one input about the run:
 
@@ -34,6 +34,8 @@ is its inverse.
 - `Ending`: the loop is over (every rank ended) or the supervisor failed:
   the run's status, decided from the ranks' results and the job's phase;
 - `Ended`: the run's summary is written: the run has ended;
+- `GroupMoved`, `RestartMoved`: the worker group's or the restart's section changed;
+- `Watching`: the hang watch takes every rank in, each as the restored record had it;
 
 and returns what the shell carries out: `StopAsked` (a stop taken), `Answer` (the rank is answered in
 this call with the commands it owes), `Taken` (the batch the controller
@@ -50,11 +52,12 @@ No Ray, no torch, no I/O and no clock.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from remedy.control.decide import Controller
+from remedy.control.hang_watch import HangWatch
 from remedy.control.job import (
     AbortRequested,
     JobState,
@@ -70,8 +73,9 @@ from remedy.control.lost_ranks import LostRanks, RankLost, RanksMoving
 from remedy.control.lost_ranks import NotReplaced as NotReplaced
 from remedy.control.lost_ranks import ReplacementFailed as ReplacementFailed
 from remedy.control.lost_ranks import ToPolicy as ToPolicy
-from remedy.control.record import RunState
+from remedy.control.record import RunRecord
 from remedy.control.record_holes import RecordHoles
+from remedy.control.sections import GroupSection, HangSection, RestartSection
 from remedy.control.slots import RankSlots
 
 _GOING = (Phase.RUNNING, Phase.DEGRADED)
@@ -152,6 +156,30 @@ class Ended:
     status: str
 
 
+@dataclass(frozen=True, slots=True)
+class GroupMoved:
+    """The worker group's section changed: a generation, an actor name, a spare, a node."""
+
+    group: GroupSection
+
+
+@dataclass(frozen=True, slots=True)
+class RestartMoved:
+    """The restart's section changed: its machine moved, a stage passed, a restart done."""
+
+    restart: RestartSection
+
+
+@dataclass(frozen=True, slots=True)
+class Watching:
+    """The loop starts watching every rank at monotonic time `now` (`RunCore.watch`): each
+    rank with the entry the restored record holds for it (its own timeout, counted from
+    `now`), else with the start-up allowance. The watch's entries are the record's from
+    then on, in place of the restored ones."""
+
+    now: float
+
+
 Input = (
     Report
     | GroupStarted
@@ -164,6 +192,9 @@ Input = (
     | RanksAllEnded
     | Ending
     | Ended
+    | GroupMoved
+    | RestartMoved
+    | Watching
 )
 
 
@@ -243,8 +274,6 @@ Effect = (
     | ToPolicy
     | NotReplaced
 )
-# A part of the shell that gives its own record once built (`RunCore.provide`).
-Provider = Callable[[], Any]
 
 
 @dataclass
@@ -262,15 +291,18 @@ class RunCore:
     ranks_ended: bool = False
     ended: str | None = None  # the run's status, once its summary is written
     crashed: set[str] = field(default_factory=set)  # chaos crash points passed
-    # The shell's parts' records as restored (until each part provides its own).
-    group_record: dict[str, Any] | None = None
-    recovery_record: dict[str, Any] | None = None
-    hang_record: dict[str, Any] = field(default_factory=dict)
+    # The worker group's section (None: no group started yet) and the restart's (None: no
+    # recovery built yet); the shell sends each as it changes (`GroupMoved`, `RestartMoved`).
+    group: GroupSection | None = None
+    restart: RestartSection | None = None
+    # The hang watch; until it has taken the ranks in (`Watching`), the restored entries.
+    watch: HangWatch = field(default_factory=HangWatch)
+    hang: HangSection = field(default_factory=HangSection)
+    watching: bool = False
     # The losses reported and what became of them (the `recovery` section's loss part).
     lost: LostRanks = field(default_factory=LostRanks)
     # Each rank process's step records seen, to tell a really lost one (`BatchesLost`).
     holes: RecordHoles = field(default_factory=RecordHoles)
-    _providers: dict[str, Provider] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- step
     def step(self, inp: Input) -> list[Effect]:
@@ -305,6 +337,15 @@ class RunCore:
                 return [Status(self._end(error))]
             case Ended(status):
                 self.ended = status
+                return []
+            case GroupMoved(group):
+                self.group = group
+                return []
+            case RestartMoved(restart):
+                self.restart = restart
+                return []
+            case Watching(now):
+                self._watch_from(now)
                 return []
         raise TypeError(f"not an input of the run: {inp!r}")
 
@@ -416,6 +457,15 @@ class RunCore:
         out.append(RankEnded(rank, status))
         return out
 
+    def _watch_from(self, now: float) -> None:
+        ticks = self.controller.tick_of
+        entries = self.hang.entries
+        for rank in range(self.controller.world_size):
+            entry = list(entries[rank]) if rank in entries else None
+            if not self.watch.resumed(rank, now, ticks.get(rank, -1), entry):
+                self.watch.started(rank, now)
+        self.watching = True
+
     def _abort_if_asked(self) -> None:
         c = self.controller
         if self.job.state.phase not in _GOING:
@@ -473,70 +523,51 @@ class RunCore:
         return True
 
     # -------------------------------------------------------------- record
-    def provide(self, **parts: Provider) -> None:
-        """The shell's parts that give their records themselves from now on: `group`
-        (`WorkerGroup.record`), `recovery` (`Recovery.state`), `hang` (`HangWatch.record`)."""
-        unknown = parts.keys() - {"group", "recovery", "hang"}
-        if unknown:
-            raise TypeError(f"no such part of the state record: {sorted(unknown)}")
-        self._providers.update(parts)
-
-    def _part(self, name: str, restored: Any) -> Any:
-        provider = self._providers.get(name)
-        return provider() if provider is not None else restored
-
-    def _recovery(self, now: float) -> dict[str, Any] | None:
-        """The `recovery` section: the restart's part (its carrier's) and the losses' (this
-        core's); None before either holds anything."""
-        restart = self._part("recovery", self.recovery_record)
-        if restart is None and not (self.lost.detected_at or self.lost.losses.reported):
-            return None
-        incarnations = {r: s.incarnation for r, s in self.slots.slots.items()}
-        return {**(restart or {}), **self.lost.record(incarnations, now)}
-
-    def record(self, now: float) -> RunState:
+    def record(self, now: float) -> RunRecord:
         """The state record of the run as it stands at wall time `now`."""
-        return RunState(
+        incarnations = {r: s.incarnation for r, s in self.slots.slots.items()}
+        hang = HangSection.from_json(self.watch.record()) if self.watching else self.hang
+        return RunRecord(
             incarnation=self.incarnation,
             started=self.started,
             job=self.job.state,
-            slots=self.slots.state_records(),
-            group=self._part("group", self.group_record),
-            controller=self.controller.state_dict(),
-            recovery=self._recovery(now),
-            crashed=tuple(sorted(self.crashed)),
+            slots=self.slots.sections(),
             last_seq=self.slots.seqs(),
-            hang=self._part("hang", self.hang_record),
-            ranks_ended=(
-                {str(r): v for r, v in self.results.items()} if self.ranks_ended else None
-            ),
+            group=self.group,
+            controller=self.controller.state_dict(),
+            restart=self.restart,
+            losses=self.lost.section(incarnations, now),
+            crashed=tuple(sorted(self.crashed)),
+            hang=hang,
+            ranks_ended=dict(self.results) if self.ranks_ended else None,
             ended=self.ended,
         )
 
-    def restore(self, run: RunState) -> None:
-        """Take the run back from its newest state record (`RunState.from_record`)."""
-        self.controller.load_state_dict(run.controller)
-        self.slots = RankSlots.from_records(
+    def restore(self, run: RunRecord) -> None:
+        """Take the run back from its newest state record (`RunRecord.from_record`)."""
+        self.controller.load_state_dict(dict(run.controller))
+        self.slots = RankSlots.from_sections(
             run.slots, run.last_seq, rejected=self.controller.rejected
         )
         self.job.state = run.job
         self.started = run.started
-        self.group_record = run.group
-        self.recovery_record = run.recovery
-        self.lost = LostRanks.from_record(run.recovery)
+        self.group = run.group
+        self.restart = run.restart
+        self.lost = LostRanks.from_section(run.losses)
         for d in self.controller.deferred.values():
             if d.action != "restart_rank":
                 continue
             for rank in d.ranks:  # found gone on adoption: part of that restart, not a new loss
                 if rank in self.slots.slots:
                     self.lost.losses.mark(rank, self.slots.incarnation(rank))
-        self.hang_record = run.hang
+        self.hang = run.hang
+        self.watching = False
         self.crashed = set(run.crashed)
         if run.ranks_ended is not None:
             self.results_ended(run.ranks_ended)
         self.ended = run.ended
 
-    def results_ended(self, results: Mapping[str, Any]) -> None:
+    def results_ended(self, results: Mapping[Any, Any]) -> None:
         """Every rank had ended, with `results` (rank -> result; keys as a record holds them)."""
         self.ranks_ended = True
         self.results = {int(r): dict(v) for r, v in results.items()}

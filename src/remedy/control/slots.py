@@ -25,9 +25,11 @@ from __future__ import annotations
 import enum
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from remedy.control.sections import SlotSection
 
 # How far a batch sequence number may run ahead of the slot's last accepted one:
 # at once, and per second since (a Guard sends a few batches a step at most).
@@ -102,6 +104,21 @@ class RankSlots:
         self.refused_stale = 0  # reports from a replaced incarnation
         self.refused_duplicate = 0  # a batch sequence number seen already
         self._records: dict[int, dict[str, Any]] = {}  # see `state_records`
+        self._sections: dict[int, SlotSection] = {}  # see `sections`
+
+    @classmethod
+    def from_sections(
+        cls,
+        sections: Iterable[SlotSection],
+        seqs: Mapping[int, int],
+        *,
+        rejected: Counter[str] | None = None,
+    ) -> RankSlots:
+        """The slots a record's slots section and its `last_seq` describe (a restarted
+        supervisor's). `rejected`: where refusals are counted, as in the constructor."""
+        return cls.from_records(
+            [s.to_json() for s in sections], {str(r): n for r, n in seqs.items()}, rejected=rejected
+        )
 
     @classmethod
     def from_records(
@@ -277,6 +294,20 @@ class RankSlots:
                 s.dirty = False
             out.append(record)
         return out
+
+    def sections(self) -> tuple[SlotSection, ...]:
+        """The slots as the record's typed section, in rank order; a slot unchanged since the
+        last call gives the same section again (its JSON form is `state_records`')."""
+        out = []
+        cache = self._sections
+        for record in self.state_records():
+            rank = record["rank"]
+            section = cache.get(rank)
+            if section is None or section.given is not record:
+                section = replace(SlotSection.from_json(record), given=record)
+                cache[rank] = section
+            out.append(section)
+        return tuple(out)
 
     def seqs(self) -> dict[int, int]:
         """rank -> its slot's `last_seq`: the part of the slots that every report moves, as

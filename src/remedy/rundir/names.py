@@ -5,7 +5,7 @@
 | `decisions.jsonl` | one decision with its outcome (structlog JSON) |
 | `anomalies.jsonl` | one anomaly event |
 | `metrics.jsonl` | one step of one rank (and `metrics-agent-*.jsonl`, `metrics-rank-*.jsonl`) |
-| `journal.wal` | the supervisor's state records (`RunState`), and deltas between them |
+| `journal.wal` | the supervisor's state records (`RunRecord`), and deltas between them |
 | `history.jsonl` | what the supervisor did: decisions taken and resolved, job moves, restarts |
 | `output.jsonl` | the lines the ranks printed |
 | `notifications.jsonl` | one notification and whether it was delivered |

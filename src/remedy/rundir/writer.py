@@ -41,7 +41,7 @@ def _jsonl_logger(fh: TextIO) -> Any:
     )
 
 
-# The record types of journal.wal (`supervisor.core.run_state`): RunState, full or as a delta.
+# The record types of journal.wal (`control.record`): RunRecord, full or as a delta.
 WAL_TYPES = ("state", "state_delta")
 
 

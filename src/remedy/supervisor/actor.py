@@ -52,7 +52,7 @@ from remedy.control.job import (
     JobStateMachine,
     Phase,
 )
-from remedy.control.record import RunState, StateLog
+from remedy.control.record import RunRecord, StateLog
 from remedy.control.run_core import (
     Answer,
     BatchesLost,
@@ -77,7 +77,9 @@ from remedy.control.run_core import (
     StopAsked,
     Taken,
     ToPolicy,
+    Watching,
 )
+from remedy.control.sections import GroupSection
 from remedy.control.sightings import Sightings
 from remedy.control.slots import RankSlots
 from remedy.policies import Decision, Engine, Policy, PolicyError
@@ -194,7 +196,7 @@ class SupervisorActor:
         self._unwritable = False  # ending on the run directory's write error: no state records
         journal = read_journal(self.run_dir.path / "journal.wal", self._skipped)
         state, tail = control_state.split_at_last_state(journal)
-        run = RunState.from_record(state) if state is not None else None  # older ones migrated
+        run = RunRecord.from_record(state) if state is not None else None  # older ones migrated
         older = control_state.older_tail(journal, tail)
         # Supervisors of this run before this one, by the highest count of any source that
         # remembers (`control.identity`): the newest state record's (or, in a journal of
@@ -238,13 +240,15 @@ class SupervisorActor:
             RankSlots(self.spec.workers, rejected=controller.rejected),
             incarnation=incarnation,
             started=time.time(),
+            watch=HangWatch(HangWatchConfig(**self.spec.hang_watch)),  # type: ignore[arg-type]
         )
         self.feed = Feed(self.spec.workers)  # what displays poll (see `events`)
         self.metrics = RunMetrics(
             RayBackend(), run_id=self.spec.run_id, checkpoints=self.run_dir.checkpoints
         )
-        # Multi-rank lifecycle: the rendezvous store, the hang watch, and targeted restarts.
-        self.watch = HangWatch(HangWatchConfig(**self.spec.hang_watch))  # type: ignore[arg-type]
+        # Multi-rank lifecycle: the rendezvous store, the hang watch (the core's: its entries
+        # are the record's), and targeted restarts.
+        self.watch = self.core.watch
         self.node_watch = NodeWatch()
         # Under node agents: what the agents saw when they pinged their ranks (core.sightings).
         self.sightings = Sightings()
@@ -359,7 +363,7 @@ class SupervisorActor:
         self.run_dir.history(record)
         log.warning("journal_lost", **{k: v for k, v in record.items() if k != "type"})
 
-    def _restore(self, run: RunState | None, older: control_state.OlderTail,
+    def _restore(self, run: RunRecord | None, older: control_state.OlderTail,
                  tail: list[dict[str, Any]]) -> None:  # fmt: skip
         """Rebuild from journal.wal's newest state record (`run`; and, from a journal of
         schema 7 or older, what `older` and `tail` hold besides)."""
@@ -437,8 +441,7 @@ class SupervisorActor:
         """
         if self._unwritable:
             return  # the run ends on its run directory's write error (`_finish`)
-        # The group, the restart and the hang watch give their own records once the loop has
-        # built them; before (a call answered first after a restart), the restored ones.
+        # Every section is the core's: the group and the restart send theirs as they change.
         state = self.core.record(time.time())
         self.run_dir.wal(self._state_log.entry(state.to_record(), defer_full=before_reply))
         self._state_changes = self.controller.changes
@@ -454,7 +457,7 @@ class SupervisorActor:
 
         The state record comes first, as it would before any effect, so the
         crash tests what a restarted supervisor makes of it; it says the point
-        was passed (`RunState.crashed`).
+        was passed (`RunRecord.crashed`).
         """
         if not self.core.crash_due(point, self.spec.crash_points):
             return
@@ -903,15 +906,15 @@ class SupervisorActor:
             # Restarted after every rank had ended (their actors are gone): just finish.
             return self._finish()
         me = ray.get_runtime_context().current_actor
-        if self.core.group_record is None:
+        if self.core.group is None:
             # This supervisor's first state record, before it starts anything: one restarted
             # from here knows a run had begun (and starts its group over, see below).
             self.write_state()
         await self._start_agents()
         group = self.group = WorkerGroup(
-            self.spec, supervisor=me, rendezvous=self.rendezvous, slots=self.slots
-        )
-        self.core.provide(group=group.record)
+            self.spec, supervisor=me, rendezvous=self.rendezvous, slots=self.slots,
+            step=self.core.step,
+        )  # fmt: skip
         group.agents = self.agent_handles  # they kill their node's ranks by pid
         # A policy that replays: ranks hold at a flagged step's boundary for its decision.
         group.hold_on_flag = self.controller.engine.policy.uses("replay_step")
@@ -925,12 +928,11 @@ class SupervisorActor:
             watch=self.watch,
             sightings=self.sightings,
             step=self.core.step,
-            lost_ranks=lambda: self.core.lost,
+            core=self.core,
             write_state=self.write_state,
             crash_point=self.crash_point,
             check_nodes=self.check_nodes,
         )
-        self.core.provide(recovery=self.recovery.state)
         try:
             self._watch_from_start()
             self.run_dir.history(
@@ -940,7 +942,8 @@ class SupervisorActor:
                     "policy": self.spec.policy,  # what `explain` loads while the run goes on
                 }
             )
-            if self.core.group_record is None:
+            restored = self.core.group
+            if restored is None:
                 if self.incarnation > 1:
                     # Died while starting the group, before a state record held it: start
                     # over (the actors it had created carry names a new group would reuse).
@@ -951,8 +954,7 @@ class SupervisorActor:
             else:
                 restarts = [d for d in self.controller.deferred.values()
                             if d.action == "restart_rank"]  # fmt: skip
-                self.recovery.restore(self.core.recovery_record)
-                await self._adopt(group, self.core.group_record)
+                await self._adopt(group, restored)
                 await self._watch_from_marks(group)
                 for d in restarts:  # a restart the crashed supervisor had begun: go on
                     self.recovery.resume(d)
@@ -1088,13 +1090,7 @@ class SupervisorActor:
         """Every rank into the hang watch: with the start-up allowance, or, after a restart of
         the supervisor, as the one before watched it (its tick and step time: a rank that hung
         while no supervisor watched is found within its own timeout, not the start-up one)."""
-        now = time.monotonic()
-        ticks = self.controller.tick_of
-        self.core.provide(hang=self.watch.record)
-        for rank in range(self.spec.workers):
-            entry = self.core.hang_record.get(str(rank))
-            if not self.watch.resumed(rank, now, ticks.get(rank, -1), entry):
-                self.watch.started(rank, now)
+        self.core.step(Watching(time.monotonic()))
 
     async def _watch_from_marks(self, group: WorkerGroup) -> None:
         """Back after a restart: each rank's stall judged from its own progress mark (one ping
@@ -1107,7 +1103,7 @@ class SupervisorActor:
         ).items():
             self.watch.marked(rank, mark.tick, mark.since, mark.ran)
 
-    async def _adopt(self, group: WorkerGroup, record: dict[str, Any]) -> None:
+    async def _adopt(self, group: WorkerGroup, record: GroupSection) -> None:
         """Take over the ranks of the supervisor before this one."""
         # Every rank, ended ones too: their `result()` is how this supervisor learns them.
         missing = await group.adopt(record, sorted(self.slots.slots))

@@ -19,6 +19,7 @@ import structlog
 
 from remedy.control.identity import Lineage, RankResume
 from remedy.control.job import JobState, Phase
+from remedy.control.run_core import GroupMoved
 from remedy.protocol.spec import NAMESPACE
 from remedy.rundir.claim import claimed_lives
 from remedy.rundir.journals import read_journal
@@ -145,7 +146,7 @@ def ray_death(pid: int) -> dict[str, Any] | None:
 
 def take_over(core: RunCore, plan: RankResume) -> None:
     """Set `core` to the ranks' group as `plan` describes it (the journal lost or behind)."""
-    core.group_record = plan.group_record()
+    core.step(GroupMoved(plan.group_section()))
     for rank in core.slots.slots:
         core.slots.resume_at(rank, plan.incarnations[rank], plan.last_seq[rank])
     core.controller.advance_command_seq(plan.command_seq)

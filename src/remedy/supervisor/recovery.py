@@ -40,9 +40,12 @@ What a restart does next is decided by a pure machine, `core.restart.step`
 every rank, resolve); this module carries each effect out (`_carry`) and
 feeds back what happened. A restart waits for the group by its own ticks,
 fed by the supervisor's report path (`progress`), not by polling the
-Controller. The machine's state is in the state record, written before each
-effect, so a supervisor that Ray restarts in the middle of a restart finds
-where it stood and goes on from there (`restore`, `resume`).
+Controller. The machine's state, the stages' wall times and the restarts
+done are the run's core's (its `RestartSection`): this module reads them
+from the core and moves them by stepping it (`RestartMoved`), and the state
+record written before each effect holds them, so a supervisor that Ray
+restarts in the middle of a restart finds where it stood and goes on from
+there (`resume`).
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ from remedy.control.lost_ranks import (
     restart_under_way,
 )
 from remedy.control.restart import RestartState
+from remedy.control.run_core import RestartMoved
+from remedy.control.sections import RestartSection
 from remedy.policies import Decision
 from remedy.protocol import phases
 from remedy.protocol.exceptions import SupervisorError
@@ -81,13 +86,13 @@ from remedy.supervisor import placement, waits
 from remedy.supervisor.agent.actor import agent_name
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Mapping
 
     from remedy.control.decide import Controller
     from remedy.control.hang_watch import HangWatch
     from remedy.control.job import JobStateMachine
     from remedy.control.lost_ranks import LostRanks
-    from remedy.control.run_core import Effect, Input
+    from remedy.control.run_core import Effect, Input, RunCore
     from remedy.control.sightings import Sightings
     from remedy.control.slots import RankSlots
     from remedy.protocol.spec import RunSpec
@@ -151,14 +156,15 @@ class Recovery:
         watch: HangWatch,
         sightings: Sightings,
         step: Callable[[Input], list[Effect]],
-        lost_ranks: Callable[[], LostRanks],
+        core: RunCore,
         write_state: Callable[[], None],
         crash_point: Callable[[str], None],
         check_nodes: Callable[..., Awaitable[None]],
     ) -> None:
         """The parts of the supervisor a recovery reads and moves, and what it asks of the
-        supervisor: the run's core to step with a loss (`step`) and its record of losses
-        (`lost_ranks`), a state record now, a chaos crash point, a look at the nodes."""
+        supervisor: the run's core to step with a loss or a move of the restart (`step`) and
+        to read its losses and restart from (`core`), a state record now, a chaos crash
+        point, a look at the nodes."""
         self.group = group
         self.spec = spec
         self.run_dir = run_dir
@@ -168,19 +174,18 @@ class Recovery:
         self.watch = watch
         self.sightings = sightings
         self.step = step
-        self._lost_ranks = lost_ranks
+        self.core = core
         self.write_state = write_state
         self.crash_point = crash_point
         self.check_nodes = check_nodes
-        self.records: list[dict[str, Any]] = []  # one per restart, for the summary and benchmarks
         self._failed: dict[int, str] = {}  # replacement rank -> why it failed
         # When to ping whom, and whom the answers name (`core.hang_check`).
         self.hang_check = hang_check.HangCheck(
             watch, sightings, self._incarnation, agents=spec.node_agents == "on"
         )
         self._task: asyncio.Task[None] | None = None
-        self._marks: dict[str, float] = {}  # wall times of the restart in progress
-        self._machine: RestartState | None = None  # the restart in progress (core.restart)
+        if core.restart is None:  # a new run: no restart yet (a restarted one's is restored)
+            self.step(RestartMoved(RestartSection()))
         # While a restart waits for the group to step: each rank's newest tick, fed by
         # the supervisor's report path (`progress`), which wakes the waiting restart.
         self._ticks: dict[int, int] = {}
@@ -303,7 +308,34 @@ class Recovery:
     def lost_ranks(self) -> LostRanks:
         """The run's core's record of losses (`core.lost_ranks`): changed by stepping the core
         with a loss, and by a restart taking in the ranks it replaces."""
-        return self._lost_ranks()
+        return self.core.lost
+
+    # The restart's section of the run's record is the core's: read from it, moved by
+    # stepping it (`RestartMoved`).
+    @property
+    def _section(self) -> RestartSection:
+        return self.core.restart or RestartSection()
+
+    @property
+    def _machine(self) -> RestartState | None:
+        """The restart in progress (`control.restart`), with its deadline."""
+        return self._section.machine
+
+    @property
+    def _marks(self) -> Mapping[str, float]:
+        """Wall times of the restart in progress, by stage."""
+        return self._section.marks
+
+    @property
+    def records(self) -> list[Mapping[str, Any]]:
+        """One per restart done, for the summary and benchmarks."""
+        return list(self._section.records)
+
+    def _move(self, **changes: Any) -> None:
+        self.step(RestartMoved(replace(self._section, **changes)))
+
+    def _mark(self, stage: str) -> None:
+        self._move(marks={**self._marks, stage: time.time()})
 
     def lost(
         self,
@@ -341,10 +373,12 @@ class Recovery:
                 case ToPolicy(rank, kind, reason, at):
                     # The restart's timeline, if the policy restarts it: from the first
                     # suspicion and the ping round that confirmed it.
-                    self._marks = {
-                        "suspected": self.hang_check.suspected_at or at,
-                        "pinged": self.hang_check.ping_started or at,
-                    }
+                    self._move(
+                        marks={
+                            "suspected": self.hang_check.suspected_at or at,
+                            "pinged": self.hang_check.ping_started or at,
+                        }
+                    )
                     log.warning(kind, rank=rank, reason=reason)
                 case NotReplaced(rank, why, ending):
                     log.warning("rank_not_replaced", rank=rank, reason=why)
@@ -454,25 +488,9 @@ class Recovery:
                 f"generation {generation} formed and every rank of it completed the run",
                 result={"generation": generation, "ranks": list(d.ranks)},
             )
-        self._machine = None
+        self._move(machine=None)
 
     # ---------------------------------------------------------- after a crash
-    def state(self) -> dict[str, Any]:
-        """What a restarted supervisor needs of the restart in progress (for the state record)."""
-        return {
-            "marks": dict(self._marks),
-            "restart": self._machine.to_dict() if self._machine is not None else None,
-            "records": self.records,
-        }
-
-    def restore(self, state: dict[str, Any] | None) -> None:
-        """Take the state record's part back (the losses' part is the core's: `LostRanks`)."""
-        if state:
-            self._marks = {str(k): float(v) for k, v in state["marks"].items()}
-            if state.get("restart"):
-                self._machine = RestartState.from_dict(state["restart"])
-            self.records = list(state["records"])
-
     def resume(self, d: Decision) -> None:
         """Carry on restart `d`, which a supervisor that crashed left in progress."""
         log.warning("restart_resumed", decision=d.decision_id, phase=self.job.state.phase,
@@ -497,7 +515,8 @@ class Recovery:
         inp: restart.RestartInput = (
             restart.Resume(ranks, why) if resumed else restart.Begin(ranks, why)
         )
-        self._marks.setdefault("restart", time.time())
+        if "restart" not in self._marks:
+            self._mark("restart")
         while True:
             machine, effects = restart.step(
                 machine,
@@ -506,7 +525,7 @@ class Recovery:
                 cause=d.anomaly.kind,
                 max_targeted=self.job.max_targeted,
             )
-            self._machine = machine
+            self._move(machine=machine)
             for effect in effects:
                 if isinstance(effect, restart.Job):
                     self.job.step(effect.input)
@@ -524,7 +543,7 @@ class Recovery:
                     raise
                 answer = restart.AttemptFailed(str(exc))
             if answer is None:  # resolved: the restart is over
-                self._machine = None
+                self._move(machine=None)
                 return
             inp = answer
 
@@ -541,7 +560,7 @@ class Recovery:
                 for r in ranks:
                     self.group.kill(r)
                 if machine.first:  # the record's timeline: the first attempt's
-                    self._marks["killed"] = time.time()
+                    self._mark("killed")
                 self.crash_point("restart_rank:killed")
                 if self.spec.gpus_per_rank:
                     # NCCL kernels keep spinning after a peer dies: abort the survivors'
@@ -559,7 +578,7 @@ class Recovery:
             case restart.Launch(ranks, source, retry):
                 info = await self.group.replace(list(ranks), source=source, retry=retry)
                 if not retry:
-                    self._marks["launched"] = time.time()
+                    self._mark("launched")
                 return restart.Launched(info, time.time())
             case restart.AwaitSteps(past, ranks, live, fresh, deadline):
                 if machine.first and not fresh:
@@ -623,7 +642,7 @@ class Recovery:
         lost meanwhile: all killed."""
         blocked, stuck, framework = await self._blocked(live)
         if first:
-            self._marks["survivors_checked"] = time.time()
+            self._mark("survivors_checked")
         # Lost while this attempt waited on the survivors (the rest of a lost node's
         # ranks, found by Ray's verdict on the node): replaced with the others, now.
         joined = sorted(self.lost_ranks.take_joining(live))
@@ -673,7 +692,7 @@ class Recovery:
         if record["shard_restore"]:
             r = record["shard_restore"]
             what += f"; shards from {r['source']} at step {r['step']}"
-        self.records.append(record)
+        self._move(records=(*self._section.records, record))
         self.controller.resolve_group_action(
             d.decision_id,
             "applied",

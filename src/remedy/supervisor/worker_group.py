@@ -23,8 +23,9 @@ agent's process, which Ray may restart meanwhile.
 Every actor is named and detached in the `remedy` namespace
 (`remedy-rank-<run_id>-<rank>-i<incarnation>`, spares
 `remedy-spare-<run_id>-<n>`), so it outlives a supervisor that crashes: the
-group's `record()` goes into the supervisor's state record, and a restarted
-supervisor `adopt`s the actors again by name. It does not own their `run`
+group sends its `section()` to the run's core at each change (`GroupMoved`:
+the supervisor's state record holds it), and a restarted supervisor
+`adopt`s the actors again by name. It does not own their `run`
 calls, so it learns that an adopted rank finished from `RankActor.result`
 (`poll_adopted`). The supervisor kills every actor of its run at the end
 (`shutdown`, then `kill_run_actors` for any a crash left unrecorded).
@@ -50,6 +51,8 @@ import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.control.hang_watch import DEAD
+from remedy.control.run_core import GroupMoved
+from remedy.control.sections import GroupSection
 from remedy.control.slots import RankSlots
 from remedy.protocol.exceptions import WaitTimeout
 from remedy.protocol.spec import NAMESPACE, RunSpec
@@ -58,6 +61,9 @@ from remedy.supervisor.pings import SPARE_PING_S, ping_actors
 from remedy.supervisor.rank import RankActor
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from remedy.control.run_core import Effect, Input
     from remedy.supervisor.rendezvous import Rendezvous
 
 log = structlog.get_logger("remedy.worker_group")
@@ -112,8 +118,13 @@ class WorkerGroup:
         supervisor: Any,
         rendezvous: Rendezvous,
         slots: RankSlots,
+        step: Callable[[Input], list[Effect]],
     ) -> None:
+        """`step`: the run's core, which holds the group's section of the record: each change
+        of the group's generation, names, spares or dead nodes is sent to it (`GroupMoved`)."""
         self.spec = spec
+        self.step = step
+        self._sent: GroupSection | None = None  # the section the core holds
         self.supervisor = supervisor
         self.rendezvous = rendezvous
         self.slots = slots
@@ -177,6 +188,7 @@ class WorkerGroup:
             self.local_spare_names.discard(name)
             with contextlib.suppress(ray.exceptions.RayError, ValueError):
                 ray.kill(actor, no_restart=True)
+        self._moved()
         # Refilled on the surviving nodes once the restart is done (`refill_spares`): a spare
         # started now would be cold when the restart looks for one.
 
@@ -243,6 +255,7 @@ class WorkerGroup:
         self.spare_nodes[name] = node
         if local:
             self.local_spare_names.add(name)
+        self._moved()
 
     def _local_spare(self, node: str | None) -> str | None:
         """The name of a local spare on `node` (on a one-node cluster, any local spare)."""
@@ -271,7 +284,9 @@ class WorkerGroup:
         name = self.spare_names.pop(i)
         self.spare_nodes.pop(name, None)
         self.local_spare_names.discard(name)
-        return self.spares.pop(i), name
+        actor = self.spares.pop(i)
+        self._moved()
+        return actor, name
 
     def _faults(self, rank: int) -> list[dict[str, Any]]:
         return [f for f in self.spec.faults if f.get("rank", 0) in (None, rank)]
@@ -308,6 +323,7 @@ class WorkerGroup:
         ref = actor.run.remote(**args)
         self.actors[rank] = actor
         self.names[rank] = name
+        self._moved()
         self.adopted.discard(rank)
         self.followed.discard(rank)
         self.promoted.discard(rank)
@@ -332,30 +348,39 @@ class WorkerGroup:
         await self._learn_pids(list(self.actors))
 
     # ---------------------------------------------------------- restart
-    def record(self) -> dict[str, Any]:
-        """What a restarted supervisor needs to find this group again (JSON-able)."""
-        return {
-            "generation": self.generation,
-            "names": {str(r): n for r, n in self.names.items()},
-            "spares": list(self.spare_names),
-            "next_spare": self.next_spare,
-            "spare_nodes": dict(self.spare_nodes),
-            "local_spares": sorted(self.local_spare_names),
-            "dead_nodes": sorted(self.dead_nodes),
-        }
+    def section(self) -> GroupSection:
+        """What a restarted supervisor needs to find this group again: its section of the
+        run's record."""
+        return GroupSection(
+            generation=self.generation,
+            names=dict(self.names),
+            spares=tuple(self.spare_names),
+            next_spare=self.next_spare,
+            spare_nodes=dict(self.spare_nodes),
+            local_spares=frozenset(self.local_spare_names),
+            dead_nodes=frozenset(self.dead_nodes),
+        )
 
-    async def adopt(self, record: dict[str, Any], ranks: list[int]) -> list[int]:
-        """Find the actors of `record` by name; return the `ranks` whose actor is gone.
+    def _moved(self) -> None:
+        """The group changed: its section goes to the run's core, where it is the record's."""
+        section = self.section()
+        if section != self._sent:
+            self._sent = section
+            self.step(GroupMoved(section))
+
+    async def adopt(self, record: GroupSection, ranks: list[int]) -> list[int]:
+        """Find the actors of `record` (the restored section) by name; return the `ranks`
+        whose actor is gone.
 
         Spares started after the record was written are found by their names.
         """
-        self.generation = int(record["generation"])
-        self.next_spare = int(record["next_spare"])
-        self.dead_nodes = {str(n) for n in record.get("dead_nodes", [])}
-        placed = record.get("spare_nodes", {})
-        local = {str(n) for n in record.get("local_spares", [])}
+        self.generation = record.generation
+        self.next_spare = record.next_spare
+        self.dead_nodes = set(record.dead_nodes)
+        placed = record.spare_nodes
+        local = set(record.local_spares)
         self.refresh_nodes()
-        names = {int(r): str(n) for r, n in record["names"].items()}
+        names = dict(record.names)
         missing = []
         for rank in ranks:
             try:
@@ -376,6 +401,7 @@ class WorkerGroup:
                     if name in local:
                         self.local_spare_names.add(name)
                     self.next_spare = max(self.next_spare, int(name.rsplit("-", 1)[1]))
+        self._moved()
         live = [r for r in ranks if r not in missing]
         # A rank that answers nothing (stopped, wedged) leaves only its own pid unknown.
         with contextlib.suppress(ray.exceptions.RayError, WaitTimeout):
@@ -534,6 +560,7 @@ class WorkerGroup:
         if retry:
             self.abandon_generation()
         self.generation += 1
+        self._moved()
         how: dict[int, str] = {}
         skipped: list[str] = []
         promoted: dict[str, Any] = {}  # rank -> the agent's answer (`NodeAgent.promote`)
@@ -614,6 +641,7 @@ class WorkerGroup:
         promoted[str(rank)] = {k: answer[k] for k in ("gone_s", "s", "still_there") if k in answer}
         self.actors[rank] = actor
         self.names[rank] = name
+        self._moved()
         self.promoted.add(rank)
         self.follow(rank)
         self.promotions += 1
@@ -652,6 +680,7 @@ class WorkerGroup:
         if len(self.cluster) > 1:
             self.refresh_nodes()
         self.generation += 1
+        self._moved()
         how: dict[int, str] = {}
         skipped: list[str] = []
         for rank in ranks:
@@ -733,6 +762,7 @@ class WorkerGroup:
         self.spare_names.clear()
         self.spare_nodes.clear()
         self.local_spare_names.clear()
+        self._moved()
         self.promoted.clear()
         self.adopted.clear()
         self.followed.clear()

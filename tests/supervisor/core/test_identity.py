@@ -79,7 +79,7 @@ def test_ranks_that_all_train_in_one_generation_are_taken_over() -> None:
     assert plan is not None
     assert plan.names == {0: "a0", 1: "a1"} and plan.incarnations == {0: 1, 1: 2}
     assert plan.generation == 2 and plan.last_seq == {0: 39, 1: 39} and plan.command_seq == 5
-    assert plan.group_record()["names"] == {"0": "a0", "1": "a1"}
+    assert plan.group_section().names == {0: "a0", 1: "a1"}
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,9 @@ from remedy.control.lost_ranks import (
     ReplacementFailed,
     ToPolicy,
 )
-from remedy.control.record import RunState
-from remedy.control.run_core import RankDied, RunCore
+from remedy.control.record import RunRecord
+from remedy.control.run_core import RankDied, RestartMoved, RunCore
+from remedy.control.sections import RestartSection
 from remedy.control.slots import RankSlots
 from remedy.policies import Engine, load_policy_text
 
@@ -217,14 +218,14 @@ def test_the_losses_are_taken_back_by_a_new_supervisor() -> None:
     core.step(hung(2))
     core.job.step(RanksLost(frozenset({2}), "rank 2 hung"))
     core.step(hung(3, at=AT + 1))  # joins
-    core.recovery_record = {"marks": {}, "restart": None, "records": []}
+    core.step(RestartMoved(RestartSection()))  # the restart's carrier, built
     record = json.loads(json.dumps(core.record(AT + 2).to_record()))
     assert record["recovery"]["detected_at"] == {"2": AT, "3": AT + 1}
     assert record["recovery"]["joining"] == {"3": "rank_hang on rank 3"}
     assert record["recovery"]["losses"]["lost_on"] == {"2": ["node-b", AT]}
 
     again = make()
-    again.restore(RunState.from_record(record))
+    again.restore(RunRecord.from_record(record))
     assert again.lost.detected_at == {2: AT, 3: AT + 1}
     assert again.lost.joining == {3: "rank_hang on rank 3"}
     assert again.lost.losses.earlier("node-b", AT + 2) == {2}
@@ -240,7 +241,7 @@ def test_the_ranks_of_a_restart_decided_before_a_crash_are_not_reported_again() 
     record = core.record(AT).to_record()
     record["recovery"]["losses"]["reported"] = []  # a record older than the losses' part
     again = make()
-    again.restore(RunState.from_record(json.loads(json.dumps(record))))
+    again.restore(RunRecord.from_record(json.loads(json.dumps(record))))
     # The deferred restart takes rank 2 in: its death on adoption is not a new loss.
     assert again.step(RankLost(2, "rank_dead", "gone on adoption", AT + 5)) == []
 

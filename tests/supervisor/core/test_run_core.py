@@ -17,13 +17,15 @@ from remedy.control.job import (
     RanksUnreplaced,
     Started,
 )
-from remedy.control.record import RunState
+from remedy.control.record import RunRecord
+from remedy.control.restart import RestartState, Stage
 from remedy.control.run_core import (
     Answer,
     BatchesLost,
     Dropped,
     Ended,
     Ending,
+    GroupMoved,
     GroupStarted,
     OperatorStop,
     OutageNotes,
@@ -34,12 +36,15 @@ from remedy.control.run_core import (
     RanksAllEnded,
     ReplacementFailed,
     Report,
+    RestartMoved,
     RunCore,
     Status,
     StopAsked,
     Taken,
     ToPolicy,
+    Watching,
 )
+from remedy.control.sections import GroupSection, HangEntry, HangSection, RestartSection
 from remedy.control.slots import RankSlots
 from remedy.policies import Engine, load_policy_text
 
@@ -177,6 +182,7 @@ def test_a_degraded_job_ends_for_the_reason_it_degraded() -> None:
 
 
 def test_the_state_record_is_taken_back_whole_by_a_new_supervisor() -> None:
+    """Every section comes back: crash points, results, the group's and the hang watch's."""
     core = make()
     core.slots.accept(0, 1, 1)
     core.step(RankReturned(0, 1, done(0)))
@@ -185,40 +191,73 @@ def test_the_state_record_is_taken_back_whole_by_a_new_supervisor() -> None:
     assert core.crash_due("after_decision", ["after_decision"])
     assert not core.crash_due("after_decision", ["after_decision"])  # once per run
     assert not core.crash_due("before_kill", [])
-    core.provide(group=lambda: {"generation": 0}, hang=lambda: {"0": [1.0, 2.0]})
+    group = GroupSection(0, {0: "a0", 1: "a1"}, spares=("s1",), next_spare=1)
+    core.step(GroupMoved(group))
+    core.step(Watching(0.0))
+    core.watch.beat(0, 0, 0.0)
+    core.watch.beat(0, 2, 1.0)
     record = json.loads(json.dumps(core.record(NOW).to_record()))  # as journal.wal holds it
-    assert record["group"] == {"generation": 0} and record["recovery"] is None
+    assert record["group"] == group.to_json() and record["recovery"] is None
+    assert record["hang"] == {"0": [0.0, 2]}
     assert record["ranks_ended"] == {"0": done(0), "1": done(1)}
 
     again = make()
     again.incarnation = 2
-    again.restore(RunState.from_record(record))
+    again.restore(RunRecord.from_record(record))
     assert again.crashed == {"after_decision"}
     assert again.ranks_ended and again.results == {0: done(0), 1: done(1)}
-    assert again.group_record == {"generation": 0}
-    assert again.hang_record == {"0": [1.0, 2.0]}
+    assert again.group == group
+    assert again.hang == HangSection({0: HangEntry(0.0, 2)}) and not again.watching
     assert json.loads(json.dumps(again.record(NOW).to_record())) == {**record, "incarnation": 2}
+
+
+def test_a_restored_hang_watch_gives_each_rank_its_own_timeout_and_writes_it_back() -> None:
+    """Rank 0's entry says a p99 step time of 0.2 s, its first steps behind it: watched with
+    its own timeout from the restart. Rank 1 never reported a step: the start-up allowance.
+    Until the watch takes the ranks in, the record holds the restored entries; after, the
+    watch's, which are the same."""
+    core = make()
+    core.controller.ingest({"rank": 0, "step": 7, "tick": 7}, answer=False)
+    core.step(Watching(0.0))
+    for tick in range(8, 12):
+        core.watch.beat(0, tick, 0.0, [0.2])
+    record = json.loads(json.dumps(core.record(NOW).to_record()))
+    again = make()
+    again.restore(RunRecord.from_record(record))
+    assert again.hang == HangSection({0: HangEntry(0.2, 3)})
+    assert again.record(NOW).to_record()["hang"] == {"0": [0.2, 3]}
+    assert again.watch.knows(0) is False  # not watched before the loop says so
+    again.controller.ingest({"rank": 0, "step": 11, "tick": 11}, answer=False)
+    assert again.step(Watching(50.0)) == []
+    config = again.watch.config
+    assert again.watch.timeout(0) == max(config.floor_s, config.step_multiple * 0.2)
+    assert again.watch.timeout(1) == config.startup_s
+    assert again.record(NOW).to_record()["hang"] == {"0": [0.2, 3]}
 
 
 def test_restored_slots_count_their_refusals_where_the_summary_reads_them() -> None:
     core = make()
     core.slots.accept(1, 1, 5)
     again = make()
-    again.restore(RunState.from_record(json.loads(json.dumps(core.record(NOW).to_record()))))
+    again.restore(RunRecord.from_record(json.loads(json.dumps(core.record(NOW).to_record()))))
     assert not again.slots.accept(1, 1, 5)  # a duplicate
     assert not again.slots.accept(1, 7, 6)  # an incarnation never started
     assert again.controller.rejected["batch_duplicate_seq"] == 1
     assert again.controller.rejected["batch_stale_incarnation"] == 1
 
 
-def test_until_a_part_provides_its_record_the_restored_one_is_written() -> None:
+def test_the_restart_section_is_the_cores_and_is_written_with_the_losses() -> None:
+    """No restart built: no `recovery` section. The shell moves the restart's section; the
+    record writes it beside the losses' part, and a new supervisor takes it back whole."""
     core = make()
-    core.recovery_record = {"stage": "launch"}
-    assert core.record(NOW).recovery == {"stage": "launch", **core.lost.record({}, NOW)}
-    core.provide(recovery=lambda: None)  # the restart, built: none in progress
-    assert core.record(NOW).recovery is None
-    with pytest.raises(TypeError, match="no such part"):
-        core.provide(groups=dict)
+    assert core.record(NOW).to_record()["recovery"] is None
+    section = RestartSection({"restart": 1.0}, RestartState("d1", 2, Stage.LAUNCH, (1,)))
+    assert core.step(RestartMoved(section)) == []
+    record = json.loads(json.dumps(core.record(NOW).to_record()))
+    assert record["recovery"] == {**section.to_json(), **core.lost.record({}, NOW)}
+    again = make()
+    again.restore(RunRecord.from_record(record))
+    assert again.restart == section and again.record(NOW) == core.record(NOW)
 
 
 def test_a_group_started_over_starts_the_job_over() -> None:
