@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from scripts.shape import calls_of, jsonl_readers
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "remedy"
 
 # Each package may import itself and the packages after it; `report` reads run directories,
@@ -59,3 +61,14 @@ def test_imports_point_down_the_layers() -> None:
             if names[1] not in _allowed(parts[0]):
                 upward.append(f"{path.relative_to(SRC.parent)}:{line}: {parts[0]} -> {module}")
     assert upward == []
+
+
+def test_one_json_lines_reader() -> None:
+    """Every JSON-lines file of a run is read by rundir/jsonl.py (its torn last line skipped, a
+    damaged line located), not by a loop of its own elsewhere."""
+    assert [r.split(":")[0] for r in jsonl_readers(SRC)] == ["remedy/rundir/jsonl.py"]
+
+
+def test_the_guard_enters_a_regroup_from_one_place() -> None:
+    """rank/guard.py calls the rank side's one regroup (`rank.group.regroup`) at one line."""
+    assert len(calls_of(SRC / "rank" / "guard.py", "regroup")) == 1
