@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from remedy.integrations.lightning import RemedyCallback
+from tests.integrations.lightning_builders import quiet_trainer
 
 SAMPLES, FEATURES = 2048, 8
 
@@ -57,17 +58,8 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     module = Regression()
     callback = RemedyCallback(run_dir=args.run_dir, snapshot_every=5)
-    trainer = lightning.Trainer(
-        max_steps=args.steps,
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-        default_root_dir=args.run_dir,
+    trainer = quiet_trainer(
+        args.steps, [callback], devices=2, strategy="ddp", default_root_dir=args.run_dir
     )
     trainer.fit(module, data())
     guard = callback.guard
