@@ -11,8 +11,6 @@ test_callbacks_torchrun.py to compare.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -21,13 +19,11 @@ import transformers
 
 from remedy.integrations.hf import RemedyCallback
 from tests.integrations.hf_builders import CountingTokens, cpu_args, tiny_gpt2
+from tests.integrations.launched_job import parse_args, write_rank_out
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--steps", type=int, default=30)
-    args = p.parse_args(argv)
+    args = parse_args(argv, __doc__.splitlines()[0])
     torch.set_num_threads(1)
     model = tiny_gpt2()
     callback = RemedyCallback(run_dir=args.run_dir, snapshot_every=5)
@@ -37,13 +33,7 @@ def main(argv: list[str]) -> None:
         train_dataset=CountingTokens(1024),
         callbacks=[callback],
     ).train()
-    guard = callback.guard
-    assert guard is not None
-    out = Path(args.run_dir) / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), out / f"params.rank{guard.rank}.pt")
-    outcomes = [o.to_dict() for o in guard.history]  # every command this rank applied, and where
-    (out / f"outcomes.rank{guard.rank}.json").write_text(json.dumps(outcomes, default=str))
+    write_rank_out(args.run_dir, callback, model.state_dict())
 
 
 if __name__ == "__main__":
