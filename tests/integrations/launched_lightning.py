@@ -11,10 +11,7 @@ test_callbacks_torchrun.py to compare.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import lightning
@@ -22,6 +19,8 @@ import torch
 from torch import nn
 
 from remedy.integrations.lightning import RemedyCallback
+from tests.integrations.launched_job import parse_args, write_rank_out
+from tests.integrations.lightning_builders import quiet_trainer
 
 SAMPLES, FEATURES = 2048, 8
 
@@ -49,35 +48,16 @@ def data() -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--steps", type=int, default=30)
-    args = p.parse_args(argv)
+    args = parse_args(argv, __doc__.splitlines()[0])
     torch.manual_seed(0)
     torch.set_num_threads(1)
     module = Regression()
     callback = RemedyCallback(run_dir=args.run_dir, snapshot_every=5)
-    trainer = lightning.Trainer(
-        max_steps=args.steps,
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-        default_root_dir=args.run_dir,
+    trainer = quiet_trainer(
+        args.steps, [callback], devices=2, strategy="ddp", default_root_dir=args.run_dir
     )
     trainer.fit(module, data())
-    guard = callback.guard
-    assert guard is not None
-    rank = guard.rank
-    out = Path(args.run_dir) / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save(module.state_dict(), out / f"params.rank{rank}.pt")
-    outcomes = [o.to_dict() for o in guard.history]  # every command this rank applied, and where
-    (out / f"outcomes.rank{rank}.json").write_text(json.dumps(outcomes, default=str))
+    write_rank_out(args.run_dir, callback, module.state_dict())
 
 
 if __name__ == "__main__":

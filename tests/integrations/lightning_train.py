@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning
 import torch
+from lightning_builders import quiet_trainer
 from test_lightning import STEPS, Regression, data
 
 from remedy.integrations.lightning import RemedyCallback
@@ -20,15 +20,7 @@ def main() -> dict[str, Any]:
     torch.set_num_threads(1)
     module = Regression()
     callback = RemedyCallback()
-    trainer = lightning.Trainer(
-        max_steps=STEPS,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-    )
+    trainer = quiet_trainer(STEPS, [callback])
     trainer.fit(module, data())
     return {
         "global_step": trainer.global_step,

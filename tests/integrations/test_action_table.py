@@ -31,6 +31,8 @@ from remedy.rundir.writer import read_jsonl
 lightning = pytest.importorskip("lightning")
 from lightning.pytorch.plugins.precision import MixedPrecision  # noqa: E402
 
+from tests.integrations.lightning_builders import quiet_trainer  # noqa: E402
+
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(120)]
 
 # Parameters for actions whose defaults name nothing to act on.
@@ -270,16 +272,8 @@ def _run_callbacks(policy: Path, run_dir: Path, *, scaler: bool) -> dict[str, An
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
     callback = RemedyCallback(policy=str(policy), run_dir=run_dir, detectors=[_SpikeAt(SPIKE_TICK)])
     plugins = [MixedPrecision("16-mixed", "cpu", scaler=_scaler(True))] if scaler else []
-    trainer = lightning.Trainer(
-        max_steps=STEPS,
-        accelerator="cpu",
-        plugins=plugins,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-        default_root_dir=str(run_dir.parent),
+    trainer = quiet_trainer(
+        STEPS, [callback], plugins=plugins, default_root_dir=str(run_dir.parent)
     )
     trainer.fit(module, data)
     assert callback.guard is not None

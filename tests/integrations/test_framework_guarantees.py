@@ -24,23 +24,13 @@ from remedy.rundir.writer import read_jsonl
 transformers = pytest.importorskip("transformers")
 lightning = pytest.importorskip("lightning")
 
+from tests.integrations.hf_builders import CountingTokens, cpu_args, tiny_gpt2  # noqa: E402
+from tests.integrations.lightning_builders import quiet_trainer  # noqa: E402
+
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(240)]
 
 
 # ---------------------------------------------------------------- HF Trainer
-class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        start = int(torch.randint(0, 64, (1,), generator=torch.Generator().manual_seed(i)))
-        ids = (start + torch.arange(16)) % 64
-        return {"input_ids": ids, "labels": ids.clone()}
-
-
 def _hf_trainer(
     tmp_path: Path,
     steps: int,
@@ -49,31 +39,19 @@ def _hf_trainer(
     **args: Any,
 ) -> Any:
     """A 1-layer GPT-2 Trainer; `lr_factor` gives it an AdamW whose LR that schedule scales."""
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
-    model = transformers.GPT2LMHeadModel(config)
+    model = tiny_gpt2()
     optimizers: Any = (None, None)
     if lr_factor is not None:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         optimizers = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_factor))
-    targs = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=steps,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        max_grad_norm=1.0,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        logging_steps=1000,
-        dataloader_num_workers=0,
-        **{"learning_rate": 1e-2, **args},
-    )
+    targs = cpu_args(
+        tmp_path / "out", steps, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+        max_grad_norm=1.0, **args,
+    )  # fmt: skip
     return transformers.Trainer(
         model=model,
         args=targs,
-        train_dataset=Tokens(8 * steps),
+        train_dataset=CountingTokens(8 * steps),
         callbacks=[callback],
         optimizers=optimizers,
     )
@@ -182,19 +160,10 @@ def _series(n: int) -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
 def _fit(tmp_path: Path, steps: int, callback: Any, batches: int) -> Any:
     torch.manual_seed(0)
     module = Forecaster(steps + 50)  # room in the schedule for replayed steps
-    trainer = lightning.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        precision="bf16-mixed",
-        accumulate_grad_batches=2,
-        gradient_clip_val=1.0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-        default_root_dir=str(tmp_path),
-    )
+    trainer = quiet_trainer(
+        steps, [callback], precision="bf16-mixed", accumulate_grad_batches=2,
+        gradient_clip_val=1.0, default_root_dir=str(tmp_path),
+    )  # fmt: skip
     trainer.fit(module, _series(8 * batches))
     return trainer
 

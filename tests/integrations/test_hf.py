@@ -19,24 +19,12 @@ STEPS = 40
 NAN_AT_FORWARD = 15
 
 
-class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __len__(self) -> int:
-        return 4 * STEPS
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        # Counting sequences from a random start: learnable, so the test can see the model learn.
-        start = int(torch.randint(0, 64, (1,), generator=torch.Generator().manual_seed(i)))
-        ids = (start + torch.arange(16)) % 64
-        return {"input_ids": ids, "labels": ids.clone()}
-
-
 def test_nan_loss_under_trainer_is_rolled_back_and_training_completes(tmp_path: Path) -> None:
     """One NaN loss in a tiny GPT-2 under Trainer: skipped update, rollback and LR cut applied, all steps run."""
     from remedy.integrations.hf import RemedyCallback  # noqa: PLC0415 - after the importorskip
+    from tests.integrations.hf_builders import CountingTokens, cpu_args, tiny_gpt2  # noqa: PLC0415
 
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
-    model = transformers.GPT2LMHeadModel(config)
+    model = tiny_gpt2()
     calls = [0]
 
     def poison(module: Any, inputs: Any, output: Any) -> Any:
@@ -46,21 +34,12 @@ def test_nan_loss_under_trainer_is_rolled_back_and_training_completes(tmp_path: 
         return output
 
     model.register_forward_hook(poison)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=STEPS,
-        per_device_train_batch_size=4,
-        learning_rate=1e-2,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        logging_steps=1000,
-        dataloader_num_workers=0,
-    )
     callback = RemedyCallback(run_dir=tmp_path / "run")
     trainer = transformers.Trainer(
-        model=model, args=args, train_dataset=Tokens(), callbacks=[callback]
+        model=model,
+        args=cpu_args(tmp_path / "out", STEPS),
+        train_dataset=CountingTokens(4 * STEPS),
+        callbacks=[callback],
     )
     trainer.train()
 

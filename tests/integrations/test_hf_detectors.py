@@ -44,27 +44,12 @@ class Samples(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 def train(tmp_path: Path, samples: Samples, steps: int) -> Path:
     """A tiny GPT-2 under Trainer with the callback for `steps` steps; the run directory."""
     from remedy.integrations.hf import RemedyCallback  # noqa: PLC0415 - after the importorskip
+    from tests.integrations.hf_builders import cpu_args, tiny_gpt2  # noqa: PLC0415
 
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32
-    )
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=steps,
-        per_device_train_batch_size=ROWS,
-        learning_rate=1e-2,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        logging_steps=1000,
-        dataloader_num_workers=0,
-    )
     run = tmp_path / "run"
     transformers.Trainer(
-        model=transformers.GPT2LMHeadModel(config),
-        args=args,
+        model=tiny_gpt2(vocab_size=VOCAB),
+        args=cpu_args(tmp_path / "out", steps, per_device_train_batch_size=ROWS),
         train_dataset=samples,
         callbacks=[RemedyCallback(run_dir=run)],
     ).train()

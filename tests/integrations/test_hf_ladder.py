@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from remedy.rundir.writer import read_jsonl
 
@@ -20,26 +19,15 @@ MAX_STEPS = 400
 NAN_AT = 40  # remedy's step whose loss is NaN every time it runs
 
 
-class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __len__(self) -> int:
-        return 4 * MAX_STEPS
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        start = int(torch.randint(0, 64, (1,), generator=torch.Generator().manual_seed(i)))
-        ids = (start + torch.arange(16)) % 64
-        return {"input_ids": ids, "labels": ids.clone()}
-
-
 @pytest.mark.slow
 def test_a_nan_tied_to_one_step_climbs_the_ladder_and_stops_the_trainer(tmp_path: Path) -> None:
     """Two rollbacks from memory; the durable rungs fail (the callbacks keep no checkpoints of
     remedy's) and climb at once; two rollbacks skipping a range; then notify and abort, every
     rung journaled in order, and the Trainer stops well before its last step."""
     from remedy.integrations.hf import RemedyCallback  # noqa: PLC0415 - after the importorskip
+    from tests.integrations.hf_builders import CountingTokens, cpu_args, tiny_gpt2  # noqa: PLC0415
 
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
-    model = transformers.GPT2LMHeadModel(config)
+    model = tiny_gpt2()
     callback = RemedyCallback(run_dir=tmp_path / "run")
 
     def poison(module: Any, inputs: Any, output: Any) -> Any:
@@ -49,20 +37,11 @@ def test_a_nan_tied_to_one_step_climbs_the_ladder_and_stops_the_trainer(tmp_path
         return output
 
     model.register_forward_hook(poison)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=MAX_STEPS,
-        per_device_train_batch_size=4,
-        learning_rate=1e-2,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        logging_steps=10_000,
-        dataloader_num_workers=0,
-    )
     trainer = transformers.Trainer(
-        model=model, args=args, train_dataset=Tokens(), callbacks=[callback]
+        model=model,
+        args=cpu_args(tmp_path / "out", MAX_STEPS, logging_steps=10_000),
+        train_dataset=CountingTokens(4 * MAX_STEPS),
+        callbacks=[callback],
     )
     trainer.train()
 

@@ -66,25 +66,13 @@ def train(
 ) -> tuple[list[dict[str, Any]], Histories]:
     """A tiny GPT-2 under Trainer and the default policy; the run's anomalies and histories."""
     from remedy.integrations.hf import RemedyCallback  # noqa: PLC0415 - after the importorskip
+    from tests.integrations.hf_builders import cpu_args, tiny_gpt2  # noqa: PLC0415
 
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=64, n_positions=64)
-    )
-    args = transformers.TrainingArguments(
-        output_dir=str(run_dir / "hf-output"),
-        max_steps=steps,
-        per_device_train_batch_size=8,
-        max_grad_norm=1.0,
-        learning_rate=1e-3,
-        seed=0,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        logging_steps=10_000,
-        dataloader_num_workers=0,
-    )
+    model = tiny_gpt2(n_layer=2, n_embd=64, n_positions=64)
+    args = cpu_args(
+        run_dir / "hf-output", steps, per_device_train_batch_size=8, max_grad_norm=1.0,
+        learning_rate=1e-3, seed=0, logging_steps=10_000,
+    )  # fmt: skip
     trainer = transformers.Trainer(
         model=model,
         args=args,

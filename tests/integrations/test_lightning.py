@@ -51,20 +51,12 @@ def data() -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
 def test_nan_loss_under_lightning_is_rolled_back_and_training_completes(tmp_path: Path) -> None:
     """One NaN loss under lightning.Trainer: update dropped, rollback and LR cut applied, every step runs."""
     from remedy.integrations.lightning import RemedyCallback  # noqa: PLC0415 - after the importorskip
+    from tests.integrations.lightning_builders import quiet_trainer  # noqa: PLC0415
 
     torch.manual_seed(0)
     module = Regression()
     callback = RemedyCallback(run_dir=tmp_path / "run")
-    trainer = lightning.Trainer(
-        max_steps=STEPS,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-        default_root_dir=str(tmp_path),
-    )
+    trainer = quiet_trainer(STEPS, [callback], default_root_dir=str(tmp_path))
     trainer.fit(module, data())
 
     assert callback.guard is not None

@@ -17,6 +17,8 @@ from remedy.rundir.writer import read_jsonl
 
 lightning = pytest.importorskip("lightning")
 
+from tests.integrations.lightning_builders import quiet_trainer  # noqa: E402
+
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(180)]
 
 VOCAB, LENGTH, ROWS = 64, 20, 4
@@ -81,17 +83,10 @@ def fit(tmp_path: Path, batches: Batches, steps: int, **trainer: Any) -> Path:
 
     torch.manual_seed(0)
     run = tmp_path / "run"
-    lightning.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[RemedyCallback(run_dir=run)],
-        default_root_dir=str(tmp_path),
-        **trainer,
-    ).fit(NextToken(), torch.utils.data.DataLoader(batches, batch_size=None))
+    callbacks = [RemedyCallback(run_dir=run)]
+    quiet_trainer(steps, callbacks, default_root_dir=str(tmp_path), **trainer).fit(
+        NextToken(), torch.utils.data.DataLoader(batches, batch_size=None)
+    )
     return run
 
 
@@ -160,16 +155,10 @@ def test_a_gpu_ecc_error_reaches_the_hardware_fault_rule(tmp_path: Path, fake_gp
     from remedy.integrations.lightning import RemedyCallback  # noqa: PLC0415 - after importorskip
 
     run = tmp_path / "run"
-    lightning.Trainer(
-        max_steps=10,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[EccError(), RemedyCallback(run_dir=run)],
-        default_root_dir=str(tmp_path),
-    ).fit(NextToken(), torch.utils.data.DataLoader(Batches(10), batch_size=None))
+    callbacks = [EccError(), RemedyCallback(run_dir=run)]
+    quiet_trainer(10, callbacks, default_root_dir=str(tmp_path)).fit(
+        NextToken(), torch.utils.data.DataLoader(Batches(10), batch_size=None)
+    )
     [ecc] = anomalies(run, "gpu_ecc")
     assert (ecc["step"], ecc["source"], ecc["severity"]) == (5, "hardware", "critical")
     [decision] = [d for d in read_jsonl(run / "decisions.jsonl") if d["rule"] == "hardware-fault"]

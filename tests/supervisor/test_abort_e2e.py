@@ -36,6 +36,7 @@ def test_the_policys_abort_moves_the_job_to_aborting_then_aborted(
     spec = RunSpec(
         target=TARGET, workers=2, run_dir=str(tmp_path / "run"), argv=ARGS, policy=str(policy),
         threads_per_rank=1, faults=[{"kind": "nan_loss", "at_step": 8, "rank": 1}],
+        spares=0,  # no rank is lost: no warm spare to start
     )  # fmt: skip
     summary = run_supervised(spec)
     assert summary["status"] == "aborted", summary

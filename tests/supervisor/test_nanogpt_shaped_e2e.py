@@ -41,10 +41,12 @@ rules:
 """
 
 
-def _run(tmp: Path, faults: list[dict[str, Any]], policy: str = "default") -> dict[str, Any]:
+def _run(
+    tmp: Path, faults: list[dict[str, Any]], policy: str = "default", spares: int = 1
+) -> dict[str, Any]:
     spec = RunSpec(
         target=TARGET, workers=2, run_dir=str(tmp), faults=faults, argv=ARGS, policy=policy,
-        threads_per_rank=1, hang_watch=WATCH, spares=1,
+        threads_per_rank=1, hang_watch=WATCH, spares=spares,
     )  # fmt: skip
     return run_supervised(spec)
 
@@ -61,7 +63,7 @@ def _outcome(summary: dict[str, Any]) -> list[tuple[str, str, float, Any]]:
 @pytest.fixture(scope="module")
 def clean(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same run without faults."""
-    summary = _run(tmp_path_factory.mktemp("clean"), [])
+    summary = _run(tmp_path_factory.mktemp("clean"), [], spares=0)  # no loss: no spare to start
     assert summary["status"] == "completed", summary
     assert summary["recoveries"] == []
     digests = {r["result"]["params_digest"] for r in summary["ranks"]}

@@ -31,10 +31,12 @@ ARGS = ["--steps", str(STEPS), "--layers", "1", "--width", "32", "--batch-size",
 NUMERICS = {"nonfinite_loss", "nonfinite_grad", "loss_spike", "grad_norm_explosion"}
 
 
-def _run(tmp: Path, faults: list[dict[str, Any]], workers: int = 2) -> dict[str, Any]:
+def _run(
+    tmp: Path, faults: list[dict[str, Any]], workers: int = 2, spares: int = 1
+) -> dict[str, Any]:
     spec = RunSpec(
         target=TARGET, workers=workers, run_dir=str(tmp), faults=faults, argv=ARGS,
-        policy="llm-pretrain", threads_per_rank=1, spares=1,
+        policy="llm-pretrain", threads_per_rank=1, spares=spares,
     )  # fmt: skip
     return run_supervised(spec)
 
@@ -131,7 +133,8 @@ def test_a_poisoned_batch_is_reproducible_and_rolled_back(
 ) -> None:
     """A loss spike from a poisoned batch on rank 0 -> reproducible -> rollback and skip, no restart."""
     fault = {"kind": "loss_spike", "at_step": S, "rank": 0, "factor": 20.0}
-    summary = _run(tmp_path, [fault])
+    # No warm spare: a replacement (there must be none) would be a cold start, a new incarnation.
+    summary = _run(tmp_path, [fault], spares=0)
     _completed_equal(summary)
     replay, answer = _replay_and_answer(tmp_path)
     assert replay["anomaly"]["kind"] == "loss_spike"

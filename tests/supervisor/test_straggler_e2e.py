@@ -17,7 +17,8 @@ TARGET = f"{Path(__file__).resolve().parent / 'straggler_train.py'}:main"
 
 def test_slow_rank_is_found_through_ddp(ray_cluster: None, tmp_path: Path) -> None:
     """Rank 1 sleeps 0.15 s per step under 2-rank gloo DDP: one straggler event, for rank 1."""
-    spec = RunSpec(target=TARGET, workers=2, run_dir=str(tmp_path))
+    # A straggler is reported, never replaced: no warm spare to start.
+    spec = RunSpec(target=TARGET, workers=2, run_dir=str(tmp_path), spares=0)
     summary = run_supervised(spec)
     assert summary["status"] == "completed", summary
     found = [a for a in read_jsonl(tmp_path / "anomalies.jsonl") if a["kind"] == "straggler"]

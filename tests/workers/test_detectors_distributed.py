@@ -3,7 +3,6 @@ functions of step times."""
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -13,7 +12,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -25,21 +23,16 @@ from remedy.rank.detectors import (
     install_collective_timer,
 )
 from remedy.rank.detectors.testing import run_guarded, step_stats
+from tests.workers.ddp_pair import ddp_mlp, rank_batches
+from tests.workers.fsdp_ranks import spawn_ranks
 
 LATE_STEP = 4
 LATE_S = 1.0
 
 
-def _rank_main(rank: int, world: int, tmp: str) -> None:
+def _rank_main(rank: int, world: int, tmp: str) -> dict[str, Any]:
     """One DDP rank: rank 1 is late for step LATE_STEP's all-reduce by LATE_S seconds."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world
-    )
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
-    )
+    model = ddp_mlp()
     timer = install_collective_timer(model)
 
     def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, int]) -> torch.Tensor:
@@ -50,31 +43,21 @@ def _rank_main(rank: int, world: int, tmp: str) -> None:
             time.sleep(LATE_S)  # a slow rank: the others wait in the all-reduce
         return nn.functional.mse_loss(m(x), y)
 
-    gen = torch.Generator().manual_seed(rank)
-    data = [
-        (torch.randn(8, 16, generator=gen), torch.randn(8, 1, generator=gen), i) for i in range(10)
-    ]
     run = run_guarded(
         model,
         torch.optim.SGD(model.parameters(), lr=0.01),
         loss_fn=loss_fn,
-        data=data,
+        data=rank_batches(rank, 10),
         steps=8,
         detectors=[CollectiveSlowDetector(timer, threshold_s=0.5)],
         policy_dir=tmp,
         snapshot_every=1000,
     )
-    out = {
+    return {
         "events": [(e.kind, e.step, e.value) for e in run.events],
         "collective_s": [s.extra.get("collective_s") for s in run.stats],
         "count": timer.count,
     }
-    Path(tmp, f"rank{rank}.json").write_text(json.dumps(out))
-    dist.barrier()  # leave together
-    dist.destroy_process_group()
-    # gloo's threads can abort interpreter teardown ("terminate called without an active
-    # exception", seen with torch 2.13, also without any comm hook): skip it, the work is done.
-    os._exit(0)
 
 
 @pytest.mark.timeout(180)
@@ -82,18 +65,15 @@ def test_late_rank_makes_real_allreduce_slow(tmp_path: Path) -> None:
     """Rank 1 arrives 1 s late at step 4: rank 0's timed all-reduce takes ~1 s, collective_slow
     fires there on rank 0 only, and every step's collective time lands in the metrics."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_rank_main, args=(2, str(tmp_path)), nprocs=2, join=True)
-    r0: dict[str, Any] = json.loads((tmp_path / "rank0.json").read_text())
-    r1: dict[str, Any] = json.loads((tmp_path / "rank1.json").read_text())
+    r0, r1 = spawn_ranks(_rank_main, 2, tmp_path, str(tmp_path))
     assert [(k, s) for k, s, _ in r0["events"]] == [("collective_slow", LATE_STEP)], r0
     assert LATE_S * 0.8 < r0["events"][0][2] < LATE_S * 3
     assert r1["events"] == []
     assert r0["count"] >= 8 and all(c is not None for c in r0["collective_s"])
 
 
-def _attach_main(rank: int, tmp: str) -> None:
+def _attach_main(rank: int, world: int, tmp: str) -> dict[str, Any]:
     """A one-rank DDP job: the Guard gives a timer-less detector a timer; an existing hook wins."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1)
     out: dict[str, Any] = {}
     for case in ("plain", "own_hook"):
         torch.manual_seed(0)
@@ -115,9 +95,7 @@ def _attach_main(rank: int, tmp: str) -> None:
             "timed": detector.timer is not None,
             "collective_s": [s.extra.get("collective_s") for s in run.stats],
         }
-    Path(tmp, "attach.json").write_text(json.dumps(out))
-    dist.destroy_process_group()
-    os._exit(0)  # see _rank_main
+    return out
 
 
 def _own_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -139,8 +117,7 @@ def test_guard_times_a_ddp_models_allreduces(tmp_path: Path) -> None:
     collective time reaches the metrics; with the user's own comm hook registered, timing
     stays off and training goes on."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_attach_main, args=(str(tmp_path),), nprocs=1, join=True)
-    out = json.loads((tmp_path / "attach.json").read_text())
+    [out] = spawn_ranks(_attach_main, 1, tmp_path, str(tmp_path))
     assert out["plain"]["timed"]
     assert all(isinstance(c, float) for c in out["plain"]["collective_s"])
     assert out["own_hook"] == {"timed": False, "collective_s": [None, None, None]}

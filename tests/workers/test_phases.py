@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from remedy import Guard, GuardConfig
 from remedy.rank.detectors import CollectiveSlowDetector, CollectiveTimer
 from remedy.rank.detectors.testing import run_guarded, step_stats
 from remedy.rank.loop.phases import BETWEEN, WARMUP_STEPS, PhaseClock
+from tests.workers.ddp_pair import ddp_mlp, rank_batches
+from tests.workers.fsdp_ranks import spawn_ranks
 
 
 class FakeClock:
@@ -204,17 +204,10 @@ EVAL_S = 1.0
 LATE_STEP = 8
 
 
-def _rank_main(rank: int, world: int, tmp: str, declare: bool) -> None:
+def _rank_main(rank: int, world: int, tmp: str, declare: bool) -> dict[str, Any]:
     """One DDP rank: rank 0 evaluates EVAL_S before step EVAL_STEP (between steps), and rank 1
     is late by EVAL_S *inside* step LATE_STEP (a slow rank, not a phase)."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world
-    )
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
-    )
+    model = ddp_mlp()
 
     def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, int]) -> torch.Tensor:
         x, y, index = batch
@@ -230,30 +223,22 @@ def _rank_main(rank: int, world: int, tmp: str, declare: bool) -> None:
                     while time.perf_counter() < end:
                         model.module(torch.randn(64, 16))
 
-    gen = torch.Generator().manual_seed(rank)
-    data = [
-        (torch.randn(8, 16, generator=gen), torch.randn(8, 1, generator=gen), i) for i in range(12)
-    ]
     run = run_guarded(
         model,
         torch.optim.SGD(model.parameters(), lr=0.01),
         loss_fn=loss_fn,
-        data=data,
+        data=rank_batches(rank, 12),
         steps=11,
         detectors=[CollectiveSlowDetector(threshold_s=0.5)],
         policy_dir=tmp,
         snapshot_every=1000,
         before_step=before_step,
     )
-    out = {
-        "events": [(e.kind, e.step) for e in run.events],
+    return {
+        "events": [[e.kind, e.step] for e in run.events],
         "phase_wait_s": [s.extra.get("phase_wait_s") for s in run.stats],
         "phase_s": [s.extra.get("phase_s") for s in run.stats],
     }
-    Path(tmp, f"rank{rank}.json").write_text(json.dumps(out))
-    dist.barrier()
-    dist.destroy_process_group()
-    os._exit(0)  # gloo's threads can abort interpreter teardown (see test_detectors_distributed)
 
 
 @pytest.mark.timeout(180)
@@ -267,9 +252,7 @@ def test_a_peer_waiting_for_rank_0s_eval_is_not_slow_but_a_late_rank_still_is(
     declared with guard.phase): no collective_slow, and rank 1's metrics say it waited for a
     phase; rank 1 late by 1 s inside step 8 is still rank 0's collective_slow."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_rank_main, args=(2, str(tmp_path), declare), nprocs=2, join=True)
-    r0 = json.loads((tmp_path / "rank0.json").read_text())
-    r1 = json.loads((tmp_path / "rank1.json").read_text())
+    r0, r1 = spawn_ranks(_rank_main, 2, tmp_path, str(tmp_path), declare)
     assert r0["events"] == [["collective_slow", LATE_STEP]], r0
     assert r1["events"] == [], r1
     assert r0["phase_s"][EVAL_STEP] >= EVAL_S
