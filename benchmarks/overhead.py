@@ -51,6 +51,10 @@ each side as its own `remedy run` instead, alternating which goes first.
 (`_pieces.py`: the boundary, the step mark, the step's parts, the report, each
 in µs per step on rank 0, nested pieces indented) and prints that table under
 the row; its wrappers cost a little, so take the ratio from a run without it.
+`--dry-run` runs it under `remedy run --dry-run` (the policy decides and
+journals but does not act): on a heavily loaded machine a rank starved during
+a plain chunk, which reports nothing, can pass the hang watch's bound, and its
+restart would end the run; the step's path is the same.
 
 Timings on a shared machine are noisy: compare ratios, rerun, and keep
 `--threads 1` (the default) where other jobs compete for the cores.
@@ -345,7 +349,8 @@ def supervised(args: argparse.Namespace) -> None:
         print(f"under remedy run, both sides in the same ranks: {args.sup_steps} steps of each in "
               f"chunks of {args.chunk}, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
         for w in workers:
-            r = interleaved(w, args.sup_steps, args.chunk, pieces=args.pieces)
+            r = interleaved(w, args.sup_steps, args.chunk, pieces=args.pieces,
+                            dry_run=args.dry_run)  # fmt: skip
             print(f"supervised {w} ranks {r['ratio']:.4f} [{r['lo']:.4f}, {r['hi']:.4f}]  "
                   f"(plain {r['plain_ms']:.2f} ms, guarded {r['guarded_ms']:.2f} ms, "
                   f"{r['pairs']} pairs of chunks)", flush=True)  # fmt: skip
@@ -396,6 +401,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sup-steps", type=int, default=400, help="steps of each side per run")
     p.add_argument("--chunk", type=int, default=10, help="steps per chunk (--supervised)")
     p.add_argument("--separate", action="store_true", help="one remedy run per side (--supervised)")
+    # Under heavy load a rank starved of CPU during a plain chunk (which reports nothing) can
+    # pass the hang watch's bound and be restarted, ending the run: decide but do not act.
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="the supervisor decides but does not act (--supervised, a loaded machine)",
+    )
     p.add_argument("--pieces", action="store_true",
                    help="time each piece of the step in the ranks (--supervised)")  # fmt: skip
     p.add_argument("--sup-repeat", type=int, default=3, help="runs of each side (--separate)")

@@ -210,16 +210,19 @@ def _rank0(cmd: list[str], env: dict[str, str], run_dir: Path, what: str) -> dic
     return dict(rank0["result"])
 
 
-def interleaved(workers: int, steps: int, chunk: int, *, pieces: bool = False) -> dict[str, Any]:
+def interleaved(
+    workers: int, steps: int, chunk: int, *, pieces: bool = False, dry_run: bool = False
+) -> dict[str, Any]:
     """One `remedy run` of `workers` ranks training both sides in alternating chunks: the
     median of the pairs' guarded/plain ratios and its 95% bootstrap interval over the pairs;
-    with `pieces`, rank 0's µs per step of each piece of both sides (`_pieces.Pieces`)."""
+    with `pieces`, rank 0's µs per step of each piece of both sides (`_pieces.Pieces`).
+    `dry_run`: the supervisor decides and journals but does not act (`remedy run --dry-run`)."""
     with tempfile.TemporaryDirectory() as tmp_s:
         run_dir = Path(tmp_s) / f"interleaved-{workers}"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
         cmd = [sys.executable, "-m", "remedy.cli", "run", TARGET, "--workers", str(workers),
-               "--run-dir", str(run_dir), "--quiet", "--", "--mode", "interleaved",
-               "--steps", str(steps), "--chunk", str(chunk)]  # fmt: skip
+               "--run-dir", str(run_dir), "--quiet", *(["--dry-run"] if dry_run else []),
+               "--", "--mode", "interleaved", "--steps", str(steps), "--chunk", str(chunk)]  # fmt: skip
         if pieces:
             cmd.append("--pieces")
         result = _rank0(cmd, env, run_dir, f"interleaved x{workers}")
