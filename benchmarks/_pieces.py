@@ -13,12 +13,11 @@ without them (`--pieces` is a separate run).
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 # (name, path from the Guard to the object, method). Nesting is found as the run goes: a
-# piece called inside another is shown under it, and only the outermost count toward the
+# piece called inside another is keyed under it, and only the outermost count toward the
 # step's accounted time.
 GUARDED: list[tuple[str, str, str]] = [
     ("boundary", "", "_boundary"),
@@ -54,36 +53,39 @@ GUARDED: list[tuple[str, str, str]] = [
 
 # The total of the outermost pieces' time (what the step's pieces account for).
 OUTERMOST = "(outermost pieces together)"
+# Between a caller's name and its callee's in a key.
+SEP = " / "
 
 
 class Pieces:
-    """Per-piece time totals of the calls it wraps, counted while `on`."""
+    """Per-piece time totals of the calls it wraps, counted while `on`, keyed by where each
+    was called: "boundary / agreement.agreed" is `agreed` called inside the boundary."""
 
     def __init__(self) -> None:
-        self.total: dict[str, float] = defaultdict(float)
-        self.depth_of: dict[str, int] = {}  # how deep in other pieces each was first called
+        self.total: dict[str, float] = {}  # in the order first called: a caller before its callees
         self.on = False
-        self._depth = 0
+        self._path: list[str] = []
 
     def wrap(self, obj: Any, attr: str, name: str) -> None:
         """Time `obj.attr(...)` as `name` from now on (an instance attribute over the method)."""
         fn: Callable[..., Any] = getattr(obj, attr)
-        total = self.total
+        total, path = self.total, self._path
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            depth = self._depth
-            self.depth_of.setdefault(name, depth)
-            self._depth += 1
+            key = SEP.join([*path, name])
+            total.setdefault(key, 0.0)
+            outermost = not path
+            path.append(name)
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._depth = depth
+                path.pop()
                 if self.on:
                     dt = time.perf_counter() - t0
-                    total[name] += dt
-                    if depth == 0:
-                        total[OUTERMOST] += dt
+                    total[key] += dt
+                    if outermost:
+                        total[OUTERMOST] = total.get(OUTERMOST, 0.0) + dt
 
         setattr(obj, attr, timed)
 
@@ -103,7 +105,7 @@ class Pieces:
 
     def timed(self, name: str, fn: Callable[[], Any]) -> Any:
         """Run `fn` and count its time as `name` (the plain loop's pieces)."""
-        self.depth_of.setdefault(name, 0)
+        self.total.setdefault(name, 0.0)
         t0 = time.perf_counter()
         try:
             return fn()
@@ -111,8 +113,11 @@ class Pieces:
             if self.on:
                 self.total[name] += time.perf_counter() - t0
 
-    def per_step(self, steps: int) -> dict[str, tuple[int, float]]:
-        """(nesting depth, microseconds per step) of each piece."""
-        return {
-            k: (self.depth_of.get(k, 0), v / max(steps, 1) * 1e6) for k, v in self.total.items()
-        }
+    def add(self, name: str, seconds: float) -> None:
+        """Count `seconds` as `name` while `on` (a whole chunk's steps)."""
+        if self.on:
+            self.total[name] = self.total.get(name, 0.0) + seconds
+
+    def per_step(self, steps: int) -> dict[str, float]:
+        """Microseconds per step of each piece, by key."""
+        return {k: v / max(steps, 1) * 1e6 for k, v in self.total.items()}

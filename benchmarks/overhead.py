@@ -373,17 +373,17 @@ def supervised(args: argparse.Namespace) -> None:
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
-def print_pieces(pieces: dict[str, list[float]]) -> None:
+def print_pieces(pieces: dict[str, float]) -> None:
     """Rank 0's µs per step of each piece of a `--pieces` run (`_pieces`), as measured there
     (wrapped calls; a piece called inside another indented under it), and what the outermost
     pieces leave unaccounted."""
     print("  rank 0, µs per step (timed with wrappers: this run's ratio is not the figure):")
-    us_of = {name: us for name, (_, us) in pieces.items()}
-    for name, (depth, us) in pieces.items():
-        if not name.startswith("(") and "(whole)" not in name:
-            print(f"    {'  ' * int(depth)}{name:{52 - 2 * int(depth)}} {us:9.1f}")
-    whole, plain = us_of.get("guarded step (whole)", 0.0), us_of.get("plain step (whole)", 0.0)
-    outer = us_of.get("(outermost pieces together)", 0.0)
+    for key, us in pieces.items():
+        if not key.startswith("(") and "(whole)" not in key:
+            *callers, name = key.split(" / ")
+            print(f"    {'  ' * len(callers)}{name:{52 - 2 * len(callers)}} {us:9.1f}")
+    whole, plain = pieces.get("guarded step (whole)", 0.0), pieces.get("plain step (whole)", 0.0)
+    outer = pieces.get("(outermost pieces together)", 0.0)
     print(f"    {'guarded step (whole)':52} {whole:9.1f}")
     print(f"    {'  outside the pieces (loop, yield, the rest)':52} {whole - outer:9.1f}")
     print(f"    {'plain step (whole)':52} {plain:9.1f}")

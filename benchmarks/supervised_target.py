@@ -176,9 +176,8 @@ def _interleaved(
             g, pl = guarded_chunk(), plain_chunk()
         else:
             pl, g = plain_chunk(), guarded_chunk()
-        if pieces.on:
-            pieces.total["guarded step (whole)"] += sum(g)
-            pieces.total["plain step (whole)"] += sum(pl)
+        pieces.add("guarded step (whole)", sum(g))
+        pieces.add("plain step (whole)", sum(pl))
         # The first step of a chunk pays for the switch from the other model: left out.
         pairs.append((statistics.median(g[1:]), statistics.median(pl[1:])))
     pieces.on = False
