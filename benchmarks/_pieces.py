@@ -12,6 +12,7 @@ without them (`--pieces` is a separate run).
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +64,7 @@ class Pieces:
 
     def __init__(self) -> None:
         self.total: dict[str, float] = {}  # in the order first called: a caller before its callees
+        self.calls: dict[str, list[float]] = {}  # each call's seconds, while `on`
         self.on = False
         self._path: list[str] = []
 
@@ -84,6 +86,7 @@ class Pieces:
                 if self.on:
                     dt = time.perf_counter() - t0
                     total[key] += dt
+                    self.calls.setdefault(key, []).append(dt)
                     if outermost:
                         total[OUTERMOST] = total.get(OUTERMOST, 0.0) + dt
 
@@ -111,7 +114,9 @@ class Pieces:
             return fn()
         finally:
             if self.on:
-                self.total[name] += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                self.total[name] += dt
+                self.calls.setdefault(name, []).append(dt)
 
     def add(self, name: str, seconds: float) -> None:
         """Count `seconds` as `name` while `on` (a whole chunk's steps)."""
@@ -119,5 +124,12 @@ class Pieces:
             self.total[name] = self.total.get(name, 0.0) + seconds
 
     def per_step(self, steps: int) -> dict[str, float]:
-        """Microseconds per step of each piece, by key."""
+        """Microseconds per step of each piece, by key (the mean over the steps)."""
         return {k: v / max(steps, 1) * 1e6 for k, v in self.total.items()}
+
+    def typical(self, steps: int) -> dict[str, float]:
+        """Microseconds per step of each piece as its median call times its calls per step:
+        on a loaded machine, where a few preempted calls swell the mean."""
+        return {
+            k: statistics.median(v) * len(v) / max(steps, 1) * 1e6 for k, v in self.calls.items()
+        }

@@ -355,7 +355,7 @@ def supervised(args: argparse.Namespace) -> None:
                   f"(plain {r['plain_ms']:.2f} ms, guarded {r['guarded_ms']:.2f} ms, "
                   f"{r['pairs']} pairs of chunks)", flush=True)  # fmt: skip
             if r["pieces_us"]:
-                print_pieces(r["pieces_us"])
+                print_pieces(r["pieces_us"], r["pieces_median_us"])
         print(
             "\nGuard pieces on the tiny model, right after a backward (µs per call: median, mean):"
         )
@@ -373,15 +373,21 @@ def supervised(args: argparse.Namespace) -> None:
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
-def print_pieces(pieces: dict[str, float]) -> None:
+def print_pieces(pieces: dict[str, float], medians: dict[str, float] | None = None) -> None:
     """Rank 0's µs per step of each piece of a `--pieces` run (`_pieces`), as measured there
-    (wrapped calls; a piece called inside another indented under it), and what the outermost
-    pieces leave unaccounted."""
+    (wrapped calls; a piece called inside another indented under it): the mean over the steps
+    and the median call times its calls per step; and what the outermost pieces leave
+    unaccounted (means)."""
+    medians = medians or {}
     print("  rank 0, µs per step (timed with wrappers: this run's ratio is not the figure):")
+    print(f"    {'':52} {'mean':>9} {'median':>9}")
     for key, us in pieces.items():
         if not key.startswith("(") and "(whole)" not in key:
             *callers, name = key.split(" / ")
-            print(f"    {'  ' * len(callers)}{name:{52 - 2 * len(callers)}} {us:9.1f}")
+            median = medians.get(key, math.nan)
+            print(
+                f"    {'  ' * len(callers)}{name:{52 - 2 * len(callers)}} {us:9.1f} {median:9.1f}"
+            )
     whole, plain = pieces.get("guarded step (whole)", 0.0), pieces.get("plain step (whole)", 0.0)
     outer = pieces.get("(outermost pieces together)", 0.0)
     print(f"    {'guarded step (whole)':52} {whole:9.1f}")

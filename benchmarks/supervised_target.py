@@ -184,7 +184,8 @@ def _interleaved(
     guard.close()
     return {"mode": "interleaved", "pairs": pairs[warm:], "chunk": args.chunk,
             "torch_threads": torch.get_num_threads(),
-            "pieces_us": pieces.per_step(timed_steps)}  # fmt: skip
+            "pieces_us": pieces.per_step(timed_steps),
+            "pieces_median_us": pieces.typical(timed_steps)}  # fmt: skip
 
 
 def _one(mode: str, workers: int, steps: int, tmp: Path, i: int) -> float:
@@ -231,7 +232,8 @@ def interleaved(
     return {"workers": workers, "ratio": statistics.median(ratios), "lo": lo, "hi": hi,
             "pairs": len(pairs), "guarded_ms": statistics.median(g for g, _ in pairs) * 1e3,
             "plain_ms": statistics.median(p for _, p in pairs) * 1e3,
-            "pieces_us": result.get("pieces_us", {})}  # fmt: skip
+            "pieces_us": result.get("pieces_us", {}),
+            "pieces_median_us": result.get("pieces_median_us", {})}  # fmt: skip
 
 
 def bootstrap_interval(

@@ -44,4 +44,6 @@ def test_pieces_time_the_guards_calls_nested_as_called() -> None:
     keys = list(per_step)
     assert keys.index("finish_step") < keys.index("finish_step / send"), "a caller first"
     assert per_step[OUTERMOST] >= per_step["boundary"] + per_step["forward_backward"]
+    typical = pieces.typical(6)
+    assert 0 < typical["forward_backward"] <= per_step["forward_backward"] * 6, typical
     assert len(guard.recent_stats) == 6, "the wrapped Guard trained every step"
