@@ -35,6 +35,7 @@ tiny model's real batches, and the Guard's own per-step pieces.
     python benchmarks/overhead.py --profile  # cProfile of the tiny config's guarded steps
     python benchmarks/overhead.py --supervised [--sup-workers 1,4] [--sup-steps 400] [--chunk 10]
     python benchmarks/overhead.py --supervised --separate [--sup-repeat 3]
+    python benchmarks/overhead.py --supervised --sup-workers 4 --pieces  # where a step's time goes
 
 `--supervised` prints the rows of the real supervised path instead: the
 example under `remedy run` (a private local Ray) at 1 rank and at 4 DDP
@@ -46,6 +47,14 @@ of this shared machine hits both alike; a row is `supervised N ranks RATIO
 of median step times, with its 95% bootstrap interval over the pairs. Then
 the Guard's per-step pieces (as in the one-process rows). `--separate` runs
 each side as its own `remedy run` instead, alternating which goes first.
+`--pieces` times each piece of both sides' steps inside the ranks of the run
+(`_pieces.py`: the boundary, the step mark, the step's parts, the report, each
+in µs per step on rank 0, nested pieces indented) and prints that table under
+the row; its wrappers cost a little, so take the ratio from a run without it.
+`--dry-run` runs it under `remedy run --dry-run` (the policy decides and
+journals but does not act): on a heavily loaded machine a rank starved during
+a plain chunk, which reports nothing, can pass the hang watch's bound, and its
+restart would end the run; the step's path is the same.
 
 Timings on a shared machine are noisy: compare ratios, rerun, and keep
 `--threads 1` (the default) where other jobs compete for the cores.
@@ -340,10 +349,13 @@ def supervised(args: argparse.Namespace) -> None:
         print(f"under remedy run, both sides in the same ranks: {args.sup_steps} steps of each in "
               f"chunks of {args.chunk}, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
         for w in workers:
-            r = interleaved(w, args.sup_steps, args.chunk)
+            r = interleaved(w, args.sup_steps, args.chunk, pieces=args.pieces,
+                            dry_run=args.dry_run)  # fmt: skip
             print(f"supervised {w} ranks {r['ratio']:.4f} [{r['lo']:.4f}, {r['hi']:.4f}]  "
                   f"(plain {r['plain_ms']:.2f} ms, guarded {r['guarded_ms']:.2f} ms, "
                   f"{r['pairs']} pairs of chunks)", flush=True)  # fmt: skip
+            if r["pieces_us"]:
+                print_pieces(r["pieces_us"], r["pieces_median_us"])
         print(
             "\nGuard pieces on the tiny model, right after a backward (µs per call: median, mean):"
         )
@@ -361,6 +373,29 @@ def supervised(args: argparse.Namespace) -> None:
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
+def print_pieces(pieces: dict[str, float], medians: dict[str, float] | None = None) -> None:
+    """Rank 0's µs per step of each piece of a `--pieces` run (`_pieces`), as measured there
+    (wrapped calls; a piece called inside another indented under it): the mean over the steps
+    and the median call times its calls per step; and what the outermost pieces leave
+    unaccounted (means)."""
+    medians = medians or {}
+    print("  rank 0, µs per step (timed with wrappers: this run's ratio is not the figure):")
+    print(f"    {'':52} {'mean':>9} {'median':>9}")
+    for key, us in pieces.items():
+        if not key.startswith("(") and "(whole)" not in key:
+            *callers, name = key.split(" / ")
+            median = medians.get(key, math.nan)
+            print(
+                f"    {'  ' * len(callers)}{name:{52 - 2 * len(callers)}} {us:9.1f} {median:9.1f}"
+            )
+    whole, plain = pieces.get("guarded step (whole)", 0.0), pieces.get("plain step (whole)", 0.0)
+    outer = pieces.get("(outermost pieces together)", 0.0)
+    print(f"    {'guarded step (whole)':52} {whole:9.1f}")
+    print(f"    {'  outside the pieces (loop, yield, the rest)':52} {whole - outer:9.1f}")
+    print(f"    {'plain step (whole)':52} {plain:9.1f}")
+    print(f"    {'guarded - plain':52} {whole - plain:9.1f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps (smoke run)")
@@ -372,6 +407,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sup-steps", type=int, default=400, help="steps of each side per run")
     p.add_argument("--chunk", type=int, default=10, help="steps per chunk (--supervised)")
     p.add_argument("--separate", action="store_true", help="one remedy run per side (--supervised)")
+    # Under heavy load a rank starved of CPU during a plain chunk (which reports nothing) can
+    # pass the hang watch's bound and be restarted, ending the run: decide but do not act.
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="the supervisor decides but does not act (--supervised, a loaded machine)",
+    )
+    p.add_argument("--pieces", action="store_true",
+                   help="time each piece of the step in the ranks (--supervised)")  # fmt: skip
     p.add_argument("--sup-repeat", type=int, default=3, help="runs of each side (--separate)")
     add_check_imports(p)
     args = p.parse_args(argv)

@@ -14,7 +14,8 @@ batches, in alternating chunks of `--chunk` steps (guarded then plain, then
 plain then guarded, ...), so that machine noise, a busy neighbour or a slow
 rank hits both sides alike. It returns the median step time of each side in
 each pair of chunks; `interleaved` runs it and gives the median of the pairs'
-ratios with a 95% bootstrap interval over the pairs.
+ratios with a 95% bootstrap interval over the pairs. With `--pieces` it also
+returns the µs per step of each piece of both sides (`_pieces.Pieces`).
 
 `compare` runs both modes as separate `remedy run`s at each world size,
 alternating which goes first, and gives the ratio of the median step times.
@@ -39,6 +40,8 @@ sys.path.insert(0, str(REPO))
 
 TARGET = f"{Path(__file__).resolve()}:main"
 
+from benchmarks._pieces import Pieces  # noqa: E402
+
 
 def main(argv: list[str]) -> dict[str, Any]:
     """Train `--steps` steps guarded or plain; return the step times after `--warmup`."""
@@ -59,6 +62,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     p.add_argument("--chunk", type=int, default=10, help="steps per chunk (interleaved)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--pieces", action="store_true", help="time each piece of both sides' steps")
     # Set in the thread that trains, for both modes alike: under load, two intra-op
     # threads on 2 cores made the plain loop 7-12x slower than the guarded one.
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -124,8 +128,12 @@ def _interleaved(
     twin_opt = torch.optim.AdamW(twin.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.95))
     twin_sched = torch.optim.lr_scheduler.LambdaLR(twin_opt, cosine_with_warmup(30, args.steps))
     guard = Guard(model, opt, loss_fn=lm_loss, data=batch, scheduler=sched, max_steps=args.steps)
+    pieces = Pieces()
+    if args.pieces:
+        pieces.wrap_guard(guard)
     it = iter(guard)
     plain_step = 0
+    timed_steps = 0
 
     def guarded_chunk() -> list[float]:
         times = []
@@ -142,10 +150,17 @@ def _interleaved(
         times = []
         last = time.perf_counter()
         for _ in range(args.chunk):
-            twin_opt.zero_grad(set_to_none=True)
-            lm_loss(twin, batch(plain_step)).backward()
-            twin_opt.step()
-            twin_sched.step()
+            if args.pieces:
+                pieces.timed("plain: zero_grad", lambda: twin_opt.zero_grad(set_to_none=True))
+                pieces.timed("plain: forward_backward",
+                             lambda i=plain_step: lm_loss(twin, batch(i)).backward())  # fmt: skip
+                pieces.timed("plain: optimizer step", twin_opt.step)
+                pieces.timed("plain: scheduler step", twin_sched.step)
+            else:
+                twin_opt.zero_grad(set_to_none=True)
+                lm_loss(twin, batch(plain_step)).backward()
+                twin_opt.step()
+                twin_sched.step()
             plain_step += 1
             now = time.perf_counter()
             times.append(now - last)
@@ -153,17 +168,24 @@ def _interleaved(
         return times
 
     pairs: list[tuple[float, float]] = []
+    warm = max(1, args.warmup // args.chunk)
     for i in range(args.steps // args.chunk):
+        pieces.on = args.pieces and i >= warm
+        timed_steps += args.chunk if pieces.on else 0
         if i % 2 == 0:
             g, pl = guarded_chunk(), plain_chunk()
         else:
             pl, g = plain_chunk(), guarded_chunk()
+        pieces.add("guarded step (whole)", sum(g))
+        pieces.add("plain step (whole)", sum(pl))
         # The first step of a chunk pays for the switch from the other model: left out.
         pairs.append((statistics.median(g[1:]), statistics.median(pl[1:])))
+    pieces.on = False
     guard.close()
-    warm = max(1, args.warmup // args.chunk)
     return {"mode": "interleaved", "pairs": pairs[warm:], "chunk": args.chunk,
-            "torch_threads": torch.get_num_threads()}  # fmt: skip
+            "torch_threads": torch.get_num_threads(),
+            "pieces_us": pieces.per_step(timed_steps),
+            "pieces_median_us": pieces.typical(timed_steps)}  # fmt: skip
 
 
 def _one(mode: str, workers: int, steps: int, tmp: Path, i: int) -> float:
@@ -188,22 +210,30 @@ def _rank0(cmd: list[str], env: dict[str, str], run_dir: Path, what: str) -> dic
     return dict(rank0["result"])
 
 
-def interleaved(workers: int, steps: int, chunk: int) -> dict[str, Any]:
+def interleaved(
+    workers: int, steps: int, chunk: int, *, pieces: bool = False, dry_run: bool = False
+) -> dict[str, Any]:
     """One `remedy run` of `workers` ranks training both sides in alternating chunks: the
-    median of the pairs' guarded/plain ratios and its 95% bootstrap interval over the pairs."""
+    median of the pairs' guarded/plain ratios and its 95% bootstrap interval over the pairs;
+    with `pieces`, rank 0's µs per step of each piece of both sides (`_pieces.Pieces`).
+    `dry_run`: the supervisor decides and journals but does not act (`remedy run --dry-run`)."""
     with tempfile.TemporaryDirectory() as tmp_s:
         run_dir = Path(tmp_s) / f"interleaved-{workers}"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
         cmd = [sys.executable, "-m", "remedy.cli", "run", TARGET, "--workers", str(workers),
-               "--run-dir", str(run_dir), "--quiet", "--", "--mode", "interleaved",
-               "--steps", str(steps), "--chunk", str(chunk)]  # fmt: skip
+               "--run-dir", str(run_dir), "--quiet", *(["--dry-run"] if dry_run else []),
+               "--", "--mode", "interleaved", "--steps", str(steps), "--chunk", str(chunk)]  # fmt: skip
+        if pieces:
+            cmd.append("--pieces")
         result = _rank0(cmd, env, run_dir, f"interleaved x{workers}")
     pairs = [tuple(p) for p in result["pairs"]]
     ratios = [g / p for g, p in pairs]
     lo, hi = bootstrap_interval(ratios)
     return {"workers": workers, "ratio": statistics.median(ratios), "lo": lo, "hi": hi,
             "pairs": len(pairs), "guarded_ms": statistics.median(g for g, _ in pairs) * 1e3,
-            "plain_ms": statistics.median(p for _, p in pairs) * 1e3}  # fmt: skip
+            "plain_ms": statistics.median(p for _, p in pairs) * 1e3,
+            "pieces_us": result.get("pieces_us", {}),
+            "pieces_median_us": result.get("pieces_median_us", {})}  # fmt: skip
 
 
 def bootstrap_interval(

@@ -417,11 +417,6 @@ class Guard:
         else:
             due = self.inbox.due_at_tick(self.tick)
         self.inbox.apply(due, self)
-        if self.agreement is not None:
-            # Read in the next step's one sync; with it, whether a rank has news (group_decide).
-            self.agreement.launch(
-                self.inbox.max_seq, news=getattr(self.reporter, "has_news", False)
-            )
         if due:
             self._report_corrupt()
             self._send(force=True)
@@ -620,7 +615,12 @@ class Guard:
         """One training step on `batch`: forward, backward, checks, optimizer step, report."""
         t0 = time.perf_counter()
         step = self.step_count
-        self.phases.begin()  # the phase before this step, told to the group
+        late_ms, warming = self.phases.begin()  # the phase before this step
+        if self.agreement is not None:
+            # The step's one all-reduce, read in its one sync: the commands every rank holds,
+            # whether a rank has news (group_decide), and the phase each rank told.
+            self.agreement.launch(self.inbox.max_seq, news=getattr(self.reporter, "has_news", False),
+                                  late_ms=late_ms, warming=warming)  # fmt: skip
         # Gradients are freed here rather than after the optimizer step: freed at the
         # end, the allocator hands the memory back to the OS and the next backward
         # page-faults it in again (1-2.5% of a 50M-parameter CPU step).
@@ -659,17 +659,18 @@ class Guard:
             lr = float(self.optimizer.param_groups[0]["lr"])
             return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
         try:
-            seq_t = self.agreement.for_sync() if self.agreement is not None else None
-            phase_t = self.phases.for_sync()
-        except RuntimeError as exc:  # the agreement's or the phases' all-reduce: a peer was lost
+            agreed_t = self.agreement.for_sync() if self.agreement is not None else None
+        except RuntimeError as exc:  # the agreement's all-reduce: a peer was lost
             if not self._rejoined(exc, in_step=True):
                 raise
             lr = float(self.optimizer.param_groups[0]["lr"])
             return StepResult(step, math.nan, math.nan, lr, optimizer_skipped=True)
-        # One host sync for the loss, the norm, the commands' agreement and the phases'.
-        loss_v, norm_v, (seq_v, phase_v) = self.executor.read_all(loss, norm_t, [seq_t, phase_t])
-        if seq_v is not None and self.agreement is not None:
-            self.agreement.settle(seq_v[0])
+        # One host sync for the loss, the norm and the agreement (commands, news, phases).
+        loss_v, norm_v, (agreed_v,) = self.executor.read_all(loss, norm_t, [agreed_t])
+        phase_v = None
+        if agreed_v is not None and self.agreement is not None:
+            self.agreement.settle(agreed_v)
+            phase_v = self.agreement.phase
         extra: dict[str, Any] = {}
         self.phases.note(phase_v, extra)
         if not math.isfinite(norm_v):
@@ -893,7 +894,7 @@ class Guard:
         an agreement launched in the old one is dropped."""
         self._group = group
         self.agreement = Agreement(group, self._group_device)
-        self.phases.use_group(group, self._group_device)
+        self.phases.use_group()
         # Whether to hold is decided alike on every rank: a replacement joins with no
         # quiet period, so every rank of the new group starts without one.
         self.flag_hold.quiet_until = 0

@@ -12,7 +12,7 @@ group decides once, the way `remedy run`'s supervisor does:
   tick) until the group exchanges them, and write their step records to
   `metrics-rank-<r>.jsonl` themselves;
 - the per-step agreement the Guard already all-reduces carries one more
-  number, whether any rank has news (`Agreement.news_channel`). Only then,
+  number, whether any rank has news (`Agreement.news`). Only then,
   at the next boundary, does every rank take part in an exchange: one
   `all_gather_object` brings every rank's reports to rank 0, which merges
   the anomalies of one executed step into one incident (`IncidentMerger`)
@@ -255,7 +255,6 @@ def join(guard: Joining) -> None:
     ctx = guard.ctx
     name = ctx.launcher or "a launcher"
     if guard.agreement is not None:
-        guard.agreement.news_channel = True
         guard.agreement.timeout = collective_timeout()
     if COLLECTIVE_TIMEOUT_ENV in os.environ:
         # Asked for a bound: every collective of the group (DDP's too) times out after it.

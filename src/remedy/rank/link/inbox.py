@@ -209,23 +209,30 @@ class CommandInbox:
 class Agreement:
     """Which commands every rank of a group applies, agreed at no host sync of its own.
 
-    At each boundary every rank launches an all-reduce (MIN) of the highest
-    command seq it holds and does not wait for it (`launch`). The Guard reads
-    the result in the one host sync its step makes anyway (`for_sync`, stacked
-    with the loss and the gradient norm, then `settle`), and the commands up to
-    that seq apply at the next boundary (`agreed`): every rank held them when
-    it launched, so every rank applies the same ones at the same boundary, one
-    step after they all had them. A step that ended early (a lost peer, an
-    OOM) reads nothing; the next boundary then waits for the result itself.
-    The first boundary of a group (the loop's, or one after a regroup) has
-    nothing launched yet: it agrees there and then, so commands queued before
-    the loop (or adopted with a replacement's state) apply at once.
+    Once per step every rank launches one all-reduce (MIN) of a small int64
+    tensor and does not wait for it (`launch`, as its step begins): the highest
+    command seq it holds, whether it has news for the group's decider, and the
+    step's phase numbers (`rank.loop.phases`: how late it came to the step, in
+    ms, and whether it warms up), the last two negated so that their MIN is the
+    group's MAX. The Guard reads the result in the one host sync its step makes
+    anyway (`for_sync`, stacked with the loss and the gradient norm, then
+    `settle`), and the commands up to that seq apply at the next boundary
+    (`agreed`): every rank held them when it launched, so every rank applies
+    the same ones at the same boundary, one step after they all had them. A
+    step that ended early (a lost peer, an OOM) reads nothing; the next
+    boundary then waits for the result itself. The first boundary of a group
+    (the loop's, or one after a regroup) has nothing launched yet: it agrees
+    there and then, so commands queued before the loop (or adopted with a
+    replacement's state) apply at once.
 
-    With `news_channel` (a group that decides without a supervisor,
-    `group_decide`), the same all-reduce carries a second number: whether any
-    rank had something for the group's decider when it launched (`news`, read
-    at the next boundary), so a clean step pays nothing more than the seq.
+    The news (`group_decide`: a group that decides without a supervisor) is
+    whether any rank had something for the group's decider when it launched,
+    read at the next boundary, so a clean step pays nothing more than the one
+    all-reduce.
     """
+
+    # The launched tensor's entries (`launch`).
+    SEQ, NEWS, LATE_MS, WARMING = range(4)
 
     def __init__(self, group: Any, device: Any) -> None:
         self.group = group
@@ -236,21 +243,25 @@ class Agreement:
         # The flag channel (`launch_flag`): whether any rank flagged the step just run.
         self._flag_tensor: Any = None
         self._flag_work: Any = None
-        # Whether the all-reduce also carries each rank's news (see the class's docstring).
-        self.news_channel = False
         self._news: bool | None = None  # read with the agreed seq, not yet handed out
         self.news = False  # whether any rank had news at the agreement `agreed` returned
+        # The group's (latest arrival in ms, any rank warming 0/1) of the step that read
+        # the agreement last (`settle`); None when no step has read one since.
+        self.phase: list[float] | None = None
         # How long a launched agreement may take before a peer counts as lost.
         self.timeout = AGREEMENT_TIMEOUT
 
-    def launch(self, max_seq: int, *, news: bool = False) -> None:
-        """Start the agreement on what this rank holds (every rank, at the same boundary);
-        `news`: this rank has something for the group's decider (with `news_channel`)."""
+    def launch(
+        self, max_seq: int, *, news: bool = False, late_ms: int = 0, warming: bool = False
+    ) -> None:
+        """Start the agreement on what this rank holds (every rank, at the same point of the
+        same step). `news`: this rank has something for the group's decider; `late_ms`,
+        `warming`: this rank's phase numbers for the step beginning (`rank.loop.phases`)."""
         import torch  # noqa: PLC0415 - only ranks of a process group get here
         import torch.distributed as dist  # noqa: PLC0415
 
-        # MIN of -news is -1 when any rank has news.
-        values = [max_seq, -int(news)] if self.news_channel else [max_seq]
+        # MIN of -x is -(MAX of x): -1 for news when any rank has news.
+        values = [max_seq, -int(news), -int(late_ms), -int(warming)]
         self._tensor = torch.tensor(values, dtype=torch.int64, device=self.device)
         self._work = dist.all_reduce(
             self._tensor, op=dist.ReduceOp.MIN, group=self.group, async_op=True
@@ -267,14 +278,14 @@ class Agreement:
             return None
         self._work.wait(timeout=self.timeout)
         self._work = None
-        return self._tensor[:1]
+        tensor, self._tensor = self._tensor, None
+        return tensor
 
-    def settle(self, value: float) -> None:
-        """The agreed seq, as the step's sync read it."""
-        self._agreed = int(value)
-        if self.news_channel:  # the sync waited for the collective: a plain read now
-            self._news = bool(self._tensor[1].item() < 0)
-        self._tensor = None
+    def settle(self, values: list[float]) -> None:
+        """The agreement's numbers, as the step's sync read them (`for_sync`'s tensor)."""
+        self._agreed = int(values[self.SEQ])
+        self._news = values[self.NEWS] < 0
+        self.phase = [-values[self.LATE_MS], -values[self.WARMING]]
 
     def agreed(self, max_seq: int) -> int | None:
         """The seq agreed at the previous boundary; at the first boundary of a group (nothing
@@ -283,7 +294,7 @@ class Agreement:
             self.launch(max_seq)
         pending = self.for_sync()
         if pending is not None:  # no step read it: read it here (a sync of its own)
-            self.settle(int(pending.item()))
+            self.settle(pending.tolist())
         agreed, self._agreed = self._agreed, None
         self.news, self._news = bool(self._news), None
         return agreed

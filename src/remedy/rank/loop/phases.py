@@ -20,10 +20,11 @@ lasts past it is reported as `phase_overrun`, naming the phase, when it ends.
 
 `PhaseClock` keeps this rank's phases (pure bookkeeping with an injectable
 clock). `PhaseExchange` tells the group, once per step, how late each rank
-came to the step and whether any is warming up (one small all-reduce, read in
-the step's one host sync), so a rank that waited for a peer's phase in the
-step's collectives knows it (`phase_wait_s`) and the detectors that judge
-waiting (`collective_slow`, the supervisor's straggler watch) leave it out.
+came to the step and whether any is warming up (two numbers in the step's one
+small all-reduce, the command agreement's, read in the step's one host sync),
+so a rank that waited for a peer's phase in the step's collectives knows it
+(`phase_wait_s`) and the detectors that judge waiting (`collective_slow`, the
+supervisor's straggler watch) leave it out.
 The phase travels to the supervisor in the ping answer (`status`, the
 `loop_phase` key), which the hang watch reads: a rank within its phase's
 bound is never named hung for being behind its peers.
@@ -32,7 +33,6 @@ bound is never named hung for being behind its peers.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import sys
 import threading
 import time
@@ -215,47 +215,25 @@ def _status(name: str, seconds: float, bound_s: float) -> dict[str, Any]:
     return {"name": name, "for_s": round(max(seconds, 0.0), 3), "bound_s": bound_s}
 
 
-# The exchange's bound: the per-step agreement's, which is launched and read beside it
-# (`link.inbox.AGREEMENT_TIMEOUT`); a peer lost past it fails the step as the agreement does.
-EXCHANGE_TIMEOUT = datetime.timedelta(seconds=300)
-
-
 class PhaseExchange:
-    """Each step, the group's latest arrival and whether any rank warms up, at no sync of its own.
+    """Each step, the group's latest arrival and whether any rank warms up, at no collective or
+    sync of its own.
 
-    `launch(late_s, warming)` starts a MAX all-reduce of (this rank's measured
-    phase before the step in ms, warming 0/1) when the step begins; `for_sync`
-    hands the result to the step's one host read, after the step's own
-    collectives (which it precedes on every rank, so it is long done).
-    `wait_of(values)` turns the read into this rank's wait for a peer's phase.
+    `told(late_s, warming)` gives this rank's numbers as the step begins (its
+    measured phase before the step in ms, warming 0/1); they travel in the
+    step's one all-reduce, the command agreement's (`rank.link.inbox.Agreement`,
+    which takes the group's MAX of each), read in the step's one host sync.
+    `wait_of(values)` turns the group's numbers into this rank's wait for a
+    peer's phase.
     """
 
-    def __init__(self, group: Any, device: Any) -> None:
-        self.group = group
-        self.device = device
-        self._tensor: Any = None
-        self._work: Any = None
+    def __init__(self) -> None:
         self._late_s = 0.0
 
-    def launch(self, late_s: float, *, warming: bool) -> None:
-        import torch  # noqa: PLC0415 - only ranks of a process group get here
-        import torch.distributed as dist  # noqa: PLC0415
-
+    def told(self, late_s: float, *, warming: bool) -> tuple[int, bool]:
+        """(ms late, warming): what this rank tells the group as its step begins."""
         self._late_s = late_s
-        values = [round(late_s * 1000.0), int(warming)]
-        self._tensor = torch.tensor(values, dtype=torch.int64, device=self.device)
-        self._work = dist.all_reduce(
-            self._tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True
-        )
-
-    def for_sync(self) -> Any:
-        """The launched exchange's tensor (None if none); raises what the collective raised."""
-        if self._work is None:
-            return None
-        work, self._work = self._work, None
-        work.wait(timeout=EXCHANGE_TIMEOUT)
-        tensor, self._tensor = self._tensor, None
-        return tensor
+        return round(late_s * 1000.0), warming
 
     def wait_of(self, values: list[float] | None) -> tuple[float, bool]:
         """(seconds this rank waited for a later peer's phase, whether any rank warms up)."""
@@ -264,16 +242,13 @@ class PhaseExchange:
         latest_s = float(values[0]) / 1000.0
         return max(latest_s - self._late_s, 0.0), bool(values[1])
 
-    def drop(self) -> None:
-        """A step that ended early (a lost peer): nothing will be read."""
-        self._work = self._tensor = None
-
 
 class LoopPhases:
     """The Guard's phases: its `PhaseClock` and, in a process group, its `PhaseExchange`.
 
-    The Guard calls `begin` as a step starts, `read` with the step's host sync,
-    `note` to put the step's phase numbers in its stats, and `end` as it ends.
+    The Guard calls `begin` as a step starts (which gives the numbers to tell
+    the group, in the step's agreement), `note` with what the step's host sync
+    read to put the step's phase numbers in its stats, and `end` as it ends.
     """
 
     def __init__(self, bound_s: float = DEFAULT_BOUND_S, bounds: dict[str, float] | None = None):
@@ -281,21 +256,18 @@ class LoopPhases:
         self.exchange: PhaseExchange | None = None
         self._late_s = 0.0
 
-    def use_group(self, group: Any, device: Any) -> None:
-        """Exchange with `group` from now on (a new generation): its first steps warm up."""
-        self.exchange = PhaseExchange(group, device)
+    def use_group(self) -> None:
+        """Exchange with a group from now on (a new generation): its first steps warm up."""
+        self.exchange = PhaseExchange()
         self.clock.restart_warmup()
 
-    def begin(self) -> None:
-        """A step starts: measure the phase before it and tell the group."""
+    def begin(self) -> tuple[int, bool]:
+        """A step starts: measure the phase before it; (ms late, warming) to tell the group."""
         self.clock.watch_compiles()
         self._late_s = self.clock.step_begins()
-        if self.exchange is not None:
-            self.exchange.launch(self._late_s, warming=self.clock.warming)
-
-    def for_sync(self) -> Any:
-        """The exchange's tensor for the step's host sync (None alone)."""
-        return self.exchange.for_sync() if self.exchange is not None else None
+        if self.exchange is None:
+            return 0, False
+        return self.exchange.told(self._late_s, warming=self.clock.warming)
 
     def note(self, values: list[float] | None, extra: dict[str, Any]) -> None:
         """Put the step's phase numbers into its stats' `extra` (they reach metrics.jsonl):
@@ -313,10 +285,6 @@ class LoopPhases:
 
     def end(self) -> list[Overrun]:
         """The step ended; the phases that overran their bound since the last step."""
-        if self.exchange is not None:
-            # A step that ended early (an OOM) read nothing: its exchange is done all the same.
-            with contextlib.suppress(RuntimeError):
-                self.exchange.for_sync()
         self.clock.step_ends()
         return self.clock.overruns()
 
