@@ -53,6 +53,24 @@ def test_the_loaders_wait_runs_from_the_end_of_the_step_before() -> None:
     assert step.elapsed_s < step.loader_s
 
 
+def test_the_boundarys_own_work_is_not_the_loaders_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between two steps of an untimed loop (HF's Trainer) the boundary's work (commands read,
+    the group's agreement waiting for the latest peer, commands sent) is left out of the
+    loader's wait: a rank waiting for its peer there is not starved of data."""
+    now = [0.0]
+    monkeypatch.setattr(_loop.time, "perf_counter", lambda: now[0])
+    step = LoopStep([])
+    step.fetched()
+    step.begin()
+    now[0] = 1.0
+    step.ended()  # step 0 ends at 1 s; the Trainer fetches until 1.5 s
+    now[0] = 1.5
+    step.boundary_took(2.0)  # the boundary then waits 2 s for a peer
+    now[0] = 3.5
+    step.fetched()
+    assert step.loader_s == 0.5
+
+
 def test_timed_fetches_are_the_loaders_wait_wherever_they_fall(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -94,6 +94,14 @@ class LoopStep:
             self._waited += time.perf_counter() - self._fetch_began
             self._fetch_began = None
 
+    def boundary_took(self, seconds: float) -> None:
+        """The boundary's own work before this step (the inbox read, the group's agreement on
+        commands, which waits for the latest peer, the commands applied and sent) took
+        `seconds`: that is not the loader's wait, which an untimed fetch measures from the end
+        of the step before."""
+        if self._ended is not None:
+            self._ended += seconds
+
     def fetched(self) -> None:
         """The framework fetched this step's batch since the last step ended: that is the
         loader's wait, as its fetches were timed, else the whole time since the last step
@@ -322,12 +330,14 @@ class LoopGuard:
     # ------------------------------------------------------------- the hooks
     def begin_step(self) -> None:
         """At the boundary before a step: apply due commands, snapshot, start the clock."""
+        began = time.perf_counter()
         self.inbox.take(self.reporter.poll())
         # Every rank applies the same commands at the same boundary (as the Guard does).
         due = self.agreement.due(self.inbox, tick=self.tick, target=self)
         self.inbox.apply(due, self)
         if due:
             self._send()
+        self.this_step.boundary_took(time.perf_counter() - began)
         self.injector.before_batch(self.step_count)
         self.this_step.fetched()
         self.injector.before_step(self.step_count)
