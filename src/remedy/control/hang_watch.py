@@ -289,6 +289,17 @@ class HangWatch:
     def age(self, rank: int, now: float) -> float:
         return now - self._ranks[rank].since
 
+    def behind_for(self, rank: int, ticks: dict[int, int], now: float) -> float:
+        """How long `rank` has been behind the peers ahead of it in `ticks` (a ping's): since
+        the earliest of them reached the tick it holds now, or its own last progress if that
+        is later. All ranks quiet together (a stretch outside `guard.step` that every rank
+        runs) and one arriving a moment after the others is behind for that moment, not for
+        the whole stretch."""
+        ahead = [
+            self._ranks[p].since for p, t in ticks.items() if t > ticks[rank] and p in self._ranks
+        ]
+        return min(self.age(rank, now), now - min(ahead)) if ahead else self.age(rank, now)
+
     def judge(
         self, pings: dict[int, Any], suspects: list[int] | None = None, now: float | None = None
     ) -> Verdict:
@@ -323,7 +334,7 @@ class HangWatch:
             for r, t in ticks.items()
             if t < front
             and r in stalled
-            and (now is None or self.age(r, now) > self.config.behind_s)
+            and (now is None or self.behind_for(r, ticks, now) > self.config.behind_s)
             # Within its own phase's bound (an eval, a save) a rank is behind on purpose.
             and phases.within_phase(answers[r]) is None
         )

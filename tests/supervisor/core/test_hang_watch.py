@@ -87,6 +87,26 @@ def test_a_rank_behind_but_answering_is_hung_only_after_behind_s() -> None:
     assert watch.judge(pings, watch.suspects(late), now=late).hung == [1]
 
 
+def test_ranks_quiet_together_and_one_a_moment_late_is_not_hung() -> None:
+    """Every rank spends 8 s outside the Guard's steps (a plain stretch, an undeclared eval);
+    ranks 1-2 come back a moment before rank 0: rank 0 is behind for that moment, not for
+    the 8 s, and is named only once it stays behind for behind_s."""
+    watch = HangWatch(CFG)
+    now = 0.0
+    for rank in range(3):
+        now = _running(watch, rank, step_s=0.01, ticks=11)
+    back = now + 8.0
+    watch.beat(1, 11, back)
+    watch.beat(2, 11, back)
+    pings = {0: {"tick": 10, "phase": "boundary"}, 1: {"tick": 11, "phase": "step"},
+             2: {"tick": 11, "phase": "step"}}  # fmt: skip
+    moment = back + 0.05
+    assert watch.age(0, moment) > CFG.behind_s  # quiet for longer than behind_s ...
+    assert watch.judge(pings, watch.suspects(moment), now=moment).hung == []  # ... not behind
+    stuck = back + CFG.behind_s + 0.5
+    assert watch.judge(pings, watch.suspects(stuck), now=stuck).hung == [0]
+
+
 def test_progress_seen_in_a_ping_ends_suspicion() -> None:
     """A rank quiet between reports but answering a ping from a later tick is not suspect."""
     watch = HangWatch(CFG)
