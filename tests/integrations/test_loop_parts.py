@@ -13,6 +13,14 @@ from remedy.integrations import _loop
 from remedy.integrations._loop import LoopCursor, LoopStep
 
 
+@pytest.fixture
+def now(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The loop's clock, set by the test: `now[0]` is what `perf_counter` returns."""
+    clock = [0.0]
+    monkeypatch.setattr(_loop.time, "perf_counter", lambda: clock[0])
+    return clock
+
+
 def test_a_step_averages_its_forwards_losses_and_reads_the_norm_before_clipping() -> None:
     model = torch.nn.Linear(3, 1)
     step = LoopStep(list(model.parameters()))
@@ -53,12 +61,10 @@ def test_the_loaders_wait_runs_from_the_end_of_the_step_before() -> None:
     assert step.elapsed_s < step.loader_s
 
 
-def test_the_boundarys_own_work_is_not_the_loaders_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_boundarys_own_work_is_not_the_loaders_wait(now: list[float]) -> None:
     """Between two steps of an untimed loop (HF's Trainer) the boundary's work (commands read,
     the group's agreement waiting for the latest peer, commands sent) is left out of the
     loader's wait: a rank waiting for its peer there is not starved of data."""
-    now = [0.0]
-    monkeypatch.setattr(_loop.time, "perf_counter", lambda: now[0])
     step = LoopStep([])
     step.fetched()
     step.begin()
@@ -71,14 +77,10 @@ def test_the_boundarys_own_work_is_not_the_loaders_wait(monkeypatch: pytest.Monk
     assert step.loader_s == 0.5
 
 
-def test_timed_fetches_are_the_loaders_wait_wherever_they_fall(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_timed_fetches_are_the_loaders_wait_wherever_they_fall(now: list[float]) -> None:
     """Where the framework's fetches are timed (Lightning's), the loader's wait is their time:
     a fetch between steps, and one inside a step (a later micro-batch's), which the step's time
     leaves out. The rest of the time between steps (an evaluation, a save) is neither."""
-    now = [0.0]
-    monkeypatch.setattr(_loop.time, "perf_counter", lambda: now[0])
     step = LoopStep([])
     step.fetched()
     step.begin()
