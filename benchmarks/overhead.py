@@ -354,6 +354,8 @@ def supervised(args: argparse.Namespace) -> None:
             print(f"supervised {w} ranks {r['ratio']:.4f} [{r['lo']:.4f}, {r['hi']:.4f}]  "
                   f"(plain {r['plain_ms']:.2f} ms, guarded {r['guarded_ms']:.2f} ms, "
                   f"{r['pairs']} pairs of chunks)", flush=True)  # fmt: skip
+            if r["cpu_ms_per_step"]:
+                print_cpu(w, r["cpu_ms_per_step"])
             if r["pieces_us"]:
                 print_pieces(r["pieces_us"], r["pieces_median_us"])
         print(
@@ -371,6 +373,22 @@ def supervised(args: argparse.Namespace) -> None:
         print(f"{r['workers']:>6} {r['plain_ms']:9.2f} {r['guarded_ms']:11.2f} {r['ratio']:7.4f}  {pairs}",
               flush=True)  # fmt: skip
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+def print_cpu(world: int, cpu: dict[str, dict[str, float]]) -> None:
+    """CPU ms per step of each side (rank 0's process and training thread, the supervisor's
+    process), and the machine-wide estimate: every rank costs what rank 0 does."""
+    g, p = cpu["guarded"], cpu["plain"]
+    counted = bool(cpu.get("supervisor_counted", {}).get("yes"))
+    print("  CPU ms per step (rank 0; the supervisor's process"
+          f"{'' if counted else ' not readable: left out'}):")  # fmt: skip
+    print(f"    {'':20} {'plain':>8} {'guarded':>8} {'extra':>8}")
+    for k in ("rank process", "training thread", "supervisor"):
+        print(f"    {k:20} {p[k]:8.2f} {g[k]:8.2f} {g[k] - p[k]:8.2f}")
+    total_g = world * g["rank process"] + g["supervisor"]
+    total_p = world * p["rank process"] + p["supervisor"]
+    print(f"    {f'{world} ranks + supervisor':20} {total_p:8.2f} {total_g:8.2f} "
+          f"{total_g - total_p:8.2f}   CPU ratio {total_g / total_p:.4f}")  # fmt: skip
 
 
 def print_pieces(pieces: dict[str, float], medians: dict[str, float] | None = None) -> None:

@@ -16,6 +16,12 @@ rank hits both sides alike. It returns the median step time of each side in
 each pair of chunks; `interleaved` runs it and gives the median of the pairs'
 ratios with a 95% bootstrap interval over the pairs. With `--pieces` it also
 returns the µs per step of each piece of both sides (`_pieces.Pieces`).
+Rank 0 also counts the CPU time each side's chunks cost (`CpuTally`): its
+own process (the training thread and the Guard's threads), its training
+thread alone, and the supervisor's process (read from /proc, the supervisor
+being on this machine). Wall time on a shared 2-core machine is noise; CPU
+seconds per step are not, and where the ranks keep the cores busy the
+guarded side's wall time grows by its extra CPU over the cores.
 
 `compare` runs both modes as separate `remedy run`s at each world size,
 alternating which goes first, and gives the ratio of the median step times.
@@ -41,6 +47,46 @@ sys.path.insert(0, str(REPO))
 TARGET = f"{Path(__file__).resolve()}:main"
 
 from benchmarks._pieces import Pieces  # noqa: E402
+
+
+class CpuTally:
+    """CPU seconds per side over the timed chunks: this process, its training thread, the
+    supervisor's process (when its process id is known and readable)."""
+
+    def __init__(self, supervisor_pid: int | None) -> None:
+        self.pid = supervisor_pid
+        self.steps = {"guarded": 0, "plain": 0}
+        self.seconds: dict[str, dict[str, float]] = {
+            side: {"rank process": 0.0, "training thread": 0.0, "supervisor": 0.0}
+            for side in self.steps
+        }
+
+    def _supervisor_s(self) -> float:
+        if self.pid is None:
+            return 0.0
+        try:
+            with open(f"/proc/{self.pid}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            self.pid = None  # gone (a restarted supervisor is another process): stop counting
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def mark(self) -> tuple[float, float, float]:
+        return time.process_time(), time.thread_time(), self._supervisor_s()
+
+    def add(self, side: str, start: tuple[float, float, float], steps: int) -> None:
+        end = self.mark()
+        for name, a, b in zip(("rank process", "training thread", "supervisor"), start, end,
+                              strict=True):  # fmt: skip
+            self.seconds[side][name] += b - a
+        self.steps[side] += steps
+
+    def per_step_ms(self) -> dict[str, dict[str, float]]:
+        return {
+            side: {k: 1e3 * v / max(1, self.steps[side]) for k, v in parts.items()}
+            for side, parts in self.seconds.items()
+        } | {"supervisor_counted": {"yes": float(self.pid is not None)}}
 
 
 def main(argv: list[str]) -> dict[str, Any]:
@@ -119,7 +165,8 @@ def _interleaved(
     import torch.distributed as dist  # noqa: PLC0415
 
     from examples.gpt_model import cosine_with_warmup, lm_loss  # noqa: PLC0415
-    from remedy import Guard  # noqa: PLC0415
+    from remedy import Guard, get_context  # noqa: PLC0415
+    from remedy.rundir.claim import claimed_supervisors  # noqa: PLC0415
 
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     twin: torch.nn.Module = copy.deepcopy(inner)
@@ -129,6 +176,9 @@ def _interleaved(
     twin_sched = torch.optim.lr_scheduler.LambdaLR(twin_opt, cosine_with_warmup(30, args.steps))
     guard = Guard(model, opt, loss_fn=lm_loss, data=batch, scheduler=sched, max_steps=args.steps)
     pieces = Pieces()
+    ctx = get_context()
+    pids = claimed_supervisors(ctx.run_dir) if ctx is not None and ctx.run_dir else {}
+    cpu = CpuTally(pids[max(pids)] if pids else None)
     if args.pieces:
         pieces.wrap_guard(guard)
     it = iter(guard)
@@ -172,10 +222,19 @@ def _interleaved(
     for i in range(args.steps // args.chunk):
         pieces.on = args.pieces and i >= warm
         timed_steps += args.chunk if pieces.on else 0
+        timed = i >= warm
+
+        def tallied(side: str, chunk: Any, timed: bool = timed) -> list[float]:
+            start = cpu.mark()
+            out: list[float] = chunk()
+            if timed:
+                cpu.add(side, start, len(out))
+            return out
+
         if i % 2 == 0:
-            g, pl = guarded_chunk(), plain_chunk()
+            g, pl = tallied("guarded", guarded_chunk), tallied("plain", plain_chunk)
         else:
-            pl, g = plain_chunk(), guarded_chunk()
+            pl, g = tallied("plain", plain_chunk), tallied("guarded", guarded_chunk)
         pieces.add("guarded step (whole)", sum(g))
         pieces.add("plain step (whole)", sum(pl))
         # The first step of a chunk pays for the switch from the other model: left out.
@@ -185,7 +244,8 @@ def _interleaved(
     return {"mode": "interleaved", "pairs": pairs[warm:], "chunk": args.chunk,
             "torch_threads": torch.get_num_threads(),
             "pieces_us": pieces.per_step(timed_steps),
-            "pieces_median_us": pieces.typical(timed_steps)}  # fmt: skip
+            "pieces_median_us": pieces.typical(timed_steps),
+            "cpu_ms_per_step": cpu.per_step_ms(), "world": world}  # fmt: skip
 
 
 def _one(mode: str, workers: int, steps: int, tmp: Path, i: int) -> float:
@@ -233,7 +293,8 @@ def interleaved(
             "pairs": len(pairs), "guarded_ms": statistics.median(g for g, _ in pairs) * 1e3,
             "plain_ms": statistics.median(p for _, p in pairs) * 1e3,
             "pieces_us": result.get("pieces_us", {}),
-            "pieces_median_us": result.get("pieces_median_us", {})}  # fmt: skip
+            "pieces_median_us": result.get("pieces_median_us", {}),
+            "cpu_ms_per_step": result.get("cpu_ms_per_step", {})}  # fmt: skip
 
 
 def bootstrap_interval(
