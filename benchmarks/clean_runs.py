@@ -15,7 +15,10 @@ private local Ray: `nanogpt_2r` is nanoGPT's loop on 2 data-parallel ranks
 whose rank 0 alone evaluates every `eval_interval` steps while rank 1 waits
 for it in the next all-reduce (the phases of `rank.loop.phases`); its
 `waited s` column is the longest such wait rank 1 measured (`phase_wait_s`),
-to show that the eval did hold rank 1 up.
+to show that the eval did hold rank 1 up. `nanogpt_alleval_2r` has every rank
+evaluate together, undeclared, for longer than the hang watch's `behind_s`:
+its `quiet s` column (the longest time between two steps of rank 0) shows
+how long the ranks were quiet.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +92,14 @@ GROUP_JOBS: dict[str, tuple[str, list[str], int]] = {
          "--eval-iters", "1000"],
         2,
     ),
+    # Every rank evaluates together (as HF's Trainer does), undeclared, for longer than the
+    # hang watch's `behind_s` (10 s): no rank is behind, so none may be named hung.
+    "nanogpt_alleval_2r": (
+        "examples/nanogpt_shaped.py:main",
+        ["--max-iters", "300", "--lr-decay-iters", "300", "--eval-interval", "100",
+         "--eval-iters", "6000", "--eval-all-ranks"],
+        2,
+    ),
 }  # fmt: skip
 
 
@@ -101,6 +113,7 @@ class Row:
     wall_s: float
     kinds: Counter[str]
     waited_s: float | None = None  # group jobs: the longest wait for a peer's phase
+    quiet_s: float | None = None  # group jobs: the longest time between two steps of rank 0
 
 
 def run_job(job: str, seed: int, run_dir: Path, extra: list[str] | None = None) -> Row:
@@ -139,8 +152,10 @@ def run_group_job(job: str, seed: int, run_dir: Path) -> Row:
     records = [m for p in metrics_paths(run_dir) for m in read_jsonl(p)]
     steps = sum(1 for m in records if m.get("rank") == 0)
     waited = max((float(m.get("phase_wait_s", 0.0)) for m in records), default=0.0)
+    ends = sorted(float(m["t_end"]) for m in records if m.get("rank") == 0 and "t_end" in m)
+    quiet = max((b - a for a, b in pairwise(ends)), default=0.0)
     return Row(job, seed, steps, len(anomalies), len(decisions), wall,
-               Counter(str(a["kind"]) for a in anomalies), waited)  # fmt: skip
+               Counter(str(a["kind"]) for a in anomalies), waited, quiet)  # fmt: skip
 
 
 def main() -> None:
@@ -167,7 +182,7 @@ def main() -> None:
                  log_to_driver=False, logging_level="ERROR")  # fmt: skip
     print(
         f"{'job':<10} {'seed':>4} {'steps':>6} {'events':>6} {'decisions':>9} {'wall s':>7} "
-        f"{'waited s':>8}  kinds"
+        f"{'waited s':>8} {'quiet s':>7}  kinds"
     )
     total = Counter[str]()
     with tempfile.TemporaryDirectory() as tmp:
@@ -178,9 +193,10 @@ def main() -> None:
                 total.update(row.kinds)
                 kinds = ", ".join(f"{k}x{n}" for k, n in sorted(row.kinds.items())) or "-"
                 waited = f"{row.waited_s:>8.2f}" if row.waited_s is not None else f"{'-':>8}"
+                quiet = f"{row.quiet_s:>7.2f}" if row.quiet_s is not None else f"{'-':>7}"
                 print(
                     f"{row.job:<10} {row.seed:>4} {row.steps:>6} {row.events:>6} "
-                    f"{row.decisions:>9} {row.wall_s:>7.1f} {waited}  {kinds}",
+                    f"{row.decisions:>9} {row.wall_s:>7.1f} {waited} {quiet}  {kinds}",
                     flush=True,
                 )
     print(f"events by kind over all runs: {dict(total) or 'none'}")

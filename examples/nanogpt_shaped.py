@@ -54,6 +54,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--lr-decay-iters", type=int, default=200)
     p.add_argument("--eval-interval", type=int, default=25)
     p.add_argument("--eval-iters", type=int, default=4)
+    p.add_argument("--eval-all-ranks", action="store_true",
+                   help="every rank evaluates (as HF's Trainer does), not rank 0 alone")  # fmt: skip
     p.add_argument("--ema-decay", type=float, default=0.99)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--snapshot-every", type=int, default=10)
@@ -238,8 +240,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         lr = get_lr(iter_num, args)
         for param_group in optimizer.param_groups:
             param_group["lr"] = lr
-        if iter_num % args.eval_interval == 0 and master_process:
-            # Rank 0 alone, on the module DDP wraps: no collective the other ranks would miss.
+        if iter_num % args.eval_interval == 0 and (master_process or args.eval_all_ranks):
+            # On the module DDP wraps: no collective the other ranks would miss.
             val_loss = estimate_loss(raw_model, corpus, args.eval_iters)
             evals.record(iter_num, val_loss)  # nanoGPT: best_val_loss = min(...)
             if ctx is None:

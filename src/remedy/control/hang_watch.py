@@ -70,8 +70,12 @@ class HangWatchConfig:
     first_steps: int = 3  # steps that get `first_step_s` (DDP's first buckets, warm-up)
     first_step_s: float = 20.0
     # A ping unanswered this long (or `ping_patience` times the slowest answer of
-    # the same round, when that is longer: a loaded node) marks the rank silent.
-    ping_timeout_s: float = 0.25
+    # the same round, when that is longer: a loaded node) marks the rank silent. A live
+    # rank answers from a control thread, which needs the GIL and a core: a loop that runs
+    # Python between its steps (an evaluation on every rank, 40 s) on a node loaded 10x over
+    # its cores missed a 0.25 s ping once in ~160 rounds while its peer answered at once,
+    # and was replaced. A stopped process never answers: this bounds how soon it is named.
+    ping_timeout_s: float = 1.0
     ping_patience: float = 3.0
     behind_s: float = 10.0  # a rank that answers but stays behind is hung after this long
 

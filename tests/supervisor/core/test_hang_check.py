@@ -40,7 +40,7 @@ from remedy.control.stuck_at import stuck_at
 
 NODES = {0: "a", 1: "a", 2: "b", 3: "b"}
 MOVING = {"phase": "step", "tick": 120, "step": 120}  # a rank's ping answer: it went on
-REASON = "did not answer a ping within 0.25s"
+REASON = "did not answer a ping within 1s"
 
 
 class _Harness:
@@ -122,7 +122,7 @@ def test_without_agents_a_suspect_gets_every_rank_pinged_at_most_every_interval(
     [(lost,)] = h.found
     assert (lost.rank, lost.kind, lost.incarnation) == (2, "rank_hang", 1)
     assert lost.reason.startswith("rank 2 made no progress for 3.00s (timeout ")
-    assert lost.reason.endswith("and did not answer a ping within 0.25s")
+    assert lost.reason.endswith("and did not answer a ping within 1s")
     # No "as ... saw" without agents; where its peers wait (`stuck_at`) from their answers.
     assert set(lost.details or {}) == {"age_s", "timeout_s", "step", "tick"}
     assert (lost.details or {})["step"] == MOVING["step"]
