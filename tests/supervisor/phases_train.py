@@ -12,7 +12,13 @@ and waits for rank 0 in its all-reduce. `--declare` wraps both in
 `guard.phase(...)`; without it they are the measured phase between steps.
 `--eval-after` evaluates after the step instead of before it: rank 0 is then
 a step behind rank 1 while it evaluates (rank 1 waits in the next step),
-which the hang watch sees in the ranks' pings.
+which the hang watch sees in the ranks' pings. `--eval-ranks all` has every
+rank evaluate (as HF's Trainer does); `--die-in-eval R` makes rank R's process
+kill itself halfway through its first eval (a crash in the loop's own code, while
+its peers evaluate), once: `--die-marker` names a file it creates first, and a
+process that finds it there does not die. `--eval-on-resume` evaluates only
+at the step a restarted process resumes from (a loop whose eval falls on its
+checkpoint steps), with `--checkpoint-every` setting those.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ import argparse
 import contextlib
 import io
 import os
+import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,6 +51,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--save-factor", type=float, default=10.0)
     p.add_argument("--eval-after", action="store_true", help="evaluate after the step")
     p.add_argument("--declare", action="store_true", help="wrap eval and save in guard.phase")
+    p.add_argument("--eval-ranks", choices=("0", "all"), default="0")
+    p.add_argument("--die-in-eval", type=int, default=-1, help="rank that dies in its eval")
+    p.add_argument("--die-marker", default=None, help="created by the rank that dies")
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--eval-on-resume", action="store_true",
+                   help="evaluate only at the step a restarted process resumes from")  # fmt: skip
     p.add_argument("--run-dir", default=None, help="without a supervisor")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -60,12 +74,16 @@ def batch_of(index: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, seconds: float, seed: int) -> float:
-    """Held-out loss over as many batches as `seconds` allows (at least one)."""
+def evaluate(model: nn.Module, seconds: float, seed: int, die_at: float | None = None) -> float:
+    """Held-out loss over as many batches as `seconds` allows (at least one); with `die_at`,
+    the process kills itself that many seconds in."""
     model.eval()
     losses: list[float] = []
-    end = time.perf_counter() + seconds
+    start = time.perf_counter()
+    end = start + seconds
     while not losses or time.perf_counter() < end:
+        if die_at is not None and time.perf_counter() - start >= die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
         losses.append(float(loss_fn(model, batch_of(10_000_000 + len(losses), seed))))
     model.train()
     return sum(losses) / len(losses)
@@ -99,15 +117,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data=lambda i: batch_of(i * world + rank, args.seed),
         max_steps=args.steps,
         run_dir=args.run_dir,
-        config=GuardConfig(snapshot_every=10, checkpoint_every=100),
+        config=GuardConfig(snapshot_every=10, checkpoint_every=args.checkpoint_every),
     )
     step_s: list[float] = []
     evals = saves = 0
 
+    resumed = ctx.resume_step if ctx is not None else None
+
     def maybe_evaluate(step: int) -> int:
-        if rank == 0 and args.eval_every and step % args.eval_every == 0 and step > 0:
+        evaluates = rank == 0 or args.eval_ranks == "all"
+        if args.eval_on_resume:
+            evaluates = evaluates and step == resumed
+        if evaluates and args.eval_every and step % args.eval_every == 0 and step > 0:
+            die_at = None
+            if rank == args.die_in_eval and args.die_marker and not Path(args.die_marker).exists():
+                Path(args.die_marker).touch()
+                die_at = args.eval_s / 2
             with guard.phase("eval") if args.declare else contextlib.nullcontext():
-                evaluate(raw, args.eval_s, args.seed)
+                evaluate(raw, args.eval_s, args.seed, die_at)
             return 1
         return 0
 

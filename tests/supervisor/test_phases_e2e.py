@@ -125,3 +125,51 @@ def test_300_steps_under_torchrun_raise_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert read_jsonl(run_dir / "anomalies.jsonl") == []
     _waited_for_rank_0(run_dir, [50, 100, 150, 200, 250], EVAL_S * 0.8)
+
+
+@pytest.mark.slow  # ~90 s: the replacement waits for the survivor's 20 s eval
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dies", [0, 1])
+def test_a_rank_lost_while_every_rank_evaluates_is_replaced_without_a_full_restart(
+    ray_cluster: None, tmp_path: Path, dies: int
+) -> None:
+    """Every rank evaluates for 20 s before step 30 (no collective in flight: each step's
+    agreement was settled) and one rank's process dies 10 s in: the survivor is in its own
+    code, not in the broken collective, so the targeted restart waits for it to meet the
+    error at its next step (10 s on, longer than the survivors' grace and their silent
+    allowance together) and re-forms the group; no full restart."""
+    argv = ["--steps", "50", "--eval-every", "30", "--eval-s", "20", "--eval-ranks", "all",
+            "--die-in-eval", str(dies), "--die-marker", str(tmp_path / "died")]  # fmt: skip
+    summary = _run(tmp_path / "run", argv)
+    assert summary["status"] == "completed", summary
+    decisions = read_jsonl(tmp_path / "run" / "decisions.jsonl")
+    assert [(d["action"], d["ranks"], d["outcome"]) for d in decisions] == [
+        ("restart_rank", [dies], "applied")
+    ], decisions
+    assert [r["steps_completed"] for r in summary["ranks"]] == [50, 50]
+
+
+@pytest.mark.slow  # ~5 min: the group resumes into a 130 s eval, past the restart's 120 s
+@pytest.mark.timeout(600)
+def test_a_group_that_resumes_into_a_long_eval_is_waited_on_past_the_restart_deadline(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """A full-group restart (targeted restarts off) resumes both ranks from the checkpoint of
+    step 30, and every rank evaluates at the step it resumed from for 130 s: longer than the
+    restart's 120 s for the group to step (`REGROUP_TIMEOUT_S`). Each answers from the phase
+    between steps, within its bound (300 s), so the restart waits on and the run completes
+    instead of aborting."""
+    argv = ["--steps", "45", "--checkpoint-every", "30", "--eval-every", "30", "--eval-s",
+            "130", "--eval-ranks", "all", "--eval-on-resume"]  # fmt: skip
+    spec = RunSpec(
+        target=TARGET, workers=2, run_dir=str(tmp_path), argv=argv, threads_per_rank=1,
+        spares=0, max_targeted_restarts=0, faults=[{"kind": "kill_rank", "at_step": 40, "rank": 1}],
+    )  # fmt: skip
+    summary = run_supervised(spec)
+    assert summary["status"] == "completed", summary
+    decisions = read_jsonl(tmp_path / "decisions.jsonl")
+    assert [(d["action"], d["outcome"]) for d in decisions] == [("restart_rank", "applied")], (
+        decisions
+    )
+    assert [r["result"]["evals"] for r in summary["ranks"]] == [1, 1]
+    assert [r["steps_completed"] for r in summary["ranks"]] == [45, 45]

@@ -68,3 +68,12 @@ def within_phase(ping: Any) -> str | None:
     """The name of the loop's own phase a ping answer's rank is in within its bound, else None."""
     phase = loop_phase(ping)
     return phase[0] if phase is not None and phase[1] <= phase[2] else None
+
+
+def phase_left_s(ping: Any) -> float | None:
+    """Seconds left to the bound of the loop's own phase a ping answer's rank is in (an
+    evaluation every rank runs between two steps, a save), or None: in none, past its
+    bound, or no answer. Such a rank is in its own code, not in a collective: a restart
+    waits for it to come to its next step within that bound."""
+    phase = loop_phase(ping) if of(ping) in IN_LOOP else None  # not joining, not recovering
+    return phase[2] - phase[1] if phase is not None and phase[1] <= phase[2] else None

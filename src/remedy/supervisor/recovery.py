@@ -443,6 +443,10 @@ class Recovery:
                 )
             left = deadline - time.time()
             if left <= 0:
+                more = await self._in_own_phase(world, past)
+                if more:
+                    deadline = time.time() + more
+                    continue
                 raise RestartError(
                     f"the group did not step within {REGROUP_TIMEOUT_S:g}s of the launch "
                     f"({await self._where_they_are(world)})"
@@ -451,6 +455,20 @@ class Recovery:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._moved.wait(), timeout=left)
         self._ticks = {}
+
+    async def _in_own_phase(self, world: list[int], past: int) -> float:
+        """Seconds to wait on past the launch's deadline: while every rank that has not stepped
+        in the new generation answers from a phase of its loop's own within its bound (a
+        loop that evaluates at the step it resumed from, on every rank), the soonest of
+        their bounds' ends; else 0 (the attempt failed)."""
+        behind = [r for r in world if self._ticks.get(r, -1) <= past]
+        if not behind:
+            return 0.0
+        pings = await self.group.ping_all(self.watch.config.ping_timeout_s, ranks=behind)
+        lefts = [phases.phase_left_s(pings.get(r)) for r in behind]
+        if any(left is None for left in lefts):
+            return 0.0
+        return max(min(left for left in lefts if left is not None), 0.5)
 
     # --------------------------------------------------------------- restart
     def start(self, d: Decision) -> None:

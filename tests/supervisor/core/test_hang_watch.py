@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from remedy.control.hang_watch import DEAD, NO_ANSWER, HangWatch, HangWatchConfig
+from remedy.protocol import phases
 
 CFG = HangWatchConfig(floor_s=0.75, step_multiple=10.0, startup_s=60.0,
                       first_steps=3, first_step_s=20.0, behind_s=5.0)  # fmt: skip
@@ -302,3 +303,17 @@ def test_a_malformed_or_missing_loop_phase_is_no_phase(entry: object) -> None:
     watch = HangWatch(CFG)
     pings = {0: {"tick": 5, "phase": "step"}, 1: {"tick": 4, "phase": "step", "loop_phase": entry}}
     assert watch.judge(pings).hung == [1]
+
+
+def test_phase_left_is_what_a_restart_waits_on_for_a_rank_in_its_own_code() -> None:
+    """A restart waits for a survivor (or a re-formed rank) in its loop's own phase to come to
+    its next step within the phase's bound (`phases.phase_left_s`): the seconds left; none
+    past the bound, with no phase, or for a rank joining or recovering (not in its loop)."""
+    assert phases.phase_left_s(_in_phase(10, "eval", 59.0, bound_s=120.0)) == 61.0
+    assert phases.phase_left_s(_in_phase(10, "between_steps", 300.0)) == 0.0
+    assert phases.phase_left_s(_in_phase(10, "eval", 59.0, bound_s=30.0)) is None
+    assert phases.phase_left_s({"tick": 10, "phase": "step"}) is None  # inside a step
+    assert phases.phase_left_s(NO_ANSWER) is None
+    assert phases.phase_left_s(DEAD) is None
+    for phase in ("joining", "recovering", "idle"):
+        assert phases.phase_left_s({**_in_phase(10, "eval", 1.0), "phase": phase}) is None
