@@ -146,6 +146,9 @@ def test_a_rank_lost_while_every_rank_evaluates_is_replaced_without_a_full_resta
     assert [(d["action"], d["ranks"], d["outcome"]) for d in decisions] == [
         ("restart_rank", [dies], "applied")
     ], decisions
+    # Targeted: the survivor's process trained throughout (a full restart, which resolves
+    # the decision `applied` too, would have replaced it as well).
+    assert {r["rank"]: r["incarnation"] for r in summary["ranks"]} == {dies: 2, 1 - dies: 1}
     assert [r["steps_completed"] for r in summary["ranks"]] == [50, 50]
 
 

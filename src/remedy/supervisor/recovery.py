@@ -837,7 +837,14 @@ class Recovery:
             # would be left to take the state from), so more time costs nothing there;
             # on a loaded node their error handlers may just not have run yet.
             extra = SILENT_GRACE_S if silent or len(still) == len(live) else 0.0
-            if not waiting or time.monotonic() > deadline + extra:
+            # A survivor in a phase of its loop's own (an evaluation between two steps) is not
+            # in the broken collective: it meets the error at its next one, within the bound.
+            now = time.monotonic()
+            for r in waiting:
+                left = phases.phase_left_s(pings[r])
+                if left is not None:
+                    deadline = max(deadline, now + left)
+            if not waiting or now > deadline + extra:
                 stuck = [r for r in still if phases.of(pings[r]) == JOINING]
                 framework = [r for r in still if r not in waiting and r not in stuck]
                 blocked = [r for r in still if r not in stuck and r not in framework]
