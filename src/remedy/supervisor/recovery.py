@@ -42,12 +42,12 @@ every rank, resolve); this module feeds it inputs and carries each effect
 out (`_carry`, with the I/O in `supervisor.restart_carry`, each step of it
 returning the machine's next input). A restart waits for the group by its
 own ticks, fed by the supervisor's report path (`progress`), not by polling
-the Controller (`supervisor.step_wait`). The machine's state, the stages' wall times and the restarts
-done are the run's core's (its `RestartSection`): this module reads them
-from the core and moves them by stepping it (`RestartMoved`), and the state
-record written before each effect holds them, so a supervisor that Ray
-restarts in the middle of a restart finds where it stood and goes on from
-there (`resume`).
+the Controller (`supervisor.step_wait`). The machine's state, the stages'
+wall times and the restarts done are the run's core's (its
+`RestartSection`): this module reads them from the core and moves them by
+stepping it (`RestartMoved`), and the state record written before each
+effect holds them, so a supervisor that Ray restarts in the middle of a
+restart finds where it stood and goes on from there (`resume`).
 """
 
 from __future__ import annotations
