@@ -13,6 +13,7 @@ from remedy.control.sections import GroupSection
 from remedy.control.slots import RankSlots
 from remedy.protocol.spec import RunSpec
 from remedy.supervisor.placement import Node
+from remedy.supervisor.ranks import Spares
 from remedy.supervisor.worker_group import WorkerGroup
 
 HOME, A, B = "home-node", "node-a", "node-b"
@@ -33,14 +34,13 @@ def _group(nodes: list[str], rank_nodes: list[str | None], **spec: Any) -> Worke
         group.slots.slots[rank].node = node
     group.home, group.dead_nodes = HOME, set()
     group.cluster = [Node(n, f"10.0.0.{i}", 2.0) for i, n in enumerate(nodes)]
-    group.spares, group.spare_names, group.spare_nodes = [], [], {}
-    group.local_spare_names, group.next_spare = set(), 0
+    group.spares = Spares()
     group._new_actor = lambda name, node=None: f"actor:{name}"  # type: ignore[method-assign]
     return group
 
 
 def _where(group: WorkerGroup) -> dict[str, tuple[str | None, bool]]:
-    return {n: (group.spare_nodes[n], n in group.local_spare_names) for n in group.spare_names}
+    return {n: (group.spares.nodes[n], n in group.spares.local) for n in group.spares.names}
 
 
 def test_local_spares_sit_on_each_node_holding_ranks_besides_the_spares_apart() -> None:
@@ -58,13 +58,13 @@ def test_a_lost_ranks_own_node_spare_is_found_taken_and_refilled_there() -> None
     group = _group([HOME, A, B], [A, B, A, B], spares=0, local_spares=1)
     group.refill_spares()
     on_a = group._local_spare(A)
-    assert on_a is not None and group.spare_nodes[on_a] == A
+    assert on_a is not None and group.spares.nodes[on_a] == A
     actor, name = group._take_spare(name=on_a)
     assert (actor, name) == (f"actor:{on_a}", on_a)
-    assert group._local_spare(A) is None and name not in group.local_spare_names
+    assert group._local_spare(A) is None and name not in group.spares.local
     group.refill_spares()
     again = group._local_spare(A)
-    assert again is not None and again != on_a and group.spare_nodes[again] == A
+    assert again is not None and again != on_a and group.spares.nodes[again] == A
 
 
 def test_a_dead_nodes_local_spares_are_dropped_and_never_chosen(
@@ -72,7 +72,7 @@ def test_a_dead_nodes_local_spares_are_dropped_and_never_chosen(
 ) -> None:
     group = _group([HOME, A, B], [A, B], spares=0, local_spares=2)
     group.refill_spares()
-    assert sum(1 for n in group.spare_names if group.spare_nodes[n] == A) == 2
+    assert sum(1 for n in group.spares.names if group.spares.nodes[n] == A) == 2
     group.dead_nodes.add(B)
     assert group._local_spare(B) is None
     group.dead_nodes.discard(B)
@@ -80,7 +80,7 @@ def test_a_dead_nodes_local_spares_are_dropped_and_never_chosen(
     monkeypatch.setattr(ray, "kill", lambda actor, no_restart=True: killed.append(actor))
     group.node_died(B)
     assert len(killed) == 2 and group._local_spare(B) is None
-    assert {group.spare_nodes[n] for n in group.local_spare_names} == {A}
+    assert {group.spares.nodes[n] for n in group.spares.local} == {A}
     # The core holds the group's section as it is now: the dead node, and the spares kept.
     last = SENT[id(group)][-1]
     assert last == group.section() and last.dead_nodes == {B}
@@ -90,15 +90,15 @@ def test_a_dead_nodes_local_spares_are_dropped_and_never_chosen(
 def test_on_one_node_every_local_spare_is_the_ranks_own() -> None:
     group = _group([HOME], [None, None], spares=1, local_spares=1)
     group.refill_spares()
-    assert len(group.spare_names) == 2 and len(group.local_spare_names) == 1
-    [local] = group.local_spare_names
+    assert len(group.spares.names) == 2 and len(group.spares.local) == 1
+    [local] = group.spares.local
     assert group._local_spare(HOME) == local == group._local_spare(None)
 
 
 def test_without_local_spares_nothing_is_kept_per_node() -> None:
     group = _group([HOME, A, B], [A, B, A, B], spares=2)
     group.refill_spares()
-    assert len(group.spare_names) == 2 and not group.local_spare_names
+    assert len(group.spares.names) == 2 and not group.spares.local
 
 
 def test_a_negative_count_is_refused() -> None:

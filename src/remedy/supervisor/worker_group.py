@@ -20,10 +20,10 @@ agent's, so the supervisor follows the rank's end as an adopted rank's,
 through `result` (`poll_adopted`): the rank's run does not depend on the
 agent's process, which Ray may restart meanwhile.
 
-Every actor is named and detached in the `remedy` namespace
-(`remedy-rank-<run_id>-<rank>-i<incarnation>`, spares
-`remedy-spare-<run_id>-<n>`), so it outlives a supervisor that crashes: the
-group sends its `section()` to the run's core at each change (`GroupMoved`:
+The actors themselves (their names, creation, the spare pool, where each
+runs, kills) are `supervisor.ranks`' mechanism; this module is the group's
+life cycle. Every actor is named and detached, so it outlives a supervisor
+that crashes: the group sends its `section()` to the run's core at each change (`GroupMoved`:
 the supervisor's state record holds it), and a restarted supervisor
 `adopt`s the actors again by name. It does not own their `run`
 calls, so it learns that an adopted rank finished from `RankActor.result`
@@ -39,26 +39,28 @@ rank's Ray node id is learnt with its pid (`where`) and kept in its slot.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
-import signal
 import time
 from typing import TYPE_CHECKING, Any
 
 import ray
-import structlog
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from remedy.control.hang_watch import DEAD
 from remedy.control.run_core import GroupMoved
 from remedy.control.sections import GroupSection
 from remedy.control.slots import RankSlots
 from remedy.protocol.exceptions import WaitTimeout
 from remedy.protocol.spec import NAMESPACE, RunSpec
-from remedy.supervisor import placement, waits
-from remedy.supervisor.pings import SPARE_PING_S, ping_actors
-from remedy.supervisor.rank import RankActor
+from remedy.supervisor import placement
+from remedy.supervisor import ranks as rank_actors
+from remedy.supervisor.pings import ping_actors
+
+# The actors' names and the run's kill, here where callers have long found them.
+from remedy.supervisor.ranks import (
+    kill_run_actors,
+    rank_name,
+    run_actor_names,
+    spare_name,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -66,51 +68,27 @@ if TYPE_CHECKING:
     from remedy.control.run_core import Effect, Input
     from remedy.supervisor.rendezvous import Rendezvous
 
-log = structlog.get_logger("remedy.worker_group")
+__all__ = [
+    "RESULT_TIMEOUT_S",
+    "WHERE_TIMEOUT_S",
+    "WorkerGroup",
+    "kill_run_actors",
+    "rank_name",
+    "run_actor_names",
+    "spare_name",
+]
 
 # How long a rank gets to answer `result()` before it counts as still running.
 RESULT_TIMEOUT_S = 2.0
-# How long a node's agent gets to promote a spare of its node (`NodeAgent.promote`: the lost
-# process gone, within `agent.PROMOTE_GONE_S`; the spare's answer, within `pings.SPARE_PING_S`).
-PROMOTE_S = 5.0
 # How long started actors get to say where they run (node, pid): a process start
 # takes seconds, tens of seconds for a whole group on a loaded node (30 s was too
 # short for 4 ranks and a spare at load average 30), a wedged one forever.
 WHERE_TIMEOUT_S = 120.0
 
 
-def rank_name(run_id: str, rank: int, incarnation: int) -> str:
-    return f"remedy-rank-{run_id}-{rank}-i{incarnation}"
-
-
-def spare_name(run_id: str, number: int) -> str:
-    return f"remedy-spare-{run_id}-{number}"
-
-
-def run_actor_names(run_id: str) -> list[str]:
-    """The named rank and spare actors of `run_id` alive on the cluster."""
-    prefixes = (f"remedy-rank-{run_id}-", f"remedy-spare-{run_id}-")
-    found = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(
-        a["name"]
-        for a in found
-        if isinstance(a, dict)
-        and a.get("namespace") == NAMESPACE
-        and a["name"].startswith(prefixes)
-    )
-
-
-def kill_run_actors(run_id: str) -> int:
-    """Kill every rank and spare actor of `run_id` still alive; return how many."""
-    killed = 0
-    for name in run_actor_names(run_id):
-        with contextlib.suppress(ValueError):  # gone meanwhile
-            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
-            killed += 1
-    return killed
-
-
 class WorkerGroup:
+    """The job's rank actors through their life: started, replaced, adopted, stopped."""
+
     def __init__(
         self,
         spec: RunSpec,
@@ -132,13 +110,9 @@ class WorkerGroup:
         self.actors: dict[int, Any] = {}
         # rank -> (node address, pid, the process's start time as psutil reads it; 0.0: unknown)
         self.pids: dict[int, tuple[str, int, float]] = {}
-        self.spares: list[Any] = []
+        self.spares = rank_actors.Spares()
         self.names: dict[int, str] = {}  # rank -> the name of the actor that is it now
         self.pings_sent = 0  # rank pings this supervisor sent (hang checks and restarts)
-        self.spare_names: list[str] = []
-        self.next_spare = 0
-        # Of `spare_names`, those kept on a node that holds ranks, for its ranks (`local_spares`).
-        self.local_spare_names: set[str] = set()
         # Ranks whose spare their node's agent promoted (`NodeAgent.promote`): followed.
         self.promoted: set[int] = set()
         # Ranks of an earlier supervisor: running, but whose `run` this one does not own.
@@ -151,14 +125,12 @@ class WorkerGroup:
         self._node = ray.util.get_node_ip_address()
         # The ranks hold at a flagged step's boundary for its decision (workers.flag_hold).
         self.hold_on_flag = False
-        self._refilling: asyncio.Task[None] | None = None
         self._abandoned: int | None = None  # the last generation whose store was closed
         # Placement: the supervisor's node, the alive nodes as last listed (minus those
-        # found dead since), and the node each spare was placed on.
+        # found dead since).
         self.home = ray.get_runtime_context().get_node_id()
         self.cluster: list[placement.Node] = []
         self.dead_nodes: set[str] = set()
-        self.spare_nodes: dict[str, str | None] = {}
         self.used_nodes: set[str] = set()  # every node an actor of this group was placed on
         # Under node agents: node id -> its agent, which kills a rank of its node by pid.
         self.agents: dict[str, Any] = {}
@@ -180,14 +152,8 @@ class WorkerGroup:
         """Ray calls `node_id` dead: nothing is placed there again, and its spares are dropped."""
         self.dead_nodes.add(node_id)
         self.cluster = [n for n in self.cluster if n.node_id != node_id]
-        for name in [n for n, at in self.spare_nodes.items() if at == node_id]:
-            i = self.spare_names.index(name)
-            actor = self.spares.pop(i)
-            self.spare_names.pop(i)
-            self.spare_nodes.pop(name, None)
-            self.local_spare_names.discard(name)
-            with contextlib.suppress(ray.exceptions.RayError, ValueError):
-                ray.kill(actor, no_restart=True)
+        for name in self.spares.on_node(node_id):
+            rank_actors.kill_quietly(self.spares.take(name=name)[0])
         self._moved()
         # Refilled on the surviving nodes once the restart is done (`refill_spares`): a spare
         # started now would be cold when the restart looks for one.
@@ -198,7 +164,7 @@ class WorkerGroup:
         Ran on too: a rank found lost on its own and replaced before Ray's verdict on
         its node leaves that node, whose loss is still to be journaled.
         """
-        spares = {n for n in self.spare_nodes.values() if n is not None}
+        spares = {n for n in self.spares.nodes.values() if n is not None}
         return (self.used_nodes | set(self.rank_nodes().values()) | spares) - self.dead_nodes
 
     def rank_nodes(self) -> dict[int, str]:
@@ -206,106 +172,56 @@ class WorkerGroup:
         return {r: s.node for r, s in self.slots.slots.items() if s.node is not None}
 
     def _new_actor(self, name: str, node: str | None = None) -> Any:
-        options: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "lifetime": "detached"}
-        if self.spec.gpus_per_rank:
-            options["num_gpus"] = self.spec.gpus_per_rank
-        if node is not None and len(self.cluster) > 1:
-            # Hard: Ray's soft affinity placed zero-CPU actors on other nodes than asked
-            # (seen with Ray 2.60). An actor sent to a node that died before Ray knew fails,
-            # and its replacement is placed again among the nodes alive then (`relaunch`).
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-        return RankActor.options(**options).remote(  # type: ignore[attr-defined]
-            run_id=self.spec.run_id,
-            run_dir=self.spec.run_dir,
-            supervisor=self.supervisor,
-            target=self.spec.target,
-            argv=self.spec.argv,
-            threads=self.spec.threads_per_rank,
-            verbose=self.spec.verbose,
-            token=self.spec.token,
-            silence_s=self.spec.supervisor_timeout_s,
-            node_agents=self.spec.node_agents == "on",
+        return rank_actors.new_actor(
+            self.spec, self.supervisor, name, node, pin=len(self.cluster) > 1
         )
-
-    def _context_options(self) -> dict[str, Any]:
-        """What every rank's WorkerContext takes from the run, besides who it is."""
-        return {"hold_on_flag": self.hold_on_flag}
 
     def _new_rank(
         self, rank: int, node: str | None = None, *, avoid: set[str] | None = None
     ) -> tuple[Any, str]:
         """A new actor for `rank`: on `node`, else on the least loaded node not in `avoid`."""
         name = rank_name(self.spec.run_id, rank, self.slots.incarnation(rank))
-        if node is None and len(self.cluster) > 1:
+        if node is None:
             used = [n for r, n in self.rank_nodes().items() if r != rank]
-            node = placement.least_loaded(
+            node = rank_actors.pick_node(
                 self.cluster, used, home=self.home, avoid=(avoid or set()) | self.dead_nodes
             )
         return self._new_actor(name, node), name
 
     def _new_spare(self, node: str | None = None, *, local: bool = False) -> None:
         """A spare where the fewest actors are, or, `local`, one on `node` for that node's ranks."""
-        self.next_spare += 1
-        name = spare_name(self.spec.run_id, self.next_spare)
-        if not local and len(self.cluster) > 1:
-            used = [*self.rank_nodes().values(), *(n for n in self.spare_nodes.values() if n)]
-            node = placement.least_loaded(self.cluster, used, home=self.home, avoid=self.dead_nodes)
-        self.spares.append(self._new_actor(name, node))
-        self.spare_names.append(name)
-        self.spare_nodes[name] = node
-        if local:
-            self.local_spare_names.add(name)
+        self.spares.last += 1
+        name = spare_name(self.spec.run_id, self.spares.last)
+        if not local:
+            used = [*self.rank_nodes().values(), *(n for n in self.spares.nodes.values() if n)]
+            node = rank_actors.pick_node(self.cluster, used, home=self.home, avoid=self.dead_nodes)
+        self.spares.add(self._new_actor(name, node), name, node, local=local)
         self._moved()
 
     def _local_spare(self, node: str | None) -> str | None:
         """The name of a local spare on `node` (on a one-node cluster, any local spare)."""
         if node in self.dead_nodes:
             return None
-        one_node = len(self.cluster) <= 1
-        return next(
-            (n for n in self.spare_names
-             if n in self.local_spare_names and (one_node or self.spare_nodes.get(n) == node)),
-            None,
-        )  # fmt: skip
+        return self.spares.local_on(node, any_node=len(self.cluster) <= 1)
 
     def _take_spare(
         self, avoid: set[str] | None = None, name: str | None = None
     ) -> tuple[Any, str]:
         """Spare `name`; else the first spare not on a node of `avoid` (or a dead one), else the
         first spare."""
-        shun = (avoid or set()) | self.dead_nodes
-        if name is not None:
-            i = self.spare_names.index(name)
-        else:
-            i = next(
-                (i for i, n in enumerate(self.spare_names) if self.spare_nodes.get(n) not in shun),
-                0,
-            )
-        name = self.spare_names.pop(i)
-        self.spare_nodes.pop(name, None)
-        self.local_spare_names.discard(name)
-        actor = self.spares.pop(i)
+        taken = self.spares.take(name=name, shun=(avoid or set()) | self.dead_nodes)
         self._moved()
-        return actor, name
-
-    def _faults(self, rank: int) -> list[dict[str, Any]]:
-        return [f for f in self.spec.faults if f.get("rank", 0) in (None, rank)]
+        return taken
 
     def _run_args(
         self, rank: int, *, generation: int, adopt_from: int | None, resume_step: int | None
     ) -> dict[str, Any]:
         """The keyword arguments of `RankActor.run` that make an actor `rank` now."""
-        return {
-            "rank": rank,
-            "world_size": self.spec.workers,
-            "store_addr": self.store_addr,
-            "incarnation": self.slots.incarnation(rank),
-            "generation": generation,
-            "adopt_from": adopt_from,
-            "faults": self._faults(rank),
-            "resume_step": resume_step,
-            **self._context_options(),
-        }
+        return rank_actors.run_args(
+            self.spec, rank, incarnation=self.slots.incarnation(rank), store_addr=self.store_addr,
+            generation=generation, adopt_from=adopt_from, resume_step=resume_step,
+            hold_on_flag=self.hold_on_flag,
+        )  # fmt: skip
 
     def _launch(
         self,
@@ -354,10 +270,10 @@ class WorkerGroup:
         return GroupSection(
             generation=self.generation,
             names=dict(self.names),
-            spares=tuple(self.spare_names),
-            next_spare=self.next_spare,
-            spare_nodes=dict(self.spare_nodes),
-            local_spares=frozenset(self.local_spare_names),
+            spares=tuple(self.spares.names),
+            next_spare=self.spares.last,
+            spare_nodes=dict(self.spares.nodes),
+            local_spares=frozenset(self.spares.local),
             dead_nodes=frozenset(self.dead_nodes),
         )
 
@@ -375,7 +291,7 @@ class WorkerGroup:
         Spares started after the record was written are found by their names.
         """
         self.generation = record.generation
-        self.next_spare = record.next_spare
+        self.spares.last = record.next_spare
         self.dead_nodes = set(record.dead_nodes)
         placed = record.spare_nodes
         local = set(record.local_spares)
@@ -390,17 +306,9 @@ class WorkerGroup:
                 continue
             self.names[rank] = names[rank]
             self.adopted.add(rank)
-        in_use = set(names.values())
-        prefix = f"remedy-spare-{self.spec.run_id}-"
-        for name in run_actor_names(self.spec.run_id):
-            if name.startswith(prefix) and name not in in_use:
-                with contextlib.suppress(ValueError):
-                    self.spares.append(ray.get_actor(name, namespace=NAMESPACE))
-                    self.spare_names.append(name)
-                    self.spare_nodes[name] = placed.get(name)
-                    if name in local:
-                        self.local_spare_names.add(name)
-                    self.next_spare = max(self.next_spare, int(name.rsplit("-", 1)[1]))
+        for name, actor in rank_actors.find_spares(self.spec.run_id, set(names.values())):
+            self.spares.add(actor, name, placed.get(name), local=name in local)
+            self.spares.last = max(self.spares.last, int(name.rsplit("-", 1)[1]))
         self._moved()
         live = [r for r in ranks if r not in missing]
         # A rank that answers nothing (stopped, wedged) leaves only its own pid unknown.
@@ -423,64 +331,23 @@ class WorkerGroup:
         answers nothing (stopped, wedged) holds only its own call, not the
         supervisor's loop, and its calls do not pile up.
         """
-        out: dict[int, Any] = {}
-        for rank, (asked, _) in list(self._result_calls.items()):
-            if rank not in self.adopted or asked is not self.actors.get(rank):
-                del self._result_calls[rank]  # ended, killed or replaced: the call is stale
-        for rank in sorted(self.adopted):
-            actor = self.actors.get(rank)
-            if actor is not None and rank not in self._result_calls:
-                self._result_calls[rank] = (actor, actor.result.remote())
-        refs = {ref: rank for rank, (_, ref) in self._result_calls.items()}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0) if refs else ([], [])
-        for ref in ready:
-            rank = refs[ref]
-            del self._result_calls[rank]
-            try:
-                result = ray.get(ref)  # ready: ray.wait returned it
-            except ray.exceptions.ActorUnavailableError:
-                continue  # not known to be dead (`supervisor.pings`): asked again
-            except ray.exceptions.RayActorError:
-                result = DEAD
-            except ray.exceptions.RayError:
-                continue  # asked again next time
-            if rank in self.adopted and result is not None:
-                out[rank] = result
-                self.adopted.discard(rank)
-        for rank in sorted(self.adopted - set(self.actors)):
-            out[rank] = DEAD
-            self.adopted.discard(rank)
+        out = rank_actors.ended(self.actors, self.adopted, self._result_calls)
+        self.adopted -= set(out)
         return out
 
     async def _learn_pids(self, ranks: list[int], timeout_s: float = WHERE_TIMEOUT_S) -> None:
         """Where each of `ranks` runs (node, pid), kept as each answers: one that does not
         answer in `timeout_s` (`WaitTimeout`) or whose actor failed (its Ray error, raised
         after the others are kept) costs the others nothing."""
-
-        async def where(rank: int) -> Any:
-            return await self.actors[rank].where.remote()  # caller bounds: asyncio.wait below
-
-        calls = {asyncio.ensure_future(where(r)): r for r in ranks}
-        done, pending = await asyncio.wait(calls, timeout=timeout_s) if calls else (set(), set())
-        for call in pending:
-            call.cancel()
-        failed: BaseException | None = None
-        for call in done:
-            if call.exception() is not None:
-                failed = failed or call.exception()
-                continue
-            rank, answer = calls[call], call.result()  # done
-            node, pid = answer[0], answer[1]
-            self.pids[rank] = (node, pid, float(answer[3]) if len(answer) > 3 else 0.0)
-            self.slots.slots[rank].pid = pid
-            if len(answer) > 2:  # an actor of an older version says no node id
-                self.slots.slots[rank].node = str(answer[2])
-                self.used_nodes.add(str(answer[2]))
+        found, failed = await rank_actors.where(self.actors, ranks, timeout_s)
+        for rank, at in found.items():
+            self.pids[rank] = (at.address, at.pid, at.started)
+            self.slots.slots[rank].pid = at.pid
+            if at.node is not None:  # an actor of an older version says no node id
+                self.slots.slots[rank].node = at.node
+                self.used_nodes.add(at.node)
         if failed is not None:
             raise failed
-        if pending:
-            silent = sorted(calls[c] for c in pending)
-            raise WaitTimeout(f"ranks {silent} did not say where they run within {timeout_s:g}s")
 
     def run_refs(self) -> list[ray.ObjectRef]:
         return list(self._refs)
@@ -510,13 +377,8 @@ class WorkerGroup:
         return await ping_actors(chosen, timeout_s, patience=patience)
 
     def kill(self, rank: int) -> None:
-        """Kill `rank`'s process now: by pid, from this process on the supervisor's own node and
-        by the node's agent on another (`NodeAgent.kill_rank`); through Ray everywhere.
-
-        Ray's kill of a process on another node waits that node's raylet's
-        `kill_worker_timeout_milliseconds` (5 s by default) for a stopped (hung)
-        one, and its peers stay blocked in their collective until it is gone.
-        """
+        """Kill `rank`'s process now (`ranks.kill_process`): by pid or by its node's agent,
+        and through Ray; its run's end is expected from here on."""
         actor = self.actors.pop(rank, None)
         self.adopted.discard(rank)
         self.followed.discard(rank)
@@ -525,18 +387,13 @@ class WorkerGroup:
         for ref, (r, _inc) in self._refs.items():
             if r == rank:
                 self._retired.add(ref)
-        where = self.pids.pop(rank, None)
         slot = self.slots.slots.get(rank)
         node = slot.node if slot is not None else None
         agent = self.agents.get(node) if node is not None and node != self.home else None
-        if where is not None and agent is not None and where[2]:
-            agent.kill_rank.remote(self.spec.token, where[1], where[2])
-            self.agent_kills += 1
-        elif where is not None and (node == self.home or (node is None and where[0] == self._node)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(where[1], signal.SIGKILL)
-        if actor is not None:
-            ray.kill(actor, no_restart=True)
+        self.agent_kills += rank_actors.kill_process(
+            actor, self.pids.pop(rank, None), node=node, home=self.home, here=self._node,
+            agent=agent, token=self.spec.token,
+        )  # fmt: skip
 
     async def replace(
         self, ranks: list[int], *, source: int, retry: bool = False
@@ -553,14 +410,7 @@ class WorkerGroup:
         # one from a local spare of that node (`local_spares`) while the node lives.
         old = {r: self.slots.slots[r].node for r in ranks}
         gone = {r: self.pids.get(r) for r in ranks}  # the processes the kills below end
-        for rank in ranks:
-            self.kill(rank)
-        if len(self.cluster) > 1:
-            self.refresh_nodes()
-        if retry:
-            self.abandon_generation()
-        self.generation += 1
-        self._moved()
+        self._next_generation(ranks, retry=retry)
         how: dict[int, str] = {}
         skipped: list[str] = []
         promoted: dict[str, Any] = {}  # rank -> the agent's answer (`NodeAgent.promote`)
@@ -618,27 +468,11 @@ class WorkerGroup:
             self._launch(rank, actor, name, generation=self.generation, adopt_from=source)
             return "local spare"
         args = self._run_args(rank, generation=self.generation, adopt_from=source, resume_step=None)
-        pid, started = (gone[1], gone[2]) if gone is not None else (0, 0.0)
-        try:
-            # Not retried by Ray against a restarted agent: a spare whose `run` the crashed
-            # agent may have started is killed below instead of being started twice.
-            answer = await waits.within(
-                agent.promote.options(max_task_retries=0).remote(
-                    self.spec.token, name, args, pid, started
-                ),
-                PROMOTE_S,
-                f"agent of node {str(node)[:8]}: promote {name}",
-            )
-        except (WaitTimeout, ray.exceptions.RayError) as exc:
-            answer = {"promoted": False, "why": str(exc)[:200]}
-        if not (isinstance(answer, dict) and answer.get("promoted") is True):
-            why = answer.get("why") if isinstance(answer, dict) else repr(answer)
-            log.warning("spare_skipped", spare=name, rank=rank, reason=f"not promoted: {why}")
+        figures = await rank_actors.promote(agent, self.spec.token, actor, name, args, gone, node)
+        if figures is None:
             skipped.append(name)
-            with contextlib.suppress(ray.exceptions.RayError, ValueError):
-                ray.kill(actor, no_restart=True)
             return None
-        promoted[str(rank)] = {k: answer[k] for k in ("gone_s", "s", "still_there") if k in answer}
+        promoted[str(rank)] = figures
         self.actors[rank] = actor
         self.names[rank] = name
         self._moved()
@@ -659,6 +493,17 @@ class WorkerGroup:
             self.rendezvous.renew()
             self._abandoned = self.generation
 
+    def _next_generation(self, ranks: list[int], *, retry: bool = False) -> None:
+        """Kill `ranks` and open the next generation (`retry`: over a new store)."""
+        for rank in ranks:
+            self.kill(rank)
+        if len(self.cluster) > 1:
+            self.refresh_nodes()
+        if retry:
+            self.abandon_generation()
+        self.generation += 1
+        self._moved()
+
     def _order_regroup(self, new: list[int], source: int) -> None:
         """Order every rank but the `new` ones to form the current generation from `source`."""
         for rank, actor in self.actors.items():
@@ -675,25 +520,14 @@ class WorkerGroup:
         """
         t0 = time.perf_counter()
         ranks = list(range(self.spec.workers))
-        for rank in ranks:
-            self.kill(rank)
-        if len(self.cluster) > 1:
-            self.refresh_nodes()
-        self.generation += 1
-        self._moved()
+        self._next_generation(ranks)
         how: dict[int, str] = {}
         skipped: list[str] = []
         for rank in ranks:
             self.slots.replace(rank)
             (actor, name), how[rank] = await self._spare_or_new(rank, skipped)
-            self._launch(
-                rank,
-                actor,
-                name,
-                generation=self.generation,
-                adopt_from=None,
-                resume_step=resume_step,
-            )
+            self._launch(rank, actor, name, generation=self.generation, adopt_from=None,
+                         resume_step=resume_step)  # fmt: skip
         await self._learn_pids(ranks)
         return {
             "generation": self.generation,
@@ -719,21 +553,11 @@ class WorkerGroup:
         added to `skipped`; a fresh spare replaces it (off the critical path: it
         is not taken for this rank, being cold).
         """
-        chosen: tuple[tuple[Any, str], str] | None = None
-        while self.spares and chosen is None:
-            actor, name = self._take_spare(avoid)
-            if await _answers(actor, SPARE_PING_S):
-                chosen = (actor, name), "warm spare"
-                break
-            log.warning(
-                "spare_skipped", spare=name, reason=f"no answer to a ping within {SPARE_PING_S:g}s"
-            )
-            skipped.append(name)
-            with contextlib.suppress(ray.exceptions.RayError, ValueError):
-                ray.kill(actor, no_restart=True)
+        warm = await self.spares.take_answering((avoid or set()) | self.dead_nodes, skipped)
+        self._moved()
         if skipped:
             self._refill_apart()
-        return chosen or (self._new_rank(rank, avoid=avoid), "new actor")
+        return (warm, "warm spare") if warm else (self._new_rank(rank, avoid=avoid), "new actor")
 
     def refill_spares(self) -> None:
         """Start spares up to the configured counts (their start is off the critical path):
@@ -743,35 +567,19 @@ class WorkerGroup:
             return
         nodes = sorted(set(self.rank_nodes().values()) - self.dead_nodes)
         for node in nodes if len(self.cluster) > 1 else [None]:
-            kept = sum(
-                1 for n in self.local_spare_names
-                if node is None or self.spare_nodes.get(n) == node
-            )  # fmt: skip
-            for _ in range(self.spec.local_spares - kept):
+            for _ in range(self.spec.local_spares - self.spares.kept_on(node)):
                 self._new_spare(node, local=True)
 
     def _refill_apart(self) -> None:
-        while len(self.spares) - len(self.local_spare_names) < (self.spec.spares or 0):
+        while self.spares.apart < (self.spec.spares or 0):
             self._new_spare()
 
     def shutdown(self) -> None:
-        for actor in [*self.actors.values(), *self.spares]:
+        """Kill every rank and spare: the run is over."""
+        for actor in [*self.actors.values(), *self.spares.clear()]:
             ray.kill(actor, no_restart=True)
         self.actors.clear()
-        self.spares.clear()
-        self.spare_names.clear()
-        self.spare_nodes.clear()
-        self.local_spare_names.clear()
         self._moved()
         self.promoted.clear()
         self.adopted.clear()
         self.followed.clear()
-
-
-async def _answers(actor: Any, timeout_s: float) -> bool:
-    """True if `actor` answers a ping within `timeout_s`."""
-    try:
-        await asyncio.wait_for(actor.ping.remote(), timeout_s)
-    except (TimeoutError, ray.exceptions.RayError):
-        return False
-    return True
