@@ -14,8 +14,8 @@ a state record is written before any reply that carries a new promise
 leaves, at each move of the job's state, and every `STATE_EVERY_S`; what it
 did along the way goes to `history.jsonl`. When Ray restarts the actor after
 a crash, the constructor runs again with the same spec, finds that the run
-had started, rebuilds itself from the last state record, and resumes the
-loop by itself: it finds the rank actors again by name, learns from their
+had started, rebuilds itself from the last state record (`supervisor.resume`),
+and resumes the loop by itself: it finds the rank actors again by name, learns from their
 `result()` which finished meanwhile, and carries on. Calls that were in
 flight (reports, `wait`) are retried by Ray against the new instance;
 reports are deduplicated by (rank, incarnation, seq).
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import os
 import secrets
 import signal
@@ -39,20 +38,17 @@ import ray
 import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from remedy.control import decide_state as control_state
 from remedy.control import progress_marks, stuck_at
 from remedy.control.decide import Controller
 from remedy.control.effects import Notify, journal_to, log_notify
 from remedy.control.end_check import may_end
 from remedy.control.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.control.health import final_status
-from remedy.control.identity import Lineage, RankResume, journal_behind, plan_resume, with_rank_ids
 from remedy.control.job import (
-    JobState,
     JobStateMachine,
     Phase,
 )
-from remedy.control.record import RunRecord, StateLog
+from remedy.control.record import StateLog
 from remedy.control.run_core import (
     Answer,
     BatchesLost,
@@ -88,23 +84,14 @@ from remedy.protocol.spec import NAMESPACE, RunSpec, supervisor_name
 from remedy.rank.link import liveness
 from remedy.rank.loop.logs import configure_logging
 from remedy.rank.loop.metrics import RayBackend, RunMetrics
-from remedy.rundir.claim import MARKER, claimed_supervisors, note_supervisor
-from remedy.rundir.journals import goodput_of, last_written, read_journal
+from remedy.rundir.claim import MARKER, note_supervisor
+from remedy.rundir.journals import read_journal
 from remedy.rundir.write_errors import RunDirWriteError
 from remedy.rundir.writer import RunDir
-from remedy.supervisor import placement
+from remedy.supervisor import placement, resume
 from remedy.supervisor.agent.actor import alive_nodes, kill_agents, launch_agents
-from remedy.supervisor.death_cause import describe
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.intake import Intake
-from remedy.supervisor.lineage import (
-    applied_ids,
-    ask_ranks,
-    death_of,
-    take_over,
-    was_restarted,
-)
-from remedy.supervisor.lineage import read_lineage as lineage_of
 from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch, verdict_window_s
 from remedy.supervisor.node_watch import POLL_S as NODE_POLL_S
 from remedy.supervisor.notify import NOTIFICATIONS_FILE, Notifier, env_sinks
@@ -192,22 +179,9 @@ class SupervisorActor:
         self.spec = RunSpec(**spec)
         configure_logging(verbose=self.spec.verbose)
         self.run_dir = RunDir(self.spec.run_dir, self.spec.run_id)
-        self._skipped: list[int] = []  # journal.wal's lines skipped as damaged
         self._unwritable = False  # ending on the run directory's write error: no state records
-        journal = read_journal(self.run_dir.path / "journal.wal", self._skipped)
-        state, tail = control_state.split_at_last_state(journal)
-        run = RunRecord.from_record(state) if state is not None else None  # older ones migrated
-        older = control_state.older_tail(journal, tail)
-        # Supervisors of this run before this one, by the highest count of any source that
-        # remembers (`control.identity`): the newest state record's (or, in a journal of
-        # schema 7 or older, its `supervisor_started` records), the claim, the decision ids
-        # given, Ray; where the journal is lost or behind, the ranks too. 0 for a new run.
-        lineage, self._takeover = self._lineage(
-            max(run.incarnation if run is not None else 0, older.lives),
-            run.controller.get("seq", 0) if run is not None else 0,
-        )
-        lives = lineage.lives
-        incarnation = 1 + lives
+        back = resume.read_back(self.spec, self.run_dir)  # journal.wal, and who this one is
+        incarnation = 1 + back.lineage.lives
         try:
             note_supervisor(self.run_dir.path, incarnation, os.getpid())
         except OSError as exc:  # the loop ends the run on it, with the summary elsewhere
@@ -279,9 +253,11 @@ class SupervisorActor:
             lambda: self._keep_state(before_reply=True),
             lambda ranks: self.controller.commands_for_ranks(sorted(ranks)),
         )
-        if lives:
-            self._restore(run, older, tail)
-            self._took_over(lineage)
+        if back.lineage.lives:
+            self._summary = resume.restore(self.core, self.run_dir, back, self.spec.run_id)
+            if self._summary is not None:
+                self._done.set()  # the run had ended: `start` answers, then leaves
+            resume.took_over(self.core, self.run_dir, back)
             # Nobody else will call `start` on a restarted supervisor: call it ourselves,
             # so the loop resumes with no driver around.
             ray.get_runtime_context().current_actor.start.remote()
@@ -316,122 +292,12 @@ class SupervisorActor:
             return str(self._summary.get("status"))
         return "running" if self.group is not None else "starting"
 
-    # ------------------------------------------------------------ restore
-    def _lineage(
-        self, journal_lives: int, journal_seq: int
-    ) -> tuple[Lineage, tuple[RankResume | None, dict[str, Any]] | None]:
-        """Who this supervisor is (`control.identity`), and, where journal.wal is lost or
-        older than the run, what the ranks told (a plan to take them over, or None, and the
-        journal record saying so)."""
-        lineage = lineage_of(self.run_dir.path, journal_lives, restarted=was_restarted())
-        if not lineage.lives:
-            return lineage, None
-        answers = ask_ranks(self.spec.run_id)
-        lineage = with_rank_ids(lineage, applied_ids(answers))
-        behind = journal_behind(journal_seq, answers)
-        if not (lineage.journal_lost or behind):
-            return lineage, None
-        plan = plan_resume(self.spec.workers, answers)
-        record: dict[str, Any] = {
-            "type": "journal_lost",
-            "why": "journal.wal is older than the run" if behind and not lineage.journal_lost
-            else "journal.wal holds fewer supervisors than the run had",
-            "sources": lineage.sources(),
-            "ranks_answered": sorted(answers),
-            "resumed_from_ranks": plan is not None,
-        }  # fmt: skip
-        if plan is not None:
-            record.update(generation=plan.generation, steps={str(r): s for r, s in plan.steps.items()},
-                          command_seq=plan.command_seq)  # fmt: skip
-        return lineage, (plan, record)
-
-    def _took_over(self, lineage: Lineage) -> None:
-        """Journal how the supervisor before this one died (as Ray says) and how this one knew
-        it was not new; take the ranks over where the journal was lost or behind and they
-        could say where they are."""
-        pid = claimed_supervisors(self.run_dir.path).get(lineage.lives)
-        death = death_of(pid) if pid is not None else describe(None, None, (False, None))
-        self.run_dir.history({
-            "type": "supervisor_died", "incarnation": lineage.lives, "pid": pid, **death,
-        })  # fmt: skip
-        if self._takeover is None:
-            return
-        plan, record = self._takeover
-        if plan is not None:
-            take_over(self.core, plan)
-        record["incarnation"] = lineage.incarnation
-        self.run_dir.history(record)
-        log.warning("journal_lost", **{k: v for k, v in record.items() if k != "type"})
-
-    def _restore(self, run: RunRecord | None, older: control_state.OlderTail,
-                 tail: list[dict[str, Any]]) -> None:  # fmt: skip
-        """Rebuild from journal.wal's newest state record (`run`; and, from a journal of
-        schema 7 or older, what `older` and `tail` hold besides)."""
-        ended = run.ended if run is not None and run.ended is not None else older.ended
-        if ended is not None:
-            self.core.ended = ended
-            self._summary = {"status": ended, **self._read_summary(ended)}
-            self._done.set()
-            return
-        c = self.controller
-        if run is not None:
-            self.core.restore(run)
-        if not self.core.ranks_ended and older.ranks_ended is not None:
-            self.core.results_ended(older.ranks_ended)
-        abandoned = control_state.replay_tail(c, tail)  # a journal of schema 7 or older
-        if older.job is not None:
-            self.job.state = JobState.from_dict(older.job)
-        c.restore_decisions(read_journal(self.run_dir.path / "decisions.jsonl"))
-        abandoned += control_state.abandoned(c, read_journal(self.run_dir.path / "history.jsonl"))
-        # The goodput ledger from the journals; the outage, from when the supervisor that
-        # died last wrote something (a report's metrics, a journal record) until now.
-        c.goodput = goodput_of(self.run_dir.path)
-        heard = [last_written(self.run_dir.path / n)
-                 for n in ("metrics.jsonl", "journal.wal", "history.jsonl")]  # fmt: skip
-        back = time.time()
-        down_since = max((t for t in heard if t is not None), default=back)
-        outage = {
-            "incarnation": self.incarnation,
-            "down_since": round(down_since, 3),
-            "back_at": round(back, 3),
-            "down_s": round(max(back - down_since, 0.0), 3),
-        }
-        c.goodput.outage(outage)
-        self.run_dir.history(
-            {
-                "type": "supervisor_restored",
-                "incarnation": self.incarnation,
-                "from_state": run is not None,
-                "tail_records": len(tail),
-                # Damaged lines of journal.wal skipped (line numbers, from 1).
-                "skipped_records": list(self._skipped),
-                "abandoned": sorted(set(abandoned)),
-                "pending": sorted(c.pending),
-                "job": self.job.state.to_dict(),
-                "outage": outage,
-            }
-        )
-        log.warning(
-            "supervisor_restored",
-            incarnation=self.incarnation,
-            pending=len(c.pending),
-            abandoned=len(abandoned),
-        )
-
+    # ------------------------------------------------------------ the record
     def _job_moved(self, record: dict[str, Any]) -> None:
         """The job's state moved (`JobStateMachine.step`): into the history, and a state
         record, so a supervisor restarted from here resumes from the new phase."""
         self.run_dir.history(record)
         self.write_state()
-
-    def _read_summary(self, status: str) -> dict[str, Any]:
-        try:
-            summary = json.loads((self.run_dir.path / "summary.json").read_text())
-        except (OSError, ValueError):
-            summary = None
-        if not isinstance(summary, dict):
-            summary = {"run_id": self.spec.run_id, "status": status}
-        return summary
 
     def write_state(self, *, before_reply: bool = False) -> None:
         """A state record in journal.wal: what a restarted supervisor resumes from.
