@@ -85,10 +85,9 @@ from remedy.rank.link import liveness
 from remedy.rank.loop.logs import configure_logging
 from remedy.rank.loop.metrics import RayBackend, RunMetrics
 from remedy.rundir.claim import MARKER, note_supervisor
-from remedy.rundir.journals import read_journal
 from remedy.rundir.write_errors import RunDirWriteError
 from remedy.rundir.writer import RunDir
-from remedy.supervisor import placement, resume
+from remedy.supervisor import placement, resume, status_view
 from remedy.supervisor.agent.actor import alive_nodes, kill_agents, launch_agents
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.intake import Intake
@@ -103,6 +102,7 @@ from remedy.supervisor.policy_source import (
 )
 from remedy.supervisor.recovery import Recovery
 from remedy.supervisor.rendezvous import Rendezvous
+from remedy.supervisor.summary import end_summary
 from remedy.supervisor.worker_group import WorkerGroup, kill_run_actors
 
 log = structlog.get_logger("remedy.supervisor")
@@ -122,8 +122,6 @@ LINGER_S = 60.0
 AGENT_START_S = 120.0
 # How often the supervisor looks for nodes that joined the cluster after its agents started.
 NEW_NODES_S = 2.0
-# Decisions `status` shows, newest last.
-RECENT_DECISIONS = 5
 
 
 def launch_supervisor(spec: RunSpec) -> Any:
@@ -204,7 +202,7 @@ class SupervisorActor:
             # Where a `notify` decision's effect is carried out: logged, and queued for
             # the policy's sinks and REMEDY_NOTIFY_WEBHOOK (see `supervisor.notify`).
             notify=self._notify,
-            node_of=self._node_of,
+            node_of=lambda rank: status_view.node_of(self._pids(), self.slots, rank),
         )
         # The run's state record and its ranks' ends, with the controller, the job's state
         # machine and the rank slots (incarnations): what `write_state` records.
@@ -614,7 +612,7 @@ class SupervisorActor:
         if self._summary is not None:
             # The run ended before the note came (the driver learns of the end from the
             # answer that ends its outage): the summary gets it too.
-            self._summary = {**self._summary, **self._outage_fields()}
+            self._summary = {**self._summary, **status_view.outage_fields(self.run_dir.path)}
             with contextlib.suppress(OSError):
                 self.run_dir.write_summary(self._summary)
         return self._summary
@@ -628,25 +626,6 @@ class SupervisorActor:
                 continue
             self.run_dir.history({"type": "supervisor_outage", "note": note})
             log.warning("supervisor_outage", **note)
-
-    def _skipped_records(self) -> int:
-        """journal.wal's damaged lines skipped by every restore of this run (the history's)."""
-        restored = [r for r in read_journal(self.run_dir.path / "history.jsonl")
-                    if r.get("type") == "supervisor_restored"]  # fmt: skip
-        return sum(len(r.get("skipped_records") or []) for r in restored)
-
-    def _outage_fields(self) -> dict[str, Any]:
-        """The summary's outages so far, merged from every watcher's notes in the journal (read
-        once): the supervisor's with their total, and the node agents' their ranks noticed."""
-        history = read_journal(self.run_dir.path / "history.jsonl")
-        notes = [r["note"] for r in history if r.get("type") == "supervisor_outage"]
-        outages = liveness.merge_outages(notes)
-        return {
-            "supervisor_outages": outages,
-            "supervisor_outage_s": round(sum(o["duration_s"] for o in outages), 3),
-            # A node agent its ranks found silent (a crash and Ray's restart of it, a hang).
-            "agent_outages": liveness.merge_outages(notes, "agent"),
-        }
 
     async def output(self, lines: Any) -> None:
         """Lines the ranks printed, for the displays and the run directory."""
@@ -666,12 +645,12 @@ class SupervisorActor:
         """Display events after `cursor` (output, anomalies, decisions, then progress)."""
         self._require(token, "events")
         self.feed.decisions(self.controller.decisions)
-        return self.feed.since(cursor, self._progress_fields())
+        return self.feed.since(cursor, status_view.progress_fields(self.state, self.core))
 
     async def status(self, token: str | None = None) -> dict[str, Any]:
         """The run's state, step per rank, counts and the policy in force."""
         self._require(token, "status")
-        return self._status()
+        return status_view.status(self.spec.run_id, self.state, self.core, self._pids())
 
     async def stop(self, token: str | None = None, reason: str = "stopped") -> dict[str, Any]:
         """An operator's stop: a final checkpoint on every rank, then a clean end (`stopped`).
@@ -688,36 +667,6 @@ class SupervisorActor:
             log.warning("stop_requested", reason=text)
             self.run_dir.history({"type": "stop_requested", "reason": text})
         return {"stopping": stopping, "state": self.state}
-
-    def _progress_fields(self) -> dict[str, Any]:
-        """The part of `_status` a display's progress line reads (`Feed.progress`): the poll
-        every half second leaves out the per-rank slot records and nodes (at 4,096 ranks
-        they were most of what a poll cost, and blocked the supervisor's loop meanwhile)."""
-        c = self.controller
-        return {
-            "state": self.state,
-            "step": dict(c.step_of),
-            "anomalies": dict(c.anomaly_counts),
-            "actions": dict(c.action_counts),
-            "wall_s": round(time.time() - self.started, 1),
-        }
-
-    def _status(self) -> dict[str, Any]:
-        c = self.controller
-        return {
-            "run_id": self.spec.run_id,
-            **self._progress_fields(),
-            "loss": c.final_loss(),
-            "decisions": len(c.decisions),
-            "rejected_events": c.rejected_events,
-            "rejected": dict(c.rejected),
-            "stop_reason": c.stop_reason,
-            "recent_decisions": [_brief(d) for d in c.decisions[-RECENT_DECISIONS:]],
-            "policy": self.controller.engine.policy.name,
-            "job": self.job.state.to_dict(),
-            "slots": self.slots.records(),
-            "nodes": self.rank_nodes(),
-        }
 
     async def start(self) -> None:
         """Begin the run (idempotent); returns at once. The loop runs inside this actor."""
@@ -1023,26 +972,12 @@ class SupervisorActor:
         sent = self.notifier.submit(d, nodes)
         return outcome, f"{detail}; {sent}" if sent else detail
 
-    def _node_of(self, rank: int) -> str | None:
-        """The node `rank`'s current process runs on, once the group has learnt it.
-
-        Its Ray node id's first 8 hex digits and its address (`placement.label`),
-        or the address alone where the node id is not known.
-        """
-        where = self.group.pids.get(rank) if self.group is not None else None
-        if where is None:
-            return None
-        slot = self.slots.slots.get(rank)
-        return placement.label(slot.node, where[0]) if slot and slot.node else where[0]
-
     def rank_nodes(self) -> dict[str, str]:
         """rank -> the node label of its current process (`placement.label`), where known."""
-        out = {}
-        for rank in sorted(self.slots.slots):
-            node = self._node_of(rank)
-            if node is not None:
-                out[str(rank)] = node
-        return out
+        return status_view.rank_nodes(self._pids(), self.slots)
+
+    def _pids(self) -> status_view.Pids:
+        return self.group.pids if self.group is not None else {}
 
     def _group_action(self, d: Decision) -> tuple[str, str] | None:
         """restart_rank: replace the decision's ranks asynchronously (resolved when done)."""
@@ -1131,81 +1066,29 @@ class SupervisorActor:
         results = [self.core.results[r] for r in sorted(self.core.results)]
         [ending] = self.core.step(Ending(error))
         assert isinstance(ending, Status)
-        # A run that completed with a rank that stopped learning is degraded (control.health).
-        status, degraded = final_status(ending.status, results)
         self.notifier.close()  # deliveries still queued get a last chance, then are journaled
-        lead = results[0] if results else {}
-        completed = int(lead.get("steps_completed", 0))
-        ended = time.time()
-        # Every execution counts, the ones a rollback or a restart from a checkpoint redid
-        # too; an update that was skipped (an unrelieved OOM, a non-finite step) kept nothing.
-        goodput = c.goodput.summary(
-            started=self.started,
-            ended=ended,
-            completed=completed,
-            fallback_executed=int(lead.get("steps_executed", 0)),
-            fallback_skipped=int(lead.get("updates_skipped", 0) or 0),
-        )
+        # A run that completed with a rank that stopped learning is degraded (control.health).
+        summary = end_summary(
+            self.spec, self.core, results, final_status(ending.status, results),
+            ended=time.time(), run_path=self.run_dir.path, group=self.group,
+            recovery=self.recovery, sightings=self.sightings,
+            notifications=self.notifier.counts,
+        )  # fmt: skip
         self.metrics.goodput(c.goodput, self.started, force=True)
-        summary = {
-            "run_id": self.spec.run_id,
-            "status": status,
-            "degraded_reason": degraded,
-            "abort_reason": c.abort_reason,
-            "stop_reason": c.stop_reason,
-            "steps_completed": completed,
-            **goodput,
-            "final_loss": lead.get("final_loss"),
-            "actions": dict(c.action_counts),
-            "anomalies": dict(c.anomaly_counts),
-            "outcomes": dict(c.outcome_counts),
-            "notifications": dict(self.notifier.counts),
-            "decisions": len(c.decisions),
-            "rejected_events": c.rejected_events,
-            "rejected_batches": c.rejected_batches,
-            "rejected": dict(c.rejected),  # refused report input, by reason
-            "refused_stale_reports": self.slots.refused_stale,
-            "skipped_batches": lead.get("skipped_batches", []),
-            "policy": self.spec.policy,
-            "workers": self.spec.workers,
-            "job": self.job.state.to_dict(),
-            "recoveries": self.recovery.records if self.recovery is not None else [],
-            # Rank pings the supervisor sent itself (none behind node agents in steady state).
-            "supervisor_pings": self.group.pings_sent if self.group is not None else 0,
-            "agent_sighting_calls": self.sightings.calls,  # node agents' ping rounds taken in
-            # Rank processes killed by pid by their node's agent, on the supervisor's order.
-            "agent_kills": self.group.agent_kills if self.group is not None else 0,
-            "agent_promotions": self.group.promotions if self.group is not None else 0,
-            "resumed_from": self.spec.resume or None,
-            "supervisor_restarts": self.incarnation - 1,
-            # Damaged journal.wal lines the restarted supervisors skipped (`supervisor_restored`).
-            "journal_skipped_records": self._skipped_records(),
-            **self._outage_fields(),
-            "wall_s": round(ended - self.started, 2),
-            # Where each rank's last process ran, and the nodes lost meanwhile.
-            "nodes": self.rank_nodes(),
-            "ranks": results,
-        }
         if error is not None:
             summary["error"] = error
         if io_error:
             summary["io_error"] = error
             summary["lines_not_written"] = self.run_dir.dropped
         written = self.run_dir.write_summary(summary)
-        self.run_dir.history({"type": "run_ended", "status": status})
-        self.core.step(Ended(status))
+        self.run_dir.history({"type": "run_ended", "status": summary["status"]})
+        self.core.step(Ended(summary["status"]))
         self.write_state()
         self.run_dir.close()
         if written.parent != self.run_dir.path:
             summary["summary_file"] = str(written)  # for the driver to say where it went
         self._summary = summary
         return summary
-
-
-def _brief(d: dict[str, Any]) -> dict[str, Any]:
-    """A journaled decision as `status` shows it."""
-    keys = ("decision_id", "step", "rule", "action", "outcome", "reason")
-    return {k: d.get(k) for k in keys}
 
 
 def _a_tick(value: Any) -> TypeGuard[int]:
