@@ -29,9 +29,7 @@ import gc
 import os
 import secrets
 import signal
-import threading
 import time
-from pathlib import Path
 from typing import Any, TypeGuard
 
 import ray
@@ -78,7 +76,7 @@ from remedy.control.run_core import (
 from remedy.control.sections import GroupSection
 from remedy.control.sightings import Sightings
 from remedy.control.slots import RankSlots
-from remedy.policies import Decision, Engine, Policy, PolicyError
+from remedy.policies import Decision, Engine
 from remedy.protocol.exceptions import Unauthorized
 from remedy.protocol.spec import NAMESPACE, RunSpec, supervisor_name
 from remedy.rank.link import liveness
@@ -93,13 +91,8 @@ from remedy.supervisor.feed import Feed
 from remedy.supervisor.intake import Intake
 from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch, verdict_window_s
 from remedy.supervisor.node_watch import POLL_S as NODE_POLL_S
-from remedy.supervisor.notify import NOTIFICATIONS_FILE, Notifier, env_sinks
-from remedy.supervisor.policy_source import (
-    PolicyWatch,
-    is_policy_file,
-    load_policy_source,
-    policy_from_bytes,
-)
+from remedy.supervisor.policy_apply import PolicyApplier
+from remedy.supervisor.policy_source import load_policy_source
 from remedy.supervisor.recovery import Recovery
 from remedy.supervisor.rendezvous import Rendezvous
 from remedy.supervisor.summary import end_summary
@@ -113,8 +106,6 @@ POLL_S = 0.05
 STATE_EVERY_S = 30.0
 # How often a restarted supervisor asks the ranks it adopted whether they finished.
 RESULT_POLL_S = 0.5
-# A refused policy's errors journaled (and returned) at most; the count is logged in full.
-MAX_REFUSAL_LINES = 50
 # How long an ended run's supervisor stays for late callers (`wait`, `status`,
 # `attach`) before it removes itself; a driver that waited kills it at once.
 LINGER_S = 60.0
@@ -193,7 +184,7 @@ class SupervisorActor:
             dry_run=self.spec.dry_run,
             incarnation=incarnation,
         )
-        self.notifier = self._notifier(policy)
+        self.applier = PolicyApplier(self.spec, self.run_dir, engine, policy)
         controller = Controller(
             engine,
             world_size=self.spec.workers,
@@ -227,10 +218,6 @@ class SupervisorActor:
         self.rendezvous = Rendezvous()
         self.group: WorkerGroup | None = None
         self.recovery: Recovery | None = None
-        # A policy given as a file is watched: saving it applies it to the running job.
-        self._watched = (
-            PolicyWatch(Path(self.spec.policy)) if is_policy_file(self.spec.policy) else None
-        )
         self._token_refusals: dict[str, int] = {}  # refused calls by method, for the journal
         self._token_journaled: dict[str, int] = {}
         # The control loop and its end.
@@ -365,52 +352,9 @@ class SupervisorActor:
         caller without the run's token is refused (`Unauthorized`).
         """
         self._require(token, "apply_policy")
-        if self._watched is not None:
-            self._watched.forget()
-        return self._apply_policy(data, filename)
-
-    def _apply_policy(self, data: bytes | str, filename: str) -> list[str]:
-        try:
-            policy = policy_from_bytes(data, filename)
-        except PolicyError as exc:
-            return self._refuse(filename, exc)
-        old = self.controller.engine.policy.name
-        self.controller.engine.reload(policy)
-        if policy.notify != self.notifier_sinks:
-            # The old sinks finish what they hold in the background; new notifies go to the new.
-            previous, self.notifier = self.notifier, self._notifier(policy)
-            threading.Thread(target=previous.close, daemon=True).start()
-        self.run_dir.history(
-            {"type": "policy_reloaded", "file": filename, "from": old, "to": policy.name}
-        )
-        log.warning("policy_reloaded", file=filename, name=policy.name)
-        return []
-
-    async def _watch_policy(self) -> None:
-        if self._watched is None:
-            return
-        try:
-            saved = self._watched.poll()
-        except PolicyError as exc:
-            # Unreadable now (replaced by a folder, permissions): refuse, keep the old policy.
-            self._refuse(str(self._watched.path), exc)
-            return
-        if saved is not None:
-            self._apply_policy(*saved)
-
-    def _refuse(self, filename: str, exc: PolicyError) -> list[str]:
-        """Journal a refused policy (the one in force stays); its error lines, capped."""
-        errors = [d.format() for d in exc.diagnostics][:MAX_REFUSAL_LINES]
-        log.warning("policy_refused", file=filename, errors=len(exc.diagnostics))
-        self.run_dir.history(
-            {
-                "type": "policy_refused",
-                "file": filename,
-                "kept": self.controller.engine.policy.name,
-                "errors": errors,
-            }
-        )
-        return errors
+        if self.applier.watched is not None:
+            self.applier.watched.forget()
+        return self.applier.apply(data, filename)
 
     async def report(self, batch: Any) -> list[dict[str, Any]] | dict[str, Any]:
         """A rank's report batch in; the commands that rank still owes out.
@@ -791,7 +735,7 @@ class SupervisorActor:
                     self.recovery.check_back()
                 self._carry(self.core.step(Pass()))
                 self.run_dir.check()  # a write failed (in a report too), or the directory is gone
-                await self._watch_policy()
+                self.applier.poll()
                 due = time.monotonic() - self._state_at >= STATE_EVERY_S
                 if due or self._state_log.full_due:  # a full record put off by a reply
                     self.write_state()
@@ -948,16 +892,6 @@ class SupervisorActor:
         if type(incarnation) is int:
             self._carry(self.core.step(RankReturned(rank, incarnation, result)))
 
-    def _notifier(self, policy: Policy) -> Notifier:
-        """The policy's sinks, plus `REMEDY_NOTIFY_WEBHOOK` from `remedy run`'s environment."""
-        self.notifier_sinks = policy.notify
-        return Notifier(
-            [*policy.notify, *env_sinks(self.spec.notify_env)],
-            run_id=self.spec.run_id,
-            env=self.spec.notify_env,
-            journal=self.run_dir.path / NOTIFICATIONS_FILE,
-        )
-
     def _notify(self, effect: Notify) -> tuple[str, str]:
         """A notify effect: logged, and queued for every sink; returns at once."""
         outcome, detail = log_notify(effect)
@@ -969,7 +903,7 @@ class SupervisorActor:
         if d.anomaly.node is not None:
             # Where the fault was seen: the rank may have been replaced elsewhere since.
             nodes[d.anomaly.rank] = d.anomaly.node
-        sent = self.notifier.submit(d, nodes)
+        sent = self.applier.notifier.submit(d, nodes)
         return outcome, f"{detail}; {sent}" if sent else detail
 
     def rank_nodes(self) -> dict[str, str]:
@@ -1066,13 +1000,14 @@ class SupervisorActor:
         results = [self.core.results[r] for r in sorted(self.core.results)]
         [ending] = self.core.step(Ending(error))
         assert isinstance(ending, Status)
-        self.notifier.close()  # deliveries still queued get a last chance, then are journaled
+        notifier = self.applier.notifier
+        notifier.close()  # deliveries still queued get a last chance, then are journaled
         # A run that completed with a rank that stopped learning is degraded (control.health).
         summary = end_summary(
             self.spec, self.core, results, final_status(ending.status, results),
             ended=time.time(), run_path=self.run_dir.path, group=self.group,
             recovery=self.recovery, sightings=self.sightings,
-            notifications=self.notifier.counts,
+            notifications=notifier.counts,
         )  # fmt: skip
         self.metrics.goodput(c.goodput, self.started, force=True)
         if error is not None:
