@@ -11,7 +11,8 @@ while the loop runs, on one event loop, so controller state needs no locks.
 `remedy` namespace, detached, with unbounded restarts and task retries. Its
 state lives in `journal.wal`, which holds nothing else (`supervisor.core.run_state`):
 a state record is written before any reply that carries a new promise
-leaves, at each move of the job's state, and every `STATE_EVERY_S`; what it
+leaves, at each move of the job's state, and every `STATE_EVERY_S`
+(`supervisor.state_records`); what it
 did along the way goes to `history.jsonl`. When Ray restarts the actor after
 a crash, the constructor runs again with the same spec, finds that the run
 had started, rebuilds itself from the last state record (`supervisor.resume`),
@@ -27,7 +28,6 @@ import asyncio
 import contextlib
 import gc
 import os
-import secrets
 import signal
 import time
 from typing import Any, TypeGuard
@@ -46,7 +46,6 @@ from remedy.control.job import (
     JobStateMachine,
     Phase,
 )
-from remedy.control.record import StateLog
 from remedy.control.run_core import (
     Answer,
     BatchesLost,
@@ -77,7 +76,6 @@ from remedy.control.sections import GroupSection
 from remedy.control.sightings import Sightings
 from remedy.control.slots import RankSlots
 from remedy.policies import Decision, Engine
-from remedy.protocol.exceptions import Unauthorized
 from remedy.protocol.spec import NAMESPACE, RunSpec, supervisor_name
 from remedy.rank.link import liveness
 from remedy.rank.loop.logs import configure_logging
@@ -95,15 +93,14 @@ from remedy.supervisor.policy_apply import PolicyApplier
 from remedy.supervisor.policy_source import load_policy_source
 from remedy.supervisor.recovery import Recovery
 from remedy.supervisor.rendezvous import Rendezvous
+from remedy.supervisor.state_records import StateRecords
 from remedy.supervisor.summary import end_summary
+from remedy.supervisor.token_check import TokenCheck
 from remedy.supervisor.worker_group import WorkerGroup, kill_run_actors
 
 log = structlog.get_logger("remedy.supervisor")
 
 POLL_S = 0.05
-# A state record at least this often, besides the one before each new promise
-# (which keeps it exact; this one only refreshes steps and losses).
-STATE_EVERY_S = 30.0
 # How often a restarted supervisor asks the ranks it adopted whether they finished.
 RESULT_POLL_S = 0.5
 # How long an ended run's supervisor stays for late callers (`wait`, `status`,
@@ -168,7 +165,6 @@ class SupervisorActor:
         self.spec = RunSpec(**spec)
         configure_logging(verbose=self.spec.verbose)
         self.run_dir = RunDir(self.spec.run_dir, self.spec.run_id)
-        self._unwritable = False  # ending on the run directory's write error: no state records
         back = resume.read_back(self.spec, self.run_dir)  # journal.wal, and who this one is
         incarnation = 1 + back.lineage.lives
         try:
@@ -205,6 +201,8 @@ class SupervisorActor:
             started=time.time(),
             watch=HangWatch(HangWatchConfig(**self.spec.hang_watch)),  # type: ignore[arg-type]
         )
+        self.records = StateRecords(self.core, self.run_dir)
+        self.tokens = TokenCheck(self.spec.token, self.spec.run_id, self.core, self.run_dir)
         self.feed = Feed(self.spec.workers)  # what displays poll (see `events`)
         self.metrics = RunMetrics(
             RayBackend(), run_id=self.spec.run_id, checkpoints=self.run_dir.checkpoints
@@ -218,21 +216,15 @@ class SupervisorActor:
         self.rendezvous = Rendezvous()
         self.group: WorkerGroup | None = None
         self.recovery: Recovery | None = None
-        self._token_refusals: dict[str, int] = {}  # refused calls by method, for the journal
-        self._token_journaled: dict[str, int] = {}
         # The control loop and its end.
         self._task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
         self._summary: dict[str, Any] | None = None
-        self._state_changes = -1  # controller changes covered by the last state record
-        self._state_log = StateLog()  # full state records, and deltas between them
-        self._state_at = 0.0
         self.agent_nodes: list[str] = []  # nodes with an agent of this run (or one starting)
         self.agent_handles: dict[str, Any] = {}  # node id -> its agent, once started
         self._new_nodes_at = 0.0  # when to look for nodes that joined since (`_agents_for_new`)
         self._agents_starting: set[asyncio.Task[None]] = set()
         self._agent_ranks: dict[str, set[int]] = {}  # agent (node) -> the ranks it sent
-        self._committing: asyncio.Future[None] | None = None  # the state record calls await
         self.intake = Intake(
             self._take_items,
             lambda: self._keep_state(before_reply=True),
@@ -285,22 +277,13 @@ class SupervisorActor:
         self.write_state()
 
     def write_state(self, *, before_reply: bool = False) -> None:
-        """A state record in journal.wal: what a restarted supervisor resumes from.
-
-        `before_reply`: a call waits for it, so a full record that only bounds the
-        journal's tail is put off to the loop's next pass (`StateLog.entry`).
-        """
-        if self._unwritable:
-            return  # the run ends on its run directory's write error (`_finish`)
-        # Every section is the core's: the group and the restart send theirs as they change.
-        state = self.core.record(time.time())
-        self.run_dir.wal(self._state_log.entry(state.to_record(), defer_full=before_reply))
-        self._state_changes = self.controller.changes
-        self._state_at = time.monotonic()
+        """A state record in journal.wal: what a restarted supervisor resumes from
+        (`StateRecords.write`; every section is the core's)."""
+        self.records.write(before_reply=before_reply)
 
     def _keep_state(self, *, before_reply: bool = False) -> None:
         """A state record if the controller promised something new since the last one."""
-        if self.controller.changes != self._state_changes:
+        if self.records.owed():
             self.write_state(before_reply=before_reply)
 
     def crash_point(self, point: str) -> None:
@@ -316,32 +299,6 @@ class SupervisorActor:
         log.warning("crash_injected", point=point)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    # ------------------------------------------------------------------ auth
-    def _authorized(self, token: Any, call: str = "call") -> bool:
-        """True for this run's token; a refusal is counted in `rejected["token"]` and journaled.
-
-        The journal gets the 1st, 10th, 100th, ... refusal of each call: a flood
-        of foreign batches must not flood the journal too.
-        """
-        if isinstance(token, str) and secrets.compare_digest(
-            token.encode("utf-8", "replace"), self.spec.token.encode()
-        ):
-            return True
-        rejected = self.controller.rejected
-        rejected["token"] += 1
-        self._token_refusals[call] = count = self._token_refusals.get(call, 0) + 1
-        if count >= self._token_journaled.get(call, 0) * 10:
-            self._token_journaled[call] = max(count, 1)
-            log.warning("call_refused", call=call, reason="token", count=count)
-            self.run_dir.history(
-                {"type": "refused", "call": call, "reason": "token", "count": count}
-            )
-        return False
-
-    def _require(self, token: Any, call: str) -> None:
-        if not self._authorized(token, call):
-            raise Unauthorized(f"{call} refused: not run {self.spec.run_id}'s token")
-
     async def apply_policy(
         self, data: bytes | str, filename: str, token: str | None = None
     ) -> list[str]:
@@ -351,7 +308,7 @@ class SupervisorActor:
         refusal, journaled with its errors, never an exception out of here. A
         caller without the run's token is refused (`Unauthorized`).
         """
-        self._require(token, "apply_policy")
+        self.tokens.require(token, "apply_policy")
         if self.applier.watched is not None:
             self.applier.watched.forget()
         return self.applier.apply(data, filename)
@@ -367,8 +324,8 @@ class SupervisorActor:
         dashboards and the hang watch see only what the controller accepted of a
         batch.
         """
-        if not self._authorized(batch.pop("token", None) if isinstance(batch, dict) else None,
-                                "report"):  # fmt: skip
+        if not self.tokens.ok(batch.pop("token", None) if isinstance(batch, dict) else None,
+                              "report"):  # fmt: skip
             return []
         answer = self._took(self.core.step(Report(batch)), gauges=True)
         if answer is None:
@@ -396,9 +353,11 @@ class SupervisorActor:
         or at its last step (`final`, rank.link.end_hold): whether `tick` is settled, and the
         commands `rank` owes, read at the same moment (a decision taken on another node's
         report is in them once it is settled)."""
-        if not self._authorized(token, "settled") or not _a_tick(tick) or type(rank) is not int:
+        if not self.tokens.ok(token, "settled") or not _a_tick(tick) or type(rank) is not int:
             return {"settled": False, "commands": []}
-        await self._commit()  # a command decided in a call still waiting for its record
+        # A command decided in a call still waiting for its record: one record, shared by
+        # the calls waiting together (agents' reports have theirs from `Intake`).
+        await self.records.commit(lambda: self._keep_state(before_reply=True))
         done = self.settled_now(tick, final=final is True)
         return {"settled": done, "commands": self.controller.commands_for(rank)}
 
@@ -415,7 +374,7 @@ class SupervisorActor:
         report reaches this node's ranks with this answer. The step records are
         in the agent's own metrics file already.
         """
-        if not self._authorized(token, "report_many") or not isinstance(items, list):
+        if not self.tokens.ok(token, "report_many") or not isinstance(items, list):
             return {}
         # An anomaly's call is taken ahead of the digests waiting; every call is answered
         # after a state record that covers it: no rank holds a command the journal lacks.
@@ -439,7 +398,7 @@ class SupervisorActor:
         or dead rank over every agent's sightings; here only a ping answered from
         inside a rank's loop moves the hang watch, as the supervisor's own pings do.
         """
-        if not self._authorized(token, "hang_seen"):
+        if not self.tokens.ok(token, "hang_seen"):
             return
         now = time.monotonic()
         for s in self.sightings.add(str(node)[:64], items, now):
@@ -449,7 +408,7 @@ class SupervisorActor:
 
     async def rank_names(self, token: Any, ranks: Any) -> dict[int, tuple[int, str | None]]:
         """A node agent's ask: each rank's current incarnation and its actor's name."""
-        if not self._authorized(token, "rank_names") or not isinstance(ranks, list):
+        if not self.tokens.ok(token, "rank_names") or not isinstance(ranks, list):
             return {}
         names = self.group.names if self.group is not None else {}
         return {
@@ -457,33 +416,6 @@ class SupervisorActor:
             for r in ranks[: self.spec.workers]
             if type(r) is int and r in self.slots.slots
         }
-
-    async def _commit(self) -> None:
-        """A state record covering every change so far, shared by the calls waiting together
-        (`settled`; agents' reports have theirs from `Intake`).
-
-        Each call that needs one waits for one record written after it; the
-        calls Ray has queued meanwhile are taken first, so under load one record
-        answers many calls instead of one each.
-        """
-        if self.controller.changes == self._state_changes:
-            return
-        if self._committing is None:
-            loop = asyncio.get_running_loop()
-            done: asyncio.Future[None] = loop.create_future()
-            self._committing = done
-
-            def flush() -> None:
-                self._committing = None
-                try:
-                    self._keep_state(before_reply=True)
-                except Exception as exc:  # the waiting calls fail; their senders send again
-                    done.set_exception(exc)
-                else:
-                    done.set_result(None)
-
-            loop.call_soon(flush)
-        await asyncio.shield(self._committing)
 
     def _took(self, effects: list[Effect], *, gauges: bool) -> Answer | None:
         """Carry out what the core made of one report (`Report`): the hang watch, a restart
@@ -519,7 +451,7 @@ class SupervisorActor:
         Never the node this supervisor runs on, nor the cluster's head node: the
         fault takes a worker node away, as a real node loss does.
         """
-        self._require(token, "chaos_kill_node")
+        self.tokens.require(token, "chaos_kill_node")
         home = ray.get_runtime_context().get_node_id()
         listing = {str(n.get("NodeID")): n for n in ray.nodes()}
         node = listing.get(node_id, {})
@@ -551,7 +483,7 @@ class SupervisorActor:
 
         Returns the summary (with the outage) if the run has ended, else None.
         """
-        self._require(token, "note_outage")
+        self.tokens.require(token, "note_outage")
         self._outage_notes([note])
         if self._summary is not None:
             # The run ended before the note came (the driver learns of the end from the
@@ -587,13 +519,13 @@ class SupervisorActor:
         self, cursor: int, token: str | None = None
     ) -> tuple[list[dict[str, Any]], int]:
         """Display events after `cursor` (output, anomalies, decisions, then progress)."""
-        self._require(token, "events")
+        self.tokens.require(token, "events")
         self.feed.decisions(self.controller.decisions)
         return self.feed.since(cursor, status_view.progress_fields(self.state, self.core))
 
     async def status(self, token: str | None = None) -> dict[str, Any]:
         """The run's state, step per rank, counts and the policy in force."""
-        self._require(token, "status")
+        self.tokens.require(token, "status")
         return status_view.status(self.spec.run_id, self.state, self.core, self._pids())
 
     async def stop(self, token: str | None = None, reason: str = "stopped") -> dict[str, Any]:
@@ -602,7 +534,7 @@ class SupervisorActor:
         Returns `{"stopping": bool, "state": ...}`: False when the run has ended
         already or a stop or policy abort is under way.
         """
-        self._require(token, "stop")
+        self.tokens.require(token, "stop")
         text = " ".join(str(reason).split())[:200] or "stopped"
         stopping = self.state in ("starting", "running") and bool(
             self.core.step(OperatorStop(text))
@@ -736,8 +668,7 @@ class SupervisorActor:
                 self._carry(self.core.step(Pass()))
                 self.run_dir.check()  # a write failed (in a report too), or the directory is gone
                 self.applier.poll()
-                due = time.monotonic() - self._state_at >= STATE_EVERY_S
-                if due or self._state_log.full_due:  # a full record put off by a reply
+                if self.records.due():  # or a full record put off by a reply
                     self.write_state()
                 else:
                     self._keep_state()
@@ -995,7 +926,7 @@ class SupervisorActor:
         c = self.controller
         # A run ending on its run directory's error writes no more state records (each would
         # fail the same way); the summary goes where it can.
-        self._unwritable = io_error and self.run_dir.broken is not None
+        self.records.unwritable = io_error and self.run_dir.broken is not None
         c.finish()
         results = [self.core.results[r] for r in sorted(self.core.results)]
         [ending] = self.core.step(Ending(error))
