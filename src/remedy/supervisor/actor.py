@@ -84,11 +84,12 @@ from remedy.rundir.claim import MARKER, note_supervisor
 from remedy.rundir.write_errors import RunDirWriteError
 from remedy.rundir.writer import RunDir
 from remedy.supervisor import placement, resume, status_view
-from remedy.supervisor.agent.actor import alive_nodes, kill_agents, launch_agents
+from remedy.supervisor.agent.actor import kill_agents
+from remedy.supervisor.agents_start import NodeAgents
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.intake import Intake
-from remedy.supervisor.node_watch import ASK_TIMEOUT_S, NodeWatch, verdict_window_s
 from remedy.supervisor.node_watch import POLL_S as NODE_POLL_S
+from remedy.supervisor.node_watch import NodeWatch, verdict_window_s
 from remedy.supervisor.policy_apply import PolicyApplier
 from remedy.supervisor.policy_source import load_policy_source
 from remedy.supervisor.recovery import Recovery
@@ -106,10 +107,6 @@ RESULT_POLL_S = 0.5
 # How long an ended run's supervisor stays for late callers (`wait`, `status`,
 # `attach`) before it removes itself; a driver that waited kills it at once.
 LINGER_S = 60.0
-# How long the node agents may take to start.
-AGENT_START_S = 120.0
-# How often the supervisor looks for nodes that joined the cluster after its agents started.
-NEW_NODES_S = 2.0
 
 
 def launch_supervisor(spec: RunSpec) -> Any:
@@ -220,10 +217,7 @@ class SupervisorActor:
         self._task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
         self._summary: dict[str, Any] | None = None
-        self.agent_nodes: list[str] = []  # nodes with an agent of this run (or one starting)
-        self.agent_handles: dict[str, Any] = {}  # node id -> its agent, once started
-        self._new_nodes_at = 0.0  # when to look for nodes that joined since (`_agents_for_new`)
-        self._agents_starting: set[asyncio.Task[None]] = set()
+        self.agents = NodeAgents(self.spec, self.run_dir)  # nodes with an agent, their handles
         self._agent_ranks: dict[str, set[int]] = {}  # agent (node) -> the ranks it sent
         self.intake = Intake(
             self._take_items,
@@ -601,12 +595,12 @@ class SupervisorActor:
             # This supervisor's first state record, before it starts anything: one restarted
             # from here knows a run had begun (and starts its group over, see below).
             self.write_state()
-        await self._start_agents()
+        await self.agents.start()
         group = self.group = WorkerGroup(
             self.spec, supervisor=me, rendezvous=self.rendezvous, slots=self.slots,
             step=self.core.step,
         )  # fmt: skip
-        group.agents = self.agent_handles  # they kill their node's ranks by pid
+        group.agents = self.agents.handles  # they kill their node's ranks by pid
         # A policy that replays: ranks hold at a flagged step's boundary for its decision.
         group.hold_on_flag = self.controller.engine.policy.uses("replay_step")
         self.recovery = Recovery(
@@ -661,7 +655,7 @@ class SupervisorActor:
                     for rank, result in (await group.poll_adopted()).items():
                         self._adopted_result(rank, result)
                 await self.check_nodes(group)
-                await self._agents_for_new()
+                await self.agents.for_new()
                 if self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED):
                     await self.recovery.check_hangs()
                     self.recovery.check_back()
@@ -684,7 +678,7 @@ class SupervisorActor:
             group.shutdown()
             with contextlib.suppress(ray.exceptions.RayError):
                 kill_run_actors(self.spec.run_id)  # any a crash left out of the records
-            kill_agents(self.spec.run_id, self.agent_nodes)
+            kill_agents(self.spec.run_id, self.agents.nodes)
         return self._finish()
 
     async def check_nodes(self, group: WorkerGroup, *, now: bool = False) -> None:
@@ -719,62 +713,6 @@ class SupervisorActor:
                 await asyncio.sleep(NODE_POLL_S)
         if waiting:
             log.info("node_verdict_not_given", nodes=sorted(waiting), waited_s=round(window, 1))
-
-    async def _start_agents(self) -> None:
-        """Resolve `node_agents` (auto: on with more than one node) and start them if on.
-
-        One agent on every live node: placement is Ray's, so any node may get
-        ranks. The ranks' actors read the resolved mode from the spec.
-        """
-        nodes = alive_nodes()
-        mode = self.spec.node_agents
-        on = mode == "on" or (mode == "auto" and len(nodes) > 1)
-        self.spec.node_agents = "on" if on else "off"
-        if not on:
-            return
-        self.agent_nodes = nodes
-        handles = launch_agents(self.spec.to_dict(), nodes)
-        await asyncio.wait_for(
-            asyncio.gather(*(h.where.remote() for h in handles.values())), AGENT_START_S
-        )
-        self.agent_handles.update(handles)
-        self.run_dir.history({"type": "agents_started", "nodes": nodes})
-
-    async def _agents_for_new(self) -> None:
-        """A node that joined the cluster since the agents started gets one too (every
-        `NEW_NODES_S`), so that ranks placed there later (a lost node's replacements on the
-        node that took its place) report through it, not to the supervisor directly."""
-        if self.spec.node_agents != "on" or time.monotonic() < self._new_nodes_at:
-            return
-        self._new_nodes_at = time.monotonic() + NEW_NODES_S
-        try:
-            nodes = await asyncio.wait_for(asyncio.to_thread(alive_nodes), ASK_TIMEOUT_S)
-        except (TimeoutError, ray.exceptions.RayError) as exc:
-            log.warning("node_table_unread", error=repr(exc)[:200])
-            return
-        new = [n for n in nodes if n not in self.agent_nodes]
-        if not new:
-            return
-        self.agent_nodes.extend(new)  # not started twice while this one starts
-        task = asyncio.ensure_future(self._start_late_agents(new))
-        self._agents_starting.add(task)
-        task.add_done_callback(self._agents_starting.discard)
-
-    async def _start_late_agents(self, nodes: list[str]) -> None:
-        handles = launch_agents(self.spec.to_dict(), nodes, agents=len(self.agent_nodes))
-        try:
-            await asyncio.wait_for(
-                asyncio.gather(*(h.where.remote() for h in handles.values())), AGENT_START_S
-            )
-        except (TimeoutError, ray.exceptions.RayError) as exc:
-            # Looked for again at the next round; meanwhile its ranks report directly.
-            for node in nodes:
-                self.agent_nodes.remove(node)
-            log.warning("agents_not_started", nodes=nodes, error=repr(exc)[:200])
-            return
-        self.agent_handles.update(handles)  # the group's too: it holds this dict
-        log.info("agents_started", nodes=nodes, joined_late=True)
-        self.run_dir.history({"type": "agents_started", "nodes": nodes, "joined_late": True})
 
     def _watch_from_start(self) -> None:
         """Every rank into the hang watch: with the start-up allowance, or, after a restart of
