@@ -36,46 +36,30 @@ import ray
 import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from remedy.control import progress_marks, stuck_at
 from remedy.control.decide import Controller
-from remedy.control.effects import Notify, journal_to, log_notify
+from remedy.control.effects import journal_to
 from remedy.control.end_check import may_end
-from remedy.control.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
+from remedy.control.hang_watch import DEAD, HangWatch, HangWatchConfig
 from remedy.control.health import final_status
 from remedy.control.job import (
     JobStateMachine,
     Phase,
 )
 from remedy.control.run_core import (
-    Answer,
-    BatchesLost,
-    Dropped,
-    Effect,
     Ended,
     Ending,
     GroupStarted,
-    Joined,
-    NotReplaced,
     OperatorStop,
-    OutageNotes,
     Pass,
-    RankDied,
-    RankEnded,
-    RankReturned,
     RanksAllEnded,
-    ReplacementFailed,
     Report,
     RunCore,
     Status,
-    StopAsked,
-    Taken,
-    ToPolicy,
     Watching,
 )
-from remedy.control.sections import GroupSection
 from remedy.control.sightings import Sightings
 from remedy.control.slots import RankSlots
-from remedy.policies import Decision, Engine
+from remedy.policies import Engine
 from remedy.protocol.spec import NAMESPACE, RunSpec, supervisor_name
 from remedy.rank.link import liveness
 from remedy.rank.loop.logs import configure_logging
@@ -83,13 +67,13 @@ from remedy.rank.loop.metrics import RayBackend, RunMetrics
 from remedy.rundir.claim import MARKER, note_supervisor
 from remedy.rundir.write_errors import RunDirWriteError
 from remedy.rundir.writer import RunDir
-from remedy.supervisor import placement, resume, status_view
+from remedy.supervisor import carry, resume, status_view
 from remedy.supervisor.agent.actor import kill_agents
 from remedy.supervisor.agents_start import NodeAgents
+from remedy.supervisor.carry import Carrier, RankOver
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.intake import Intake
-from remedy.supervisor.node_watch import POLL_S as NODE_POLL_S
-from remedy.supervisor.node_watch import NodeWatch, verdict_window_s
+from remedy.supervisor.node_watch import NodeWatch
 from remedy.supervisor.policy_apply import PolicyApplier
 from remedy.supervisor.policy_source import load_policy_source
 from remedy.supervisor.recovery import Recovery
@@ -182,10 +166,10 @@ class SupervisorActor:
             engine,
             world_size=self.spec.workers,
             journal=journal_to(self.run_dir),
-            group_action=self._group_action,
+            group_action=lambda d: carry.group_action(self.carrier.recovery, d),
             # Where a `notify` decision's effect is carried out: logged, and queued for
             # the policy's sinks and REMEDY_NOTIFY_WEBHOOK (see `supervisor.notify`).
-            notify=self._notify,
+            notify=lambda effect: carry.notify(self.applier.notifier, self._pids(), effect),
             node_of=lambda rank: status_view.node_of(self._pids(), self.slots, rank),
         )
         # The run's state record and its ranks' ends, with the controller, the job's state
@@ -204,6 +188,7 @@ class SupervisorActor:
         self.metrics = RunMetrics(
             RayBackend(), run_id=self.spec.run_id, checkpoints=self.run_dir.checkpoints
         )
+        self.carrier = Carrier(self.core, self.feed, self.metrics, self.run_dir)
         # Multi-rank lifecycle: the rendezvous store, the hang watch (the core's: its entries
         # are the record's), and targeted restarts.
         self.watch = self.core.watch
@@ -212,7 +197,6 @@ class SupervisorActor:
         self.sightings = Sightings()
         self.rendezvous = Rendezvous()
         self.group: WorkerGroup | None = None
-        self.recovery: Recovery | None = None
         # The control loop and its end.
         self._task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
@@ -293,6 +277,11 @@ class SupervisorActor:
         log.warning("crash_injected", point=point)
         os.kill(os.getpid(), signal.SIGKILL)
 
+    def _step(self, inp: RankOver | None) -> None:
+        """Step the core with what an I/O of `supervisor.carry` brought back; carry its effects."""
+        if inp is not None:
+            self.carrier.carry(self.core.step(inp))
+
     async def apply_policy(
         self, data: bytes | str, filename: str, token: str | None = None
     ) -> list[str]:
@@ -321,7 +310,7 @@ class SupervisorActor:
         if not self.tokens.ok(batch.pop("token", None) if isinstance(batch, dict) else None,
                               "report"):  # fmt: skip
             return []
-        answer = self._took(self.core.step(Report(batch)), gauges=True)
+        answer = self.carrier.took(self.core.step(Report(batch)), gauges=True)
         if answer is None:
             return []  # refused (its slot or the controller): nothing owed, nothing taken
         commands = self.controller.commands_for(answer.rank)
@@ -380,7 +369,7 @@ class SupervisorActor:
         this node's ranks with it)."""
         answer = self._agent_ranks.setdefault(node, set())
         for item in items:
-            took = self._took(self.core.step(Report(item, node)), gauges=False)
+            took = self.carrier.took(self.core.step(Report(item, node)), gauges=False)
             if took is not None:
                 answer.add(took.rank)
         return answer
@@ -411,60 +400,17 @@ class SupervisorActor:
             if type(r) is int and r in self.slots.slots
         }
 
-    def _took(self, effects: list[Effect], *, gauges: bool) -> Answer | None:
-        """Carry out what the core made of one report (`Report`): the hang watch, a restart
-        waiting on the group and the displays see what the controller accepted; returns
-        whom to answer. `gauges=False`: an agent's item, whose per-rank gauges its agent set."""
-        answer = None
-        for effect in effects:
-            match effect:
-                case Taken(rank, tick, report, ending, failed):
-                    if ending:
-                        self.watch.forget(rank)
-                    if failed and self.recovery is not None:
-                        self.recovery.alarm(rank)
-                    valid = report.as_batch()
-                    self.feed.observe(valid)
-                    if gauges:
-                        self.metrics.observe(valid)
-                    self.metrics.goodput(self.controller.goodput, self.started)
-                    self.watch.beat(rank, tick, time.monotonic(), step_times(report.metrics))
-                    if self.recovery is not None:
-                        self.recovery.progress(rank, tick)
-                case Answer():
-                    answer = effect
-                case _:
-                    self._carry([effect])
-        self.feed.decisions(self.controller.decisions)
-        self.metrics.decisions(self.controller.decisions)
-        return answer
-
     async def chaos_kill_node(self, token: Any, rank: int, node_id: str) -> dict[str, Any]:
         """Chaos (`kill_node`): may `rank` kill its node `node_id`? Journaled, either way, first.
 
-        Never the node this supervisor runs on, nor the cluster's head node: the
-        fault takes a worker node away, as a real node loss does.
+        Never the node this supervisor runs on, nor the cluster's head node
+        (`carry.kill_node_verdict`).
         """
         self.tokens.require(token, "chaos_kill_node")
-        home = ray.get_runtime_context().get_node_id()
-        listing = {str(n.get("NodeID")): n for n in ray.nodes()}
-        node = listing.get(node_id, {})
-        name = placement.label(node_id, node.get("NodeManagerAddress"))
-        reason = f"rank {rank} asked to kill its node {name}"
-        if node_id == home:
-            kill, reason = False, f"{reason}: refused, the supervisor runs on that node"
-        elif "node:__internal_head__" in (node.get("Resources") or {}):
-            kill, reason = False, f"{reason}: refused, it is the cluster's head node"
-        else:
-            kill = True
-        record = {
-            "type": "chaos_kill_node", "rank": rank, "node": name, "node_id": node_id,
-            "ranks": self.slots.on_node(node_id), "outcome": "killing" if kill else "refused",
-            "reason": reason, "at": round(time.time(), 4),
-        }  # fmt: skip
+        record = carry.kill_node_verdict(rank, node_id, self.slots.on_node(node_id))
         self.run_dir.history(record)
         log.warning("chaos_kill_node", **{k: v for k, v in record.items() if k != "type"})
-        return {"kill": kill, "reason": reason}
+        return {"kill": record["outcome"] == "killing", "reason": record["reason"]}
 
     async def where(self) -> tuple[str, int, float]:
         """(node address, pid, process start time) of this supervisor's process: what a watcher
@@ -478,7 +424,7 @@ class SupervisorActor:
         Returns the summary (with the outage) if the run has ended, else None.
         """
         self.tokens.require(token, "note_outage")
-        self._outage_notes([note])
+        self.carrier.outage_notes([note])
         if self._summary is not None:
             # The run ended before the note came (the driver learns of the end from the
             # answer that ends its outage): the summary gets it too.
@@ -487,27 +433,10 @@ class SupervisorActor:
                 self.run_dir.write_summary(self._summary)
         return self._summary
 
-    def _outage_notes(self, notes: Any) -> None:
-        """Journal the outages a rank or the driver saw end (untrusted: each note is checked)."""
-        for raw in notes[: liveness.MAX_NOTES] if isinstance(notes, list) else [notes]:
-            note = liveness.valid_note(raw)
-            if note is None:
-                self.controller.rejected["outage_note"] += 1
-                continue
-            self.run_dir.history({"type": "supervisor_outage", "note": note})
-            log.warning("supervisor_outage", **note)
-
     async def output(self, lines: Any) -> None:
         """Lines the ranks printed, for the displays and the run directory."""
         self.feed.output(lines)
-        kept = [
-            {k: x.get(k) for k in ("ts", "rank", "stream", "line")}
-            for x in lines if isinstance(x, dict) and isinstance(x.get("line"), str)
-        ] if isinstance(lines, list) else []  # fmt: skip
-        try:
-            self.run_dir.output(kept)
-        except OSError as exc:  # a full disk loses the copy, never the run
-            log.warning("output_not_written", error=str(exc))
+        carry.keep_output(self.run_dir, lines)
 
     async def events(
         self, cursor: int, token: str | None = None
@@ -544,7 +473,7 @@ class SupervisorActor:
             self._task = asyncio.get_running_loop().create_task(self._control())
         elif self._task is None:  # restarted after its run had ended: answer, then leave
             self._task = asyncio.get_running_loop().create_task(asyncio.sleep(0))
-            self._exit_later()
+            carry.exit_later(LINGER_S)
 
     async def wait(self, timeout_s: float) -> dict[str, Any] | None:
         """The run's summary once it ended, else None after `timeout_s`."""
@@ -574,16 +503,7 @@ class SupervisorActor:
                     summary["io_error"] = error
         self._summary = summary
         self._done.set()
-        self._exit_later()
-
-    def _exit_later(self) -> None:
-        """Remove this detached actor `LINGER_S` after its run ended (no restart)."""
-
-        def leave() -> None:
-            with contextlib.suppress(Exception):
-                ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-
-        asyncio.get_running_loop().call_later(LINGER_S, leave)
+        carry.exit_later(LINGER_S)
 
     async def _loop(self) -> dict[str, Any]:
         self.run_dir.check()  # a run directory that cannot be written: no run
@@ -603,7 +523,7 @@ class SupervisorActor:
         group.agents = self.agents.handles  # they kill their node's ranks by pid
         # A policy that replays: ranks hold at a flagged step's boundary for its decision.
         group.hold_on_flag = self.controller.engine.policy.uses("replay_step")
-        self.recovery = Recovery(
+        recovery = self.carrier.recovery = Recovery(
             group,
             spec=self.spec,
             run_dir=self.run_dir,
@@ -639,27 +559,33 @@ class SupervisorActor:
             else:
                 restarts = [d for d in self.controller.deferred.values()
                             if d.action == "restart_rank"]  # fmt: skip
-                await self._adopt(group, restored)
-                await self._watch_from_marks(group)
+                # Every rank, ended ones too: their `result()` is how this supervisor learns them.
+                for rank in await group.adopt(restored, sorted(self.slots.slots)):
+                    self._step(carry.adopted_result(group, self.slots, rank, DEAD))
+                await carry.watch_from_marks(group, self.watch)
                 for d in restarts:  # a restart the crashed supervisor had begun: go on
-                    self.recovery.resume(d)
+                    recovery.resume(d)
             self.write_state()
             next_poll = 0.0
             while group.run_refs() or group.adopted or self._restart_pending():
                 running = group.run_refs()
                 ready, _ = ray.wait(running, num_returns=len(running), timeout=0)
                 for ref in ready:
-                    await self._rank_finished(group, ref)
+                    config = self.watch.config
+                    inp = await carry.rank_finished(
+                        group, ref, self.slots, config, self.check_nodes
+                    )
+                    self._step(inp)
                 if group.adopted and time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + RESULT_POLL_S
                     for rank, result in (await group.poll_adopted()).items():
-                        self._adopted_result(rank, result)
+                        self._step(carry.adopted_result(group, self.slots, rank, result))
                 await self.check_nodes(group)
                 await self.agents.for_new()
                 if self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED):
-                    await self.recovery.check_hangs()
-                    self.recovery.check_back()
-                self._carry(self.core.step(Pass()))
+                    await recovery.check_hangs()
+                    recovery.check_back()
+                self.carrier.carry(self.core.step(Pass()))
                 self.run_dir.check()  # a write failed (in a report too), or the directory is gone
                 self.applier.poll()
                 if self.records.due():  # or a full record put off by a reply
@@ -667,8 +593,8 @@ class SupervisorActor:
                 else:
                     self._keep_state()
                 await asyncio.sleep(POLL_S)
-            await self._node_verdicts(group)
-            await self.recovery.settle(self.core.results)
+            await carry.node_verdicts(recovery, self.node_watch, group, self.check_nodes)
+            await recovery.settle(self.core.results)
             # Before the ranks are killed: a supervisor restarted from here on finishes
             # from these results instead of looking for the actors.
             self.run_dir.history({"type": "ranks_ended", "results": self.core.results})
@@ -683,97 +609,18 @@ class SupervisorActor:
 
     async def check_nodes(self, group: WorkerGroup, *, now: bool = False) -> None:
         """On a cluster of several nodes: the nodes of the run Ray calls dead lose their ranks."""
-        if len(group.cluster) <= 1 or self.recovery is None:
+        recovery = self.carrier.recovery
+        if len(group.cluster) <= 1 or recovery is None:
             return
         dead = await self.node_watch.new_dead(group.watched_nodes(), now=now)
         if dead:
-            self.recovery.nodes_lost(dead)
-
-    async def _node_verdicts(self, group: WorkerGroup) -> None:
-        """The run ended soon after a node's ranks were all found lost: wait for Ray's
-        verdict on that node, at most its health-check time (`node_watch.verdict_window_s`),
-        so the journal says whether the node was lost (`node_lost`) and why.
-
-        A peer's failed collective finds a dead node's ranks gone and has them
-        replaced within a second; Ray's GCS calls the node dead after its
-        health checks fail (1.5 s on the test clusters, 15 s or more with Ray's
-        defaults), and a run that ends first would not say so otherwise.
-        """
-        if self.recovery is None or len(group.cluster) <= 1:
-            return
-        waiting = self.recovery.silent_nodes() - self.node_watch.reported
-        if not waiting:
-            return
-        window = verdict_window_s()
-        deadline = time.monotonic() + window
-        while waiting and time.monotonic() < deadline:
-            await self.check_nodes(group, now=True)
-            waiting -= self.node_watch.reported
-            if waiting:
-                await asyncio.sleep(NODE_POLL_S)
-        if waiting:
-            log.info("node_verdict_not_given", nodes=sorted(waiting), waited_s=round(window, 1))
+            recovery.nodes_lost(dead)
 
     def _watch_from_start(self) -> None:
         """Every rank into the hang watch: with the start-up allowance, or, after a restart of
         the supervisor, as the one before watched it (its tick and step time: a rank that hung
         while no supervisor watched is found within its own timeout, not the start-up one)."""
         self.core.step(Watching(time.monotonic()))
-
-    async def _watch_from_marks(self, group: WorkerGroup) -> None:
-        """Back after a restart: each rank's stall judged from its own progress mark (one ping
-        round, `control.progress_marks`), so a rank that hung while no supervisor watched is
-        found within its usual timeout, not after a start-up allowance."""
-        config = self.watch.config
-        pings = await group.ping_all(config.ping_timeout_s, patience=config.ping_patience)
-        for rank, mark in progress_marks.marks(
-            pings, wall=time.time(), now=time.monotonic()
-        ).items():
-            self.watch.marked(rank, mark.tick, mark.since, mark.ran)
-
-    async def _adopt(self, group: WorkerGroup, record: GroupSection) -> None:
-        """Take over the ranks of the supervisor before this one."""
-        # Every rank, ended ones too: their `result()` is how this supervisor learns them.
-        missing = await group.adopt(record, sorted(self.slots.slots))
-        for rank in missing:
-            self._adopted_result(rank, DEAD)
-
-    def _adopted_result(self, rank: int, result: Any) -> None:
-        """An adopted rank ended (its summary) or is gone (`DEAD`); or one this supervisor
-        started and follows the same way (`WorkerGroup.follow`)."""
-        followed = self.group is not None and rank in self.group.followed
-        promoted = self.group is not None and rank in self.group.promoted
-        if self.group is not None:
-            self.group.followed.discard(rank)
-            self.group.promoted.discard(rank)
-        if result == DEAD:
-            when = (
-                "(a spare its node's agent started)" if promoted
-                else "after its run call lost touch" if followed
-                else "while the supervisor was away"
-            )  # fmt: skip
-            self._carry(self.core.step(RankDied(
-                rank, self.slots.incarnation(rank), f"rank process died {when}",
-                f"rank {rank}'s process is gone", time.time(),
-            )))  # fmt: skip
-            return
-        incarnation = result.get("incarnation")
-        if type(incarnation) is int:
-            self._carry(self.core.step(RankReturned(rank, incarnation, result)))
-
-    def _notify(self, effect: Notify) -> tuple[str, str]:
-        """A notify effect: logged, and queued for every sink; returns at once."""
-        outcome, detail = log_notify(effect)
-        d = effect.decision
-        if d is None:
-            return outcome, detail
-        pids = self.group.pids if self.group is not None else {}
-        nodes = {r: pids[r][0] for r in d.ranks if r in pids}
-        if d.anomaly.node is not None:
-            # Where the fault was seen: the rank may have been replaced elsewhere since.
-            nodes[d.anomaly.rank] = d.anomaly.node
-        sent = self.applier.notifier.submit(d, nodes)
-        return outcome, f"{detail}; {sent}" if sent else detail
 
     def rank_nodes(self) -> dict[str, str]:
         """rank -> the node label of its current process (`placement.label`), where known."""
@@ -782,79 +629,12 @@ class SupervisorActor:
     def _pids(self) -> status_view.Pids:
         return self.group.pids if self.group is not None else {}
 
-    def _group_action(self, d: Decision) -> tuple[str, str] | None:
-        """restart_rank: replace the decision's ranks asynchronously (resolved when done)."""
-        if d.action != "restart_rank":
-            return "failed", f"{d.action} is not a group action"
-        if self.recovery is None:
-            return "failed", "restart_rank needs a running worker group; none is attached"
-        self.recovery.start(d)
-        return None
-
-    async def _peers_at(self, group: WorkerGroup, rank: int) -> dict[str, int]:
-        """Where the peers of `rank`, which died, wait (`control.stuck_at.front` of one ping
-        round): the step its loss is recorded at, which its last report lags."""
-        peers = [r for r in group.actors if r != rank]
-        if not peers:
-            return {}
-        config = self.watch.config
-        pings = await group.ping_all(config.ping_timeout_s, ranks=peers,
-                                     patience=config.ping_patience)  # fmt: skip
-        where = stuck_at.front(pings)
-        return {} if where is None else {"step": where[0], "tick": where[1]}
-
-    async def _rank_finished(self, group: WorkerGroup, ref: ray.ObjectRef) -> None:
-        rank, incarnation = group.owner(ref)
-        retired = group.retired(ref)
-        group.forget(ref)
-        try:
-            result = await ref
-        except ray.exceptions.RayError as exc:
-            if retired:
-                return  # remedy killed this process itself to replace it
-            if isinstance(exc, ray.exceptions.ActorUnavailableError):
-                # Not known to be dead (`supervisor.pings`): its end is learnt from `result`
-                # calls, as an adopted rank's, and the hang watch judges its silence.
-                if incarnation == self.slots.incarnation(rank):
-                    log.warning("rank_unreachable", rank=rank, error=str(exc)[:200])
-                    group.follow(rank)
-                return
-            # Its node may be what died: then the node's loss is what is reported (for all its
-            # ranks at once), and this rank's own loss is a part of it. While that look is out,
-            # a restart may replace this rank (its node found lost meanwhile): the loss below
-            # is about the incarnation that ran here, and dropped if that one is replaced.
-            await self.check_nodes(group, now=True)
-            at = await self._peers_at(group, rank)
-            self._carry(self.core.step(RankDied(
-                rank, incarnation, f"rank process died: {exc}",
-                f"rank {rank}'s process died ({_why_gone(exc)})", time.time(),
-                {"error": str(exc)[:300], "incarnation": incarnation, **at},
-            )))  # fmt: skip
-            return
-        self._carry(self.core.step(RankReturned(rank, incarnation, result)))
-
-    def _carry(self, effects: list[Effect]) -> None:
-        """Carry out what the run's core returned."""
-        for effect in effects:
-            match effect:
-                case Dropped() | ReplacementFailed() | Joined() | ToPolicy() | NotReplaced():
-                    assert self.recovery is not None  # ranks end only once the loop built it
-                    self.recovery.carry_losses([effect])
-                case RankEnded(rank, status):
-                    self.feed.set_rank_state(rank, status)
-                case BatchesLost(rank, node, count, records):
-                    self.run_dir.history({"type": "batches_lost", "rank": rank, "node": node,
-                                          "count": count, "records": records})  # fmt: skip
-                case OutageNotes(notes):
-                    self._outage_notes(notes)
-                case Status() | Answer() | Taken() | StopAsked():
-                    pass  # read by whoever stepped the core
-
     def _restart_pending(self) -> bool:
         """A restart runs while no rank's process does (a node that held every rank was lost):
         the loop goes on until it starts the new ones. Not once every rank completed the run:
         a restart still waiting on the group then ends with it (`Recovery.settle`)."""
-        if self.recovery is None or not self.recovery.running():
+        recovery = self.carrier.recovery
+        if recovery is None or not recovery.running():
             return False
         return not self.core.all_completed()
 
@@ -875,7 +655,7 @@ class SupervisorActor:
         summary = end_summary(
             self.spec, self.core, results, final_status(ending.status, results),
             ended=time.time(), run_path=self.run_dir.path, group=self.group,
-            recovery=self.recovery, sightings=self.sightings,
+            recovery=self.carrier.recovery, sightings=self.sightings,
             notifications=notifier.counts,
         )  # fmt: skip
         self.metrics.goodput(c.goodput, self.started, force=True)
@@ -898,11 +678,3 @@ class SupervisorActor:
 def _a_tick(value: Any) -> TypeGuard[int]:
     """A tick a rank may name (an int, not a bool, within what JSON carries exactly)."""
     return type(value) is int and 0 <= value < 2**53
-
-
-def _why_gone(exc: ray.exceptions.RayError) -> str:
-    """A rank process's end in a few words: the error's type and the line of Ray's text that
-    says why (its node died, it was killed, ...), else its first line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    why = next((line for line in lines if line.startswith("The actor died because")), None)
-    return f"{type(exc).__name__}: {(why or (lines[0] if lines else ''))[:160]}"
