@@ -1,32 +1,27 @@
 """The supervisor: a named, detached Ray actor that runs the ranks and answers their reports.
 
-It owns the worker group and the `Controller` (engine, journal, command
-queue). Ranks call `report` with each batch and get back the commands they
-owe. `start` begins the control loop, which runs inside the actor: it
-starts the group, watches it until every rank has finished, and writes the
-summary; drivers loop on `wait`. Being an async actor, it serves reports
-while the loop runs, on one event loop, so controller state needs no locks.
+It feeds what comes in (the ranks' reports and ends, an operator's stop) to
+the run's core (`control.run_core.RunCore`), writes the core's record to
+journal.wal (`supervisor.state_records`) and hands the effects to the
+`Carrier` (`supervisor.carry`), which carries them out in order. Ranks call
+`report` with each batch and get back the commands they owe; `start` begins
+the control loop (`supervisor.control_loop`), which runs inside the actor
+until every rank has finished, then the summary is written; drivers loop on
+`wait`. Being an async actor, it serves calls while the loop runs, on one
+event loop, so the core needs no locks.
 
 `launch_supervisor` creates it as `remedy-supervisor-<run_id>` in the
-`remedy` namespace, detached, with unbounded restarts and task retries. Its
-state lives in `journal.wal`, which holds nothing else (`supervisor.core.run_state`):
-a state record is written before any reply that carries a new promise
-leaves, at each move of the job's state, and every `STATE_EVERY_S`
-(`supervisor.state_records`); what it
-did along the way goes to `history.jsonl`. When Ray restarts the actor after
-a crash, the constructor runs again with the same spec, finds that the run
-had started, rebuilds itself from the last state record (`supervisor.resume`),
-and resumes the loop by itself: it finds the rank actors again by name, learns from their
-`result()` which finished meanwhile, and carries on. Calls that were in
-flight (reports, `wait`) are retried by Ray against the new instance;
-reports are deduplicated by (rank, incarnation, seq).
+`remedy` namespace, detached, with unbounded restarts and task retries. When
+Ray restarts it after a crash, the constructor rebuilds the core from the
+last state record (`supervisor.resume`) and resumes the loop by itself; calls
+that were in flight are retried by Ray against the new instance, and reports
+are deduplicated by (rank, incarnation, seq).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import os
 import signal
 import time
@@ -39,24 +34,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from remedy.control.decide import Controller
 from remedy.control.effects import journal_to
 from remedy.control.end_check import may_end
-from remedy.control.hang_watch import DEAD, HangWatch, HangWatchConfig
+from remedy.control.hang_watch import HangWatch, HangWatchConfig
 from remedy.control.health import final_status
-from remedy.control.job import (
-    JobStateMachine,
-    Phase,
-)
-from remedy.control.run_core import (
-    Ended,
-    Ending,
-    GroupStarted,
-    OperatorStop,
-    Pass,
-    RanksAllEnded,
-    Report,
-    RunCore,
-    Status,
-    Watching,
-)
+from remedy.control.job import JobStateMachine
+from remedy.control.run_core import Ended, Ending, OperatorStop, Report, RunCore, Status
 from remedy.control.sightings import Sightings
 from remedy.control.slots import RankSlots
 from remedy.policies import Engine
@@ -68,26 +49,21 @@ from remedy.rundir.claim import MARKER, note_supervisor
 from remedy.rundir.write_errors import RunDirWriteError
 from remedy.rundir.writer import RunDir
 from remedy.supervisor import carry, resume, status_view
-from remedy.supervisor.agent.actor import kill_agents
 from remedy.supervisor.agents_start import NodeAgents
-from remedy.supervisor.carry import Carrier, RankOver
+from remedy.supervisor.carry import Carrier
+from remedy.supervisor.control_loop import ControlLoop
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.intake import Intake
-from remedy.supervisor.node_watch import NodeWatch
 from remedy.supervisor.policy_apply import PolicyApplier
 from remedy.supervisor.policy_source import load_policy_source
-from remedy.supervisor.recovery import Recovery
-from remedy.supervisor.rendezvous import Rendezvous
+from remedy.supervisor.quiet_gc import quiet_gc
 from remedy.supervisor.state_records import StateRecords
 from remedy.supervisor.summary import end_summary
 from remedy.supervisor.token_check import TokenCheck
-from remedy.supervisor.worker_group import WorkerGroup, kill_run_actors
+from remedy.supervisor.worker_group import WorkerGroup
 
 log = structlog.get_logger("remedy.supervisor")
 
-POLL_S = 0.05
-# How often a restarted supervisor asks the ranks it adopted whether they finished.
-RESULT_POLL_S = 0.5
 # How long an ended run's supervisor stays for late callers (`wait`, `status`,
 # `attach`) before it removes itself; a driver that waited kills it at once.
 LINGER_S = 60.0
@@ -110,32 +86,6 @@ def launch_supervisor(spec: RunSpec) -> Any:
     ).remote(spec.to_dict())
 
 
-# The supervisor's collector: the youngest generation is collected after this many net
-# allocations (CPython's default is 700). See `_quiet_gc`.
-GC_YOUNG = 50_000
-
-
-def _quiet_gc() -> None:
-    """Fewer, cheaper garbage collections in the supervisor's process.
-
-    Each report allocates thousands of short-lived objects (the batch Ray
-    unpickled, its validated records, the reply), while the process holds a
-    large heap of long-lived ones (Ray's worker state, the controller's
-    per-rank maps, the journaled decisions). At CPython's default thresholds
-    the collections that walk that heap cost more than the reports: through
-    node agents at 4,096 simulated ranks, 2.0 ms of CPU per agent call with the
-    defaults, 0.85 ms at these (`benchmarks/supervisor_load.py --agents
-    --profile 4096`). Objects alive once the supervisor is built are frozen
-    (never walked again), and the youngest generation is collected every
-    `GC_YOUNG` allocations; reference counting still frees everything that
-    is not in a cycle at once, so memory does not grow with the threshold.
-    """
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG, older, oldest)
-
-
 # Ray records every call of an actor as task events for its dashboard and state API, each
 # sent to the GCS, which keeps 100,000 in all and drops the rest. The supervisor takes a call
 # per rank report (or per node agent's digest): hundreds a second for weeks, which would
@@ -156,53 +106,48 @@ class SupervisorActor:
             )
         policy = load_policy_source(self.spec.policy)
         engine = Engine(
-            policy,
-            run_id=self.spec.run_id,
-            dry_run=self.spec.dry_run,
-            incarnation=incarnation,
+            policy, run_id=self.spec.run_id, dry_run=self.spec.dry_run, incarnation=incarnation
         )
         self.applier = PolicyApplier(self.spec, self.run_dir, engine, policy)
         controller = Controller(
-            engine,
-            world_size=self.spec.workers,
-            journal=journal_to(self.run_dir),
+            engine, world_size=self.spec.workers, journal=journal_to(self.run_dir),
             group_action=lambda d: carry.group_action(self.carrier.recovery, d),
             # Where a `notify` decision's effect is carried out: logged, and queued for
             # the policy's sinks and REMEDY_NOTIFY_WEBHOOK (see `supervisor.notify`).
             notify=lambda effect: carry.notify(self.applier.notifier, self._pids(), effect),
             node_of=lambda rank: status_view.node_of(self._pids(), self.slots, rank),
-        )
+        )  # fmt: skip
         # The run's state record and its ranks' ends, with the controller, the job's state
         # machine and the rank slots (incarnations): what `write_state` records.
         self.core = RunCore(
             controller,
             JobStateMachine(journal=self._job_moved, max_targeted=self.spec.max_targeted_restarts),
             RankSlots(self.spec.workers, rejected=controller.rejected),
-            incarnation=incarnation,
-            started=time.time(),
+            incarnation=incarnation, started=time.time(),
             watch=HangWatch(HangWatchConfig(**self.spec.hang_watch)),  # type: ignore[arg-type]
-        )
-        self.records = StateRecords(self.core, self.run_dir)
-        self.tokens = TokenCheck(self.spec.token, self.spec.run_id, self.core, self.run_dir)
+        )  # fmt: skip
         self.feed = Feed(self.spec.workers)  # what displays poll (see `events`)
         self.metrics = RunMetrics(
             RayBackend(), run_id=self.spec.run_id, checkpoints=self.run_dir.checkpoints
         )
         self.carrier = Carrier(self.core, self.feed, self.metrics, self.run_dir)
-        # Multi-rank lifecycle: the rendezvous store, the hang watch (the core's: its entries
-        # are the record's), and targeted restarts.
+        self.records = StateRecords(self.core, self.run_dir)
+        self.tokens = TokenCheck(self.spec.token, self.spec.run_id, self.core, self.run_dir)
+        # The hang watch is the core's (its entries are the record's); the node agents'
+        # sightings and the agents are the shell's, as the control loop and its group are.
         self.watch = self.core.watch
-        self.node_watch = NodeWatch()
-        # Under node agents: what the agents saw when they pinged their ranks (core.sightings).
         self.sightings = Sightings()
-        self.rendezvous = Rendezvous()
-        self.group: WorkerGroup | None = None
+        self.agents = NodeAgents(self.spec, self.run_dir)
+        self.loop = ControlLoop(
+            self.spec, self.core, self.carrier, run_dir=self.run_dir, agents=self.agents,
+            applier=self.applier, records=self.records, sightings=self.sightings,
+            write_state=self.write_state, crash_point=self.crash_point,
+        )  # fmt: skip
+        self._agent_ranks: dict[str, set[int]] = {}  # agent (node) -> the ranks it sent
         # The control loop and its end.
         self._task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
         self._summary: dict[str, Any] | None = None
-        self.agents = NodeAgents(self.spec, self.run_dir)  # nodes with an agent, their handles
-        self._agent_ranks: dict[str, set[int]] = {}  # agent (node) -> the ranks it sent
         self.intake = Intake(
             self._take_items,
             lambda: self._keep_state(before_reply=True),
@@ -216,38 +161,33 @@ class SupervisorActor:
             # Nobody else will call `start` on a restarted supervisor: call it ourselves,
             # so the loop resumes with no driver around.
             ray.get_runtime_context().current_actor.start.remote()
-        _quiet_gc()
+        quiet_gc()
 
     @property
     def controller(self) -> Controller:
         return self.core.controller
 
     @property
-    def job(self) -> JobStateMachine:
-        return self.core.job
-
-    @property
     def slots(self) -> RankSlots:
         return self.core.slots
 
     @property
-    def incarnation(self) -> int:
-        return self.core.incarnation
-
-    @property
-    def started(self) -> float:
-        return self.core.started
+    def group(self) -> WorkerGroup | None:
+        """The worker group, once the control loop started it."""
+        return self.loop.group
 
     @property
     def state(self) -> str:
         """What `remedy status` says: starting, running, or how the run ended (its status).
 
-        Read from the run, not kept beside it: the job's own phases are `self.job`'s."""
+        Read from the run, not kept beside it: the job's own phases are `self.core.job`'s."""
         if self._summary is not None:
             return str(self._summary.get("status"))
         return "running" if self.group is not None else "starting"
 
-    # ------------------------------------------------------------ the record
+    def _pids(self) -> status_view.Pids:
+        return self.group.pids if self.group is not None else {}
+
     def _job_moved(self, record: dict[str, Any]) -> None:
         """The job's state moved (`JobStateMachine.step`): into the history, and a state
         record, so a supervisor restarted from here resumes from the new phase."""
@@ -276,11 +216,6 @@ class SupervisorActor:
         self.write_state()
         log.warning("crash_injected", point=point)
         os.kill(os.getpid(), signal.SIGKILL)
-
-    def _step(self, inp: RankOver | None) -> None:
-        """Step the core with what an I/O of `supervisor.carry` brought back; carry its effects."""
-        if inp is not None:
-            self.carrier.carry(self.core.step(inp))
 
     async def apply_policy(
         self, data: bytes | str, filename: str, token: str | None = None
@@ -451,6 +386,10 @@ class SupervisorActor:
         self.tokens.require(token, "status")
         return status_view.status(self.spec.run_id, self.state, self.core, self._pids())
 
+    def rank_nodes(self) -> dict[str, str]:
+        """rank -> the node label of its current process (`placement.label`), where known."""
+        return status_view.rank_nodes(self._pids(), self.slots)
+
     async def stop(self, token: str | None = None, reason: str = "stopped") -> dict[str, Any]:
         """An operator's stop: a final checkpoint on every rank, then a clean end (`stopped`).
 
@@ -507,145 +446,18 @@ class SupervisorActor:
 
     async def _loop(self) -> dict[str, Any]:
         self.run_dir.check()  # a run directory that cannot be written: no run
-        if self.core.ranks_ended:
-            # Restarted after every rank had ended (their actors are gone): just finish.
-            return self._finish()
-        me = ray.get_runtime_context().current_actor
-        if self.core.group is None:
-            # This supervisor's first state record, before it starts anything: one restarted
-            # from here knows a run had begun (and starts its group over, see below).
-            self.write_state()
-        await self.agents.start()
-        group = self.group = WorkerGroup(
-            self.spec, supervisor=me, rendezvous=self.rendezvous, slots=self.slots,
-            step=self.core.step,
-        )  # fmt: skip
-        group.agents = self.agents.handles  # they kill their node's ranks by pid
-        # A policy that replays: ranks hold at a flagged step's boundary for its decision.
-        group.hold_on_flag = self.controller.engine.policy.uses("replay_step")
-        recovery = self.carrier.recovery = Recovery(
-            group,
-            spec=self.spec,
-            run_dir=self.run_dir,
-            controller=self.controller,
-            job=self.job,
-            slots=self.slots,
-            watch=self.watch,
-            sightings=self.sightings,
-            step=self.core.step,
-            core=self.core,
-            write_state=self.write_state,
-            crash_point=self.crash_point,
-            check_nodes=self.check_nodes,
-        )
-        try:
-            self._watch_from_start()
-            self.run_dir.history(
-                {
-                    "type": "supervisor_started",
-                    "incarnation": self.incarnation,
-                    "policy": self.spec.policy,  # what `explain` loads while the run goes on
-                }
-            )
-            restored = self.core.group
-            if restored is None:
-                if self.incarnation > 1:
-                    # Died while starting the group, before a state record held it: start
-                    # over (the actors it had created carry names a new group would reuse).
-                    kill_run_actors(self.spec.run_id)
-                    self.core.restart_job()
-                await group.start()
-                self.core.step(GroupStarted(0))
-            else:
-                restarts = [d for d in self.controller.deferred.values()
-                            if d.action == "restart_rank"]  # fmt: skip
-                # Every rank, ended ones too: their `result()` is how this supervisor learns them.
-                for rank in await group.adopt(restored, sorted(self.slots.slots)):
-                    self._step(carry.adopted_result(group, self.slots, rank, DEAD))
-                await carry.watch_from_marks(group, self.watch)
-                for d in restarts:  # a restart the crashed supervisor had begun: go on
-                    recovery.resume(d)
-            self.write_state()
-            next_poll = 0.0
-            while group.run_refs() or group.adopted or self._restart_pending():
-                running = group.run_refs()
-                ready, _ = ray.wait(running, num_returns=len(running), timeout=0)
-                for ref in ready:
-                    config = self.watch.config
-                    inp = await carry.rank_finished(
-                        group, ref, self.slots, config, self.check_nodes
-                    )
-                    self._step(inp)
-                if group.adopted and time.monotonic() >= next_poll:
-                    next_poll = time.monotonic() + RESULT_POLL_S
-                    for rank, result in (await group.poll_adopted()).items():
-                        self._step(carry.adopted_result(group, self.slots, rank, result))
-                await self.check_nodes(group)
-                await self.agents.for_new()
-                if self.job.state.phase in (Phase.RUNNING, Phase.DEGRADED):
-                    await recovery.check_hangs()
-                    recovery.check_back()
-                self.carrier.carry(self.core.step(Pass()))
-                self.run_dir.check()  # a write failed (in a report too), or the directory is gone
-                self.applier.poll()
-                if self.records.due():  # or a full record put off by a reply
-                    self.write_state()
-                else:
-                    self._keep_state()
-                await asyncio.sleep(POLL_S)
-            await carry.node_verdicts(recovery, self.node_watch, group, self.check_nodes)
-            await recovery.settle(self.core.results)
-            # Before the ranks are killed: a supervisor restarted from here on finishes
-            # from these results instead of looking for the actors.
-            self.run_dir.history({"type": "ranks_ended", "results": self.core.results})
-            self.core.step(RanksAllEnded())
-            self.write_state()
-        finally:
-            group.shutdown()
-            with contextlib.suppress(ray.exceptions.RayError):
-                kill_run_actors(self.spec.run_id)  # any a crash left out of the records
-            kill_agents(self.spec.run_id, self.agents.nodes)
+        # Restarted after every rank had ended (their actors are gone): just finish.
+        if not self.core.ranks_ended:
+            await self.loop.run()
         return self._finish()
-
-    async def check_nodes(self, group: WorkerGroup, *, now: bool = False) -> None:
-        """On a cluster of several nodes: the nodes of the run Ray calls dead lose their ranks."""
-        recovery = self.carrier.recovery
-        if len(group.cluster) <= 1 or recovery is None:
-            return
-        dead = await self.node_watch.new_dead(group.watched_nodes(), now=now)
-        if dead:
-            recovery.nodes_lost(dead)
-
-    def _watch_from_start(self) -> None:
-        """Every rank into the hang watch: with the start-up allowance, or, after a restart of
-        the supervisor, as the one before watched it (its tick and step time: a rank that hung
-        while no supervisor watched is found within its own timeout, not the start-up one)."""
-        self.core.step(Watching(time.monotonic()))
-
-    def rank_nodes(self) -> dict[str, str]:
-        """rank -> the node label of its current process (`placement.label`), where known."""
-        return status_view.rank_nodes(self._pids(), self.slots)
-
-    def _pids(self) -> status_view.Pids:
-        return self.group.pids if self.group is not None else {}
-
-    def _restart_pending(self) -> bool:
-        """A restart runs while no rank's process does (a node that held every rank was lost):
-        the loop goes on until it starts the new ones. Not once every rank completed the run:
-        a restart still waiting on the group then ends with it (`Recovery.settle`)."""
-        recovery = self.carrier.recovery
-        if recovery is None or not recovery.running():
-            return False
-        return not self.core.all_completed()
 
     def _finish(self, error: str | None = None, *, io_error: bool = False) -> dict[str, Any]:
         """End the run: its summary, written to the run directory or, where that cannot be
         written (`io_error`: the error is its one line), to `write_errors.fallback_dir`."""
-        c = self.controller
         # A run ending on its run directory's error writes no more state records (each would
         # fail the same way); the summary goes where it can.
         self.records.unwritable = io_error and self.run_dir.broken is not None
-        c.finish()
+        self.controller.finish()
         results = [self.core.results[r] for r in sorted(self.core.results)]
         [ending] = self.core.step(Ending(error))
         assert isinstance(ending, Status)
@@ -658,7 +470,7 @@ class SupervisorActor:
             recovery=self.carrier.recovery, sightings=self.sightings,
             notifications=notifier.counts,
         )  # fmt: skip
-        self.metrics.goodput(c.goodput, self.started, force=True)
+        self.metrics.goodput(self.controller.goodput, self.core.started, force=True)
         if error is not None:
             summary["error"] = error
         if io_error:
