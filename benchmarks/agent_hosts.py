@@ -287,7 +287,7 @@ class AgentHost:
 
 def actor_loop() -> Any:
     """The running event loop of this (async) actor's process: where `report` runs."""
-    # The supervisor froze the objects it was built with (`actor._quiet_gc`), the loop among
+    # The supervisor froze the objects it was built with (`supervisor.quiet_gc`), the loop among
     # them, and `gc.get_objects` lists no frozen object: thaw, look, freeze again.
     gc.unfreeze()
     loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]

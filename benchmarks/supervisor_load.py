@@ -519,7 +519,7 @@ def main() -> None:
                         "which no real agent has (0: once, after setup)")  # fmt: skip
     p.add_argument("--gc-young", type=int, default=0,
                    help="--agents: the supervisor's youngest-generation GC threshold (a run's: "
-                        "actor.GC_YOUNG)")  # fmt: skip
+                        "quiet_gc.GC_YOUNG)")  # fmt: skip
     p.add_argument("--direct", default="",
                    help="--agents: these rank counts reporting directly too, in the same run "
                         "and with the same traffic, for the supervisor's CPU per rank report "

@@ -58,7 +58,7 @@ class RunSpec:
     # `supervisor.liveness.silence_bound`, 10 s at its 0.5 s default).
     supervisor_timeout_s: float | None = None
     # The run's secret: reports, commands, `status`, `policy apply` and `stop`
-    # without it are refused (see `SupervisorActor._authorized`). Kept in the
+    # without it are refused (see `supervisor.token_check`). Kept in the
     # registry entry (owner-only) of the machine that started the run.
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     # The environment variables notify sinks read (`REMEDY_NOTIFY_WEBHOOK` and each
