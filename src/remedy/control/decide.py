@@ -20,9 +20,8 @@ import dataclasses
 import enum
 import json
 import operator
-import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,12 +31,12 @@ from remedy.control import decide_state as control_state
 from remedy.control.effects import (
     AnomalyRecord,
     DecisionRecord,
+    Effect,
+    GroupAction,
     HistoryRecord,
     Journal,
-    JournalCarrier,
     MetricRecords,
     Notify,
-    NotifyCarrier,
     log_notify,
 )
 from remedy.control.goodput import REWINDING_ACTIONS, STALLING_ACTIONS, GoodputLedger
@@ -57,11 +56,6 @@ from remedy.protocol.reports import Limits, RankMark, Report, validate_batch
 log = structlog.get_logger("remedy.control")
 
 DEFAULT_LIMITS = Limits()
-
-# A group action (restart_rank) is carried out by whoever owns the ranks;
-# it returns (outcome, detail), or None when it goes on asynchronously and
-# `Controller.resolve_group_action` will end it.
-GroupActionHook = Callable[[Decision], tuple[str, str] | None]
 
 # Commands the controller adds beside the decisions: an operator's or a policy's stop of
 # every rank's loop, and the answer to a replay the ranks hold for (`_answer_replay`).
@@ -189,31 +183,41 @@ class Controller:
         engine: Engine,
         *,
         world_size: int,
-        journal: JournalCarrier | None = None,
-        group_action: GroupActionHook | None = None,
+        journal: bool = True,
+        group_actions: bool = False,
+        notify: bool = False,
         command_lead: int = 1,
         straggler: StragglerWatch | _Default | None = _Default.TOKEN,
         limits: Limits = DEFAULT_LIMITS,
-        clock: Callable[[], float] = time.time,
-        notify: NotifyCarrier = log_notify,
-        node_of: Callable[[int], str | None] | None = None,
+        started: float | None = None,
+        nodes: Mapping[int, str] | None = None,
     ) -> None:
         """`straggler`: the slow-rank watch; by default a `StragglerWatch()` when
         `world_size > 1`, none for one rank; `None` turns it off. `limits`:
-        how much a report batch may carry (`report_validation.Limits`);
-        `journal`: carries out what the controller journals (`effects.Journal`,
-        e.g. `effects.journal_to(run_dir)`; None: kept nowhere but in `decisions`);
-        `clock`: wall time, for how far ahead a report may run; `notify`: carries
-        out a `notify` decision's `effects.Notify` (by default, a log line); `node_of`:
-        the node a rank runs on, stamped on its anomalies (`details["node"]`, what
-        `group_by: [node]` counts by).
+        how much a report batch may carry (`report_validation.Limits`).
+
+        What the shell must do leaves as effects in `effects` (`take_effects`), in the
+        order it must carry them out: `journal`: what the controller journals
+        (`effects.Journal`; False: kept nowhere but in `decisions`); `group_actions`: a
+        group action (restart_rank) as a `GroupAction`, answered with
+        `resolve_group_action` (False: nothing owns the ranks, it fails at once);
+        `notify`: a `notify` decision as a `Notify`, answered with `resolve_notify`
+        (False: logged here and applied).
+
+        Time arrives with the inputs (`ingest(now=...)`); `now` keeps the latest, which
+        the calls that tell none use. `started`: when the run started, what a rank's
+        first report is measured from (None: its first input's time). `nodes`: the node
+        each rank runs on, stamped on its anomalies (`details["node"]`, what `group_by:
+        [node]` counts by).
         """
         self.engine = engine
-        self.node_of = node_of
-        self.notify = notify
+        self.nodes = nodes
         self.world_size = world_size
         self.journal = journal
-        self.group_action = group_action
+        self.group_actions = group_actions
+        self.notify = notify
+        self.effects: list[Effect] = []  # what the shell is yet to carry out, in order
+        self.notifying: dict[str, Decision] = {}  # `notify` decisions the shell carries
         self.command_lead = command_lead
         self.pending: dict[str, _Pending] = {}
         self._closed: set[str] = set()  # ids of commands no longer pending
@@ -232,8 +236,8 @@ class Controller:
         self.rows = control_state.RankRows()  # the three maps above as a state record has them
         self._tick_counts: dict[int, dict[int, int]] = {}  # events accepted per rank and tick
         self.last_report: Report | None = None  # the valid parts of the last batch ingested
-        self._clock = clock
-        self._started = clock()
+        self.now = 0.0 if started is None else started
+        self._started = started
         self.anomaly_counts: Counter[str] = Counter()
         self.action_counts: Counter[str] = Counter()
         self.outcome_counts: Counter[str] = Counter()
@@ -263,7 +267,12 @@ class Controller:
 
     # ---------------------------------------------------------------- ingest
     def ingest(
-        self, batch: Any, *, write_metrics: bool = True, answer: bool = True
+        self,
+        batch: Any,
+        *,
+        now: float | None = None,
+        write_metrics: bool = True,
+        answer: bool = True,
     ) -> list[dict[str, Any]]:
         """Take one report batch from a rank; return the commands that rank still owes.
 
@@ -272,9 +281,10 @@ class Controller:
         decided as if they had come alone. `write_metrics=False`: the step
         records are in a node agent's metrics file already (`supervisor.agent`).
         `answer=False`: nobody waits for the commands (an agent's call answers each
-        of its ranks after every item was taken): none are built.
+        of its ranks after every item was taken): none are built. `now`: when it
+        arrived (wall time; None: the time of the last input that told one).
         """
-        now = self._clock()
+        now = self._at(now)
         rank = batch.get("rank") if isinstance(batch, dict) else None
         key = rank if isinstance(rank, int) else -1
         last = self._marks.get(key)
@@ -283,7 +293,11 @@ class Controller:
             world_size=self.world_size,
             last=last,
             # Only a rank's first report is measured from the origin (a max over every rank).
-            origin=RankMark(max(self.step_of.values(), default=0), 0, self._started)
+            origin=RankMark(
+                max(self.step_of.values(), default=0),
+                0,
+                now if self._started is None else self._started,
+            )
             if last is None
             else None,
             now=now,
@@ -335,7 +349,7 @@ class Controller:
 
     def _stamped(self, ev: AnomalyEvent) -> AnomalyEvent:
         """`ev` with the node its rank runs on in its details, when known."""
-        node = self.node_of(ev.rank) if self.node_of is not None else None
+        node = self.nodes.get(ev.rank) if self.nodes is not None else None
         if node is None or ev.node == node:
             return ev
         return dataclasses.replace(ev, details={**ev.details, "node": node})
@@ -402,7 +416,7 @@ class Controller:
         self.changes += 1
         self.anomaly_counts[ev.kind] += 1
         self.goodput.event(ev.step, ev.kind)
-        if self.journal is not None:
+        if self.journal:
             self._emit(AnomalyRecord(self._stamped(ev).to_dict()))
 
     def _metrics(self, rank: int, record: Any) -> None:
@@ -461,13 +475,13 @@ class Controller:
         if (
             d.action in REWINDING_ACTIONS
         ):  # the ranks' next rewind is this one's: its steps are lost to it
-            self.goodput.expect_rewind(self._clock(), d.anomaly.kind)
+            self.goodput.expect_rewind(self.now, d.anomaly.kind)
         self._emit(
             HistoryRecord(
                 {"type": "decided", "decision": d.to_dict(), "command": command.to_dict()}
             )
         )
-        self.pending[d.decision_id] = _Pending(d, command, targets, self._clock())
+        self.pending[d.decision_id] = _Pending(d, command, targets, self.now)
 
     def _supervisor_action(self, d: Decision) -> None:
         if d.action == "notify":
@@ -475,28 +489,27 @@ class Controller:
             effect = Notify(
                 d.decision_id, d.rule, d.reason, None if message is None else str(message), d
             )
-            self._resolve_now(d, *self.notify(effect))
+            if not self.notify:
+                self._resolve_now(d, *log_notify(effect))
+                return
+            # The shell sends it on and answers with `resolve_notify`.
+            self.notifying[d.decision_id] = d
+            self._emit(effect)
         elif d.action == "abort":
             self.abort_reason = str(d.params.get("reason") or d.reason)
             self._emit(HistoryRecord({"type": "decided", "decision": d.to_dict(), "command": None}))
             self._resolve_now(d, "applied", "run aborted")
             # Ranks stop at their next boundary.
             self._dispatch_stop(d)
-        elif self.group_action is None:
+        elif not self.group_actions:
             self._resolve_now(d, "failed", f"{d.action} needs a worker group; none is attached")
         else:
             self._emit(HistoryRecord({"type": "decided", "decision": d.to_dict(), "command": None}))
             if d.action in STALLING_ACTIONS:  # the group stalls until it ends: time lost to it
-                self.goodput.disrupted(self._clock(), d.anomaly.kind)
-            result = self.group_action(d)
-            if result is None:
-                self.deferred[d.decision_id] = d
-                return
-            outcome, detail = result
-            if d.action == "restart_rank" and outcome == "applied":
-                for rank in d.ranks:
-                    self.forget_rank(rank)
-            self._resolve_now(d, outcome, detail)
+                self.goodput.disrupted(self.now, d.anomaly.kind)
+            # Under way until the shell that owns the ranks answers (`resolve_group_action`).
+            self.deferred[d.decision_id] = d
+            self._emit(GroupAction(d))
 
     def stop(self, reason: str) -> bool:
         """An operator's stop: `checkpoint_now` on every rank, then each rank's loop ends.
@@ -516,7 +529,7 @@ class Controller:
             ranks=tuple(range(self.world_size)),
             rule="remedy stop",
             anomaly=AnomalyEvent(
-                kind="operator_stop", rank=0, step=step, source="operator", ts=self._clock()
+                kind="operator_stop", rank=0, step=step, source="operator", ts=self.now
             ),
             action="checkpoint_now",
             params={"reason": reason},
@@ -532,7 +545,7 @@ class Controller:
     def resolve_group_action(
         self, decision_id: str, outcome: str, detail: str, **extra: Any
     ) -> None:
-        """End a group action that went on asynchronously (see `GroupActionHook`)."""
+        """The shell's answer to a `GroupAction`: how the group action ended."""
         d = self.deferred.pop(decision_id)
         if d.action == "restart_rank" and outcome == "applied":
             for rank in d.ranks:
@@ -544,6 +557,10 @@ class Controller:
         self.handle(
             self.engine.record_outcome(decision_id, outcome, tick=self._tick(), detail=detail)
         )
+
+    def resolve_notify(self, decision_id: str, outcome: str, detail: str) -> None:
+        """The shell's answer to a `Notify`: how sending it went ("applied", "failed")."""
+        self._resolve_now(self.notifying.pop(decision_id), outcome, detail)
 
     def rewound(self, tick: int, resumed: str) -> list[str]:
         """Every rank restarted from tick `tick` (`resumed`: from where, as a sentence's end).
@@ -627,7 +644,7 @@ class Controller:
             apply_at_tick=self._tick(),
             seq=self._seq,
         )
-        self.pending[cmd.decision_id] = _Pending(d, cmd, set(range(self.world_size)), self._clock())
+        self.pending[cmd.decision_id] = _Pending(d, cmd, set(range(self.world_size)), self.now)
 
     def _resolve_now(self, d: Decision, outcome: str, detail: str) -> None:
         self._journal(d, outcome, detail=detail)
@@ -695,7 +712,7 @@ class Controller:
             result=first.result,
             applied_at_step=first.step,
             apply_at_step=pending.command.apply_at_step,
-            latency_s=round(self._clock() - pending.dispatched_at, 4),
+            latency_s=round(self.now - pending.dispatched_at, 4),
             attempts=first.attempts,
         )
         if failed and d.ends_chain_on_failure:
@@ -713,12 +730,12 @@ class Controller:
         (the survivors then wait for the group to re-form).
         """
         d = pending.decision
-        ev = replay_event(outcome.result.get("verdict"), self._tick(), self._clock(), d)
+        ev = replay_event(outcome.result.get("verdict"), self._tick(), self.now, d)
         deferred = set(self.deferred)
         decided: list[Decision] = []
         if ev is not None:
             self._record(ev)
-            decided = self.engine.decide([self._stamped(ev)], now=self._clock())
+            decided = self.engine.decide([self._stamped(ev)], now=self.now)
             self.handle(decided)
         restarts = [
             x for i, x in self.deferred.items() if i not in deferred and x.action == "restart_rank"
@@ -742,7 +759,7 @@ class Controller:
             apply_at_tick=self._tick(),
             seq=self._seq,
         )
-        self.pending[cmd.decision_id] = _Pending(d, cmd, set(pending.targets), self._clock())
+        self.pending[cmd.decision_id] = _Pending(d, cmd, set(pending.targets), self.now)
         self.changes += 1
 
     def _drop_rest_of_chain(self, failed: Decision) -> None:
@@ -765,7 +782,7 @@ class Controller:
         """Resolve every decision still pending as failed (nothing is lost from the journal)."""
         held = self.incidents.flush()
         if held:
-            self.handle(self.engine.decide(held, now=self._clock()))
+            self.handle(self.engine.decide(held, now=self.now))
         for pending in list(self.pending.values()):
             self._close(pending.command.decision_id)
             if _internal(pending.command.decision_id):
@@ -789,17 +806,32 @@ class Controller:
             self.action_counts[d.action] += 1
         self._emit(DecisionRecord(record))
 
-    def _emit(self, effect: Journal) -> None:
-        if self.journal is not None:
-            self.journal(effect)
+    def _emit(self, effect: Effect) -> None:
+        if self.journal or not isinstance(effect, Journal):
+            self.effects.append(effect)
+
+    def take_effects(self) -> list[Effect]:
+        """What the shell is to carry out, in order, since the last call (then forgotten)."""
+        out, self.effects = self.effects, []
+        return out
+
+    def _at(self, now: float | None) -> float:
+        """The time an input told (`now`), kept as the controller's; None: the last one."""
+        if now is not None:
+            self.now = now
+            if self._started is None:
+                self._started = now
+        return self.now
 
     # ---------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
         """The state record a restarted supervisor resumes from (`control_state.dump`)."""
         return control_state.dump(self)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a `state_dict`; the policy must be the one it was taken under."""
+    def load_state_dict(self, state: dict[str, Any], now: float | None = None) -> None:
+        """Resume from a `state_dict`; the policy must be the one it was taken under. `now`:
+        the time of the restore (held incidents wait afresh from it)."""
+        self._at(now)
         control_state.load(self, state)
 
     def restore_decisions(self, records: Iterable[dict[str, Any]]) -> None:

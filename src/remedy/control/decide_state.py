@@ -128,7 +128,7 @@ def load(c: Controller, data: dict[str, Any]) -> None:
     c.abort_reason = data["abort_reason"]
     c.stop_reason = data.get("stop_reason")
     # Events held for the other ranks' reports of their tick (records before the merge had none).
-    c.incidents.restore(data.get("incidents"), now=c._clock())
+    c.incidents.restore(data.get("incidents"), now=c.now)
 
 
 class RankRows:

@@ -42,7 +42,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from remedy.control import decide_state as control_state
 from remedy.control import progress_marks, stuck_at
 from remedy.control.decide import Controller
-from remedy.control.effects import Notify, journal_to, log_notify
+from remedy.control.effects import Notify, log_notify
 from remedy.control.end_check import may_end
 from remedy.control.hang_watch import DEAD, HangWatch, HangWatchConfig, step_times
 from remedy.control.health import final_status
@@ -94,6 +94,7 @@ from remedy.rundir.write_errors import RunDirWriteError
 from remedy.rundir.writer import RunDir
 from remedy.supervisor import placement
 from remedy.supervisor.agent.actor import alive_nodes, kill_agents, launch_agents
+from remedy.supervisor.carry_control import RankNodes, carry_control
 from remedy.supervisor.death_cause import describe
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.intake import Intake
@@ -225,18 +226,19 @@ class SupervisorActor:
         controller = Controller(
             engine,
             world_size=self.spec.workers,
-            journal=journal_to(self.run_dir),
-            group_action=self._group_action,
-            # Where a `notify` decision's effect is carried out: logged, and queued for
-            # the policy's sinks and REMEDY_NOTIFY_WEBHOOK (see `supervisor.notify`).
-            notify=self._notify,
-            node_of=self._node_of,
+            # Its effects are carried out by `_carry_control`: a group action by
+            # `_group_action`, a `notify` decision's by `_notify` (logged, and queued for the
+            # policy's sinks and REMEDY_NOTIFY_WEBHOOK, see `supervisor.notify`).
+            group_actions=True,
+            notify=True,
+            started=time.time(),
+            nodes=RankNodes(self._node_of, self.spec.workers),
         )
         # The run's state record and its ranks' ends, with the controller, the job's state
         # machine and the rank slots (incarnations): what `write_state` records.
         self.core = RunCore(
             controller,
-            JobStateMachine(journal=self._job_moved, max_targeted=self.spec.max_targeted_restarts),
+            JobStateMachine(max_targeted=self.spec.max_targeted_restarts),
             RankSlots(self.spec.workers, rejected=controller.rejected),
             incarnation=incarnation,
             started=time.time(),
@@ -375,7 +377,7 @@ class SupervisorActor:
             return
         c = self.controller
         if run is not None:
-            self.core.restore(run)
+            self.core.restore(run, time.time())
         if not self.core.ranks_ended and older.ranks_ended is not None:
             self.core.results_ended(older.ranks_ended)
         abandoned = control_state.replay_tail(c, tail)  # a journal of schema 7 or older
@@ -418,11 +420,13 @@ class SupervisorActor:
             abandoned=len(abandoned),
         )
 
-    def _job_moved(self, record: dict[str, Any]) -> None:
-        """The job's state moved (`JobStateMachine.step`): into the history, and a state
-        record, so a supervisor restarted from here resumes from the new phase."""
-        self.run_dir.history(record)
-        self.write_state()
+    def _carry_control(self) -> None:
+        """Carry out what the controller and the job's state machine asked (`carry_control`);
+        a job move is journaled with a state record after it, so a supervisor restarted from
+        here resumes from the new phase."""
+        if carry_control(self.controller, self.job, self.run_dir,
+                         notify=self._notify, group_action=self._group_action):  # fmt: skip
+            self.write_state()
 
     def _read_summary(self, status: str) -> dict[str, Any]:
         try:
@@ -439,6 +443,7 @@ class SupervisorActor:
         `before_reply`: a call waits for it, so a full record that only bounds the
         journal's tail is put off to the loop's next pass (`StateLog.entry`).
         """
+        self._carry_control()  # its journal lines go first
         if self._unwritable:
             return  # the run ends on its run directory's write error (`_finish`)
         # Every section is the core's: the group and the restart send theirs as they change.
@@ -562,7 +567,7 @@ class SupervisorActor:
         if not self._authorized(batch.pop("token", None) if isinstance(batch, dict) else None,
                                 "report"):  # fmt: skip
             return []
-        answer = self._took(self.core.step(Report(batch)), gauges=True)
+        answer = self._took(self.core.step(Report(batch, now=time.time())), gauges=True)
         if answer is None:
             return []  # refused (its slot or the controller): nothing owed, nothing taken
         commands = self.controller.commands_for(answer.rank)
@@ -619,7 +624,7 @@ class SupervisorActor:
         this node's ranks with it)."""
         answer = self._agent_ranks.setdefault(node, set())
         for item in items:
-            took = self._took(self.core.step(Report(item, node)), gauges=False)
+            took = self._took(self.core.step(Report(item, node, time.time())), gauges=False)
             if took is not None:
                 answer.add(took.rank)
         return answer
@@ -681,6 +686,7 @@ class SupervisorActor:
         """Carry out what the core made of one report (`Report`): the hang watch, a restart
         waiting on the group and the displays see what the controller accepted; returns
         whom to answer. `gauges=False`: an agent's item, whose per-rank gauges its agent set."""
+        self._carry_control()
         answer = None
         for effect in effects:
             match effect:
@@ -1231,6 +1237,7 @@ class SupervisorActor:
 
     def _carry(self, effects: list[Effect]) -> None:
         """Carry out what the run's core returned."""
+        self._carry_control()
         for effect in effects:
             match effect:
                 case Dropped() | ReplacementFailed() | Joined() | ToPolicy() | NotReplaced():
@@ -1262,6 +1269,7 @@ class SupervisorActor:
         # fail the same way); the summary goes where it can.
         self._unwritable = io_error and self.run_dir.broken is not None
         c.finish()
+        self._carry_control()
         results = [self.core.results[r] for r in sorted(self.core.results)]
         [ending] = self.core.step(Ending(error))
         assert isinstance(ending, Status)

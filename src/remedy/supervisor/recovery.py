@@ -181,7 +181,7 @@ class Recovery:
         self._failed: dict[int, str] = {}  # replacement rank -> why it failed
         # When to ping whom, and whom the answers name (`core.hang_check`).
         self.hang_check = hang_check.HangCheck(
-            watch, sightings, self._incarnation, agents=spec.node_agents == "on"
+            watch, sightings, slots.incarnations, agents=spec.node_agents == "on"
         )
         self._task: asyncio.Task[None] | None = None
         if core.restart is None:  # a new run: no restart yet (a restarted one's is restored)
