@@ -1272,6 +1272,7 @@ class SupervisorActor:
         self._carry_control()
         results = [self.core.results[r] for r in sorted(self.core.results)]
         [ending] = self.core.step(Ending(error))
+        self._carry_control()  # the job's last move, journaled before the run's end
         assert isinstance(ending, Status)
         # A run that completed with a rank that stopped learning is degraded (control.health).
         status, degraded = final_status(ending.status, results)
