@@ -130,7 +130,7 @@ def test_a_collective_hang_across_two_nodes_is_named_only_from_both_agents_sight
     assert alone.judge({1: NO_ANSWER}).hung == []
 
     sup = Sightings()
-    incarnation = {0: 1, 1: 1}.__getitem__
+    incarnation = {0: 1, 1: 1}
     sup.add("a", from_a, now=100.0)
     pings, missing = sup.round([0, 1], 100.0, incarnation)
     assert missing == [0] and pings == {1: NO_ANSWER}
@@ -150,15 +150,15 @@ def test_stale_sightings_and_those_of_replaced_processes_take_no_part() -> None:
     items = sighting_items(watch, {0: NO_ANSWER}, {0: 1}, now=1.0, suspected_at=5.0, pinged_at=6.0)
     assert items[0]["stalled"] is True and items[0]["age_s"] == 1.0
     sup.add("a", items, now=50.0)
-    assert list(sup.stalled(50.0 + FRESH_S, {0: 1}.__getitem__)) == [0]
-    assert sup.stalled(50.0 + FRESH_S + 0.01, {0: 1}.__getitem__) == {}
+    assert list(sup.stalled(50.0 + FRESH_S, {0: 1})) == [0]
+    assert sup.stalled(50.0 + FRESH_S + 0.01, {0: 1}) == {}
     # Rank 0 was replaced (incarnation 2): the old process's sighting is about nothing running.
-    assert sup.stalled(50.0, {0: 2}.__getitem__) == {}
+    assert sup.stalled(50.0, {0: 2}) == {}
     # A newer incarnation's sighting is not overwritten by a late one of the old process.
     newer = [{**items[0], "incarnation": 2, "ping": {"phase": "step", "tick": 3}}]
     sup.add("b", newer, now=51.0)
     assert sup.add("a", items, now=51.5) == []
-    assert sup.fresh(51.5, {0: 2}.__getitem__)[0].node == "b"
+    assert sup.fresh(51.5, {0: 2})[0].node == "b"
 
 
 def test_sightings_that_are_not_plain_bounded_data_are_refused() -> None:

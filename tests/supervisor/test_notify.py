@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from remedy.control.decide import Controller
-from remedy.control.effects import Notify, journal_to
+from remedy.control.effects import Notify
 from remedy.policies import AnomalyEvent, Decision, Engine, NotifySink, load_policy_text
 from remedy.rundir.writer import RunDir, read_jsonl
 from remedy.supervisor.notify import NOTIFY_WEBHOOK_ENV, QUEUE_SIZE, Notifier, env_sinks
+from tests.supervisor.core.carried import Carried
 
 # Waiting for a delivery thread to finish, not a bound on how fast it is.
 WAIT_S = 60.0
@@ -342,9 +342,7 @@ def test_the_controller_hands_notify_decisions_to_its_hook(tmp_path: Path, sink:
         assert effect.decision is not None
         return "applied", n.submit(effect.decision, {})
 
-    controller = Controller(
-        engine, world_size=1, journal=journal_to(RunDir(tmp_path, "r")), notify=carry
-    )
+    controller = Carried(engine, world_size=1, files=RunDir(tmp_path, "r"), notify=carry)
     ev = AnomalyEvent("data_stall", 0, 5, value=3.0, threshold=1.0).to_dict()
     controller.ingest({"rank": 0, "step": 5, "events": [ev], "metrics": []})
     (line,) = deliveries(tmp_path / "notifications.jsonl", 1)

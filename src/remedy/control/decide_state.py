@@ -35,7 +35,8 @@ from remedy.protocol.commands import Command, Outcome
 from remedy.protocol.reports import RankMark
 
 if TYPE_CHECKING:
-    from remedy.control.decide import Controller, Outcomes
+    from remedy.control.command_book import Outcomes
+    from remedy.control.decide import Controller
 
 FORMAT = 1
 STATE = "state"
@@ -87,7 +88,7 @@ def dump(c: Controller) -> dict[str, Any]:
 
 def load(c: Controller, data: dict[str, Any]) -> None:
     """Put `c` (freshly built, same policy) in the state `dump` recorded."""
-    from remedy.control.decide import Outcomes, _Pending  # noqa: PLC0415 - the two modules are one concept
+    from remedy.control.command_book import Outcomes, Pending  # noqa: PLC0415 - it imports this
 
     if data.get("format") != FORMAT:
         raise ValueError(f"not a controller state of format {FORMAT}")
@@ -96,7 +97,7 @@ def load(c: Controller, data: dict[str, Any]) -> None:
     c.pending = {}
     for raw in data["pending"]:
         decision = _decision(raw["decision"])
-        pending = _Pending(
+        pending = Pending(
             decision,
             Command.from_dict(raw["command"]),
             set(range(c.world_size)) if raw["targets"] == ALL else {int(r) for r in raw["targets"]},
@@ -128,7 +129,7 @@ def load(c: Controller, data: dict[str, Any]) -> None:
     c.abort_reason = data["abort_reason"]
     c.stop_reason = data.get("stop_reason")
     # Events held for the other ranks' reports of their tick (records before the merge had none).
-    c.incidents.restore(data.get("incidents"), now=c._clock())
+    c.incidents.restore(data.get("incidents"), now=c.now)
 
 
 class RankRows:

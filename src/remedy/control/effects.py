@@ -1,13 +1,17 @@
 """Effects the decision core asks its shell to carry out.
 
 The Controller decides; whoever runs it (the supervisor actor, or a Guard
-alone) carries the effect out and says how it went. `Notify` is a person
-to be told: the default sink logs it; a shell may send it on (a webhook, an
-alert manager) and return what happened.
+alone) takes its effects (`Controller.take_effects`), carries them out in
+order and, where one needs an answer, says how it went with an input:
+`Notify` is a person to be told (a shell sends it on, a webhook, an alert
+manager, and answers `resolve_notify`; without one the Controller logs it:
+`log_notify`); `GroupAction` a group action on the ranks the shell owns
+(answered `resolve_group_action`).
 
 The core writes no file itself. What it journals leaves as `Journal`
-effects, carried out in the order they are emitted and before the call
-that emitted them returns (`journal_to` writes them into a run directory):
+effects, which the shell carries out in the order they were emitted, before
+it writes a state record or replies (`rundir.journal_effects` writes them into
+a run directory):
 
 - `HistoryRecord`: one line of `history.jsonl`, what the supervisor did (a
   decision taken, one resolved); what a crash must not lose is in the state
@@ -19,9 +23,8 @@ that emitted them returns (`journal_to` writes them into a run directory):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -43,12 +46,8 @@ class Notify:
     decision: Decision | None = field(default=None, compare=False)
 
 
-# Carries a `Notify` out; returns (outcome, detail): ("applied", "notification logged").
-NotifyCarrier = Callable[[Notify], tuple[str, str]]
-
-
 def log_notify(effect: Notify) -> tuple[str, str]:
-    """The default sink: one log line."""
+    """The default sink: one log line; (outcome, detail) as a shell's answer gives them."""
     node = effect.decision.anomaly.node if effect.decision is not None else None
     log.warning("notify", rule=effect.rule, reason=effect.reason, message=effect.message, node=node)
     return "applied", "notification logged"
@@ -83,31 +82,15 @@ class MetricRecords:
 
 
 Journal = HistoryRecord | DecisionRecord | AnomalyRecord | MetricRecords
-# Carries out one `Journal` effect before returning.
-JournalCarrier = Callable[[Journal], None]
 
 
-class JournalFiles(Protocol):
-    """The journals of a run directory (`workers.rundir.RunDir`)."""
+@dataclass(frozen=True, slots=True)
+class GroupAction:
+    """Carry out a group action (restart_rank) on the ranks the shell owns; it answers with
+    `Controller.resolve_group_action` once it ended (at once, or after a restart)."""
 
-    def history(self, record: dict[str, Any]) -> None: ...
-    def decision(self, record: dict[str, Any]) -> None: ...
-    def anomaly(self, record: dict[str, Any]) -> None: ...
-    def metrics_many(self, records: list[dict[str, Any]]) -> None: ...
+    decision: Decision
 
 
-def journal_to(files: JournalFiles) -> JournalCarrier:
-    """A carrier that writes each `Journal` effect into `files`, in the order emitted."""
-
-    def carry(effect: Journal) -> None:
-        match effect:
-            case HistoryRecord(record):
-                files.history(record)
-            case DecisionRecord(record):
-                files.decision(record)
-            case AnomalyRecord(record):
-                files.anomaly(record)
-            case MetricRecords(records):
-                files.metrics_many(records)
-
-    return carry
+# Everything the Controller asks of its shell (`Controller.take_effects`).
+Effect = Journal | Notify | GroupAction

@@ -37,7 +37,7 @@ No Ray, no I/O and no clock here: times come with the inputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,14 +150,14 @@ class HangCheck:
         self,
         watch: HangWatch,
         sightings: Sightings,
-        incarnation_of: Callable[[int], int],
+        incarnations: Mapping[int, int],
         *,
         agents: bool,
     ) -> None:
-        """`incarnation_of(rank)`: the rank's current process (-1: none)."""
+        """`incarnations`: each rank's current process (a rank not in it: none, -1)."""
         self.watch = watch
         self.sightings = sightings
-        self.incarnation_of = incarnation_of
+        self.incarnations = incarnations
         self.agents = agents
         self.next_ping = 0.0  # monotonic: no ping round before this
         self.suspected_at = 0.0  # wall time the current stall was first suspected
@@ -215,13 +215,13 @@ class HangCheck:
         self.ping_started = wall
         # Which process each answer is about: a rank replaced while the round was out (its
         # node found dead meanwhile, say) must not be judged on its old process's silence.
-        pinged = {r: self.incarnation_of(r) for r in ranks}
+        pinged = {r: self.incarnations.get(r, -1) for r in ranks}
         self._round = _Round("pings", now, wall, ranks, pinged=pinged)
         return [Ping(None)]
 
     # ------------------------------------------------------ under agents
     def _look_by_agents(self, now: float, wall: float, ranks: tuple[int, ...]) -> list[Effect]:
-        watch, sightings, inc = self.watch, self.sightings, self.incarnation_of
+        watch, sightings, inc = self.watch, self.sightings, self.incarnations
         alarm = watch.alarmed_at
         if alarm is not None:
             if now - alarm >= ALARM_GRACE_S:  # else the agents' sightings are on their way
@@ -252,10 +252,10 @@ class HangCheck:
         return self._judge_stalled(rnd, pings, {}, now)
 
     def _asked(self, rnd: _Round, now: float) -> list[Effect]:
-        pings, missing = self.sightings.round(rnd.ranks, now, self.incarnation_of)
+        pings, missing = self.sightings.round(rnd.ranks, now, self.incarnations)
         if missing:  # their agents did not answer: the supervisor pings them itself
             rnd.pings = pings
-            rnd.pinged = {r: self.incarnation_of(r) for r in missing}
+            rnd.pinged = {r: self.incarnations.get(r, -1) for r in missing}
             return [Ping(tuple(missing))]
         return self._judge_stalled(rnd, pings, {}, now)
 
@@ -266,7 +266,7 @@ class HangCheck:
         watch, sightings = self.watch, self.sightings
         self._judged = sightings.version
         self.suspected_at = min(s.suspected_at or rnd.wall for s in rnd.stalled.values())
-        used = sightings.fresh(judged_at, self.incarnation_of)
+        used = sightings.fresh(judged_at, self.incarnations)
         self.ping_started = min((used[r].pinged_at for r in pings if r in used), default=0.0)
         suspects = set(rnd.stalled) | {r for r in watch.suspects(judged_at) if r in direct}
         verdict = watch.judge({**pings, **direct}, sorted(suspects), now=judged_at)
@@ -278,12 +278,12 @@ class HangCheck:
         """`ALARM_GRACE_S` after a failed collective's alarm: the ranks no agent has answered
         for since are pinged by the supervisor (a lost node's ranks, whose agent is gone with
         them), and every rank is judged on the agents' sightings and those pings."""
-        fresh = {r: s for r, s in self.sightings.fresh(now, self.incarnation_of).items()
+        fresh = {r: s for r, s in self.sightings.fresh(now, self.incarnations).items()
                  if s.received >= alarm}  # fmt: skip
         missing = tuple(r for r in ranks if r not in fresh)
         self.ping_started = wall
         rnd = _Round("alarm", now, wall, ranks, seen=fresh,
-                     pinged={r: self.incarnation_of(r) for r in missing})  # fmt: skip
+                     pinged={r: self.incarnations.get(r, -1) for r in missing})  # fmt: skip
         self._round = rnd
         if missing:
             return [Ping(missing)]

@@ -23,7 +23,6 @@ record (`JobState.to_dict` / `from_dict`).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -282,17 +281,16 @@ def _ranks(ranks: frozenset[int]) -> str:
     return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(map(str, ordered))
 
 
-Journal = Callable[[dict[str, Any]], None]
-
-
 @dataclass
 class JobStateMachine:
-    """The current `JobState`; `step` moves it and journals each transition."""
+    """The current `JobState`; `step` moves it and journals each transition: the record
+    goes into `history` and into `moves`, what the shell is yet to journal (a history line
+    and a state record: `take_moves`)."""
 
-    journal: Journal | None = None
     max_targeted: int = MAX_TARGETED_ATTEMPTS
     state: JobState = field(default_factory=JobState)
     history: list[dict[str, Any]] = field(default_factory=list)
+    moves: list[dict[str, Any]] = field(default_factory=list)
 
     def step(self, inp: Input) -> tuple[JobState, JobState]:
         """Apply one input; return (previous, next)."""
@@ -306,6 +304,10 @@ class JobStateMachine:
             "reason": reason,
         }
         self.history.append(record)
-        if self.journal is not None:
-            self.journal(record)
+        self.moves.append(record)
         return previous, self.state
+
+    def take_moves(self) -> list[dict[str, Any]]:
+        """The transitions since the last call, for the shell to journal (then forgotten)."""
+        out, self.moves = self.moves, []
+        return out

@@ -221,7 +221,7 @@ class LostRanks:
         )  # fmt: skip
         answered = len(c.decisions)
         c.ingest({"rank": rank, "step": step, "tick": tick, "events": [ev.to_dict()]},
-                 answer=False)  # fmt: skip
+                 now=inp.at, answer=False)  # fmt: skip
         out: list[Effect] = [ToPolicy(rank, kind, inp.reason, inp.at)]
         unreplaced = self._unreplaced(inp, c, job, c.decisions[answered:])
         if unreplaced is not None:

@@ -90,10 +90,12 @@ MAX_ITEM_SEQS = 4096
 @dataclass(frozen=True, slots=True)
 class Report:
     """A rank's report batch (untrusted): its own call's (`node` None), or one item of the
-    call of the agent of `node`, which carries `seqs`, the batch numbers it stands for."""
+    call of the agent of `node`, which carries `seqs`, the batch numbers it stands for;
+    `now`: the wall time it arrived (None: the time of the last input that told one)."""
 
     batch: Any
     node: str | None = None
+    now: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,10 +309,10 @@ class RunCore:
     # ---------------------------------------------------------------- step
     def step(self, inp: Input) -> list[Effect]:
         match inp:
-            case Report(batch, None):
-                return self._report(batch)
-            case Report(item, str() as node):
-                return self._item(item, node)
+            case Report(batch, None, now):
+                return self._report(batch, now)
+            case Report(item, str() as node, now):
+                return self._item(item, node, now)
             case RankReturned(rank, incarnation, result):
                 return self._returned(rank, incarnation, dict(result))
             case RankDied(rank, incarnation, error, reason, at, details):
@@ -349,12 +351,12 @@ class RunCore:
                 return []
         raise TypeError(f"not an input of the run: {inp!r}")
 
-    def _report(self, batch: Any) -> list[Effect]:
+    def _report(self, batch: Any, now: float | None) -> list[Effect]:
         """A rank's own report: its slot takes its number, then the controller the batch."""
         out: list[Effect] = []
         if isinstance(batch, dict):
             rank, duplicates = batch.get("rank"), self.slots.refused_duplicate
-            if not self.slots.accept(rank, batch.get("incarnation"), batch.get("seq")):
+            if not self.slots.accept(rank, batch.get("incarnation"), batch.get("seq"), now):
                 if self.slots.refused_duplicate > duplicates and type(rank) is int:
                     # Seen already (a call Ray retried after a restart): its reply was lost,
                     # so it is answered again with what the rank still owes.
@@ -362,13 +364,13 @@ class RunCore:
                 return out
             below = batch.pop("unanswered_from", None)
             out += self._answered_below(rank, batch.get("seq"), below, records=batch)
-        out += self._take(batch, write_metrics=True)
+        out += self._take(batch, now, write_metrics=True)
         taken = next((e for e in out if isinstance(e, Taken)), None)
         if taken is not None:  # an invalid batch gets no commands
             out.append(Answer(taken.rank))
         return out
 
-    def _item(self, item: Any, node: str) -> list[Effect]:
+    def _item(self, item: Any, node: str, now: float | None) -> list[Effect]:
         """One rank's item of a node agent's call: its slot takes each batch number it stands
         for; an item all of whose numbers were seen is a retried call's (answered, not taken)."""
         c = self.controller
@@ -380,11 +382,11 @@ class RunCore:
             c.rejected["batch_item"] += 1
             return []
         duplicates = self.slots.refused_duplicate
-        fresh = [s for s in seqs[:MAX_ITEM_SEQS] if self.slots.accept(rank, incarnation, s)]
+        fresh = [s for s in seqs[:MAX_ITEM_SEQS] if self.slots.accept(rank, incarnation, s, now)]
         if seqs and not fresh:
             retried = self.slots.refused_duplicate > duplicates
             return [Answer(rank, retried=True)] if retried else []
-        if not seqs and not self.slots.accept(rank, incarnation, None):
+        if not seqs and not self.slots.accept(rank, incarnation, None, now):
             return []
         newest = max((s for s in seqs[:MAX_ITEM_SEQS] if type(s) is int), default=None)
         # Only the lead's item carries every step record; another rank's, a digest of them.
@@ -392,7 +394,7 @@ class RunCore:
         out = self._answered_below(
             rank, newest, item.pop("unanswered_from", None), node, records=full
         )
-        out += self._take(item, write_metrics=False)
+        out += self._take(item, now, write_metrics=False)
         out.append(Answer(rank))  # an agent's rank is answered whether its item was valid or not
         return out
 
@@ -426,7 +428,7 @@ class RunCore:
         )
         return [BatchesLost(rank, node, lost, missing)] if missing else []
 
-    def _take(self, batch: Any, *, write_metrics: bool) -> list[Effect]:
+    def _take(self, batch: Any, now: float | None, *, write_metrics: bool) -> list[Effect]:
         """The controller takes the batch; `write_metrics=False`: an agent's item, whose step
         records are in the agent's metrics file already."""
         out: list[Effect] = []
@@ -439,7 +441,7 @@ class RunCore:
         c = self.controller
         # Ranks whose earlier reports are still on their way: an incident of theirs may be too.
         c.incomplete = self.slots.incomplete()
-        c.ingest(batch, write_metrics=write_metrics, answer=False)
+        c.ingest(batch, now=now, write_metrics=write_metrics, answer=False)
         report = c.last_report
         if report is not None:
             out.append(Taken(report.rank, report.tick, report, ending, failed))
@@ -543,9 +545,10 @@ class RunCore:
             ended=self.ended,
         )
 
-    def restore(self, run: RunRecord) -> None:
-        """Take the run back from its newest state record (`RunRecord.from_record`)."""
-        self.controller.load_state_dict(dict(run.controller))
+    def restore(self, run: RunRecord, now: float | None = None) -> None:
+        """Take the run back from its newest state record (`RunRecord.from_record`); `now`:
+        the wall time of the restore."""
+        self.controller.load_state_dict(dict(run.controller), now)
         self.slots = RankSlots.from_sections(
             run.slots, run.last_seq, rejected=self.controller.rejected
         )

@@ -30,7 +30,7 @@ the supervisor's table of them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,23 +185,23 @@ class Sightings:
         self.received += len(taken)
         return taken
 
-    def fresh(self, now: float, incarnation_of: Callable[[int], int]) -> dict[int, Sighting]:
+    def fresh(self, now: float, incarnations: Mapping[int, int]) -> dict[int, Sighting]:
         """Each rank's sighting that is recent and about its current process."""
         return {
             r: s
             for r, s in self._latest.items()
-            if now - s.received <= self.fresh_s and s.incarnation == incarnation_of(r)
+            if now - s.received <= self.fresh_s and s.incarnation == incarnations.get(r, -1)
         }
 
-    def stalled(self, now: float, incarnation_of: Callable[[int], int]) -> dict[int, Sighting]:
+    def stalled(self, now: float, incarnations: Mapping[int, int]) -> dict[int, Sighting]:
         """The fresh sightings of ranks an agent holds stalled: what starts a judging round."""
-        return {r: s for r, s in self.fresh(now, incarnation_of).items() if s.stalled}
+        return {r: s for r, s in self.fresh(now, incarnations).items() if s.stalled}
 
     def round(
-        self, ranks: Iterable[int], now: float, incarnation_of: Callable[[int], int]
+        self, ranks: Iterable[int], now: float, incarnations: Mapping[int, int]
     ) -> tuple[dict[int, Any], list[int]]:
         """(`judge`'s pings over `ranks` from the fresh sightings, the ranks without one)."""
-        fresh = self.fresh(now, incarnation_of)
+        fresh = self.fresh(now, incarnations)
         pings: dict[int, Any] = {}
         missing: list[int] = []
         for r in sorted(ranks):

@@ -23,9 +23,8 @@ it changes at every report, the rest almost never.
 from __future__ import annotations
 
 import enum
-import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,7 +54,9 @@ class Slot:
     last_seq: int = 0  # the highest batch number taken
     pid: int | None = None
     node: str | None = None  # the Ray node id of the process that fills it now
-    last_at: float = 0.0  # when `last_seq` was accepted or the slot opened (this process's clock)
+    # When `last_seq` was accepted, as the input that brought it told (None: not known since
+    # the slot opened; the next batch then gets no slack for time away).
+    last_at: float | None = None
     # Numbers below `last_seq` not taken yet (within SEQ_WINDOW of it): every
     # other number up to `last_seq` was taken. Empty while batches come in order.
     gaps: set[int] = field(default_factory=set)
@@ -95,10 +96,8 @@ class RankSlots:
         world_size: int,
         *,
         rejected: Counter[str] | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._clock = clock
-        self.slots = {rank: Slot(rank, last_at=clock()) for rank in range(world_size)}
+        self.slots = {rank: Slot(rank) for rank in range(world_size)}
         self._incomplete: set[int] = set()  # ranks whose slot has gaps, kept as they change
         self.rejected: Counter[str] = Counter() if rejected is None else rejected
         self.refused_stale = 0  # reports from a replaced incarnation
@@ -141,14 +140,17 @@ class RankSlots:
                 int(seqs[str(rank)] if seqs is not None else r["last_seq"]),
                 r.get("pid"),
                 r.get("node"),
-                slots._clock(),
+                None,
                 {int(q) for q in r.get("gaps", [])},
             )
             slots._note_gaps(slots.slots[rank])
         return slots
 
-    def accept(self, rank: Any, incarnation: Any, seq: Any) -> bool:
+    def accept(self, rank: Any, incarnation: Any, seq: Any, now: float | None = None) -> bool:
         """True if a report of (rank, incarnation, seq) is current; counts what it refuses.
+
+        `now`: when it arrived (any clock, the same for every call); a number may run
+        further ahead the longer the rank was away. None: the time is not told.
 
         Reports without an incarnation (a single-process Guard, an old client)
         are accepted: there is nothing to compare.
@@ -161,13 +163,13 @@ class RankSlots:
             self.refused_stale += 1
             self.rejected["batch_stale_incarnation"] += 1
             return False
-        if type(seq) is int and not self._take_seq(slot, seq):
+        if type(seq) is int and not self._take_seq(slot, seq, now):
             return False
         if slot.state is SlotState.STARTING:
             slot.state = SlotState.RUNNING
         return True
 
-    def _take_seq(self, slot: Slot, seq: int) -> bool:
+    def _take_seq(self, slot: Slot, seq: int, now: float | None) -> bool:
         """Accept `seq` for `slot` unless taken, too old to tell, or absurdly far ahead."""
         if seq in slot.gaps:
             slot.gaps.discard(seq)
@@ -177,13 +179,15 @@ class RankSlots:
             self.refused_duplicate += 1
             self.rejected["batch_duplicate_seq"] += 1
             return False
-        now = self._clock()
-        slack = MAX_SEQ_AHEAD + int(max(now - slot.last_at, 0.0) * SEQ_AHEAD_PER_S)
+        away = 0.0 if now is None or slot.last_at is None else max(now - slot.last_at, 0.0)
+        slack = MAX_SEQ_AHEAD + int(away * SEQ_AHEAD_PER_S)
         if seq > slot.last_seq + slack:
             self.rejected["batch_seq_too_far_ahead"] += 1
             return False
         skipped = range(max(slot.last_seq + 1, seq - SEQ_WINDOW), seq)
-        slot.last_seq, slot.last_at = seq, now
+        slot.last_seq = seq
+        if now is not None:
+            slot.last_at = now
         if skipped or slot.gaps:  # in order and none missing (the rule): the record stands
             slot.gaps.update(skipped)
             if slot.gaps and min(slot.gaps) <= seq - SEQ_WINDOW:
@@ -195,7 +199,7 @@ class RankSlots:
         """`rank`'s slot as its process says it is (a supervisor that lost its journal): that
         incarnation, running, every report up to `last_seq` answered."""
         slot = self.slots[rank]
-        slot.incarnation, slot.last_seq, slot.last_at = incarnation, last_seq, self._clock()
+        slot.incarnation, slot.last_seq, slot.last_at = incarnation, last_seq, None
         slot.state = SlotState.RUNNING
         slot.gaps.clear()
         self._note_gaps(slot)
@@ -252,13 +256,18 @@ class RankSlots:
         slot.last_seq = 0
         slot.gaps = set()
         self._note_gaps(slot)
-        slot.last_at = self._clock()
+        slot.last_at = None
         slot.pid = None
         slot.node = None
         return slot.incarnation
 
     def incarnation(self, rank: int) -> int:
         return self.slots[rank].incarnation
+
+    @property
+    def incarnations(self) -> Incarnations:
+        """rank -> the incarnation of its current process, read live from the slots."""
+        return Incarnations(self.slots)
 
     def end(self, rank: int) -> None:
         self.slots[rank].state = SlotState.ENDED
@@ -313,6 +322,22 @@ class RankSlots:
         """rank -> its slot's `last_seq`: the part of the slots that every report moves, as
         plain numbers (`StateLog` compares them by value)."""
         return {rank: s.last_seq for rank, s in self.slots.items()}
+
+
+class Incarnations(Mapping[int, int]):
+    """A read-only view of each slot's incarnation (what a hang check's answers are about)."""
+
+    def __init__(self, slots: Mapping[int, Slot]) -> None:
+        self._slots = slots
+
+    def __getitem__(self, rank: int) -> int:
+        return self._slots[rank].incarnation
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
 
 
 def unanswered_from(seq: Any, below: Any) -> int | None:

@@ -288,7 +288,6 @@ class LoopGuard:
 
     def _local(self, policy: str | None) -> Reporter:
         from remedy.control.decide import Controller  # noqa: PLC0415
-        from remedy.control.effects import journal_to  # noqa: PLC0415
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - standalone only
         from remedy.policies._loader import BUNDLED  # noqa: PLC0415
         from remedy.policies._loops import for_loop, refused_steps  # noqa: PLC0415
@@ -315,8 +314,9 @@ class LoopGuard:
         if ctx is not None and ctx.launcher is not None:
             # Ranks that torchrun (or another launcher) started: rank 0 decides for the group.
             return group_decide.reporter_for(ctx, engine, run_dir)
-        journal = journal_to(run_dir) if run_dir is not None else None
-        return LocalReporter(Controller(engine, world_size=1, journal=journal), run_dir=run_dir)
+        return LocalReporter(
+            Controller(engine, world_size=1, journal=run_dir is not None), run_dir=run_dir
+        )
 
     def attach(self, optimizer: Any, scheduler: Any = None, scaler: Any = None) -> None:
         """The loop's optimizer, LR scheduler and GradScaler, once the framework has made them."""

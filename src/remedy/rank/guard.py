@@ -79,6 +79,7 @@ from remedy.rank.state.snapshots import (
     restore_rng,
 )
 from remedy.rank.state.user_state import UserState
+from remedy.rundir.journal_effects import write_journal
 
 if TYPE_CHECKING:
     from remedy.control.decide import Controller
@@ -337,7 +338,6 @@ class Guard:
     # ------------------------------------------------------------- local mode
     def _local_reporter(self, ctx: WorkerContext) -> Reporter:
         from remedy.control.decide import Controller  # noqa: PLC0415
-        from remedy.control.effects import journal_to  # noqa: PLC0415
         from remedy.policies import Engine, load_policy  # noqa: PLC0415 - single-process mode only
         from remedy.rank.loop.metrics import standalone_metrics  # noqa: PLC0415
         from remedy.rundir.writer import RunDir  # noqa: PLC0415
@@ -347,9 +347,10 @@ class Guard:
         if ctx.launcher is not None:  # a rank of another launcher's group: rank 0 decides
             return group_decide.reporter_for(ctx, engine, run_dir)
         metrics = standalone_metrics(ctx.run_id, run_dir.checkpoints if run_dir else None)
-        journal = journal_to(run_dir) if run_dir is not None else None
         return LocalReporter(
-            Controller(engine, world_size=1, journal=journal), run_dir=run_dir, metrics=metrics
+            Controller(engine, world_size=1, journal=run_dir is not None),
+            run_dir=run_dir,
+            metrics=metrics,
         )
 
     # ------------------------------------------------------------------ loop
@@ -1172,7 +1173,8 @@ class LocalReporter:
         self._started = time.time()
 
     def send(self, batch: dict[str, Any], *, wait: bool = False) -> None:
-        self._inbox = self.controller.ingest(batch)
+        self._inbox = self.controller.ingest(batch, now=time.time())
+        write_journal(self.run_dir, self.controller.take_effects())
         if self.metrics is not None:
             self.metrics.observe(batch)
             self.metrics.goodput(self.controller.goodput, self._started)
@@ -1186,6 +1188,7 @@ class LocalReporter:
         """End the run: resolve what is pending, write summary.json (with a run directory)."""
         c = self.controller
         c.finish()
+        write_journal(self.run_dir, c.take_effects())
         if self.metrics is not None:
             self.metrics.goodput(c.goodput, self._started, force=True)
         if self.run_dir is None:

@@ -32,7 +32,6 @@ import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remedy.control.decide import Controller
-from remedy.control.effects import journal_to
 from remedy.control.end_check import may_end
 from remedy.control.hang_watch import HangWatch, HangWatchConfig
 from remedy.control.health import final_status
@@ -51,6 +50,7 @@ from remedy.rundir.writer import RunDir
 from remedy.supervisor import carry, resume, status_view
 from remedy.supervisor.agents_start import NodeAgents
 from remedy.supervisor.carry import Carrier
+from remedy.supervisor.carry_control import RankNodes, carry_control
 from remedy.supervisor.control_loop import ControlLoop
 from remedy.supervisor.feed import Feed
 from remedy.supervisor.intake import Intake
@@ -109,19 +109,18 @@ class SupervisorActor:
             policy, run_id=self.spec.run_id, dry_run=self.spec.dry_run, incarnation=incarnation
         )
         self.applier = PolicyApplier(self.spec, self.run_dir, engine, policy)
+        # Its effects (journal lines, group actions, notifications) go by `_carry_control`.
         controller = Controller(
-            engine, world_size=self.spec.workers, journal=journal_to(self.run_dir),
-            group_action=lambda d: carry.group_action(self.carrier.recovery, d),
-            # Where a `notify` decision's effect is carried out: logged, and queued for
-            # the policy's sinks and REMEDY_NOTIFY_WEBHOOK (see `supervisor.notify`).
-            notify=lambda effect: carry.notify(self.applier.notifier, self._pids(), effect),
-            node_of=lambda rank: status_view.node_of(self._pids(), self.slots, rank),
+            engine, world_size=self.spec.workers, group_actions=True, notify=True,
+            started=time.time(),
+            nodes=RankNodes(lambda rank: status_view.node_of(self._pids(), self.slots, rank),
+                            self.spec.workers),
         )  # fmt: skip
         # The run's state record and its ranks' ends, with the controller, the job's state
         # machine and the rank slots (incarnations): what `write_state` records.
         self.core = RunCore(
             controller,
-            JobStateMachine(journal=self._job_moved, max_targeted=self.spec.max_targeted_restarts),
+            JobStateMachine(max_targeted=self.spec.max_targeted_restarts),
             RankSlots(self.spec.workers, rejected=controller.rejected),
             incarnation=incarnation, started=time.time(),
             watch=HangWatch(HangWatchConfig(**self.spec.hang_watch)),  # type: ignore[arg-type]
@@ -130,7 +129,8 @@ class SupervisorActor:
         self.metrics = RunMetrics(
             RayBackend(), run_id=self.spec.run_id, checkpoints=self.run_dir.checkpoints
         )
-        self.carrier = Carrier(self.core, self.feed, self.metrics, self.run_dir)
+        self.carrier = Carrier(self.core, self.feed, self.metrics, self.run_dir,
+                               control=self._carry_control)  # fmt: skip
         self.records = StateRecords(self.core, self.run_dir)
         self.tokens = TokenCheck(self.spec.token, self.spec.run_id, self.core, self.run_dir)
         # The hang watch is the core's (its entries are the record's); the node agents'
@@ -188,15 +188,21 @@ class SupervisorActor:
     def _pids(self) -> status_view.Pids:
         return self.group.pids if self.group is not None else {}
 
-    def _job_moved(self, record: dict[str, Any]) -> None:
-        """The job's state moved (`JobStateMachine.step`): into the history, and a state
-        record, so a supervisor restarted from here resumes from the new phase."""
-        self.run_dir.history(record)
-        self.write_state()
+    def _carry_control(self) -> None:
+        """Carry out what the controller and the job's state machine asked (`carry_control`);
+        a job move is journaled with a state record after it, so a supervisor restarted from
+        here resumes from the new phase."""
+        if carry_control(
+            self.controller, self.core.job, self.run_dir,
+            notify=lambda effect: carry.notify(self.applier.notifier, self._pids(), effect),
+            group_action=lambda d: carry.group_action(self.carrier.recovery, d),
+        ):  # fmt: skip
+            self.write_state()
 
     def write_state(self, *, before_reply: bool = False) -> None:
         """A state record in journal.wal: what a restarted supervisor resumes from
         (`StateRecords.write`; every section is the core's)."""
+        self._carry_control()  # its journal lines go first
         self.records.write(before_reply=before_reply)
 
     def _keep_state(self, *, before_reply: bool = False) -> None:
@@ -245,7 +251,7 @@ class SupervisorActor:
         if not self.tokens.ok(batch.pop("token", None) if isinstance(batch, dict) else None,
                               "report"):  # fmt: skip
             return []
-        answer = self.carrier.took(self.core.step(Report(batch)), gauges=True)
+        answer = self.carrier.took(self.core.step(Report(batch, now=time.time())), gauges=True)
         if answer is None:
             return []  # refused (its slot or the controller): nothing owed, nothing taken
         commands = self.controller.commands_for(answer.rank)
@@ -304,7 +310,7 @@ class SupervisorActor:
         this node's ranks with it)."""
         answer = self._agent_ranks.setdefault(node, set())
         for item in items:
-            took = self.carrier.took(self.core.step(Report(item, node)), gauges=False)
+            took = self.carrier.took(self.core.step(Report(item, node, time.time())), gauges=False)
             if took is not None:
                 answer.add(took.rank)
         return answer
@@ -458,8 +464,10 @@ class SupervisorActor:
         # fail the same way); the summary goes where it can.
         self.records.unwritable = io_error and self.run_dir.broken is not None
         self.controller.finish()
+        self._carry_control()
         results = [self.core.results[r] for r in sorted(self.core.results)]
         [ending] = self.core.step(Ending(error))
+        self._carry_control()  # the job's last move, journaled before the run's end
         assert isinstance(ending, Status)
         notifier = self.applier.notifier
         notifier.close()  # deliveries still queued get a last chance, then are journaled

@@ -69,15 +69,27 @@ class Carrier:
     built the worker group (no rank ends, and no restart starts, before).
     """
 
-    def __init__(self, core: RunCore, feed: Feed, metrics: RunMetrics, run_dir: RunDir) -> None:
+    def __init__(
+        self,
+        core: RunCore,
+        feed: Feed,
+        metrics: RunMetrics,
+        run_dir: RunDir,
+        *,
+        control: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`control`: carries out what the controller and the job's state machine asked
+        (`carry_control`), first: their journal lines go before the effects' own."""
         self.core = core
         self.feed = feed
         self.metrics = metrics
         self.run_dir = run_dir
+        self.control = control
         self.recovery: Recovery | None = None
 
     def carry(self, effects: list[Effect]) -> None:
         """Carry out what the run's core returned."""
+        self.control()
         for effect in effects:
             match effect:
                 case Dropped() | ReplacementFailed() | Joined() | ToPolicy() | NotReplaced():
@@ -97,6 +109,7 @@ class Carrier:
         """Carry out what the core made of one report (`Report`): the hang watch, a restart
         waiting on the group and the displays see what the controller accepted; returns
         whom to answer. `gauges=False`: an agent's item, whose per-rank gauges its agent set."""
+        self.control()
         answer = None
         core, recovery = self.core, self.recovery
         for effect in effects:

@@ -72,7 +72,7 @@ class LossFinder:
         self.lost = lost
         # When to ping whom, and whom the answers name (`control.hang_check`).
         self.hang_check = hang_check.HangCheck(
-            watch, sightings, self._incarnation, agents=spec.node_agents == "on"
+            watch, sightings, slots.incarnations, agents=spec.node_agents == "on"
         )
 
     async def check_hangs(self) -> None:
@@ -104,10 +104,6 @@ class LossFinder:
                         self.lost(f.rank, f.kind, f.reason, details=dict(f.details or {}),
                                   incarnation=f.incarnation)  # fmt: skip
                     effects = check.step(hang_check.Reported())
-
-    def _incarnation(self, rank: int) -> int:
-        slot = self.slots.slots.get(rank)
-        return slot.incarnation if slot is not None else -1
 
     async def _ask_agents(self, ranks: list[int]) -> None:
         """The agents of `ranks`' nodes ping their ranks now; their sightings are taken.

@@ -133,7 +133,7 @@ def restore(core: RunCore, run_dir: RunDir, back: ReadBack, run_id: str) -> dict
         return {"status": ended, **read_summary(run_dir, run_id, ended)}
     c = core.controller
     if run is not None:
-        core.restore(run)
+        core.restore(run, time.time())
     if not core.ranks_ended and older.ranks_ended is not None:
         core.results_ended(older.ranks_ended)
     abandoned = control_state.replay_tail(c, tail)  # a journal of schema 7 or older

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from remedy.control.decide import Controller
-from remedy.control.effects import Notify, journal_to
+from remedy.control.effects import Notify
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
 from remedy.rundir.writer import RunDir, read_jsonl
+from tests.supervisor.core.carried import Carried
 
 POLICY = """
 version: 1
@@ -34,7 +35,7 @@ rules:
 @pytest.fixture
 def controller(tmp_path: Path) -> Controller:
     engine = Engine(load_policy_text(POLICY, "control.yaml"), run_id="r")
-    c = Controller(engine, world_size=2, journal=journal_to(RunDir(tmp_path, "r")))
+    c = Carried(engine, world_size=2, files=RunDir(tmp_path, "r"))
     # These tests are about validation, journaling and dispatch, not about merging one
     # incident across ranks (tests/policies/test_incidents.py): an incident is decided on its
     # first report instead of waiting for the other rank's report of its tick.
@@ -147,7 +148,7 @@ def test_notify_goes_to_the_sink_the_shell_gives(tmp_path: Path) -> None:
         return "failed", "webhook answered 503"
 
     engine = Engine(load_policy_text(POLICY, "control.yaml"), run_id="r")
-    c = Controller(engine, world_size=2, journal=journal_to(RunDir(tmp_path, "r")), notify=sink)
+    c = Carried(engine, world_size=2, files=RunDir(tmp_path, "r"), notify=sink)
     stall = AnomalyEvent("data_stall", 1, 9, value=3.0, threshold=2.5).to_dict()
     c.ingest({"rank": 1, "step": 9, "events": [stall]})
     [effect] = sent
@@ -215,10 +216,10 @@ def test_a_rank_with_reports_still_on_their_way_holds_the_incident(tmp_path: Pat
     do: [{shrink_lr: {factor: 0.5}}]
 """
     )
-    c = Controller(
+    c = Carried(
         Engine(load_policy_text(policy, "control.yaml"), run_id="r"),
         world_size=2,
-        journal=journal_to(RunDir(tmp_path, "r")),
+        files=RunDir(tmp_path, "r"),
     )
     grad = AnomalyEvent("nonfinite_grad", 1, 7, tick=7, value=float("nan"), severity="critical")
     c.ingest({"rank": 1, "step": 8, "tick": 8, "events": [grad.to_dict()]})
@@ -271,7 +272,7 @@ def test_a_full_restart_from_a_checkpoint_after_the_anomaly_keeps_its_rewind() -
     """A checkpoint newer than the anomaly already holds the rollback's result or will get it:
     a pending rollback of an earlier tick is not settled by the restart (it is re-issued)."""
     engine = Engine(load_policy_text(POLICY, "control.yaml"), run_id="r")
-    c = Controller(engine, world_size=2)
+    c = Carried(engine, world_size=2)
     c.incidents.hold_s = 0.0
     c.ingest({"rank": 0, "step": 14, "tick": 14, "events": [nan(0, 14)]})
     assert c.rewound(20, "from checkpoint step 20") == []

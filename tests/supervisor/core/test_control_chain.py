@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from remedy.control.decide import Controller
-from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
 from remedy.rundir.writer import RunDir, read_jsonl
+from tests.supervisor.core.carried import Carried
 
 POLICY = """
 version: 1
@@ -25,7 +24,7 @@ rules:
 def test_failed_step_with_next_is_journaled_failed_and_rest_runs_once(tmp_path: Path) -> None:
     """checkpoint_now fails: journaled `failed`, rollback still dispatched, notify applied once."""
     engine = Engine(load_policy_text(POLICY, "chain.yaml"), run_id="r")
-    controller = Controller(engine, world_size=1, journal=journal_to(RunDir(tmp_path, "r")))
+    controller = Carried(engine, world_size=1, files=RunDir(tmp_path, "r"))
     event = AnomalyEvent("loss_spike", 0, 5, value=9.0).to_dict()
     commands = controller.ingest({"rank": 0, "step": 5, "tick": 5, "events": [event]})
     assert [c["action"] for c in commands] == ["checkpoint_now", "rollback"]

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from remedy.control.decide import Controller
-from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
 from remedy.rundir.writer import RunDir, read_jsonl
+from tests.supervisor.core.carried import Carried
 
 POLICY = """
 version: 1
@@ -36,9 +36,7 @@ def controller(tmp_path: Path, deferred: list[Decision]) -> Controller:
         deferred.append(d)  # carried out asynchronously, like the supervisor's restart
 
     engine = Engine(load_policy_text(POLICY, "membership.yaml"), run_id="r")
-    c = Controller(
-        engine, world_size=4, journal=journal_to(RunDir(tmp_path, "r")), group_action=group_action
-    )
+    c = Carried(engine, world_size=4, files=RunDir(tmp_path, "r"), group_action=group_action)
     # Not a test of merging one incident across ranks (tests/policies/test_incidents.py,
     # test_restore_table.py): an incident is decided on its first report.
     c.incidents.hold_s = 0.0

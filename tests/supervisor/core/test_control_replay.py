@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from remedy.control.decide import Controller
-from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
 from remedy.rank.actions.replay import classify
 from remedy.rundir.writer import RunDir, read_jsonl
+from tests.supervisor.core.carried import Carried
 
 POLICY = """
 version: 1
@@ -46,8 +46,8 @@ def _controller(tmp: Path, restarts: list[Decision]) -> Controller:
         return None  # under way; resolved later
 
     engine = Engine(load_policy_text(POLICY, "p.yaml"), run_id="r")
-    return Controller(engine, world_size=2, journal=journal_to(RunDir(tmp, "r")), group_action=group_action,
-                      node_of=NODES.get)  # fmt: skip
+    return Carried(engine, world_size=2, files=RunDir(tmp, "r"), group_action=group_action,
+                   nodes=NODES)  # fmt: skip
 
 
 def _run(loss: float, bits: list[int]) -> dict[str, Any]:

@@ -11,11 +11,11 @@ import pytest
 
 from remedy.control import decide_state as control_state
 from remedy.control.decide import Controller, Outcomes
-from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
 from remedy.protocol.commands import Outcome
 from remedy.rundir.journals import read_journal
 from remedy.rundir.writer import RunDir, read_jsonl
+from tests.supervisor.core.carried import Carried
 
 POLICY = """
 version: 1
@@ -35,7 +35,7 @@ rules:
 
 def _controller(run_dir: Path, incarnation: int = 1) -> Controller:
     engine = Engine(load_policy_text(POLICY, "state.yaml"), run_id="r", incarnation=incarnation)
-    c = Controller(engine, world_size=2, journal=journal_to(RunDir(run_dir, "r")))
+    c = Carried(engine, world_size=2, files=RunDir(run_dir, "r"))
     # Not a test of merging one incident across ranks (tests/policies/test_incidents.py,
     # test_restore_table.py): an incident is decided on its first report.
     c.incidents.hold_s = 0.0

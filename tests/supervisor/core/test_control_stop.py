@@ -8,17 +8,17 @@ from typing import Any
 import pytest
 
 from remedy.control.decide import Controller
-from remedy.control.effects import journal_to
 from remedy.policies import Engine, load_policy
 from remedy.rundir.writer import RunDir, read_jsonl
+from tests.supervisor.core.carried import Carried
 
 
 @pytest.fixture
 def controller(tmp_path: Path) -> Controller:
-    return Controller(
+    return Carried(
         Engine(load_policy("default"), run_id="r"),
         world_size=2,
-        journal=journal_to(RunDir(tmp_path, "r")),
+        files=RunDir(tmp_path, "r"),
     )
 
 

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from remedy.control.decide import Controller
-from remedy.control.effects import journal_to
 from remedy.control.straggler import StragglerWatch
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy
 from remedy.rundir.writer import RunDir, read_jsonl
+from tests.supervisor.core.carried import Carried
 
 FAST_S = 0.1
 SLOW_S = 0.3  # 3x the others: a straggler by the default ratio (1.5x) and excess (50 ms)
@@ -25,9 +25,7 @@ Times = Callable[[int, int], dict[str, Any]]  # (rank, step) -> the timing field
 
 def make_controller(tmp_path: Path, world_size: int, **kwargs: Any) -> Controller:
     engine = Engine(load_policy("default"), run_id="r")
-    return Controller(
-        engine, world_size=world_size, journal=journal_to(RunDir(tmp_path, "r")), **kwargs
-    )
+    return Carried(engine, world_size=world_size, files=RunDir(tmp_path, "r"), **kwargs)
 
 
 def wall(slow: int | None) -> Times:

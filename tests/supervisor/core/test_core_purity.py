@@ -16,7 +16,6 @@ from remedy.control.effects import (
     AnomalyRecord,
     DecisionRecord,
     HistoryRecord,
-    Journal,
     MetricRecords,
 )
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
@@ -71,8 +70,7 @@ def test_a_decision_and_its_outcome_are_journaled_as_effects_without_a_file(
     """A NaN -> rollback decided -> both ranks applied it, with `open` failing throughout: the
     journal is the effects, in write-ahead order."""
     engine = Engine(load_policy_text(POLICY, "purity.yaml"), run_id="r")
-    effects: list[Journal] = []
-    c = Controller(engine, world_size=2, journal=effects.append)
+    c = Controller(engine, world_size=2)
     c.incidents.hold_s = 0.0  # decided on the first report (incidents are tested elsewhere)
 
     def no_files(*_args: Any, **_kwargs: Any) -> Any:
@@ -84,13 +82,13 @@ def test_a_decision_and_its_outcome_are_journaled_as_effects_without_a_file(
     batch = {"rank": 0, "step": 5, "tick": 5, "events": [nan.to_dict()], "metrics": [step]}
     [command] = c.ingest(batch)
     # The step record, the anomaly, then the decision, written ahead of the command that
-    # carries it: the shell carries each out before the call returns, so before any reply.
+    # carries it: the shell takes and carries each out before it replies.
+    effects = c.take_effects()
     assert [type(e) for e in effects] == [MetricRecords, AnomalyRecord, HistoryRecord]
     assert isinstance(effects[1], AnomalyRecord) and effects[1].record["kind"] == "nonfinite_loss"
     decided = effects[2]
     assert isinstance(decided, HistoryRecord) and decided.record["type"] == "decided"
     assert decided.record["command"]["decision_id"] == command["decision_id"]
-    effects.clear()
     for rank in (0, 1):
         outcome = {
             "decision_id": command["decision_id"],
@@ -101,6 +99,7 @@ def test_a_decision_and_its_outcome_are_journaled_as_effects_without_a_file(
             "detail": "restored step 0",
         }
         c.ingest({"rank": rank, "step": 6, "tick": 6, "outcomes": [outcome]})
+    effects = c.take_effects()
     # Resolved once every rank has reported, then the decision's line with its outcome.
     assert [type(e) for e in effects] == [HistoryRecord, DecisionRecord]
     resolved, line = effects

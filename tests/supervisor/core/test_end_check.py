@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from remedy.control.decide import Controller
-from remedy.control.effects import journal_to
 from remedy.control.end_check import may_end
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy
 from remedy.rundir.writer import RunDir
+from tests.supervisor.core.carried import Carried
 
 
 def _controller(tmp: Path, restarts: list[Decision]) -> Controller:
@@ -18,9 +18,7 @@ def _controller(tmp: Path, restarts: list[Decision]) -> Controller:
         return None  # under way; resolved later, as a real restart is
 
     engine = Engine(load_policy("default"), run_id="r")
-    return Controller(
-        engine, world_size=2, journal=journal_to(RunDir(tmp, "r")), group_action=group_action
-    )
+    return Carried(engine, world_size=2, files=RunDir(tmp, "r"), group_action=group_action)
 
 
 def _applied(command: dict[str, Any], rank: int, step: int) -> dict[str, Any]:
@@ -48,6 +46,7 @@ def test_a_spike_held_behind_a_restart_keeps_the_ranks_until_its_rollback_is_app
     c.ingest({"rank": 0, "step": 8, "tick": 8})
     c.ingest({"rank": 1, "step": 8, "tick": 8})
     c.handle(c.engine.decide([hang], now=1.0))
+    c.carry()  # its shell starts the restart
     assert [d.action for d in restarts] == ["restart_rank"] and c.deferred
     spike = AnomalyEvent("loss_spike", 0, 8, tick=8, value=13.0, threshold=3.0)
     c.ingest({"rank": 0, "step": 10, "tick": 10, "events": [spike.to_dict()]})

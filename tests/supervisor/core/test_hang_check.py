@@ -49,9 +49,7 @@ class _Harness:
     def __init__(self, answers: dict[int, Any], *, agents: bool = True) -> None:
         self.watch = HangWatch(HangWatchConfig(first_steps=0))
         self.sightings = Sightings()
-        self.check = HangCheck(
-            self.watch, self.sightings, lambda r: 1 if r in NODES else -1, agents=agents
-        )
+        self.check = HangCheck(self.watch, self.sightings, dict.fromkeys(NODES, 1), agents=agents)
         self.answers = answers
         self.rounds: list[list[int]] = []  # the supervisor's own pings
         self.asked: list[list[int]] = []  # its asks to agents
@@ -212,7 +210,8 @@ def test_ranks_whose_agent_does_not_answer_the_ask_are_pinged_by_the_supervisor(
     assert lost.details == {"age_s": 3.0, "timeout_s": 0.5, "found_by": "agent", "agent_node": "a",
                             "step": 120, "tick": 120}  # fmt: skip
     assert lost.reason.endswith(", as its node's agent saw")
-    assert h.sightings.fresh(time.monotonic(), lambda r: 1) == {}  # forgotten once reported
+    # Forgotten once reported.
+    assert h.sightings.fresh(time.monotonic(), dict.fromkeys(range(4), 1)) == {}
 
 
 def test_ranks_whose_agent_answers_the_ask_are_not_pinged_by_the_supervisor() -> None:
@@ -291,7 +290,7 @@ def _watch(now: float) -> HangWatch:
 
 
 def _check(watch: HangWatch) -> HangCheck:
-    return HangCheck(watch, Sightings(), lambda r: 1, agents=False)
+    return HangCheck(watch, Sightings(), dict.fromkeys(range(4), 1), agents=False)
 
 
 def test_the_supervisors_own_pings() -> None:

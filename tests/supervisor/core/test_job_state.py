@@ -24,8 +24,8 @@ from remedy.control.job import (
 
 
 def _machine(max_targeted: int = 3) -> tuple[JobStateMachine, list[dict[str, Any]]]:
-    journal: list[dict[str, Any]] = []
-    return JobStateMachine(journal=journal.append, max_targeted=max_targeted), journal
+    machine = JobStateMachine(max_targeted=max_targeted)
+    return machine, machine.moves
 
 
 def test_targeted_restart_cycle_is_journaled() -> None:

@@ -4,7 +4,6 @@ does about a rank nothing replaces, and what a new supervisor takes back of it."
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
@@ -54,12 +53,11 @@ rules:
 AT = 5000.0  # wall time of the findings
 
 
-def make(policy: str = POLICY, world: int = 4, journal: list[Any] | None = None) -> RunCore:
+def make(policy: str = POLICY, world: int = 4) -> RunCore:
     controller = Controller(
         Engine(load_policy_text(policy, "lost.yaml"), run_id="r"),
         world_size=world,
-        journal=journal.append if journal is not None else None,
-        group_action=lambda _: None,  # a restart is begun by the shell, and ends later
+        group_actions=True,  # a restart is begun by the shell, and ends later
     )
     core = RunCore(
         controller,
@@ -111,8 +109,7 @@ def test_evidence_about_a_replaced_process_is_dropped() -> None:
 
 
 def test_a_rank_lost_while_a_restart_is_under_way_joins_it() -> None:
-    journal: list[Any] = []
-    core = make(journal=journal)
+    core = make()
     core.step(hung(2))
     core.job.step(RanksLost(frozenset({2}), "rank 2 hung"))  # the shell began the restart
     effects = core.step(hung(3, at=AT + 1))
@@ -122,7 +119,8 @@ def test_a_rank_lost_while_a_restart_is_under_way_joins_it() -> None:
     assert core.job.state.phase is Phase.RECOVERING and core.job.state.lost == {2, 3}
     assert core.lost.joining == {3: "rank_hang on rank 3"}
     assert len(core.controller.deferred) == 1  # no second decision
-    [*_, recorded] = [e.record for e in journal if isinstance(e, AnomalyRecord)]
+    effects = core.controller.effects  # what its shell is yet to carry out
+    [*_, recorded] = [e.record for e in effects if isinstance(e, AnomalyRecord)]
     assert recorded["rank"] == 3 and recorded["source"] == "supervisor"
     assert recorded["details"]["reason"].endswith("joins the restart under way")
     assert core.lost.take_joining() == {3: "rank_hang on rank 3"} and not core.lost.joining

@@ -113,14 +113,14 @@ def test_a_sequence_number_far_ahead_is_refused_and_does_not_lock_the_rank_out()
     """seq 10**12 is refused (counted by reason); the real next batch is still accepted."""
     now = [100.0]
     rejected: Counter[str] = Counter()
-    slots = RankSlots(1, rejected=rejected, clock=lambda: now[0])
-    assert slots.accept(0, 1, 1)
-    assert not slots.accept(0, 1, 10**12)
-    assert slots.accept(0, 1, 2)
-    assert not slots.accept(0, 1, 2)
-    assert not slots.accept(0, 5, 3)
+    slots = RankSlots(1, rejected=rejected)
+    assert slots.accept(0, 1, 1, now[0])
+    assert not slots.accept(0, 1, 10**12, now[0])
+    assert slots.accept(0, 1, 2, now[0])
+    assert not slots.accept(0, 1, 2, now[0])
+    assert not slots.accept(0, 5, 3, now[0])
     now[0] += 10.0  # a rank away for a while may skip as many as it could have sent
-    assert slots.accept(0, 1, 2 + MAX_SEQ_AHEAD + 10 * SEQ_AHEAD_PER_S)
+    assert slots.accept(0, 1, 2 + MAX_SEQ_AHEAD + 10 * SEQ_AHEAD_PER_S, now[0])
     assert rejected == {
         "batch_seq_too_far_ahead": 1,
         "batch_duplicate_seq": 1,

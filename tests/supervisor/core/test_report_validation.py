@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from remedy.control.decide import Controller
-from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Engine, load_policy_text
 from remedy.protocol.reports import MAX_INT, Limits, _bounded
 from remedy.rundir.writer import RunDir, read_jsonl
+from tests.supervisor.core.carried import Carried
 
 POLICY = """
 version: 1
@@ -33,9 +33,7 @@ rules:
 
 def make(tmp_path: Path, world_size: int = 1, **kwargs: Any) -> Controller:
     engine = Engine(load_policy_text(POLICY, "validation.yaml"), run_id="r")
-    return Controller(
-        engine, world_size=world_size, journal=journal_to(RunDir(tmp_path, "r")), **kwargs
-    )
+    return Carried(engine, world_size=world_size, files=RunDir(tmp_path, "r"), **kwargs)
 
 
 def nan(rank: int = 0, step: int = 5, **fields: Any) -> dict[str, Any]:
@@ -219,14 +217,14 @@ def test_a_fast_rank_is_not_locked_out(tmp_path: Path) -> None:
     """The bound on steps ahead grows with the time since the rank's last report."""
     now = [1000.0]
     limits = Limits(max_ahead=10, ahead_per_s=1000)
-    controller = make(tmp_path, limits=limits, clock=lambda: now[0])
-    controller.ingest({"rank": 0, "step": 1, "tick": 1})
-    controller.ingest({"rank": 0, "step": 500, "tick": 500})
+    controller = make(tmp_path, limits=limits, started=now[0])
+    controller.ingest({"rank": 0, "step": 1, "tick": 1}, now=now[0])
+    controller.ingest({"rank": 0, "step": 500, "tick": 500}, now=now[0])
     assert controller.rejected == {"batch_step_too_far_ahead": 1}
     now[0] += 1.0  # a second later, 1010 steps ahead are within reach
-    controller.ingest({"rank": 0, "step": 1012, "tick": 1012})
+    controller.ingest({"rank": 0, "step": 1012, "tick": 1012}, now=now[0])
     assert controller.rejected == {"batch_step_too_far_ahead": 2}
-    controller.ingest({"rank": 0, "step": 1011, "tick": 1011})
+    controller.ingest({"rank": 0, "step": 1011, "tick": 1011}, now=now[0])
     assert controller.rejected == {"batch_step_too_far_ahead": 2}
     assert controller.step_of[0] == 1011
 

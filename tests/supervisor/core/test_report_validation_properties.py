@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from remedy.control.decide import Controller
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy
+from tests.supervisor.core.carried import Carried
 
 KINDS = [
     "nonfinite_loss",
@@ -143,8 +144,8 @@ class Run:
 
     def __post_init__(self) -> None:
         engine = Engine(load_policy("default"), run_id="r")
-        self.controller = Controller(
-            engine, world_size=self.world, group_action=replaced, clock=lambda: self.now[0]
+        self.controller = Carried(
+            engine, world_size=self.world, group_action=replaced, started=self.now[0]
         )
 
     def play(self, rounds: list[Round]) -> None:
@@ -155,7 +156,9 @@ class Run:
             ticks[r] += rnd.advance
             t = ticks[r]
             if self.mixed and rnd.bad_batch is not None:
-                self.controller.ingest(BAD_BATCHES[rnd.bad_batch](r, t, self.world))
+                self.controller.ingest(
+                    BAD_BATCHES[rnd.bad_batch](r, t, self.world), now=self.now[0]
+                )
                 self.injected += 1
             events: list[Any] = [
                 AnomalyEvent(kind, r, max(t - back, 0), severity="critical").to_dict()
@@ -192,7 +195,7 @@ class Run:
                 )
                 self.injected += len(rnd.bad_events) + len(rnd.bad_metrics) + len(rnd.bad_outcomes)
             batch.update(events=events, metrics=metrics, outcomes=outcomes)
-            reply = self.controller.ingest(batch)
+            reply = self.controller.ingest(batch, now=self.now[0])
             self.owed[r] = reply
             self.replies.append(reply)
 

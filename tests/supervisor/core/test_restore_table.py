@@ -17,14 +17,13 @@ from typing import Any
 import pytest
 
 from remedy.control import decide_state as control_state
-from remedy.control.decide import Controller
-from remedy.control.effects import journal_to
 from remedy.control.job import JobState, Phase
 from remedy.control.record import RunState, StateLog
 from remedy.control.slots import RankSlots
 from remedy.policies import AnomalyEvent, Decision, Engine, load_policy_text
 from remedy.rundir.journals import read_journal
 from remedy.rundir.writer import RunDir, read_jsonl
+from tests.supervisor.core.carried import Carried
 
 POLICY = """
 version: 1
@@ -70,10 +69,10 @@ class Shell:
         self.files = RunDir(run_dir, "r")
         self.restarts: list[str] = []  # group actions handed to "the worker group"
         engine = Engine(load_policy_text(POLICY, "t.yaml"), run_id="r", incarnation=incarnation)
-        self.c = Controller(
+        self.c = Carried(
             engine,
             world_size=WORLD,
-            journal=journal_to(self.files),
+            files=self.files,
             group_action=self._group,
         )
         self._changes = -1

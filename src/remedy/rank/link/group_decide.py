@@ -42,6 +42,7 @@ import torch.distributed as dist
 from remedy.rank.group.launched import LaunchedGroup
 from remedy.rank.group.membership import COLLECTIVE_TIMEOUT_ENV, collective_timeout
 from remedy.rank.link import launcher
+from remedy.rundir.journal_effects import write_journal
 
 if TYPE_CHECKING:
     from remedy.control.decide import Controller
@@ -112,7 +113,8 @@ class GroupReporter:
         if batch.get("events") or batch.get("outcomes"):
             self._news = True
         if self.controller is not None:
-            self.controller.ingest(batch, answer=False)
+            self.controller.ingest(batch, now=time.time(), answer=False)
+            write_journal(self.run_dir, self.controller.take_effects())
             return
         records = batch.get("metrics") or []
         if records and self.run_dir is not None:
@@ -166,7 +168,8 @@ class GroupReporter:
         assert self.controller is not None
         for batch in gathered:
             if batch is not None:
-                self.controller.ingest(batch, write_metrics=False, answer=False)
+                self.controller.ingest(batch, now=time.time(), write_metrics=False, answer=False)
+        write_journal(self.run_dir, self.controller.take_effects())
 
     def peer_lost(self, reason: str) -> None:
         """A collective failed: the group is lost; `close` makes no collective of its own."""
@@ -198,6 +201,7 @@ class GroupReporter:
         c = self.controller
         assert c is not None
         c.finish()
+        write_journal(self.run_dir, c.take_effects())
         if self.run_dir is None or not ranks:
             return
         summary = _local_summary(c, ranks[0], self._started, time.time())
@@ -220,13 +224,13 @@ def reporter_for(ctx: WorkerContext, engine: Engine, run_dir: RunDir | None) -> 
     """The reporter of a launched rank (`ctx.launcher` set): rank 0 holds the group's controller,
     journaling into `run_dir`; the exchanges run on the default process group."""
     from remedy.control.decide import Controller  # noqa: PLC0415 - the Guard's local mode only
-    from remedy.control.effects import journal_to  # noqa: PLC0415
 
     controller = None
     if ctx.rank == 0:
-        journal = journal_to(run_dir) if run_dir is not None else None
         # No straggler watch: the other ranks' step times never reach rank 0.
-        controller = Controller(engine, world_size=ctx.world_size, journal=journal, straggler=None)
+        controller = Controller(
+            engine, world_size=ctx.world_size, journal=run_dir is not None, straggler=None
+        )
     return GroupReporter(
         controller,
         rank=ctx.rank,

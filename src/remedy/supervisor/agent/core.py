@@ -174,7 +174,7 @@ class AgentCore:
         if type(incarnation) is int:
             self._open(rank, incarnation, below if type(seq) is int else None)
         duplicates = self.slots.refused_duplicate
-        if not self.slots.accept(rank, incarnation, seq):
+        if not self.slots.accept(rank, incarnation, seq, time.monotonic()):
             return Taken(False, duplicate=self.slots.refused_duplicate > duplicates)
         self.slots.answered_below(rank, seq, batch.get("unanswered_from"))  # a bad one counted
         unsent = self._unsent.get(rank)
