@@ -20,6 +20,9 @@ from remedy.rank.chaos.faults import FAULT_DESCRIPTIONS, FaultInjector, load_cha
 from remedy.rank.exceptions import ChaosConfigError
 from remedy.rundir.writer import read_jsonl
 
+# Tiny models: one intra-op thread (every bitwise comparison is within one test's process).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 BROKEN = Path(__file__).resolve().parent / "chaos_broken"
 REPO = Path(__file__).resolve().parents[2]
 

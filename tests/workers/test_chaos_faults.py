@@ -24,6 +24,9 @@ from remedy.rank.chaos.faults import (
 from remedy.rank.exceptions import ChaosConfigError
 from remedy.rundir.writer import read_jsonl
 
+# Tiny models: one intra-op thread (faster on 2 loaded cores; nothing here compares across processes).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def chaos_file(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "chaos.yaml"

@@ -13,6 +13,9 @@ from torch.optim import lr_scheduler as lrs
 from remedy.rank import Command, Guard, GuardConfig
 from remedy.rank.actions.lr_scale import LRScale
 
+# Tiny models: one intra-op thread (faster on 2 loaded cores; comparisons stay in-process).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 _ids = itertools.count()
 
 Sched = Callable[[torch.optim.Optimizer], Any]

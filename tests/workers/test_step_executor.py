@@ -12,6 +12,9 @@ from remedy.rank.actions.remediation import Remediation
 from remedy.rank.chaos.faults import FaultInjector
 from remedy.rank.loop.step_executor import StepExecutor, StepSettings, split
 
+# Tiny models: one intra-op thread (faster on 2 loaded cores; comparisons stay in-process).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def _mse(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     x, y = batch

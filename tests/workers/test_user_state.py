@@ -18,6 +18,9 @@ from remedy.rank.state import train_state
 from remedy.rank.state.user_state import UserState
 from remedy.rundir.writer import read_jsonl
 
+# Tiny models: one intra-op thread (faster on 2 loaded cores; comparisons stay in-process).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CFG = GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16)
 _ids = itertools.count()
 
