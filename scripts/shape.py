@@ -26,7 +26,8 @@ def _where(src: Path, path: Path, node: ast.AST) -> str:
     return f"{path.relative_to(src.parent)}:{getattr(node, 'lineno', 0)}"
 
 
-def _classes(src: Path) -> list[tuple[int, int, str]]:
+def classes(src: Path) -> list[tuple[int, int, str]]:
+    """(lines, methods, FILE:NAME) of every class under `src`, largest first."""
     out = []
     for path, node in _nodes(src):
         if isinstance(node, ast.ClassDef):
@@ -77,18 +78,23 @@ def jsonl_readers(src: Path) -> list[str]:
     return sorted(out)
 
 
+def callables(src: Path) -> list[str]:
+    """Where a module under `src` names `Callable` (FILE:LINE)."""
+    return [_where(src.parent, p, n) for p, n in _nodes(src)
+            if isinstance(n, ast.Name) and n.id == "Callable"]  # fmt: skip
+
+
 def main() -> None:
     src = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parents[1] / "src" / "remedy"
     print("largest classes (lines, methods):")
-    for lines, methods, name in _classes(src)[:8]:
+    for lines, methods, name in classes(src)[:8]:
         print(f"  {lines:5d} {methods:3d}  {name}")
     control = list(_nodes(src / "control"))
     steps = [
         _where(src, p, n) for p, n in control if isinstance(n, ast.FunctionDef) and n.name == "step"
     ]
     print("step functions in control/:", *steps, sep="\n  ")
-    callables = sum(isinstance(n, ast.Name) and n.id == "Callable" for _, n in control)
-    print(f"Callable named in control/: {callables}")
+    print(f"Callable named in control/: {len(callables(src / 'control'))}")
     guard = src / "rank" / "guard.py"
     print(f"regroup calls in rank/guard.py: {calls_of(guard, 'regroup')}")
     print("JSON-lines readers:", *jsonl_readers(src), sep="\n  ")
