@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from benchmarks._smoke import add_check_imports, check_imports
 from remedy.control.decide import Controller
-from remedy.control.effects import journal_to
 from remedy.policies import AnomalyEvent, Engine, load_policy
 from remedy.protocol.reports import Limits
+from remedy.rundir.journal_effects import write_journal
 from remedy.rundir.writer import RunDir
 
 UNCAPPED = Limits(max_events_per_batch=10**9, max_events_per_tick=10**9)
@@ -52,12 +52,14 @@ def flood(events: int, limits: Limits) -> tuple[float, int, int, dict[str, int]]
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = RunDir(tmp, "flood")
         engine = Engine(load_policy("default"), run_id="flood")
-        controller = Controller(engine, world_size=1, journal=journal_to(run_dir), limits=limits)
-        controller.ingest({"rank": 0, "step": 10, "tick": 10})
+        controller = Controller(engine, world_size=1, limits=limits)
+        controller.ingest({"rank": 0, "step": 10, "tick": 10}, now=time.time())
+        write_journal(run_dir, controller.take_effects())
         stall = AnomalyEvent("data_stall", 0, 10, value=9.0, threshold=1.0).to_dict()
         batch = {"rank": 0, "step": 11, "tick": 11, "events": [stall] * events}
         start = time.perf_counter()
-        controller.ingest(batch)
+        controller.ingest(batch, now=time.time())
+        write_journal(run_dir, controller.take_effects())  # what the shell writes of it
         seconds = time.perf_counter() - start
         run_dir.close()
         written = sum(p.stat().st_size for p in Path(tmp).rglob("*") if p.is_file())

@@ -51,9 +51,9 @@ sys.path.insert(0, str(REPO))
 from benchmarks._smoke import add_check_imports, check_imports  # noqa: E402
 from remedy.cli.runner import run_supervised  # noqa: E402
 from remedy.control.decide import Controller  # noqa: E402
-from remedy.control.effects import journal_to  # noqa: E402
 from remedy.policies import AnomalyEvent, Engine, load_policy  # noqa: E402
 from remedy.protocol.spec import NAMESPACE, RunSpec, supervisor_name  # noqa: E402
+from remedy.rundir.journal_effects import write_journal  # noqa: E402
 from remedy.rundir.writer import RunDir, read_jsonl  # noqa: E402
 
 TARGET = f"{REPO / 'tests' / 'supervisor' / 'daemon_train.py'}:main"
@@ -66,7 +66,6 @@ def state_record_cost(pending: bool, closed: int, repeats: int = 50) -> tuple[in
         c = Controller(
             Engine(load_policy("default"), run_id="bench"),
             world_size=8,
-            journal=journal_to(run_dir),
         )
         # Closed ids as a long run leaves them; pending rollbacks as a busy one holds them.
         for i in range(closed):
@@ -74,7 +73,8 @@ def state_record_cost(pending: bool, closed: int, repeats: int = 50) -> tuple[in
             c._recent_closed.append(f"bench-d{i:05d}")
         if pending:  # a NaN rollback chain (rollback, shrink_lr) no rank has answered yet
             ev = AnomalyEvent("nonfinite_loss", 0, 100, tick=100, value=float("nan"))
-            c.ingest({"rank": 0, "step": 100, "tick": 100, "events": [ev.to_dict()]})
+            c.ingest({"rank": 0, "step": 100, "tick": 100, "events": [ev.to_dict()]}, now=100.0)
+            write_journal(run_dir, c.take_effects())
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()

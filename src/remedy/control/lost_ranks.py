@@ -219,11 +219,15 @@ class LostRanks:
             details={"reason": inp.reason, "incarnation": current, "preempted": preempted,
                      **inp.details},
         )  # fmt: skip
-        answered = len(c.decisions)
+        answered, notifying = len(c.decisions), set(c.notifying)
         c.ingest({"rank": rank, "step": step, "tick": tick, "events": [ev.to_dict()]},
                  now=inp.at, answer=False)  # fmt: skip
         out: list[Effect] = [ToPolicy(rank, kind, inp.reason, inp.at)]
-        unreplaced = self._unreplaced(inp, c, job, c.decisions[answered:])
+        # A `notify` the shell carries is applied once carried (logged and queued for the
+        # sinks; `effects.log_notify`): it answers the loss as a resolved one would.
+        sent = [{"rule": d.rule, "action": d.action, "outcome": "applied"}
+                for i, d in c.notifying.items() if i not in notifying]  # fmt: skip
+        unreplaced = self._unreplaced(inp, c, job, [*c.decisions[answered:], *sent])
         if unreplaced is not None:
             out.append(unreplaced)
         return out
