@@ -7,18 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from remedy.control.decide import Controller
 from remedy.control.decide_state import split_at_last_state
-from remedy.control.job import JobStateMachine
 from remedy.control.record import RunRecord
 from remedy.control.run_core import OperatorStop, RunCore
-from remedy.control.slots import RankSlots
-from remedy.policies import Engine, load_policy_text
 from remedy.rundir.journals import read_journal
 from remedy.rundir.writer import RunDir
 from remedy.supervisor.state_records import StateRecords
-
-POLICY = "version: 1\nname: records\nrules: []\n"
+from tests.supervisor.run_cores import empty_core
 
 
 @pytest.fixture
@@ -27,10 +22,7 @@ def run_dir(tmp_path: Path) -> RunDir:
 
 
 def core_of() -> RunCore:
-    engine = Engine(load_policy_text(POLICY, "records.yaml"), run_id="r")
-    controller = Controller(engine, world_size=2)
-    slots = RankSlots(2, rejected=controller.rejected)
-    return RunCore(controller, JobStateMachine(), slots, incarnation=3, started=1000.0)
+    return empty_core("records", world=2, incarnation=3)
 
 
 def journal(run_dir: RunDir) -> list[dict[str, object]]:

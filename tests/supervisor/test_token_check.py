@@ -7,17 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from remedy.control.decide import Controller
-from remedy.control.job import JobStateMachine
 from remedy.control.run_core import RunCore
-from remedy.control.slots import RankSlots
-from remedy.policies import Engine, load_policy_text
 from remedy.protocol.exceptions import Unauthorized
 from remedy.rundir.journals import read_journal
 from remedy.rundir.writer import RunDir
 from remedy.supervisor.token_check import TokenCheck
+from tests.supervisor.run_cores import empty_core
 
-POLICY = "version: 1\nname: tokens\nrules: []\n"
 TOKEN = "0123456789abcdef0123456789abcdef"
 
 
@@ -27,10 +23,7 @@ def run_dir(tmp_path: Path) -> RunDir:
 
 
 def core_of() -> RunCore:
-    engine = Engine(load_policy_text(POLICY, "tokens.yaml"), run_id="r")
-    controller = Controller(engine, world_size=1)
-    slots = RankSlots(1, rejected=controller.rejected)
-    return RunCore(controller, JobStateMachine(), slots, incarnation=1, started=1000.0)
+    return empty_core("tokens", world=1, incarnation=1)
 
 
 def refusals(run_dir: RunDir) -> list[int]:
