@@ -355,7 +355,7 @@ def supervised(args: argparse.Namespace) -> None:
                   f"(plain {r['plain_ms']:.2f} ms, guarded {r['guarded_ms']:.2f} ms, "
                   f"{r['pairs']} pairs of chunks)", flush=True)  # fmt: skip
             if r["cpu_ms_per_step"]:
-                print_cpu(w, r["cpu_ms_per_step"])
+                print_cpu(w, r["cpu_ms_per_step"], counted=r["cpu_supervisor_counted"])
             if r["pieces_us"]:
                 print_pieces(r["pieces_us"], r["pieces_median_us"])
         print(
@@ -375,11 +375,10 @@ def supervised(args: argparse.Namespace) -> None:
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
-def print_cpu(world: int, cpu: dict[str, dict[str, float]]) -> None:
+def print_cpu(world: int, cpu: dict[str, dict[str, float]], *, counted: bool) -> None:
     """CPU ms per step of each side (rank 0's process and training thread, the supervisor's
     process), and the machine-wide estimate: every rank costs what rank 0 does."""
     g, p = cpu["guarded"], cpu["plain"]
-    counted = bool(cpu.get("supervisor_counted", {}).get("yes"))
     print("  CPU ms per step (rank 0; the supervisor's process"
           f"{'' if counted else ' not readable: left out'}):")  # fmt: skip
     print(f"    {'':20} {'plain':>8} {'guarded':>8} {'extra':>8}")

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,10 @@ sys.path.insert(0, str(REPO))
 TARGET = f"{Path(__file__).resolve()}:main"
 
 from benchmarks._pieces import Pieces  # noqa: E402
+from benchmarks.agent_hosts import cpu_s  # noqa: E402
+
+# What `CpuTally` counts, in the order of its marks.
+CPU_SOURCES = ("rank process", "training thread", "supervisor")
 
 
 class CpuTally:
@@ -56,37 +60,33 @@ class CpuTally:
     def __init__(self, supervisor_pid: int | None) -> None:
         self.pid = supervisor_pid
         self.steps = {"guarded": 0, "plain": 0}
-        self.seconds: dict[str, dict[str, float]] = {
-            side: {"rank process": 0.0, "training thread": 0.0, "supervisor": 0.0}
-            for side in self.steps
-        }
+        self.seconds = {side: dict.fromkeys(CPU_SOURCES, 0.0) for side in self.steps}
 
-    def _supervisor_s(self) -> float:
-        if self.pid is None:
-            return 0.0
-        try:
-            with open(f"/proc/{self.pid}/stat", encoding="ascii") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            self.pid = None  # gone (a restarted supervisor is another process): stop counting
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def _mark(self) -> tuple[float, float, float | None]:
+        supervisor = None
+        if self.pid is not None:
+            try:
+                supervisor = cpu_s(self.pid)
+            except OSError:
+                self.pid = None  # gone (a restarted supervisor is another process): stop counting
+        return time.process_time(), time.thread_time(), supervisor
 
-    def mark(self) -> tuple[float, float, float]:
-        return time.process_time(), time.thread_time(), self._supervisor_s()
-
-    def add(self, side: str, start: tuple[float, float, float], steps: int) -> None:
-        end = self.mark()
-        for name, a, b in zip(("rank process", "training thread", "supervisor"), start, end,
-                              strict=True):  # fmt: skip
-            self.seconds[side][name] += b - a
-        self.steps[side] += steps
+    def run(self, side: str, chunk: Callable[[], list[float]], *, timed: bool) -> list[float]:
+        """Run one chunk of `side`; its CPU seconds count when `timed`."""
+        start = self._mark()
+        out = chunk()
+        if timed:
+            for name, a, b in zip(CPU_SOURCES, start, self._mark(), strict=True):
+                if a is not None and b is not None:
+                    self.seconds[side][name] += b - a
+            self.steps[side] += len(out)
+        return out
 
     def per_step_ms(self) -> dict[str, dict[str, float]]:
         return {
             side: {k: 1e3 * v / max(1, self.steps[side]) for k, v in parts.items()}
             for side, parts in self.seconds.items()
-        } | {"supervisor_counted": {"yes": float(self.pid is not None)}}
+        }
 
 
 def main(argv: list[str]) -> dict[str, Any]:
@@ -223,18 +223,12 @@ def _interleaved(
         pieces.on = args.pieces and i >= warm
         timed_steps += args.chunk if pieces.on else 0
         timed = i >= warm
-
-        def tallied(side: str, chunk: Any, timed: bool = timed) -> list[float]:
-            start = cpu.mark()
-            out: list[float] = chunk()
-            if timed:
-                cpu.add(side, start, len(out))
-            return out
-
         if i % 2 == 0:
-            g, pl = tallied("guarded", guarded_chunk), tallied("plain", plain_chunk)
+            g = cpu.run("guarded", guarded_chunk, timed=timed)
+            pl = cpu.run("plain", plain_chunk, timed=timed)
         else:
-            pl, g = tallied("plain", plain_chunk), tallied("guarded", guarded_chunk)
+            pl = cpu.run("plain", plain_chunk, timed=timed)
+            g = cpu.run("guarded", guarded_chunk, timed=timed)
         pieces.add("guarded step (whole)", sum(g))
         pieces.add("plain step (whole)", sum(pl))
         # The first step of a chunk pays for the switch from the other model: left out.
@@ -245,7 +239,8 @@ def _interleaved(
             "torch_threads": torch.get_num_threads(),
             "pieces_us": pieces.per_step(timed_steps),
             "pieces_median_us": pieces.typical(timed_steps),
-            "cpu_ms_per_step": cpu.per_step_ms(), "world": world}  # fmt: skip
+            "cpu_ms_per_step": cpu.per_step_ms(),
+            "cpu_supervisor_counted": cpu.pid is not None}  # fmt: skip
 
 
 def _one(mode: str, workers: int, steps: int, tmp: Path, i: int) -> float:
@@ -294,7 +289,8 @@ def interleaved(
             "plain_ms": statistics.median(p for _, p in pairs) * 1e3,
             "pieces_us": result.get("pieces_us", {}),
             "pieces_median_us": result.get("pieces_median_us", {}),
-            "cpu_ms_per_step": result.get("cpu_ms_per_step", {})}  # fmt: skip
+            "cpu_ms_per_step": result.get("cpu_ms_per_step", {}),
+            "cpu_supervisor_counted": result.get("cpu_supervisor_counted", False)}  # fmt: skip
 
 
 def bootstrap_interval(
